@@ -1,0 +1,1 @@
+"""Readers of input logs (AOL, CSV / TSV / Parquet tables, item logs)."""

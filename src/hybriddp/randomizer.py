@@ -1,0 +1,118 @@
+"""LocalAlg for millions of simulated clients, vectorized, and its exact distribution (SPEC §5).
+
+:func:`randomize_batch` is the NumPy twin of :func:`hybriddp.device.local_alg`: the same
+thresholds (computed by the same pure-Python code), the same three uniforms per report, the
+same arithmetic (⌊v·n⌋), so with the same uniforms both give identical reports.
+:func:`output_distribution` is P[report | record] in closed form, used by the exact privacy
+test (Theorem 3) and the chi-square tests of both samplers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybriddp.device import thresholds
+from hybriddp.headlist import HeadList
+
+
+@dataclass(frozen=True)
+class LocalAlgParams:
+    """Per-head-list constants of LocalAlg (Fig. 6 lines 1-5)."""
+
+    k: int
+    kq: np.ndarray  # int64, shape (k,)
+    t: float
+    tq: np.ndarray  # float64, shape (k,)
+    one_minus_t: float
+    one_minus_tq: np.ndarray
+
+    @classmethod
+    def build(cls, hl: HeadList, epsilon: float, delta: float, f_c: float, m_c: int) -> LocalAlgParams:
+        """Thresholds from the shared pure-Python code, so device and batch agree exactly."""
+        kq = hl.kq
+        t, tq = thresholds(hl.k, kq.tolist(), epsilon, delta, f_c, m_c)
+        return cls(hl.k, kq, t, np.array(tq), 1.0 - t, np.array([1.0 - x for x in tq]))
+
+
+def randomize_batch(
+    entries: np.ndarray, hl: HeadList, lp: LocalAlgParams, rng: np.random.Generator | None = None,
+    uniforms: np.ndarray | None = None,
+) -> np.ndarray:
+    """Randomize many mapped records at once; returns report entry indices.
+
+    Parameters
+    ----------
+    entries : int array, shape (n,), head-list entry index of each (mapped) record.
+    hl, lp : the head list and its LocalAlg constants.
+    rng : generator for the uniforms (ignored when ``uniforms`` is given).
+    uniforms : optional float array, shape (3, n): the uniforms v1, v2, v3 of each report.
+
+    Notes
+    -----
+    Branch 1 (v1 < 1−t): q' = ⌊v2·(k−1)⌋ skipping q, u' = ⌊v3·k_{q'}⌋.
+    Branch 2 (else, k_q > 1 and v2 < 1−t_q): u' = ⌊v3·(k_q−1)⌋ skipping u.
+    Otherwise the record itself.
+    """
+    entries = np.asarray(entries, dtype=np.int64)
+    n = len(entries)
+    if lp.k == 1:
+        return np.zeros(n, dtype=np.int64)
+    if uniforms is None:
+        if rng is None:
+            raise ValueError("randomize_batch needs rng or uniforms")
+        uniforms = rng.random((3, n))
+    v1, v2, v3 = uniforms
+    offsets = hl.url_offsets
+    q = np.searchsorted(offsets, entries, side="right") - 1
+    u = entries - offsets[q]
+    kq = lp.kq
+    # branch 1: another query, uniform over HL \ {q}; then a uniform URL of it
+    other_q = (v2 * (lp.k - 1)).astype(np.int64)
+    other_q += other_q >= q
+    other_u = (v3 * kq[other_q]).astype(np.int64)
+    # branch 2: same query, another URL uniform over HL[q] \ {u}
+    kq_q = kq[q]
+    alt_u = (v3 * (kq_q - 1)).astype(np.int64)
+    alt_u += alt_u >= u
+    change_url = (kq_q > 1) & (v2 < lp.one_minus_tq[q])
+    new_u = np.where(change_url, alt_u, u)
+    branch1 = v1 < lp.one_minus_t
+    return np.where(branch1, offsets[other_q] + other_u, offsets[q] + new_u)
+
+
+def output_distribution(lp: LocalAlgParams) -> np.ndarray:
+    """P[report entry j | record entry i] as an (n_entries × n_entries) matrix (SPEC §5).
+
+    * q' ≠ q: (1−t)/(k−1) · 1/k_{q'};
+    * q' = q, u' = u: t·t_q;   q' = q, u' ≠ u: t·(1−t_q)/(k_q−1).
+    """
+    kq = lp.kq
+    k = lp.k
+    n = int(kq.sum())
+    if k == 1:
+        return np.ones((1, 1))
+    entry_q = np.repeat(np.arange(k), kq)
+    P = np.repeat(((1.0 - lp.t) / (k - 1) / kq[entry_q])[None, :], n, axis=0)
+    same = entry_q[:, None] == entry_q[None, :]
+    kq_row = kq[entry_q][:, None]
+    tq_row = lp.tq[entry_q][:, None]
+    other_url = np.where(kq_row > 1, lp.t * (1.0 - tq_row) / np.maximum(kq_row - 1, 1), 0.0)
+    P = np.where(same, np.broadcast_to(other_url, P.shape), P)
+    P[np.arange(n), np.arange(n)] = lp.t * lp.tq[entry_q]
+    return P
+
+
+def privacy_loss_delta(P: np.ndarray, epsilon: float) -> float:
+    """The smallest δ with P[L(x)∈Y] ≤ e^ε·P[L(x')∈Y] + δ for all x, x', Y (exact).
+
+    For a pair (x, x') the worst Y is {y : P[y|x] > e^ε P[y|x']}, giving the hockey-stick
+    divergence Σ_y max(0, P[y|x] − e^ε P[y|x']); the maximum over pairs is returned.
+    """
+    e = np.exp(epsilon)
+    worst = 0.0
+    for i in range(P.shape[0]):
+        div = np.maximum(P[i][None, :] - e * P, 0.0).sum(axis=1)
+        worst = max(worst, float(div.max()))
+    return worst

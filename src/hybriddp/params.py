@@ -18,7 +18,7 @@ def check_epsilon_for_head_list(epsilon: float) -> None:
     """Theorem 1 needs ε > ln 2 for CreateHeadList (SPEC §3)."""
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > LN2):
         raise parameter_error(
-            "epsilon", epsilon, f"a finite number > ln 2 = {LN2:.4f} (Theorem 1 of the paper)",
+            _label("epsilon"), epsilon, f"a finite number > ln 2 = {LN2:.4f} (Theorem 1 of the paper)",
             "Use a larger --epsilon (the paper's default is 4).",
         )
 
@@ -27,21 +27,32 @@ def check_delta(delta: float) -> None:
     """δ must lie strictly between 0 and 1."""
     if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
         raise parameter_error(
-            "delta", delta, "strictly between 0 and 1",
+            _label("delta"), delta, "strictly between 0 and 1",
             "Typical values are below 1/number-of-users, e.g. 1e-5 or 1e-7.",
         )
+
+
+OPTION_NAMES = {
+    "epsilon": "--epsilon", "delta": "--delta", "optin_fraction": "--optin-fraction", "f_o": "--f-o",
+    "f_c": "--f-c", "head_list_size": "--head-list-size", "m_o": "--m-o", "m_c": "--m-c",
+}
+
+
+def _label(name: str) -> str:
+    """``f_o (--f-o)``: the library name and the command-line option."""
+    return f"{name} ({OPTION_NAMES[name]})" if name in OPTION_NAMES else name
 
 
 def check_fraction(name: str, value: float) -> None:
     """A fraction parameter must be in the open interval (0, 1)."""
     if not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
-        raise parameter_error(name, value, "strictly between 0 and 1")
+        raise parameter_error(_label(name), value, "strictly between 0 and 1")
 
 
 def check_positive_int(name: str, value: int) -> None:
     """Counts such as M, m_O, m_C must be integers ≥ 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise parameter_error(name, value, "an integer >= 1")
+        raise parameter_error(_label(name), value, "an integer >= 1")
 
 
 def head_list_scale(epsilon: float, m_o: int) -> float:

@@ -144,6 +144,11 @@ class RecordLog:
         """Number of records of each user."""
         return np.diff(self.user_offsets)
 
+    def one_user_per_record(self) -> RecordLog:
+        """The same records with every record its own user (for logs with few users)."""
+        return RecordLog(np.arange(self.n_records + 1, dtype=np.int64), self.query, self.url, self.queries,
+                         self.urls, self.has_urls, self.stats)
+
     @classmethod
     def from_user_sorted(
         cls, users: np.ndarray, query: np.ndarray, url: np.ndarray,

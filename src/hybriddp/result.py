@@ -48,6 +48,11 @@ class BlenderResult:
     truth_record: np.ndarray | None = None  # p_r per entry (0 for wildcards)
     metrics: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def n_records(self) -> int:
+        """Records in the final head list: ⟨q,u⟩ pairs, or the queries of a log without URLs."""
+        return self.head_list.n_records if self.url_level else self.head_list.n_queries
+
     # ----- names --------------------------------------------------------------------------
     def query_names(self) -> list[str]:
         return self.queries.decode(self.head_list.query_ids) + [WILDCARD_NAME]
@@ -127,7 +132,7 @@ class BlenderResult:
         out: dict[str, Any] = {
             "ndcg": self.metrics.get("ndcg"),
             "l1": self.metrics.get("l1"),
-            "head_list_records": self.head_list.n_records,
+            "head_list_records": self.n_records,
             "head_list_queries": self.head_list.n_queries,
             "epsilon": p.epsilon,
             "delta": p.delta,
@@ -150,7 +155,7 @@ class BlenderResult:
         p = self.params
         return {
             "optin_users": f"({p.epsilon}, {p.delta})-DP in the trusted-curator model "
-                           "(S: Theorem 1, T: Theorem 2, parallel composition)",
+                           "(Theorems 1, 2; S and T disjoint)",
             "clients": f"({p.epsilon}, {p.delta})-local DP (Theorem 3), f_C = {self.f_c_used}, m_C = {p.m_c}",
             "noise": self.noise,
             "client_variances": "exact" if self.client.variance_exact
@@ -223,10 +228,10 @@ def result_from_run(run: BlenderRun, *, with_metrics: bool = True) -> BlenderRes
             "ndcg": M.generalized_ndcg(hl, p_q, p_rec, truth, run.log.has_urls),
             "ndcg_queries": M.query_ndcg(hl, p_q, truth),
             "ndcg_queries_at_10": M.query_ndcg(hl, p_q, truth, 10),
-            "l1": M.l1_records(hl, p_rec, truth),
+            "l1": M.l1_records(hl, p_rec, truth) if run.log.has_urls else M.l1_queries(hl, p_q, truth),
             "l1_queries": M.l1_queries(hl, p_q, truth),
             "hit_rate": hit,
-            "top_url_rate": top,
+            "top_url_rate": top if run.log.has_urls else float("nan"),
             "mass_outside_head_list": float(1.0 - tr.sum()),
         }
     return res

@@ -1,0 +1,62 @@
+"""The ``hybriddp`` command line.
+
+Every command validates its input at the boundary; a :class:`~hybriddp.errors.HybridDPError`
+(or a device-side error, or an OS error on a file) is printed as one line on stderr and the
+command exits with status 2. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from hybriddp import __version__
+from hybriddp.cli.files import estimate_cmd, headlist_cmd, randomize_cmd
+from hybriddp.cli.run import demo_cmd, run_cmd
+from hybriddp.cli.synth import synth_cmd
+from hybriddp.device import DeviceError
+from hybriddp.errors import HybridDPError
+
+
+class _Group(click.Group):
+    """Turns expected errors into a one-line message and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (HybridDPError, DeviceError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except OSError as exc:
+            click.echo(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+            sys.exit(2)
+        except MemoryError:
+            click.echo("error: out of memory; try a smaller input or --m-c/--m-o 1", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="hybriddp")
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """hybriddp: heavy hitters under the hybrid model of differential privacy (BLENDER).
+
+    A small opt-in group trusts the curator; every other user (a client) randomizes on
+    their own device. `demo` runs everything on built-in synthetic data; `run` on your log;
+    `headlist` → `randomize` → `estimate` is the same pipeline split across the curator,
+    the devices and the server.
+    """
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd):
+    cli.add_command(_cmd)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="hybriddp")

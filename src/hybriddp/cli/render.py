@@ -1,0 +1,122 @@
+"""Human output (Rich tables on stdout, progress on stderr) and JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hybriddp.result import BlenderResult
+from hybriddp.rng import SEED_WARNING
+
+out = Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
+err = Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def stage_progress(enabled: bool = True) -> Iterator[Any]:
+    """A spinner per pipeline stage on stderr; yields ``on_stage(name)`` for :class:`Stages`."""
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        current: list[int] = []
+
+        def on_stage(name: str) -> None:
+            if current:
+                progress.update(current[-1], completed=1, total=1)
+            current.append(progress.add_task(name, total=None))
+
+        yield on_stage
+
+
+@contextmanager
+def bytes_progress(label: str, enabled: bool = True) -> Iterator[Any]:
+    """A byte progress bar for file loading; yields ``progress(done, total)`` or None."""
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total or None)
+
+        yield update
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4f}"
+
+
+def print_figure9(res: BlenderResult, top: int = 10) -> None:
+    """The paper's Fig. 9 table; values out of order relative to the truth are red with ↑."""
+    rows = res.figure9(top)
+    has_truth = res.truth_query is not None
+    title = "Top queries (paper Fig. 9)" + ("" if has_truth else " — no ground truth, sorted by blended")
+    t = Table(title=title, title_justify="left")
+    t.add_column("query", overflow="fold", max_width=40)
+    cols = [("p_true", "true p_q")] if has_truth else []
+    cols += [("p_blended", "blended p̂_q"), ("p_optin_sum", "opt-in Σ_u"), ("p_client_direct", "client p̂_C,q"),
+             ("p_client_sum", "client Σ_u")]
+    for _, head in cols:
+        t.add_column(head, justify="right")
+    for row in rows:
+        cells = [row["query"]]
+        for key, _ in cols:
+            v = _fmt(row[key])
+            if row.get(key + "_regression") and has_truth:
+                v = f"[red]↑{v}[/red]"
+            cells.append(v)
+        t.add_row(*cells)
+    out.print(t)
+    if has_truth:
+        n_reg = {k: sum(r[k + "_regression"] for r in rows) for k, _ in cols if k != "p_true"}
+        out.print("regressions (↑ larger than the row above): "
+                  + ", ".join(f"{head} {n_reg[k]}" for k, head in cols if k != "p_true"))
+
+
+def print_summary(res: BlenderResult) -> None:
+    """Sizes, head list, metrics and the privacy guarantee, after the table."""
+    s = res.sizes
+    m = res.metrics
+    if m:
+        out.print(f"L1    {m['l1']:.4f}   (records; queries {m['l1_queries']:.4f})")
+        out.print(f"NDCG  {m['ndcg']:.4f}   (generalized; queries {m['ndcg_queries']:.4f}, "
+                  f"queries@10 {m['ndcg_queries_at_10']:.4f})")
+        line = f"local search: {m['hit_rate']:.1%} of held-out events hit the head list"
+        if res.url_level:
+            line += f", {m['top_url_rate']:.1%} click its top URL"
+        out.print(line)
+    out.print(f"head list: {res.n_records} records over {res.head_list.n_queries} queries "
+              f"(M = {res.params.head_list_size})")
+    if "users" in s:
+        out.print(f"users: {s['users']:,} ({s['optin_users']:,} opt-in: {s['optin_users_s']:,} in S, "
+                  f"{s['optin_users_t']:,} in T; {s['clients']:,} clients)")
+    g = res.guarantee()
+    out.print(f"privacy, opt-in users: {g['optin_users']}")
+    out.print(f"privacy, clients: {g['clients']}; curator noise: {g['noise']}")
+    if not res.client.variance_exact:
+        out.print("note: m_C > 1, client variances are approximate (a client's reports are dependent)")
+    if res.seed is not None:
+        err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
+
+
+def print_json(obj: dict[str, Any]) -> None:
+    """One JSON object on stdout."""
+    sys.stdout.write(json.dumps(obj, allow_nan=False, default=_default) + "\n")
+
+
+def _default(o: Any) -> Any:
+    import numpy as np
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(type(o).__name__)

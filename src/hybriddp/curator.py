@@ -135,7 +135,7 @@ def estimate_optin_probabilities(
         mine = mine[np.argsort(-p_folded[mine], kind="stable")]
         new_query_ids.append(int(hl.query_ids[qi]))
         new_urls.append(hl.entry_url[mine].tolist())
-        old_entries.extend(mine.tolist() + [hi])
+        old_entries.extend([*mine.tolist(), hi])
     old_entries.append(hl.wildcard_entry[star_q])
     final = HeadList.from_lists(new_query_ids, new_urls)
     old_entries_arr = np.asarray(old_entries, dtype=np.int64)

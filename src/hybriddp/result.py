@@ -46,7 +46,7 @@ class BlenderResult:
     f_c_used: float
     truth_query: np.ndarray | None = None  # p_q per listed query (ground truth, simulation only)
     truth_record: np.ndarray | None = None  # p_r per entry (0 for wildcards)
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def n_records(self) -> int:
@@ -55,7 +55,7 @@ class BlenderResult:
 
     # ----- names --------------------------------------------------------------------------
     def query_names(self) -> list[str]:
-        return self.queries.decode(self.head_list.query_ids) + [WILDCARD_NAME]
+        return [*self.queries.decode(self.head_list.query_ids), WILDCARD_NAME]
 
     def entry_names(self) -> tuple[list[str], list[str]]:
         hl = self.head_list
@@ -231,7 +231,7 @@ def result_from_run(run: BlenderRun, *, with_metrics: bool = True) -> BlenderRes
             "l1": M.l1_records(hl, p_rec, truth) if run.log.has_urls else M.l1_queries(hl, p_q, truth),
             "l1_queries": M.l1_queries(hl, p_q, truth),
             "hit_rate": hit,
-            "top_url_rate": top if run.log.has_urls else float("nan"),
+            "top_url_rate": top if run.log.has_urls else None,
             "mass_outside_head_list": float(1.0 - tr.sum()),
         }
     return res

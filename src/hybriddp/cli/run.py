@@ -11,7 +11,7 @@ from hybriddp.records import RecordLog
 from hybriddp.result import result_from_run
 
 
-def output_options(f):  # noqa: ANN001, ANN201 - click decorator
+def output_options(f):
     f = click.option("--json", "as_json", is_flag=True,
                      help="Print one JSON object (metrics, parameters, Fig. 9 rows, tables) instead of tables.")(f)
     f = click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,

@@ -73,7 +73,7 @@ def read_optin_estimates(path: str | Path, hl: HeadList, headlist_doc: dict[str,
     return est, doc
 
 
-def _open_text(path: Path, mode: str):  # noqa: ANN202 - text file object
+def _open_text(path: Path, mode: str):
     if path.suffix == ".gz":
         return gzip.open(path, mode + "t", encoding="utf-8")
     return open(path, mode, encoding="utf-8")

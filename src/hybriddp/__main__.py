@@ -1,0 +1,5 @@
+"""``python -m hybriddp`` = the ``hybriddp`` command."""
+
+from hybriddp.cli import main
+
+main()

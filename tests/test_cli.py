@@ -1,0 +1,166 @@
+"""The `hybriddp` command line: every command, and bad input answered in one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from hybriddp.cli import cli
+from logdata import write_aol, write_csv, zipf_log
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    log = zipf_log(n_users=12_000, seed=5)
+    write_aol(log, d / "log.tsv")
+    write_csv(log, d / "log.csv")
+    return d
+
+
+def invoke(*args: str, ok: bool = True):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, result.output + result.stderr
+    return result
+
+
+def assert_clean_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    text = result.stderr or result.output
+    assert "Traceback" not in text and "Traceback" not in result.output
+    for needle in needles:
+        assert needle in text, text
+
+
+RUN = ("--optin-fraction", "0.3", "--head-list-size", "30", "--seed", "3")
+
+
+def test_run_prints_figure9_and_metrics(files) -> None:
+    r = invoke("run", "--input", files / "log.tsv", *RUN)
+    assert "Fig. 9" in r.stdout and "true p_q" in r.stdout
+    assert "L1 " in r.stdout and "NDCG" in r.stdout
+    assert "experiments only" in r.stderr  # seeded runs say they carry no privacy
+
+
+def test_run_json_and_outputs(files, tmp_path) -> None:
+    r = invoke("run", "--input", files / "log.tsv", *RUN, "--json", "--output", tmp_path / "res.parquet")
+    obj = json.loads(r.stdout)
+    for key in ("ndcg", "l1", "head_list_records", "head_list_queries", "epsilon", "delta"):
+        assert key in obj
+    assert obj["head_list_records"] == 30 and obj["epsilon"] == 4.0 and 0 < obj["ndcg"] <= 1
+    assert obj["seed"] == 3 and "warning" in obj
+    table = pq.read_table(tmp_path / "res.parquet")
+    assert table.num_rows == 30 + obj["head_list_queries"] + 1  # records + ⟨q,*⟩ + ⟨*,*⟩
+    assert {"p_blended", "p_optin", "p_client", "weight_optin", "p_true"} <= set(table.column_names)
+    invoke("run", "--input", files / "log.tsv", *RUN, "--output", tmp_path / "res.csv")
+    assert (tmp_path / "res.csv").read_text().startswith('"query","url"')
+
+
+def test_run_csv_columns(files) -> None:
+    r = invoke("run", "--input", files / "log.csv", "--user-col", "uid", "--query-col", "q", "--url-col",
+               "clicked", *RUN, "--json")
+    assert json.loads(r.stdout)["head_list_records"] == 30
+
+
+def test_file_workflow_reproduces_run(files, tmp_path) -> None:
+    """headlist → randomize → estimate gives run's estimates exactly (same data and seed)."""
+    log = files / "log.tsv"
+    run_obj = json.loads(invoke("run", "--input", log, *RUN, "--json").stdout)
+    hl, est, rep = tmp_path / "hl.json", tmp_path / "optin.json", tmp_path / "reports.jsonl.gz"
+    invoke("headlist", "--input", log, *RUN, "--out-headlist", hl, "--out-estimates", est)
+    doc = json.loads(hl.read_text())
+    assert set(doc) >= {"queries", "epsilon", "delta", "f_c", "m_c", "content_hash"}
+    assert "p_record" not in hl.read_text()  # no estimates go to devices
+    invoke("randomize", "--headlist", hl, "--input", log, "--optin-fraction", "0.3", "--seed", "3",
+           "--output", rep)
+    out = json.loads(invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep,
+                            "--json").stdout)
+
+    def key(rows):
+        return [(r["query"], r["url"], r["p_optin"], r["p_client"], r["p_blended"]) for r in rows]
+
+    assert key(out["records"]) == key(run_obj["records"])
+    assert [r["p_blended"] for r in out["queries"]] == [r["p_blended"] for r in run_obj["queries"]]
+
+
+def test_randomize_production_path_and_single_device(files, tmp_path) -> None:
+    hl, est = tmp_path / "hl.json", tmp_path / "optin.json"
+    invoke("headlist", "--input", files / "log.tsv", "--head-list-size", "20", "--out-headlist", hl,
+           "--out-estimates", est)
+    r = invoke("randomize", "--headlist", hl, "--input", files / "log.tsv", "--output", tmp_path / "r.jsonl")
+    assert "experiments only" not in r.stderr
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert len(lines) == 12_000
+    msg = json.loads(lines[0])
+    assert msg["headlist"] == json.loads(hl.read_text())["content_hash"] and len(msg["reports"]) == 1
+    invoke("randomize", "--headlist", hl, "--input", files / "log.tsv", "--single-device", "--output",
+           tmp_path / "one.jsonl")
+    assert len((tmp_path / "one.jsonl").read_text().splitlines()) == 1
+    r = invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", tmp_path / "r.jsonl")
+    assert "no ground truth" in r.stdout
+
+
+def test_estimate_rejects_reports_for_another_head_list(files, tmp_path) -> None:
+    for name, m in (("a", "20"), ("b", "10")):
+        invoke("headlist", "--input", files / "log.tsv", "--head-list-size", m, "--seed", "1",
+               "--out-headlist", tmp_path / f"{name}.json", "--out-estimates", tmp_path / f"{name}-est.json")
+    invoke("randomize", "--headlist", tmp_path / "b.json", "--input", files / "log.tsv", "--output",
+           tmp_path / "rb.jsonl")
+    r = invoke("estimate", "--headlist", tmp_path / "a.json", "--optin-estimates", tmp_path / "a-est.json",
+               "--reports", tmp_path / "rb.jsonl", ok=False)
+    assert_clean_error(r, "line 1", "head list")
+    r = invoke("estimate", "--headlist", tmp_path / "a.json", "--optin-estimates", tmp_path / "b-est.json",
+               "--reports", tmp_path / "rb.jsonl", ok=False)
+    assert_clean_error(r, "b-est.json")
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (("run", "--input", "{d}/missing.tsv"), ("missing.tsv",)),
+    (("run", "--input", "{d}/log.tsv", "--epsilon", "0.5"), ("epsilon (--epsilon) = 0.5", "ln 2")),
+    (("run", "--input", "{d}/log.tsv", "--epsilon", "0.6931"), ("--epsilon",)),
+    (("run", "--input", "{d}/log.tsv", "--delta", "1"), ("delta (--delta) = 1.0", "between 0 and 1")),
+    (("run", "--input", "{d}/log.tsv", "--delta", "2.5"), ("--delta",)),
+    (("run", "--input", "{d}/log.tsv", "--optin-fraction", "0.0005"), ("empty head list", "--optin-fraction")),
+    (("run", "--input", "{d}/log.csv", "--user-col", "nope", "--url-col", "clicked"), ("nope",)),
+    (("run", "--input", "{d}/log.csv", "--user-col", "uid", "--query-col", "query_text"), ("query_text",)),
+    (("run", "--input", "{d}/log.tsv", "--output", "{d}/x.xlsx"), (".xlsx",)),
+    (("headlist", "--input", "{d}/log.tsv", "--f-o", "1.5"), ("f_o (--f-o) = 1.5",)),
+    (("randomize", "--headlist", "{d}/nope.json", "--input", "{d}/log.tsv"), ("nope.json", "not found")),
+    (("estimate", "--headlist", "{d}/nope.json", "--optin-estimates", "x", "--reports", "y"), ("not found",)),
+])
+def test_bad_input_one_line_exit_2(files, args, needles) -> None:
+    r = invoke(*(a.format(d=files) for a in args), ok=False)
+    assert_clean_error(r, *needles)
+    assert len((r.stderr or "").strip().splitlines()) == 1
+
+
+def test_malformed_row_names_file_and_line(files, tmp_path) -> None:
+    bad = tmp_path / "bad.tsv"
+    text = (files / "log.tsv").read_text().splitlines()
+    text[5] = "notanumber\tquery\t2006-03-01 10:00:00\t1\thttp://x"
+    bad.write_text("\n".join(text) + "\n")
+    r = invoke("run", "--input", bad, *RUN, ok=False)
+    assert_clean_error(r, "bad.tsv", "line 6")
+    r = invoke("run", "--input", bad, *RUN, "--skip-bad-rows")
+    assert "skipped 1" in r.stderr
+
+
+def test_help_lists_units_and_defaults() -> None:
+    r = invoke("run", "--help")
+    for needle in ("--epsilon", "default: 4.0", "--delta", "--optin-fraction", "0.05 = 5%", "--head-list-size",
+                   "--seed", "NO privacy", "--json", "--output"):
+        assert needle in r.output, needle
+
+
+def test_real_entry_point_has_no_traceback(tmp_path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "hybriddp", "run", "--input", str(tmp_path / "none.tsv")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,114 @@
+"""The head list with wildcards and its device JSON (SPEC §1, §3, §4 mapping, §5 mapping)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hybriddp.device import DeviceHeadList
+from hybriddp.errors import HeadListError
+from hybriddp.headlist import (
+    WILDCARD,
+    HeadList,
+    from_device_json,
+    read_device_json,
+    record_keys,
+    split_keys,
+)
+from hybriddp.records import NO_URL, ArrayVocabulary
+
+
+def test_record_keys_round_trip() -> None:
+    q = np.array([0, 5, 2**30, 7])
+    u = np.array([3, NO_URL, 2**31 - 1, 0])
+    assert all(np.array_equal(a, b) for a, b in zip(split_keys(record_keys(q, u)), (q, u), strict=True))
+
+
+def test_from_records_groups_urls_and_adds_wildcards() -> None:
+    hl = HeadList.from_records(np.array([7, 3, 7, 7, 3]), np.array([10, 4, 11, 10, 5]))
+    assert hl.query_ids.tolist() == [3, 7]
+    assert hl.k == 3 and hl.kq.tolist() == [3, 3, 1]
+    assert hl.entry_url.tolist() == [4, 5, WILDCARD, 10, 11, WILDCARD, WILDCARD]
+    assert hl.n_records == 4 and hl.n_entries == 7
+    assert hl.wildcard_entry.tolist() == [2, 5, 6]
+
+
+def test_from_records_without_url_level() -> None:
+    hl = HeadList.from_records(np.array([4, 2]), np.array([NO_URL, NO_URL]))
+    assert hl.query_ids.tolist() == [2, 4]
+    assert hl.kq.tolist() == [1, 1, 1] and hl.n_records == 0
+
+
+def test_map_records_follows_spec_mapping() -> None:
+    hl = HeadList.from_lists([3, 7], [[4, 5], [10]])
+    #            in HL     q in, u out  q out    in HL   no URL
+    q = np.array([3, 3, 3, 99, 7, 7])
+    u = np.array([5, 4, 9, 4, 10, NO_URL])
+    entries = hl.map_records(q, u)
+    # entries: 0 ⟨3,4⟩ 1 ⟨3,5⟩ 2 ⟨3,*⟩ 3 ⟨7,10⟩ 4 ⟨7,*⟩ 5 ⟨*,*⟩
+    assert entries.tolist() == [1, 0, 2, 5, 3, 4]
+
+
+def test_map_records_with_empty_list_maps_all_to_star() -> None:
+    hl = HeadList.from_lists([], [])
+    assert hl.k == 1
+    assert hl.map_records(np.array([1, 2]), np.array([1, 2])).tolist() == [0, 0]
+
+
+def _doc() -> dict:
+    hl = HeadList.from_lists([1, 0], [[2, 0], []])
+    qv = ArrayVocabulary(["bing", "google"])
+    uv = ArrayVocabulary(["http://google.com", "unused", "https://www.google.com"])
+    return hl.to_device_json(qv, uv, epsilon=4.0, delta=1e-5, f_c=0.85, m_c=1)
+
+
+def test_device_json_shape_and_round_trip(tmp_path) -> None:
+    doc = _doc()
+    assert doc["format"] == "hybriddp-headlist" and doc["version"] == 1
+    assert doc["queries"] == [{"query": "google", "urls": ["https://www.google.com", "http://google.com"]},
+                              {"query": "bing", "urls": []}]
+    assert set(doc) == {"format", "version", "epsilon", "delta", "f_c", "m_c", "url_level", "queries",
+                        "content_hash"}
+    path = tmp_path / "hl.json"
+    path.write_text(json.dumps(doc))
+    back = read_device_json(path)
+    hl, qv, uv = from_device_json(back)
+    assert hl.kq.tolist() == [3, 1, 1]
+    assert qv.decode(hl.query_ids) == ["google", "bing"]
+    assert uv.decode(hl.entry_url[:2]) == ["https://www.google.com", "http://google.com"]
+    # the device indexes the same entries in the same order
+    dhl = DeviceHeadList.from_json(back)
+    assert dhl.kq == hl.kq.tolist()
+    assert dhl.encode("google", "http://google.com") == (0, 1)
+    assert dhl.encode("google", "http://other") == (0, 2)
+    assert dhl.encode("yahoo", None) == (2, 0)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d["queries"][0]["urls"].append("http://evil"),
+    lambda d: d.update(epsilon=40.0),
+    lambda d: d.update(content_hash="sha256:00"),
+])
+def test_tampered_head_list_is_rejected(tmp_path, mutate) -> None:
+    doc = _doc()
+    mutate(doc)
+    path = tmp_path / "hl.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(HeadListError, match="content_hash"):
+        read_device_json(path)
+
+
+def test_wrong_version_and_missing_file(tmp_path) -> None:
+    doc = _doc()
+    doc["version"] = 2
+    path = tmp_path / "hl.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(HeadListError, match="version"):
+        read_device_json(path)
+    with pytest.raises(HeadListError, match="not found"):
+        read_device_json(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(HeadListError, match="not valid JSON"):
+        read_device_json(tmp_path / "bad.json")

@@ -448,6 +448,8 @@ def _table_format(path: str) -> str:
 
 
 def _missing_column(path: str, name: str, role: str, present: Sequence[str]) -> DataError:
+    if not any(present):
+        return DataError(f"{path} is empty: it needs a header line naming its columns")
     return DataError(
         f"{path} has no column {name!r} (the {role} column); its columns are "
         f"{', '.join(repr(c) for c in present)}; use --user-col/--query-col/--url-col to name them")

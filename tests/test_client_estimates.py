@@ -1,0 +1,196 @@
+"""EstimateClientProbabilities (SPEC §6, paper Fig. 5 / Observation 1): unbiasedness and the
+corrected delta-method variances, by Monte Carlo.
+
+Setting: a 6-query head list with mixed k_q (1, 2, 3, 4, 6 URLs incl. ``*``), n = 20,000 clients
+with records drawn i.i.d. from a known distribution over its entries (the iid assumption of the
+paper's variance derivation), randomized with :func:`randomize_batch`. T trials per setting:
+
+* mean of p̂_C within 5 standard errors (s.d./√T) of the truth;
+* mean of σ̂²_C vs the empirical variance of p̂_C: a sample variance over T trials has relative
+  s.d. √(2/(T−1)); we allow 6 of those (plus 1% for the delta method's O(1/n²) terms).
+Everything is seeded, so the tests cannot flake.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from hybriddp.client_estimates import estimate_client_probabilities
+from hybriddp.headlist import HeadList
+from hybriddp.randomizer import LocalAlgParams, output_distribution, randomize_batch
+
+# ----- helpers ---------------------------------------------------------------------------------
+
+# queries 0..5 with 3, 1, 0, 5, 0, 2 real URLs → k_q = 4, 2, 1, 6, 1, 3, and * (k_q = 1); k = 7
+URLS = [[1, 2, 3], [4], [], [5, 6, 7, 8, 9], [], [10, 11]]
+
+
+def head_list() -> HeadList:
+    return HeadList.from_lists(list(range(len(URLS))), URLS)
+
+
+def true_distribution(hl: HeadList) -> np.ndarray:
+    """A fixed, uneven distribution over all entries (wildcards included), every entry > 0."""
+    w = np.linspace(3.0, 0.5, hl.n_entries) ** 2
+    w[hl.wildcard_entry] *= 0.5
+    return w / w.sum()
+
+
+@dataclass
+class MonteCarlo:
+    p_rec: np.ndarray  # (T, n_entries)
+    v_rec: np.ndarray
+    p_q: np.ndarray  # (T, k)
+    v_q: np.ndarray
+    n: int
+
+
+def simulate(hl: HeadList, lp: LocalAlgParams, p: np.ndarray, n: int, trials: int, seed: int) -> MonteCarlo:
+    """T trials: n iid records from p → randomize_batch → report counts → estimates."""
+    rng = np.random.default_rng(seed)
+    cdf = np.cumsum(p)
+    cdf[-1] = 1.0
+    out = MonteCarlo(np.empty((trials, hl.n_entries)), np.empty((trials, hl.n_entries)),
+                     np.empty((trials, hl.k)), np.empty((trials, hl.k)), n)
+    for t in range(trials):
+        entries = np.searchsorted(cdf, rng.random(n), side="right")
+        reports = randomize_batch(entries, hl, lp, rng)
+        est = estimate_client_probabilities(np.bincount(reports, minlength=hl.n_entries), hl, lp)
+        out.p_rec[t], out.v_rec[t], out.p_q[t], out.v_q[t] = est.p_record, est.var_record, est.p_query, est.var_query
+    return out
+
+
+def assert_unbiased(samples: np.ndarray, truth: np.ndarray, what: str) -> None:
+    trials = samples.shape[0]
+    se = samples.std(axis=0, ddof=1) / math.sqrt(trials)
+    z = np.abs(samples.mean(axis=0) - truth) / se
+    assert np.all(z <= 5), f"{what}: |mean − truth| / s.e. = {np.round(z, 2)}"
+
+
+def variance_tolerance(trials: int) -> float:
+    return 6 * math.sqrt(2 / (trials - 1)) + 0.01
+
+
+def assert_variance_matches(samples: np.ndarray, var_est: np.ndarray, what: str) -> None:
+    emp = samples.var(axis=0, ddof=1)
+    rel = np.abs(var_est.mean(axis=0) / emp - 1)
+    assert np.all(rel <= variance_tolerance(samples.shape[0])), f"{what}: relative error {np.round(rel, 3)}"
+
+
+def paper_printed_record_variance(counts: np.ndarray, hl: HeadList, lp: LocalAlgParams) -> np.ndarray:
+    """Theorem 5 as printed (its covariance term: 2n/(n−1)·c·(k−2+t)/(kt−1)·r̂_⟨q,u⟩)."""
+    n = counts.sum()
+    k, t = lp.k, lp.t
+    eq = hl.entry_query
+    r = counts / n
+    r_q = np.bincount(eq, weights=counts, minlength=k) / n
+    a = (k * t - 1) / (k - 1)
+    var_q = r_q * (1 - r_q) / ((n - 1) * a * a)
+    kq, tq = lp.kq[eq].astype(float), lp.tq[eq]
+    multi = kq > 1
+    kq1 = np.where(multi, kq - 1, 1)
+    d = t * (tq - (1 - tq) / kq1)
+    c = (1 - t) / ((k - 1) * kq) - (t - t * tq) / kq1
+    v = (r * (1 - r) / (n - 1) + c * c * var_q[eq] + 2 * n / (n - 1) * c * (k - 2 + t) / (k * t - 1) * r) / d**2
+    return np.where(multi, v, var_q[eq])
+
+
+# ----- the tests ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("eps", "delta", "f_c", "trials", "seed"), [
+    (4.0, 1e-5, 0.85, 1000, 1),  # paper defaults
+    (2.0, 0.1, 0.5, 500, 2),     # a large δ, so the δ terms of t and t_q matter
+])
+def test_unbiased_and_variance_monte_carlo(eps: float, delta: float, f_c: float, trials: int, seed: int) -> None:
+    hl = head_list()
+    lp = LocalAlgParams.build(hl, eps, delta, f_c, 1)
+    p = true_distribution(hl)
+    mc = simulate(hl, lp, p, 20_000, trials, seed)
+    p_query = np.bincount(hl.entry_query, weights=p, minlength=hl.k)
+    assert_unbiased(mc.p_q, p_query, "queries")
+    assert_unbiased(mc.p_rec, p, "records (incl. ⟨q,*⟩, ⟨*,*⟩, k_q = 1)")
+    assert_variance_matches(mc.p_q, mc.v_q, "query variance")
+    assert_variance_matches(mc.p_rec, mc.v_rec, "record variance")
+    # k_q = 1 entries (⟨q,*⟩ of URL-less queries, ⟨*,*⟩) take the query's estimate
+    single = hl.kq[hl.entry_query] == 1
+    np.testing.assert_array_equal(mc.p_rec[:, single], mc.p_q[:, hl.entry_query[single]])
+    np.testing.assert_array_equal(mc.v_rec[:, single], mc.v_q[:, hl.entry_query[single]])
+
+
+def test_variance_formula_has_teeth() -> None:
+    """On the same Monte Carlo, the printed Theorem 5 and the formula without the covariance
+    term both fail the variance comparison (the printed one is not even positive on average
+    for some records, SPEC §6 Erratum)."""
+    hl = head_list()
+    lp = LocalAlgParams.build(hl, 4.0, 1e-5, 0.85, 1)
+    p = true_distribution(hl)
+    rng = np.random.default_rng(3)
+    trials, n = 300, 20_000
+    cdf = np.cumsum(p)
+    cdf[-1] = 1.0
+    est_p, printed, no_cov = [], [], []
+    multi = hl.kq[hl.entry_query] > 1
+    for _ in range(trials):
+        reports = randomize_batch(np.searchsorted(cdf, rng.random(n), side="right"), hl, lp, rng)
+        counts = np.bincount(reports, minlength=hl.n_entries).astype(float)
+        est = estimate_client_probabilities(counts, hl, lp)
+        est_p.append(est.p_record)
+        printed.append(paper_printed_record_variance(counts, hl, lp))
+        # drop the 2c·Cov term of the corrected formula
+        eq = hl.entry_query
+        kq, tq, t, k = lp.kq[eq].astype(float), lp.tq[eq], lp.t, lp.k
+        kq1 = np.where(multi, kq - 1, 1)
+        d = t * (tq - (1 - tq) / kq1)
+        c = (1 - t) / ((k - 1) * kq) - t * (1 - tq) / kq1
+        r = counts / n
+        no_cov.append((r * (1 - r) / (n - 1) + c * c * est.var_query[eq]) / d**2)
+    emp = np.var(est_p, axis=0, ddof=1)[multi]
+    tol = variance_tolerance(trials)
+    printed_mean = np.mean(printed, axis=0)[multi]
+    assert np.any(printed_mean < 0)
+    assert np.any(np.abs(printed_mean / emp - 1) > tol)
+    assert np.any(np.abs(np.mean(no_cov, axis=0)[multi] / emp - 1) > tol)
+
+
+def test_estimates_invert_the_expected_report_distribution() -> None:
+    """Feeding the exact expected report frequencies r = p·P recovers p exactly (no sampling)."""
+    hl = head_list()
+    for eps, delta, f_c in [(4.0, 1e-5, 0.85), (1.0, 0.2, 0.3), (8.0, 1e-7, 0.99)]:
+        lp = LocalAlgParams.build(hl, eps, delta, f_c, 1)
+        p = true_distribution(hl)
+        r = p @ output_distribution(lp)
+        est = estimate_client_probabilities(r * 1e9, hl, lp)  # counts proportional to r
+        np.testing.assert_allclose(est.p_record, p, rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(est.p_query, np.bincount(hl.entry_query, weights=p), rtol=1e-6, atol=1e-12)
+
+
+def test_k1_gives_one_with_zero_variance() -> None:
+    hl = HeadList.from_lists([], [])
+    lp = LocalAlgParams.build(hl, 4.0, 1e-5, 0.85, 1)
+    est = estimate_client_probabilities(np.array([123]), hl, lp)
+    assert est.p_record.tolist() == [1.0] and est.var_record.tolist() == [0.0]
+    assert est.p_query.tolist() == [1.0] and est.var_query.tolist() == [0.0]
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_no_reports_give_infinite_variance(n: int) -> None:
+    hl = head_list()
+    lp = LocalAlgParams.build(hl, 4.0, 1e-5, 0.85, 1)
+    counts = np.zeros(hl.n_entries, dtype=np.int64)
+    counts[0] = n
+    est = estimate_client_probabilities(counts, hl, lp)
+    assert est.n == n
+    assert np.all(np.isinf(est.var_record)) and np.all(np.isinf(est.var_query))
+
+
+def test_m_c_above_one_flags_approximate_variance() -> None:
+    hl = head_list()
+    lp = LocalAlgParams.build(hl, 4.0, 1e-5, 0.85, 2)
+    counts = np.full(hl.n_entries, 100)
+    assert estimate_client_probabilities(counts, hl, lp, m_c=1).variance_exact
+    assert not estimate_client_probabilities(counts, hl, lp, m_c=2).variance_exact

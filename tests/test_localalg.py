@@ -1,0 +1,415 @@
+"""LocalAlg (SPEC §5, paper Fig. 6): exact privacy, closed form, and both samplers.
+
+* Theorem 3 is checked *exactly* on the closed-form output distribution: the hockey-stick
+  divergence max_{x,x'} Σ_y max(0, P[y|x] − e^ε P[y|x']) is the smallest δ for which the DP
+  inequality holds for every output set Y, so ``privacy_loss_delta(P, ε) ≤ δ`` is the theorem.
+* The batch (NumPy) and device (pure Python) samplers are checked against that distribution
+  with chi-square goodness-of-fit tests at p > 1e-6 (seeded, so they cannot flake), and against
+  each other bit for bit on shared uniforms.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from hybriddp.device import (
+    DeviceError,
+    DeviceHeadList,
+    SeededSource,
+    UniformReplay,
+    budget_split,
+    keep_probability,
+    local_alg,
+    randomize_records,
+    thresholds,
+)
+from hybriddp.headlist import HeadList
+from hybriddp.randomizer import LocalAlgParams, output_distribution, privacy_loss_delta, randomize_batch
+from hybriddp.records import ArrayVocabulary
+
+# ----- helpers ---------------------------------------------------------------------------------
+
+# Head-list shapes: the real URLs of each listed query (the wildcards are added by from_lists).
+SHAPES: dict[str, list[list[int]]] = {
+    "k=1 (only *)": [],
+    "k=2, k_q=1": [[]],
+    "k=2, k_q=3": [[1, 2]],
+    "k_q=1 everywhere": [[], [], [], []],
+    "mixed k_q": [[1], [1, 2, 3], [], [4, 5, 6, 7, 8, 9]],
+    "k=50": [list(range(i % 4)) for i in range(49)],
+}
+EPSILONS = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0)
+DELTAS = (1e-7, 1e-3, 0.05, 0.3)
+F_CS = (0.1, 0.5, 0.85, 0.99)
+GRID = list(itertools.product(EPSILONS, DELTAS, F_CS))
+
+P_MIN = 1e-6  # chi-square acceptance level; every test below is seeded
+
+
+def make_hl(urls_per_query: list[list[int]]) -> HeadList:
+    """Head list with queries 0..len−1 and the given real URLs per query."""
+    return HeadList.from_lists(list(range(len(urls_per_query))), urls_per_query)
+
+
+def device_doc(hl: HeadList, *, epsilon: float, delta: float, f_c: float, m_c: int = 1) -> dict:
+    """Device JSON of ``hl`` with query names ``q<i>`` and URL names ``u<id>``."""
+    n_url = int(hl.entry_url.max()) + 1 if hl.n_records else 0
+    return hl.to_device_json(
+        ArrayVocabulary([f"q{i}" for i in range(max(hl.n_queries, 1))]),
+        ArrayVocabulary([f"u{i}" for i in range(max(n_url, 1))]),
+        epsilon=epsilon, delta=delta, f_c=f_c, m_c=m_c,
+    )
+
+
+def broken_params(hl: HeadList, epsilon: float, delta: float, f_c: float, mode: str) -> LocalAlgParams:
+    """LocalAlg constants with a deliberate mistake, to show the DP check has teeth."""
+    eps_q, delta_q, eps_u, delta_u = budget_split(epsilon, delta, f_c, 1)
+    kq = hl.kq
+    if mode == "t uses eps, not f_C*eps":
+        t = keep_probability(epsilon, delta_q, hl.k)
+        tq = [keep_probability(eps_u, delta_u, n) for n in kq]
+    elif mode == "query stage at 1.5*eps_Q":
+        t = keep_probability(1.5 * eps_q, delta_q, hl.k)
+        tq = [keep_probability(eps_u, delta_u, n) for n in kq]
+    elif mode == "t_q uses eps":
+        t = keep_probability(eps_q, delta_q, hl.k)
+        tq = [keep_probability(epsilon, delta_u, n) for n in kq]
+    else:
+        raise AssertionError(mode)
+    tq_arr = np.array(tq)
+    return LocalAlgParams(hl.k, kq, t, tq_arr, 1.0 - t, 1.0 - tq_arr)
+
+
+def chisquare_pooled(observed: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square GOF p-value of counts against probabilities.
+
+    Cells with expected count < 5 are pooled into one cell (the chi-square approximation needs
+    expected counts ≳ 5); a cell with probability 0 must have count 0 (checked by the caller).
+    """
+    observed = np.asarray(observed, dtype=np.float64)
+    expected = np.asarray(probs, dtype=np.float64) * observed.sum()
+    small = expected < 5
+    obs = np.concatenate([observed[~small], [observed[small].sum()]]) if small.any() else observed
+    exp = np.concatenate([expected[~small], [expected[small].sum()]]) if small.any() else expected
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    exp = exp * obs.sum() / exp.sum()  # remove float round-off in the totals
+    return float(stats.chisquare(obs, exp).pvalue)
+
+
+def device_entry(hl: HeadList, qi: int, ui: int) -> int:
+    """Entry index of a device (query position, URL position)."""
+    return int(hl.url_offsets[qi] + ui)
+
+
+def entry_position(hl: HeadList, entry: int) -> tuple[int, int]:
+    """(query position, URL position) of an entry index."""
+    qi = int(np.searchsorted(hl.url_offsets, entry, side="right") - 1)
+    return qi, int(entry - hl.url_offsets[qi])
+
+
+# ----- exact privacy (Theorem 3) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_closed_form_is_epsilon_delta_dp(shape: str) -> None:
+    hl = make_hl(SHAPES[shape])
+    for eps, delta, f_c in GRID:
+        lp = LocalAlgParams.build(hl, eps, delta, f_c, 1)
+        P = output_distribution(lp)
+        assert P.shape == (hl.n_entries, hl.n_entries)
+        assert np.all(P >= 0)
+        np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+        loss = privacy_loss_delta(P, eps)
+        assert loss <= delta * (1 + 1e-9) + 1e-15, (shape, eps, delta, f_c, loss)
+
+
+def test_privacy_loss_delta_matches_brute_force_over_output_sets() -> None:
+    """privacy_loss_delta is the max over (x, x', Y) of P[Y|x] − e^ε P[Y|x'] (all 2^n sets Y)."""
+    hl = make_hl([[1], [2, 3]])  # 6 entries → 64 output sets
+    lp = LocalAlgParams.build(hl, 1.0, 0.2, 0.5, 1)
+    P = output_distribution(lp)
+    n = P.shape[0]
+    for eps in (0.3, 0.8, 1.0, 1.5):
+        best = 0.0
+        for mask in range(1 << n):
+            sel = np.array([(mask >> j) & 1 for j in range(n)], dtype=bool)
+            mass = P[:, sel].sum(axis=1)
+            best = max(best, float((mass[:, None] - math.exp(eps) * mass[None, :]).max()))
+        assert privacy_loss_delta(P, eps) == pytest.approx(best, abs=1e-14)
+
+
+@pytest.mark.parametrize("mode", ["t uses eps, not f_C*eps", "query stage at 1.5*eps_Q", "t_q uses eps"])
+def test_dp_check_rejects_broken_randomizers(mode: str) -> None:
+    """The exact check has teeth: a randomizer spending too much budget violates it somewhere."""
+    hl = make_hl(SHAPES["mixed k_q"])
+    violations = 0
+    for eps, delta, f_c in GRID:
+        P = output_distribution(broken_params(hl, eps, delta, f_c, mode))
+        violations += privacy_loss_delta(P, eps) > delta * (1 + 1e-9) + 1e-15
+    assert violations > 0
+
+
+def test_epsilon_is_not_loose() -> None:
+    """The guarantee is (nearly) tight: at 0.9ε the same distribution is not (0.9ε, δ)-DP."""
+    hl = make_hl(SHAPES["mixed k_q"])
+    for eps, delta, f_c in [(1.0, 1e-7, 0.5), (4.0, 1e-5, 0.85)]:
+        P = output_distribution(LocalAlgParams.build(hl, eps, delta, f_c, 1))
+        assert privacy_loss_delta(P, 0.9 * eps) > delta
+
+
+@pytest.mark.parametrize("m_c", [2, 3, 5])
+def test_m_c_splits_budget_per_report(m_c: int) -> None:
+    """Each of m_C reports uses (ε/m_C, δ/m_C); its distribution is (ε/m_C, δ/m_C)-DP."""
+    hl = make_hl(SHAPES["mixed k_q"])
+    for eps, delta, f_c in [(4.0, 1e-5, 0.85), (1.0, 0.05, 0.5), (8.0, 0.3, 0.99)]:
+        t, tq = thresholds(hl.k, hl.kq.tolist(), eps, delta, f_c, m_c)
+        t1, tq1 = thresholds(hl.k, hl.kq.tolist(), eps / m_c, delta / m_c, f_c, 1)
+        assert t == t1 and tq == tq1
+        eq = f_c * eps / m_c
+        assert t == pytest.approx((math.exp(eq) + f_c * delta / m_c / 2 * (hl.k - 1)) / (math.exp(eq) + hl.k - 1))
+        P = output_distribution(LocalAlgParams.build(hl, eps, delta, f_c, m_c))
+        assert privacy_loss_delta(P, eps / m_c) <= delta / m_c * (1 + 1e-9) + 1e-15
+
+
+def test_two_reports_compose_to_epsilon_delta() -> None:
+    """m_C = 2: the pair of reports of a client (independent randomizations of its two records)
+    has distribution P⊗P; it is (ε, δ)-DP exactly, as basic composition promises."""
+    hl = make_hl([[1], [2, 3], []])
+    for eps, delta, f_c in [(1.0, 0.05, 0.5), (4.0, 1e-3, 0.85), (0.5, 0.3, 0.1)]:
+        P = output_distribution(LocalAlgParams.build(hl, eps, delta, f_c, 2))
+        assert privacy_loss_delta(np.kron(P, P), eps) <= delta * (1 + 1e-9) + 1e-15
+
+
+# ----- closed form against the SPEC formulas ------------------------------------------------------
+
+
+def test_hand_example_k3() -> None:
+    """k = 3, ε = 2 ln 3, f_C = ½, δ = 0.2 → ε'_Q = ε'_U = ln 3, δ'_Q = δ'_U = 0.1.
+
+    t   = (3 + 0.05·2)/(3 + 2) = 0.62
+    t_0 = (3 + 0.05·1)/(3 + 1) = 0.7625   (query 0: one URL + *, k_q = 2)
+    t_1 = (3 + 0.05·2)/(3 + 2) = 0.62     (query 1: two URLs + *, k_q = 3)
+    t_* = 1
+    """
+    hl = make_hl([[10], [20, 21]])
+    lp = LocalAlgParams.build(hl, 2 * math.log(3), 0.2, 0.5, 1)
+    assert lp.k == 3
+    assert lp.kq.tolist() == [2, 3, 1]
+    assert lp.t == pytest.approx(0.62, rel=1e-14)
+    np.testing.assert_allclose(lp.tq, [0.7625, 0.62, 1.0], rtol=1e-14)
+    P = output_distribution(lp)
+    # entries: 0 ⟨q0,10⟩, 1 ⟨q0,*⟩, 2 ⟨q1,20⟩, 3 ⟨q1,21⟩, 4 ⟨q1,*⟩, 5 ⟨*,*⟩
+    other_q0 = 0.38 / 2  # (1−t)/(k−1) per other query
+    expected_row0 = [0.62 * 0.7625, 0.62 * 0.2375, other_q0 / 3, other_q0 / 3, other_q0 / 3, other_q0]
+    np.testing.assert_allclose(P[0], expected_row0, rtol=1e-13)
+    expected_row3 = [other_q0 / 2, other_q0 / 2, 0.62 * 0.38 / 2, 0.62 * 0.62, 0.62 * 0.38 / 2, other_q0]
+    np.testing.assert_allclose(P[3], expected_row3, rtol=1e-13)
+    expected_row5 = [other_q0 / 2, other_q0 / 2, other_q0 / 3, other_q0 / 3, other_q0 / 3, 0.62]
+    np.testing.assert_allclose(P[5], expected_row5, rtol=1e-13)
+
+
+@pytest.mark.parametrize("shape", ["k=2, k_q=3", "mixed k_q", "k=50"])
+def test_closed_form_matches_spec_formulas(shape: str) -> None:
+    """Every cell of P from the SPEC §5 description, computed entry by entry."""
+    hl = make_hl(SHAPES[shape])
+    eps, delta, f_c = 1.7, 0.01, 0.6
+    e_q, d_q, e_u, d_u = f_c * eps, f_c * delta, (1 - f_c) * eps, (1 - f_c) * delta
+    k, kq = hl.k, hl.kq
+    t = (math.exp(e_q) + d_q / 2 * (k - 1)) / (math.exp(e_q) + k - 1)
+    tq = [1.0 if n == 1 else (math.exp(e_u) + d_u / 2 * (n - 1)) / (math.exp(e_u) + n - 1) for n in kq]
+    P = output_distribution(LocalAlgParams.build(hl, eps, delta, f_c, 1))
+    eq = hl.entry_query
+    for i in range(hl.n_entries):
+        for j in range(hl.n_entries):
+            qi, qj = eq[i], eq[j]
+            if qi != qj:
+                want = (1 - t) / (k - 1) / kq[qj]
+            elif i == j:
+                want = t * tq[qi]
+            else:
+                want = t * (1 - tq[qi]) / (kq[qi] - 1)
+            assert P[i, j] == pytest.approx(want, rel=1e-12, abs=1e-300)
+
+
+def test_edge_cases_k1_and_kq1() -> None:
+    hl1 = make_hl([])
+    lp1 = LocalAlgParams.build(hl1, 1.0, 1e-3, 0.5, 1)
+    assert lp1.k == 1 and lp1.t == 1.0
+    assert output_distribution(lp1).tolist() == [[1.0]]
+    assert randomize_batch(np.zeros(10, dtype=np.int64), hl1, lp1, np.random.default_rng(0)).tolist() == [0] * 10
+    lp = LocalAlgParams.build(make_hl([[], [5]]), 1.0, 1e-3, 0.5, 1)
+    assert lp.tq[0] == 1.0 and lp.tq[2] == 1.0 and lp.tq[1] < 1.0  # k_q = 1 → URL stage skipped
+
+
+# ----- the batch sampler ---------------------------------------------------------------------------
+
+SAMPLER_CASES = [
+    ("mixed k_q", 1.0, 0.3, 0.5),
+    ("mixed k_q", 4.0, 1e-5, 0.85),
+    ("k_q=1 everywhere", 1.0, 0.05, 0.5),
+    ("k=2, k_q=3", 0.5, 1e-3, 0.1),
+]
+
+
+@pytest.mark.parametrize(("shape", "eps", "delta", "f_c"), SAMPLER_CASES)
+def test_batch_sampler_chi_square(shape: str, eps: float, delta: float, f_c: float) -> None:
+    """200k reports per input entry; empirical frequencies fit P[·|input] (p > 1e-6)."""
+    hl = make_hl(SHAPES[shape])
+    lp = LocalAlgParams.build(hl, eps, delta, f_c, 1)
+    P = output_distribution(lp)
+    rng = np.random.default_rng(20240501)
+    n = 200_000
+    for i in range(hl.n_entries):
+        reports = randomize_batch(np.full(n, i), hl, lp, rng)
+        counts = np.bincount(reports, minlength=hl.n_entries)
+        assert len(counts) == hl.n_entries
+        assert np.all(counts[P[i] == 0] == 0)
+        assert chisquare_pooled(counts, P[i]) > P_MIN, (shape, i)
+
+
+def test_chi_square_has_power_against_including_the_true_value() -> None:
+    """The Mozilla port's bug (other query drawn uniform over *all* k, the true one included)
+    is detected by the same chi-square test at 200k samples."""
+    hl = make_hl(SHAPES["mixed k_q"])
+    lp = LocalAlgParams.build(hl, 1.0, 0.3, 0.5, 1)
+    rng = np.random.default_rng(7)
+    n = 200_000
+    i = 1  # ⟨q0,*⟩
+    v = rng.random((3, n))
+    q_all = (v[1] * lp.k).astype(np.int64)  # uniform over all queries, the true one included
+    u_all = (v[2] * lp.kq[q_all]).astype(np.int64)
+    correct = randomize_batch(np.full(n, i), hl, lp, uniforms=v)
+    wrong = np.where(v[0] < lp.one_minus_t, hl.url_offsets[q_all] + u_all, correct)
+    P = output_distribution(lp)
+    assert chisquare_pooled(np.bincount(wrong, minlength=hl.n_entries), P[i]) < P_MIN
+
+
+# ----- the device sampler ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("shape", "eps", "delta", "f_c"), SAMPLER_CASES[:3])
+def test_device_sampler_chi_square(shape: str, eps: float, delta: float, f_c: float) -> None:
+    """30k device randomizations per input (a few inputs); frequencies fit P (p > 1e-6)."""
+    hl = make_hl(SHAPES[shape])
+    lp = LocalAlgParams.build(hl, eps, delta, f_c, 1)
+    P = output_distribution(lp)
+    dhl = DeviceHeadList.from_json(device_doc(hl, epsilon=eps, delta=delta, f_c=f_c))
+    src = SeededSource(12345)
+    n = 30_000
+    inputs = sorted({0, int(hl.wildcard_entry[0]), hl.n_entries - 1, int(np.argmax(hl.kq[hl.entry_query]))})
+    for i in inputs:
+        qi, ui = entry_position(hl, i)
+        counts = np.zeros(hl.n_entries, dtype=np.int64)
+        for _ in range(n):
+            counts[device_entry(hl, *local_alg(qi, ui, dhl, src))] += 1
+        assert chisquare_pooled(counts, P[i]) > P_MIN, (shape, i)
+
+
+@pytest.mark.parametrize(("shape", "eps", "delta", "f_c"), [*SAMPLER_CASES, ("k=50", 2.0, 0.05, 0.85)])
+def test_batch_and_device_agree_bit_for_bit(shape: str, eps: float, delta: float, f_c: float) -> None:
+    hl = make_hl(SHAPES[shape])
+    lp = LocalAlgParams.build(hl, eps, delta, f_c, 1)
+    doc = json.loads(json.dumps(device_doc(hl, epsilon=eps, delta=delta, f_c=f_c)))  # a real round trip
+    dhl = DeviceHeadList.from_json(doc)
+    assert dhl.one_minus_t == lp.one_minus_t
+    assert dhl.one_minus_tq == lp.one_minus_tq.tolist()
+    rng = np.random.default_rng(99)
+    n = 20_000
+    entries = rng.integers(0, hl.n_entries, n)
+    uniforms = rng.random((3, n))
+    batch = randomize_batch(entries, hl, lp, uniforms=uniforms)
+    device = np.array([
+        device_entry(hl, *local_alg(*entry_position(hl, int(e)), dhl, UniformReplay(uniforms[:, j])))
+        for j, e in enumerate(entries)
+    ])
+    np.testing.assert_array_equal(batch, device)
+    assert (batch != entries).any()  # the randomization did something
+
+
+# ----- randomize_records: the device entry point --------------------------------------------------
+
+
+def identity_doc(m_c: int = 1) -> dict:
+    """Head list q0:[u0,u1], q1:[u2], q2:[] with ε so large that LocalAlg never changes a record
+    (1 − t and 1 − t_q round to exactly 0), so reports show which records were sampled."""
+    hl = make_hl([[0, 1], [2], []])
+    doc = device_doc(hl, epsilon=400.0 * m_c, delta=1e-6, f_c=0.5, m_c=m_c)
+    dhl = DeviceHeadList.from_json(doc)
+    assert dhl.one_minus_t == 0.0 and all(x == 0.0 for x in dhl.one_minus_tq)
+    return doc
+
+
+def test_randomize_records_samples_m_c_without_replacement() -> None:
+    doc = identity_doc(m_c=2)
+    records = [("q0", "u0"), ("q0", "u1"), ("q1", "u2"), ("q0", None), ("q2", None)]
+    wire = [{"query": q, "url": u} for q, u in records]
+    src = SeededSource(2024)
+    pairs = {pair: 0 for pair in itertools.combinations(range(5), 2)}
+    n = 10_000
+    for _ in range(n):
+        msg = randomize_records(doc, records, source=src)
+        assert msg["headlist"] == doc["content_hash"]
+        reps = msg["reports"]
+        assert len(reps) == 2
+        idx = tuple(sorted(wire.index(r) for r in reps))
+        assert idx[0] != idx[1]  # without replacement
+        pairs[idx] += 1
+    # uniform over the C(5,2) = 10 subsets
+    assert chisquare_pooled(np.array(list(pairs.values())), np.full(10, 0.1)) > P_MIN
+
+
+def test_randomize_records_fewer_records_than_m_c() -> None:
+    doc = identity_doc(m_c=3)
+    msg = randomize_records(doc, [("q1", "u2")], source=SeededSource(1))
+    assert msg["reports"] == [{"query": "q1", "url": "u2"}]
+    assert randomize_records(doc, [], source=SeededSource(1))["reports"] == []
+
+
+def test_randomize_records_maps_onto_head_list() -> None:
+    doc = identity_doc()
+    src = SeededSource(3)
+    one = lambda q, u: randomize_records(doc, [(q, u)], source=src)["reports"]  # noqa: E731
+    assert one("q0", "u1") == [{"query": "q0", "url": "u1"}]
+    assert one("unknown query", "u0") == [{"query": None, "url": None}]  # q ∉ HL → ⟨*,*⟩
+    assert one("q0", "u2") == [{"query": "q0", "url": None}]  # u ∉ HL[q0] → ⟨q0,*⟩
+    assert one("q1", "unknown url") == [{"query": "q1", "url": None}]
+    assert one("q2", None) == [{"query": "q2", "url": None}]  # no URL → ⟨q,*⟩
+
+
+def test_randomize_records_k1_always_wildcard() -> None:
+    hl = make_hl([])
+    doc = device_doc(hl, epsilon=0.1, delta=0.3, f_c=0.5, m_c=2)
+    for seed in range(50):
+        msg = randomize_records(doc, [("a", "b"), ("c", None)], source=SeededSource(seed))
+        assert msg["reports"] == [{"query": None, "url": None}] * 2
+
+
+def test_randomize_records_default_source_is_os_randomness() -> None:
+    doc = identity_doc()
+    assert randomize_records(doc, [("q0", "u0")])["reports"] == [{"query": "q0", "url": "u0"}]
+
+
+def test_randomize_records_rejects_tampered_head_list() -> None:
+    doc = identity_doc()
+    tampered = dict(doc, epsilon=doc["epsilon"] * 2)
+    with pytest.raises(DeviceError, match="content_hash"):
+        randomize_records(tampered, [("q0", "u0")], source=SeededSource(0))
+    tampered = json.loads(json.dumps(doc))
+    tampered["queries"][0]["urls"].append("u9")
+    with pytest.raises(DeviceError, match="content_hash"):
+        DeviceHeadList.from_json(tampered)
+
+
+def test_device_module_imports_no_numpy() -> None:
+    code = "import sys, hybriddp.device; assert 'numpy' not in sys.modules, sorted(sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr

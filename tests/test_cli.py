@@ -164,3 +164,11 @@ def test_real_entry_point_has_no_traceback(tmp_path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_demo_small_scale_json() -> None:
+    r = invoke("demo", "--scale", "0.05", "--optin-fraction", "0.2", "--seed", "2", "--json")
+    obj = json.loads(r.stdout)
+    assert obj["sizes"]["users"] == round(0.05 * 519_371)
+    assert obj["head_list_records"] > 0 and 0 < obj["ndcg"] <= 1
+    assert obj["figure9"][0]["query"] == "google"  # the calibrated head: google is the top query

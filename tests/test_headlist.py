@@ -112,3 +112,32 @@ def test_wrong_version_and_missing_file(tmp_path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(HeadListError, match="not valid JSON"):
         read_device_json(tmp_path / "bad.json")
+
+
+def _map_reference(hl: HeadList, q: np.ndarray, u: np.ndarray) -> list[int]:
+    """Per-record reference of SPEC §4/§5 mapping (slow, for the tests only)."""
+    out = []
+    for qq, uu in zip(q.tolist(), u.tolist(), strict=True):
+        pos = [i for i, x in enumerate(hl.query_ids.tolist()) if x == qq]
+        if not pos:
+            out.append(int(hl.wildcard_entry[-1]))
+            continue
+        lo, hi = int(hl.url_offsets[pos[0]]), int(hl.url_offsets[pos[0] + 1]) - 1
+        hits = [e for e in range(lo, hi) if hl.entry_url[e] == uu]
+        out.append(hits[0] if hits else hi)
+    return out
+
+
+@pytest.mark.parametrize("big_ids", [False, True])
+def test_map_records_dense_and_search_paths_agree_with_reference(big_ids: bool) -> None:
+    rng = np.random.default_rng(4)
+    offset = 2**40 if big_ids else 0  # huge ids force the binary-search path
+    # URL 5 is listed under two queries (shared), URL 9 under one
+    hl = HeadList.from_lists(np.array([3, 7, 11]) + offset, [[5, 9], [5, 2], []])
+    q = rng.choice(np.array([3, 7, 11, 12, 0]) + offset, size=2000)
+    u = rng.choice(np.array([5, 9, 2, 1, NO_URL]), size=2000)
+    got = hl.map_records(q, u)
+    assert got.tolist() == _map_reference(hl, q, u)
+    # a second call with larger ids rebuilds the cached table
+    got2 = hl.map_records(np.array([3 + offset, 10**6 + offset]), np.array([9, 9]))
+    assert got2.tolist() == [1, int(hl.wildcard_entry[-1])]

@@ -13,6 +13,7 @@ implicit there: every query has a ``*`` URL after its listed URLs, and the query
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class HeadList:
         self.url_offsets = np.asarray(self.url_offsets, dtype=np.int64)
         self.entry_url = np.asarray(self.entry_url, dtype=np.int64)
         self._lookup: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._dense_tables: dict[str, np.ndarray] = {}
 
     # ----- construction -------------------------------------------------------------------
     @classmethod
@@ -115,9 +117,9 @@ class HeadList:
         """Number of records in HL, wildcards included."""
         return len(self.entry_url)
 
-    @property
+    @functools.cached_property
     def entry_query(self) -> np.ndarray:
-        """Query position of each entry."""
+        """Query position of each entry (computed once)."""
         return np.repeat(np.arange(self.k), self.kq)
 
     @property
@@ -143,27 +145,69 @@ class HeadList:
     # ----- mapping records onto the list (SPEC §4 first bullet, §5 mapping) --------------
     def map_records(self, query: np.ndarray, url: np.ndarray) -> np.ndarray:
         """Entry index of each record: q ∉ HL → ⟨*,*⟩; u ∉ HL[q] → ⟨q,*⟩; else ⟨q,u⟩."""
+        query = np.asarray(query)
+        url = np.asarray(url)
+        qpos = self.query_positions(query)
+        entries = self.wildcard_entry[qpos]
+        if self.n_records == 0:
+            return entries
+        idx = np.flatnonzero(qpos < self.k - 1)  # only listed queries can have a listed URL
+        u = url[idx]
+        table = self._dense("url", u, self.entry_url[~self.is_wildcard], np.flatnonzero(~self.is_wildcard), -1)
+        if table is not None:  # URL id → its entry when the URL is listed under one query only
+            cand = table[u]
+            hit = (cand >= 0) & (self.entry_query[np.maximum(cand, 0)] == qpos[idx])
+            entries[idx[hit]] = cand[hit]
+            shared = cand == -2  # listed under several queries: binary search below
+            idx, u = idx[shared], u[shared]
+        _, _, sorted_keys, key_entry = self._tables()
+        keys = record_keys(query[idx], u)
+        j = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+        hit = sorted_keys[j] == keys
+        entries[idx[hit]] = key_entry[j[hit]]
+        return entries
+
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Sorted query ids with their positions, sorted record keys with their entries."""
         if self._lookup is None:
             q_order = np.argsort(self.query_ids, kind="stable")
             real = np.flatnonzero(~self.is_wildcard)
             keys = record_keys(self.query_ids[self.entry_query[real]], self.entry_url[real])
             k_order = np.argsort(keys, kind="stable")
             self._lookup = (self.query_ids[q_order], q_order, keys[k_order], real[k_order])
-        sorted_q, q_pos, sorted_keys, key_entry = self._lookup
-        query = np.asarray(query, dtype=np.int64)
-        if len(sorted_q):
-            i = np.minimum(np.searchsorted(sorted_q, query), len(sorted_q) - 1)
-            found = sorted_q[i] == query
-            qpos = np.where(found, q_pos[i], self.k - 1)
-        else:
-            qpos = np.full(len(query), self.k - 1, dtype=np.int64)
-        entries = self.wildcard_entry[qpos]
-        if len(sorted_keys):
-            keys = record_keys(query, url)
-            j = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-            hit = sorted_keys[j] == keys
-            entries = np.where(hit, key_entry[j], entries)
-        return entries
+        return self._lookup
+
+    def _dense(self, name: str, ids: np.ndarray, keys: np.ndarray, values: np.ndarray,
+               missing: int) -> np.ndarray | None:
+        """A cached int32 table ``table[key] = value`` (−2 where a key repeats, ``missing``
+        elsewhere), or None when the ids are too large or negative for a dense table."""
+        if len(ids) == 0 or ids.min() < 0:
+            return None
+        top = int(max(ids.max(), keys.max(initial=-1))) + 1
+        if top > max(1 << 25, 4 * len(ids)):
+            return None
+        cached = self._dense_tables.get(name)
+        if cached is not None and len(cached) >= top:
+            return cached
+        table = np.full(top, missing, dtype=np.int32)
+        uniq, counts = np.unique(keys, return_counts=True)
+        table[keys] = values
+        table[uniq[counts > 1]] = -2
+        self._dense_tables[name] = table
+        return table
+
+    def query_positions(self, query: np.ndarray) -> np.ndarray:
+        """Position of each query id in the list; k−1 (the ``*`` query) when not listed."""
+        query = np.asarray(query)
+        star = self.k - 1
+        if len(query) == 0 or star == 0:
+            return np.full(len(query), star, dtype=np.int64)
+        table = self._dense("query", query, self.query_ids, np.arange(star), star)
+        if table is not None:
+            return table[query].astype(np.int64)
+        sorted_q, q_pos, _, _ = self._tables()
+        i = np.minimum(np.searchsorted(sorted_q, query), len(sorted_q) - 1)
+        return np.where(sorted_q[i] == query, q_pos[i], star)
 
     # ----- device JSON --------------------------------------------------------------------
     def to_device_json(

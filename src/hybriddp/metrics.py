@@ -142,18 +142,35 @@ def l1_queries(hl: HeadList, p_query: np.ndarray, truth: Truth) -> float:
     return float(np.abs(p_query[:k] - truth.of_queries(hl.query_ids)).sum())
 
 
-def hit_rates(hl: HeadList, p_record: np.ndarray, query: np.ndarray, url: np.ndarray) -> tuple[float, float]:
+def hit_rates(hl: HeadList, p_record: np.ndarray, query: np.ndarray, url: np.ndarray,
+              mask: np.ndarray | None = None, chunk: int = 1 << 23) -> tuple[float, float]:
     """Local search on held-out events (SPEC §9): share whose query is in HL, and share whose
-    clicked URL is the top URL (by ``p_record``) that HL offers for that query."""
-    if len(query) == 0:
-        return 0.0, 0.0
-    entries = hl.map_records(query, url)
-    q_of = hl.entry_query[entries]
-    in_list = q_of < hl.n_queries
-    top_entry = np.full(hl.k, -1, dtype=np.int64)
-    for i in range(hl.n_queries):
+    clicked URL is the top URL (by ``p_record``) that HL offers for that query.
+
+    ``mask`` selects the held-out events among ``query``/``url``; work goes in chunks of
+    ``chunk`` events through a dense query-id → position table, so memory stays bounded.
+    """
+    k = hl.n_queries
+    top_url = np.full(k + 1, -3, dtype=np.int64)  # −3 matches no URL; position k = not listed
+    for i in range(k):
         lo, hi = int(hl.url_offsets[i]), int(hl.url_offsets[i + 1]) - 1
         if hi > lo:
-            top_entry[i] = lo + int(np.argmax(p_record[lo:hi]))
-    top_hit = in_list & (entries == top_entry[q_of])
-    return float(in_list.mean()), float(top_hit.mean())
+            top_url[i] = hl.entry_url[lo + int(np.argmax(p_record[lo:hi]))]
+    n_ids = int(max(query.max(initial=0), hl.query_ids.max(initial=0))) + 1
+    position = np.full(n_ids, k, dtype=np.int32)
+    position[hl.query_ids] = np.arange(k, dtype=np.int32)
+    total = hits = tops = 0
+    for start in range(0, len(query), chunk):
+        q = query[start:start + chunk]
+        u = url[start:start + chunk]
+        if mask is not None:
+            m = mask[start:start + chunk]
+            q, u = q[m], u[m]
+        pos = position[q]
+        listed = pos < k
+        total += len(q)
+        hits += int(listed.sum())
+        tops += int((top_url[pos] == u).sum())
+    if total == 0:
+        return 0.0, 0.0
+    return hits / total, tops / total

@@ -9,6 +9,9 @@ test (Theorem 3) and the chi-square tests of both samplers.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,9 +39,29 @@ class LocalAlgParams:
         return cls(hl.k, kq, t, np.array(tq), 1.0 - t, np.array([1.0 - x for x in tq]))
 
 
+CHUNK = 1 << 20
+"""Reports per chunk: chunk ``i`` draws its uniforms from ``rng.spawn(n_chunks)[i]``."""
+
+
+def n_chunks(n: int) -> int:
+    """Number of chunks for ``n`` reports."""
+    return (n + CHUNK - 1) // CHUNK
+
+
+def chunk_uniforms(rng: np.random.Generator, n: int) -> Iterator[tuple[slice, np.ndarray]]:
+    """The uniforms of ``n`` reports, chunk by chunk: ``(slice, array of shape (3, len))``.
+
+    This is exactly what :func:`randomize_batch` draws from ``rng``, so a replay (e.g. the
+    device randomizer fed by :class:`~hybriddp.device.UniformReplay`) reproduces it.
+    """
+    for i, child in enumerate(rng.spawn(n_chunks(n))):
+        sl = slice(i * CHUNK, min(n, (i + 1) * CHUNK))
+        yield sl, child.random((3, sl.stop - sl.start))
+
+
 def randomize_batch(
     entries: np.ndarray, hl: HeadList, lp: LocalAlgParams, rng: np.random.Generator | None = None,
-    uniforms: np.ndarray | None = None,
+    uniforms: np.ndarray | None = None, threads: int | None = None,
 ) -> np.ndarray:
     """Randomize many mapped records at once; returns report entry indices.
 
@@ -46,7 +69,9 @@ def randomize_batch(
     ----------
     entries : int array, shape (n,), head-list entry index of each (mapped) record.
     hl, lp : the head list and its LocalAlg constants.
-    rng : generator for the uniforms (ignored when ``uniforms`` is given).
+    rng : generator for the uniforms (ignored when ``uniforms`` is given). Reports are cut
+        in chunks of :data:`CHUNK`; chunk i draws from ``rng.spawn(n_chunks)[i]`` and the
+        chunks run on ``threads`` threads (default: the machine's cores, at most 8).
     uniforms : optional float array, shape (3, n): the uniforms v1, v2, v3 of each report.
 
     Notes
@@ -59,13 +84,32 @@ def randomize_batch(
     n = len(entries)
     if lp.k == 1:
         return np.zeros(n, dtype=np.int64)
-    if uniforms is None:
-        if rng is None:
-            raise ValueError("randomize_batch needs rng or uniforms")
-        uniforms = rng.random((3, n))
+    if uniforms is not None:
+        return _randomize_chunk(entries, hl, lp, uniforms)
+    if rng is None:
+        raise ValueError("randomize_batch needs rng or uniforms")
+    out = np.empty(n, dtype=np.int64)
+    children = rng.spawn(n_chunks(n))
+
+    def work(i: int) -> None:
+        sl = slice(i * CHUNK, min(n, (i + 1) * CHUNK))
+        out[sl] = _randomize_chunk(entries[sl], hl, lp, children[i].random((3, sl.stop - sl.start)))
+
+    workers = threads or min(8, os.cpu_count() or 1)
+    if workers == 1 or len(children) == 1:
+        for i in range(len(children)):
+            work(i)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:  # NumPy releases the GIL
+            list(pool.map(work, range(len(children))))
+    return out
+
+
+def _randomize_chunk(entries: np.ndarray, hl: HeadList, lp: LocalAlgParams, uniforms: np.ndarray) -> np.ndarray:
+    """Fig. 6 lines 7-14 on one chunk, with the uniforms given."""
     v1, v2, v3 = uniforms
     offsets = hl.url_offsets
-    q = np.searchsorted(offsets, entries, side="right") - 1
+    q = hl.entry_query[entries]
     u = entries - offsets[q]
     kq = lp.kq
     # branch 1: another query, uniform over HL \ {q}; then a uniform URL of it

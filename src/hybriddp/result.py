@@ -154,8 +154,8 @@ class BlenderResult:
         """The privacy actually delivered (SPEC §2, §5)."""
         p = self.params
         return {
-            "optin_users": f"({p.epsilon}, {p.delta})-DP in the trusted-curator model "
-                           "(Theorems 1, 2; S and T disjoint)",
+            "optin_users": f"({p.epsilon}, {p.delta})-DP, trusted-curator model "
+                           "(Theorems 1, 2)",
             "clients": f"({p.epsilon}, {p.delta})-local DP (Theorem 3), f_C = {self.f_c_used}, m_C = {p.m_c}",
             "noise": self.noise,
             "client_variances": "exact" if self.client.variance_exact
@@ -223,7 +223,7 @@ def result_from_run(run: BlenderRun, *, with_metrics: bool = True) -> BlenderRes
             held[s.rows] = False
         if not held.any():
             held[:] = True
-        hit, top = M.hit_rates(hl, p_rec, run.log.query[held], run.log.url[held])
+        hit, top = M.hit_rates(hl, p_rec, run.log.query, run.log.url, held)
         res.metrics = {
             "ndcg": M.generalized_ndcg(hl, p_q, p_rec, truth, run.log.has_urls),
             "ndcg_queries": M.query_ndcg(hl, p_q, truth),

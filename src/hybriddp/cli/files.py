@@ -21,7 +21,7 @@ from hybriddp.headlist import from_device_json, read_device_json
 from hybriddp.io.exchange import read_optin_estimates, read_report_counts, write_optin_estimates, write_reports
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import Stages, blend_estimates, client_f_c, curator_side, sample_clients, split_optin
-from hybriddp.randomizer import LocalAlgParams
+from hybriddp.randomizer import LocalAlgParams, chunk_uniforms
 from hybriddp.records import NO_URL, RecordLog
 from hybriddp.result import BlenderResult
 from hybriddp.rng import SEED_WARNING, stage_rng
@@ -125,7 +125,8 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
                     yield randomize_records(dhl, _device_records(log, rows))
     else:  # experiments: the same samples and uniforms as the batch randomizer in `run`
         d_c = sample_clients(log, devices, dhl.m_c, seed)
-        uniforms = stage_rng(seed, "randomizer").random((3, len(d_c)))
+        uniforms = np.concatenate([np.empty((3, 0))] + [v for _, v in chunk_uniforms(
+            stage_rng(seed, "randomizer"), len(d_c))], axis=1)
         records = _device_records(log, d_c.rows)
         reports = [dhl.decode(*local_alg(*dhl.encode(*rec), dhl, UniformReplay(uniforms[:, i].tolist())))
                    for i, rec in enumerate(records)]

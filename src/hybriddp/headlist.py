@@ -14,7 +14,6 @@ implicit there: every query has a ``*`` URL after its listed URLs, and the query
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 
 from hybriddp.device import HEADLIST_FORMAT, HEADLIST_VERSION, DeviceError, content_hash, validate_headlist
 from hybriddp.errors import HeadListError
+from hybriddp.io.jsonfile import read_json
 from hybriddp.records import ArrayVocabulary, Vocabulary
 
 WILDCARD = -2
@@ -249,14 +249,7 @@ def validate_device_json(doc: Any, source: str = "head list") -> dict[str, Any]:
 
 def read_device_json(path: str | Path) -> dict[str, Any]:
     """Read and validate a head-list JSON file."""
-    p = Path(path)
-    if not p.is_file():
-        raise HeadListError(f"head list file not found: {p}")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HeadListError(f"{p}: not valid JSON ({exc})") from None
-    return validate_device_json(doc, str(p))
+    return validate_device_json(read_json(path, "head list", HeadListError), str(path))
 
 
 def from_device_json(doc: dict[str, Any]) -> tuple[HeadList, ArrayVocabulary, ArrayVocabulary]:

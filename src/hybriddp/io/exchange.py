@@ -23,6 +23,7 @@ import numpy as np
 from hybriddp.curator import OptinEstimates, optin_variance
 from hybriddp.errors import DataError, HeadListError
 from hybriddp.headlist import HeadList
+from hybriddp.io.jsonfile import read_json
 
 OPTIN_FORMAT = "hybriddp-optin-estimates"
 OPTIN_VERSION = 1
@@ -50,12 +51,7 @@ def read_optin_estimates(path: str | Path, hl: HeadList, headlist_doc: dict[str,
         OptinEstimates, dict[str, Any]]:
     """Load estimates saved by :func:`write_optin_estimates` for the given head list."""
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"opt-in estimates file not found: {p}")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{p}: not valid JSON ({exc})") from None
+    doc = read_json(p, "opt-in estimates", DataError)
     if not isinstance(doc, dict) or doc.get("format") != OPTIN_FORMAT or doc.get("version") != OPTIN_VERSION:
         raise DataError(f"{p}: not a {OPTIN_FORMAT} v{OPTIN_VERSION} file (written by `hybriddp headlist`)")
     if doc.get("headlist") != headlist_doc["content_hash"]:

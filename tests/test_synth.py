@@ -17,6 +17,7 @@ import pytest
 from hybriddp.errors import ParameterError
 from hybriddp.io import synth
 from hybriddp.io.synth import PRESETS, RankLaw, generate, head_record_probabilities, write_log
+from hybriddp.params import head_list_threshold
 from hybriddp.records import NO_URL, RecordLog, SyntheticVocabulary, sample_records
 
 AOL_HEADER = "AnonID\tQuery\tQueryTime\tItemRank\tClickURL"
@@ -128,7 +129,12 @@ def test_aol_top50_records_mass_matches_figure_9() -> None:
 
 def test_yandex_head_supports_m500_from_small_optin() -> None:
     _, _, p = head_record_probabilities("yandex")
-    assert np.sort(p)[::-1][599] > 1.5e-4  # the 600th record: ≥ ~10 of 70k sampled opt-in records
+    ps = np.sort(p)[::-1]
+    # at 1.5% opt-in S holds ~70.8k sampled records and τ(ε=4, δ=1e-7) ≈ 9.06: the 500th record
+    # must be expected ~10+ times, while at ε = 1 (τ ≈ 33) a 500-record list must not form (§5)
+    n_s = 0.95 * 0.015 * 4_970_073
+    assert ps[499] * n_s > 10
+    assert ps[499] * n_s < head_list_threshold(1.0, 1e-7, 1)
 
 
 def test_head_urls_are_skewed_distributions() -> None:

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from hybriddp import metrics as M
 from hybriddp.client_estimates import ClientEstimates
 from hybriddp.curator import OptinEstimates
 from hybriddp.errors import DataError
+from hybriddp.evaluate import ground_truth, score, truth_vectors
 from hybriddp.headlist import HeadList
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import BlenderRun, BlendOutput
@@ -208,30 +208,7 @@ def result_from_run(run: BlenderRun, *, with_metrics: bool = True) -> BlenderRes
     res = BlenderResult(run.params, hl, run.log.queries, run.log.urls, cur.optin, run.client, run.blended,
                         sizes, cur.noise, run.seed, run.log.has_urls, run.f_c_used)
     if with_metrics and run.sampled_c is not None:
-        parts = (cur.sampled_s, cur.sampled_t, run.sampled_c)
-        q = np.concatenate([s.query for s in parts])
-        u = np.concatenate([s.url for s in parts])
-        truth = M.Truth.from_records(q, u)
-        res.truth_query = truth.of_queries(hl.query_ids)
-        real = ~hl.is_wildcard
-        tr = np.zeros(hl.n_entries)
-        tr[real] = truth.of_records(hl.query_ids[hl.entry_query[real]], hl.entry_url[real])
-        res.truth_record = tr
-        p_rec, p_q = run.blended.records_final, run.blended.queries_final
-        held = np.ones(run.log.n_records, dtype=bool)
-        for s in parts:
-            held[s.rows] = False
-        if not held.any():
-            held[:] = True
-        hit, top = M.hit_rates(hl, p_rec, run.log.query, run.log.url, held)
-        res.metrics = {
-            "ndcg": M.generalized_ndcg(hl, p_q, p_rec, truth, run.log.has_urls),
-            "ndcg_queries": M.query_ndcg(hl, p_q, truth),
-            "ndcg_queries_at_10": M.query_ndcg(hl, p_q, truth, 10),
-            "l1": M.l1_records(hl, p_rec, truth) if run.log.has_urls else M.l1_queries(hl, p_q, truth),
-            "l1_queries": M.l1_queries(hl, p_q, truth),
-            "hit_rate": hit,
-            "top_url_rate": top if run.log.has_urls else None,
-            "mass_outside_head_list": float(1.0 - tr.sum()),
-        }
+        truth, held = ground_truth(run.log, (cur.sampled_s, cur.sampled_t, run.sampled_c))
+        res.truth_query, res.truth_record = truth_vectors(hl, truth)
+        res.metrics = score(hl, run.blended.records_final, run.blended.queries_final, truth, run.log, held)
     return res

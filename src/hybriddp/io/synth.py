@@ -352,9 +352,9 @@ PRESETS: dict[str, SynthPreset] = {
             "Yandex 2013 search log (paper Figure 8): 4,970,073 users, 13,171,961 distinct "
             "queries, 12,702,350 distinct URLs. Records per user are not published: 7.5 on "
             "average keeps 13.2 M distinct queries reachable and generation fast. Head: a "
-            "synthetic power law whose ~600 most probable records all have probability "
-            ">= 2e-4, so a head list of M = 500 records forms from 1.5% opt-in users "
-            "(paper §4.2.3)."),
+            "synthetic Zipf law (slope -0.9) whose ~600 most probable records have probability "
+            ">= 1.3e-4, so a head list of M = 500 records forms from 1.5% opt-in users "
+            "(paper §5)."),
         n_users=4_970_073,
         distinct_queries=13_171_961,
         distinct_urls=12_702_350,
@@ -367,11 +367,13 @@ PRESETS: dict[str, SynthPreset] = {
         named_probabilities=(),
         named_urls=(),
         named_dominant_share=0.9,
-        # Top query 1%, steep for the ten navigational giants, a flat plateau to rank 500
-        # (the records of the paper's M = 500 experiments: 2.1e-4 at record rank 600, 0.25 of
-        # the mass in the top 500 records), a steep knee to rank 2000 (so the head holds only
-        # 0.44 and 13.2 M distinct queries stay reachable from 37 M records), then Zipf.
-        head_law=RankLaw(0.010, 1.0, (10.0, 500.0, 2000.0), (0.8, 0.35, 2.5, 1.0)),
+        # No per-query statistics of Yandex are published; the head is a Zipf law (slope -0.9,
+        # as search-log heads are) sized by the paper's own statements: M = 500 head lists form
+        # from 1.5% opt-in at ε = 4 (expected CreateHeadList size ~650; ~1000 at 2.5%) but not
+        # at ε = 1 (~140), "NDCG above 95% from 1.5% for all but the largest head list" (§5).
+        # A steep knee after rank 700 then keeps 13.2 M distinct queries reachable from 37 M
+        # records, and the tail continues as Zipf.
+        head_law=RankLaw(0.045, 1.0, (700.0, 2000.0), (0.9, 2.5, 1.0)),
         head_size=2_000,
         url_lambda=1.3,
         url_growth=0.4,

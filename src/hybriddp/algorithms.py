@@ -17,9 +17,11 @@ and the truth: their comparison is paired.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from hybriddp.blend import project_to_simplex
 from hybriddp.evaluate import ground_truth, score, truth_vectors
@@ -27,7 +29,7 @@ from hybriddp.headlist import HeadList
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import NoiseFactory, Stages, curator_side, run_blender
 from hybriddp.records import RecordLog, Vocabulary
-from hybriddp.result import WILDCARD_NAME, BlenderResult, result_from_run
+from hybriddp.result import WILDCARD_NAME, BlenderResult, result_from_run, write_output
 from hybriddp.rng import SEED_WARNING, LaplaceNoise
 
 ALGORITHMS = ("blender", "optin-only", "client-only", "local-only", "central")
@@ -74,6 +76,26 @@ class AlgorithmResult:
             rows.append(row)
         return rows
 
+    def records_table(self) -> pa.Table:
+        """One row per head-list entry: query, URL, wildcard flag, estimate (and truth)."""
+        if self.detail is not None:
+            return self.detail.records_table()
+        hl = self.head_list
+        qn = [*self.queries.decode(hl.query_ids), WILDCARD_NAME]
+        un = [WILDCARD_NAME] * hl.n_entries
+        real = np.flatnonzero(~hl.is_wildcard)
+        for e, name in zip(real.tolist(), self.urls.decode(hl.entry_url[real]), strict=True):
+            un[e] = name
+        cols: dict[str, Any] = {"query": [qn[i] for i in hl.entry_query.tolist()], "url": un,
+                                "wildcard": hl.is_wildcard, "p_estimate": self.p_record}
+        if self.truth_record is not None:
+            cols["p_true"] = self.truth_record
+        return pa.table(cols)
+
+    def write(self, path: str | Path) -> None:
+        """``.json`` (everything), ``.csv`` or ``.parquet`` (the records table)."""
+        write_output(path, self.to_json(), self.records_table())
+
     def to_json(self) -> dict[str, Any]:
         """The same top-level keys as BLENDER's JSON."""
         if self.detail is not None:
@@ -118,10 +140,10 @@ def blender_family(
     parts = (cur.sampled_s, cur.sampled_t, run.sampled_c)
     base = {"params": params, "head_list": hl, "queries": log.queries, "urls": log.urls,
             "url_level": log.has_urls, "sizes": full.sizes, "seed": seed}
-    out = {"blender": AlgorithmResult("blender", p_record=full.blended.records_final, p_query=full.blended.queries_final,
-                                      guarantee=full.guarantee(), metrics=full.metrics, truth_query=full.truth_query,
-                                      truth_record=full.truth_record, detail=full, **base)}
     g = full.guarantee()
+    out = {"blender": AlgorithmResult(
+        "blender", p_record=full.blended.records_final, p_query=full.blended.queries_final, guarantee=g,
+        metrics=full.metrics, truth_query=full.truth_query, truth_record=full.truth_record, detail=full, **base)}
     out["optin-only"] = _finish(AlgorithmResult(
         "optin-only", p_record=cur.optin.p_record.copy(), p_query=cur.optin.p_query.copy(),
         guarantee={"optin_users": g["optin_users"], "clients": "not used"}, **base), log, parts, params.project)

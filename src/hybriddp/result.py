@@ -130,6 +130,7 @@ class BlenderResult:
         """One JSON object: parameters, guarantee, sizes, metrics, Fig. 9 rows, full tables."""
         p = self.params
         out: dict[str, Any] = {
+            "algorithm": "blender",
             "ndcg": self.metrics.get("ndcg"),
             "l1": self.metrics.get("l1"),
             "head_list_records": self.n_records,
@@ -164,18 +165,23 @@ class BlenderResult:
 
     def write(self, path: str | Path) -> None:
         """Write by extension: ``.json`` (everything), ``.csv`` or ``.parquet`` (records table)."""
-        path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix == ".json":
-            path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False, default=_json_default))
-        elif suffix == ".csv":
-            import pyarrow.csv as pacsv
-            pacsv.write_csv(self.records_table(), path)
-        elif suffix == ".parquet":
-            import pyarrow.parquet as pq
-            pq.write_table(self.records_table(), path)
-        else:
-            raise DataError(f"--output {path}: unknown extension {suffix!r}; use .json, .csv or .parquet")
+        write_output(path, self.to_json(), self.records_table())
+
+
+def write_output(path: str | Path, obj: dict[str, Any], table: pa.Table) -> None:
+    """``.json`` → ``obj``; ``.csv`` / ``.parquet`` → ``table``; other extensions are refused."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        path.write_text(json.dumps(obj, indent=2, allow_nan=False, default=_json_default))
+    elif suffix == ".csv":
+        import pyarrow.csv as pacsv
+        pacsv.write_csv(table, path)
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+        pq.write_table(table, path)
+    else:
+        raise DataError(f"--output {path}: unknown extension {suffix!r}; use .json, .csv or .parquet")
 
 
 def _clean(v: Any) -> Any:

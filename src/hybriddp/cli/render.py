@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from hybriddp.algorithms import AlgorithmResult
 from hybriddp.result import BlenderResult
 from hybriddp.rng import SEED_WARNING
 
@@ -107,6 +108,35 @@ def print_summary(res: BlenderResult) -> None:
     if not res.client.variance_exact:
         out.print("note: m_C > 1, client variances are approximate (a client's reports are dependent)")
     if res.seed is not None:
+        err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
+
+
+def print_algorithm(alg: AlgorithmResult, top: int = 10) -> None:
+    """A baseline's result: top queries with its estimate, metrics, guarantee."""
+    rows = alg.top_queries(top)
+    has_truth = alg.truth_query is not None
+    t = Table(title=f"Top queries — {alg.algorithm}", title_justify="left")
+    t.add_column("query", overflow="fold", max_width=40)
+    if has_truth:
+        t.add_column("true p_q", justify="right")
+    t.add_column("estimate p̂_q", justify="right")
+    for row in rows:
+        est = _fmt(row["p_estimate"])
+        if row["p_estimate_regression"] and has_truth:
+            est = f"[red]↑{est}[/red]"
+        t.add_row(*([row["query"]] + ([_fmt(row["p_true"])] if has_truth else []) + [est]))
+    out.print(t)
+    m = alg.metrics
+    if m:
+        out.print(f"L1    {m['l1']:.4f}   (records; queries {m['l1_queries']:.4f})")
+        out.print(f"NDCG  {m['ndcg']:.4f}   (generalized; queries {m['ndcg_queries']:.4f}, "
+                  f"queries@10 {m['ndcg_queries_at_10']:.4f})")
+    out.print(f"head list: {alg.n_records} records over {alg.head_list.n_queries} queries "
+              f"(M = {alg.params.head_list_size})")
+    for who in ("optin_users", "clients", "all_users"):
+        if who in alg.guarantee:
+            out.print(f"privacy, {who.replace('_', ' ')}: {alg.guarantee[who]}")
+    if alg.seed is not None:
         err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
 
 

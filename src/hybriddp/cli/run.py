@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from hybriddp.algorithms import ALGORITHMS, run_algorithm
 from hybriddp.cli import render
 from hybriddp.cli.options import input_options, load_input, make_params, privacy_options, seed_option
 from hybriddp.pipeline import Stages, run_blender
@@ -24,10 +25,22 @@ def output_options(f):
 
 
 def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, output: str | None, top: int,
-                        **knobs: object) -> None:
-    """Run BLENDER on a loaded log and print/write the result."""
+                        algorithm: str = "blender", **knobs: object) -> None:
+    """Run BLENDER (or a baseline) on a loaded log and print/write the result."""
     no_project = bool(knobs.pop("no_project", False))
     params = make_params(project=not no_project, **knobs)  # type: ignore[arg-type]
+    if algorithm != "blender":
+        with render.stage_progress(not as_json) as on_stage:
+            alg = run_algorithm(algorithm, log, params, seed=seed, stages=Stages(on_stage))
+        if output:
+            alg.write(output)
+        if as_json:
+            render.print_json(alg.to_json())
+            return
+        render.print_algorithm(alg, top)
+        if output:
+            render.out.print(f"wrote {output}")
+        return
     with render.stage_progress(not as_json) as on_stage:
         run = run_blender(log, params, seed=seed, stages=Stages(on_stage))
         res = result_from_run(run)
@@ -44,12 +57,19 @@ def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, outp
         render.out.print(f"wrote {output}")
 
 
+algorithm_option = click.option(
+    "--algorithm", type=click.Choice(ALGORITHMS), default="blender", show_default=True,
+    help="blender (hybrid); optin-only (curator alone); client-only (clients over the opt-in head list, no "
+         "blending); local-only (no opt-in group: PEM discovery + LocalAlg); central (everyone trusts the curator).")
+
+
 @click.command("run")
+@algorithm_option
 @input_options()
 @privacy_options()
 @seed_option()
 @output_options
-def run_cmd(input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
+def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
             row_per_user: bool, skip_bad_rows: bool, seed: int | None, as_json: bool, output: str | None,
             top: int, **knobs: object) -> None:
     """Simulate BLENDER on your log (SPEC §2): users are assigned to the opt-in group at random,
@@ -59,7 +79,7 @@ def run_cmd(input_path: str, fmt: str | None, user_col: str | None, query_col: s
     st = log.stats
     if st.rows_skipped_bad and not as_json:
         render.err.print(f"skipped {st.rows_skipped_bad:,} malformed rows of {input_path}")
-    simulate_and_report(log, seed=seed, as_json=as_json, output=output, top=top, **knobs)
+    simulate_and_report(log, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm, **knobs)
 
 
 @click.command("demo")
@@ -67,10 +87,11 @@ def run_cmd(input_path: str, fmt: str | None, user_col: str | None, query_col: s
               help="Built-in synthetic log: aol (519,371 users) or yandex (4,970,073 users).")
 @click.option("--scale", type=float, default=1.0, show_default=True,
               help="Multiply the preset's number of users (e.g. 0.1 for a quick look).")
+@algorithm_option
 @privacy_options()
 @seed_option()
 @output_options
-def demo_cmd(preset: str, scale: float, seed: int | None, as_json: bool, output: str | None, top: int,
+def demo_cmd(preset: str, scale: float, algorithm: str, seed: int | None, as_json: bool, output: str | None, top: int,
              **knobs: object) -> None:
     """Run BLENDER on a built-in synthetic search log calibrated to AOL (paper defaults: ε = 4,
     δ = 1e-5, 5% opt-in, M = 50). Takes well under a minute."""
@@ -86,4 +107,4 @@ def demo_cmd(preset: str, scale: float, seed: int | None, as_json: bool, output:
         if on_stage:
             on_stage(f"generating the {preset} preset")
         log = generate(preset, seed=seed, scale=scale)
-    simulate_and_report(log, seed=seed, as_json=as_json, output=output, top=top, **knobs)
+    simulate_and_report(log, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm, **knobs)

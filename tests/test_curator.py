@@ -38,6 +38,9 @@ class ZeroNoise:
     def survival(self, x: float, scale: float) -> float:
         return float(x < 0)
 
+    def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
+        return head_list_threshold(epsilon, delta, m_o)
+
 
 class RecordingNoise(LaplaceNoise):
     """Laplace noise that remembers its last draws (to recompute the estimates by hand)."""

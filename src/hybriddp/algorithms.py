@@ -26,11 +26,12 @@ import pyarrow as pa
 from hybriddp.blend import project_to_simplex
 from hybriddp.evaluate import ground_truth, score, truth_vectors
 from hybriddp.headlist import HeadList
+from hybriddp.noise import DiscreteLaplaceNoise
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import NoiseFactory, Stages, curator_side, run_blender
 from hybriddp.records import RecordLog, Vocabulary
 from hybriddp.result import WILDCARD_NAME, BlenderResult, result_from_run, write_output
-from hybriddp.rng import SEED_WARNING, LaplaceNoise
+from hybriddp.rng import SEED_WARNING
 
 ALGORITHMS = ("blender", "optin-only", "client-only", "local-only", "central")
 
@@ -130,7 +131,7 @@ def _curator_guarantee(p: BlenderParams, who: str) -> dict[str, str]:
 
 def blender_family(
     log: RecordLog, params: BlenderParams, *, seed: int | None = None,
-    noise_factory: NoiseFactory = LaplaceNoise, stages: Stages | None = None,
+    noise_factory: NoiseFactory = DiscreteLaplaceNoise, stages: Stages | None = None,
 ) -> dict[str, AlgorithmResult]:
     """``blender``, ``optin-only`` and ``client-only`` from one BLENDER run (paired)."""
     run = run_blender(log, params, seed=seed, noise_factory=noise_factory, stages=stages)
@@ -154,7 +155,7 @@ def blender_family(
 
 
 def run_central(log: RecordLog, params: BlenderParams, *, seed: int | None = None,
-                noise_factory: NoiseFactory = LaplaceNoise, stages: Stages | None = None) -> AlgorithmResult:
+                noise_factory: NoiseFactory = DiscreteLaplaceNoise, stages: Stages | None = None) -> AlgorithmResult:
     """Everyone trusts the curator: S and T split all users (|S| = round(f_O·|U|))."""
     cur = curator_side(log, np.arange(log.n_users), params, seed=seed, noise_factory=noise_factory, stages=stages)
     sizes = {"users": log.n_users, "records": log.n_records, "users_s": cur.n_users_s, "users_t": cur.n_users_t,
@@ -179,7 +180,7 @@ def run_local(log: RecordLog, params: BlenderParams, *, seed: int | None = None,
 
 
 def run_algorithm(name: str, log: RecordLog, params: BlenderParams, *, seed: int | None = None,
-                  noise_factory: NoiseFactory = LaplaceNoise, stages: Stages | None = None) -> AlgorithmResult:
+                  noise_factory: NoiseFactory = DiscreteLaplaceNoise, stages: Stages | None = None) -> AlgorithmResult:
     """Run one of :data:`ALGORITHMS` on a log."""
     if name in ("blender", "optin-only", "client-only"):
         return blender_family(log, params, seed=seed, noise_factory=noise_factory, stages=stages)[name]

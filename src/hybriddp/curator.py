@@ -29,14 +29,16 @@ def create_head_list(
     Parameters
     ----------
     query, url : the sampled records D_S of the users in S (≤ m_O per user).
-    noise : draws Y ~ Laplace(0, b_S) (or a discrete replacement), one per distinct record.
+    noise : draws Y ~ Laplace(0, b_S) (or exact discrete Laplace), one per distinct record; it also
+        gives the threshold τ for its own distribution.
 
     Returns
     -------
     HL_S: the kept records grouped by query, plus ⟨q,*⟩ for each kept q and ⟨*,*⟩.
     Only records that occur in D_S can be kept (no external dictionary).
     """
-    tau = check_head_list_params(epsilon, delta, m_o)
+    check_head_list_params(epsilon, delta, m_o)
+    tau = noise.head_list_threshold(epsilon, delta, m_o)  # Fig. 3 line 2 (recomputed for discrete noise)
     b = head_list_scale(epsilon, m_o)  # b_S = 2·m_O/ε (Fig. 3 line 1)
     backend = backend or default_backend()
     keys, counts = backend.count_distinct(record_keys(query, url))  # N(r, D_S) for r ∈ D_S

@@ -20,10 +20,11 @@ from hybriddp.blend import Blended, blend, project_to_simplex
 from hybriddp.client_estimates import ClientEstimates, estimate_client_probabilities
 from hybriddp.curator import OptinEstimates, create_head_list, estimate_optin_probabilities, require_nonempty
 from hybriddp.headlist import HeadList
+from hybriddp.noise import DiscreteLaplaceNoise
 from hybriddp.params import BlenderParams
 from hybriddp.randomizer import LocalAlgParams, randomize_batch
 from hybriddp.records import RecordLog, SampledRecords, sample_records
-from hybriddp.rng import LaplaceNoise, NoiseSource, stage_rng
+from hybriddp.rng import NoiseSource, stage_rng
 
 NoiseFactory = Callable[[np.random.Generator], NoiseSource]
 
@@ -74,7 +75,7 @@ class CuratorOutput:
 
 def curator_side(
     log: RecordLog, optin_users: np.ndarray, params: BlenderParams, *, seed: int | None,
-    noise_factory: NoiseFactory = LaplaceNoise, backend: CountingBackend | None = None,
+    noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
     stages: Stages | None = None,
 ) -> CuratorOutput:
     """Partition O into S and T (|S| = round(f_O·|O|)), CreateHeadList on S, estimates on T."""
@@ -89,15 +90,16 @@ def curator_side(
         d_t = sample_records(log, users_t, params.m_o, rng)
     with stages.stage("create head list"):  # Fig. 2 line 2
         noise_s = noise_factory(stage_rng(seed, "headlist_noise"))
+        tau = noise_s.head_list_threshold(params.epsilon, params.delta, params.m_o)
         hl_s = create_head_list(d_s.query, d_s.url, epsilon=params.epsilon, delta=params.delta,
                                 m_o=params.m_o, noise=noise_s, backend=backend)
-        require_nonempty(hl_s, n_records_s=len(d_s), tau=params.tau)
+        require_nonempty(hl_s, n_records_s=len(d_s), tau=tau)
     with stages.stage("estimate opt-in probabilities"):  # Fig. 2 line 3
         optin = estimate_optin_probabilities(
             d_t.query, d_t.url, hl_s, epsilon=params.epsilon, m_o=params.m_o,
             head_list_size=params.head_list_size, noise=noise_factory(stage_rng(seed, "optin_noise")),
             url_level=log.has_urls, backend=backend)
-    return CuratorOutput(hl_s, optin, d_s, d_t, len(users_s), len(users_t), noise_s.name, params.tau)
+    return CuratorOutput(hl_s, optin, d_s, d_t, len(users_s), len(users_t), noise_s.name, tau)
 
 
 def client_f_c(params: BlenderParams, url_level: bool) -> float:
@@ -167,7 +169,7 @@ class BlenderRun:
 
 def run_blender(
     log: RecordLog, params: BlenderParams, *, seed: int | None = None,
-    noise_factory: NoiseFactory = LaplaceNoise, backend: CountingBackend | None = None,
+    noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
     stages: Stages | None = None,
 ) -> BlenderRun:
     """Simulate BLENDER on a log: Fig. 2 lines 1-5 (SPEC §2)."""

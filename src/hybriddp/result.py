@@ -20,6 +20,7 @@ from hybriddp.curator import OptinEstimates
 from hybriddp.errors import DataError
 from hybriddp.evaluate import ground_truth, score, truth_vectors
 from hybriddp.headlist import HeadList
+from hybriddp.noise import NOISE_LABELS
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import BlenderRun, BlendOutput
 from hybriddp.records import Vocabulary
@@ -158,7 +159,7 @@ class BlenderResult:
             "optin_users": f"({p.epsilon}, {p.delta})-DP, trusted-curator model "
                            "(Theorems 1, 2)",
             "clients": f"({p.epsilon}, {p.delta})-local DP (Theorem 3), f_C = {self.f_c_used}, m_C = {p.m_c}",
-            "noise": self.noise,
+            "noise": NOISE_LABELS.get(self.noise, self.noise),
             "client_variances": "exact" if self.client.variance_exact
             else "approximate (m_C > 1: one client's reports are dependent)",
         }

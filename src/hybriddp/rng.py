@@ -24,7 +24,8 @@ SEED_WARNING = (
 # Named sub-streams: each stage of BLENDER draws from its own child of the run's seed, so a
 # stage run on its own (e.g. `hybriddp headlist`) reproduces the same draws as in `run`.
 STREAMS = ("partition", "split", "sample_optin", "sample_clients", "headlist_noise",
-           "optin_noise", "randomizer")
+           "optin_noise", "randomizer", "local_split", "local_discovery")
+# Append new streams at the end only: a stream's draws depend on its index in this tuple.
 
 
 def make_rng(seed: int | None = None) -> np.random.Generator:
@@ -70,11 +71,16 @@ class NoiseSource(Protocol):
         """P[Y > x] for one draw."""
         ...
 
+    def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
+        """CreateHeadList's τ for this noise (SPEC §3)."""
+        ...
+
 
 class LaplaceNoise:
     """Continuous Laplace(0, b) noise, as in the paper (floating point)."""
 
     name = "laplace"
+    label = "laplace (continuous, floating point, paper-faithful)"
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
@@ -92,3 +98,9 @@ class LaplaceNoise:
         if x >= 0:
             return 0.5 * float(np.exp(-x / scale))
         return 1.0 - 0.5 * float(np.exp(x / scale))
+
+    def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
+        """τ = b_S·(ln(e^{ε/2} + m_O − 1) − ln δ) (Fig. 3 line 2)."""
+        from hybriddp.params import head_list_threshold
+
+        return head_list_threshold(epsilon, delta, m_o)

@@ -12,13 +12,21 @@ import click
 import numpy as np
 
 from hybriddp.cli import render
-from hybriddp.cli.options import input_options, load_input, make_params, privacy_options, seed_option
+from hybriddp.cli.options import (
+    input_options,
+    load_input,
+    make_params,
+    noise_option,
+    privacy_options,
+    seed_option,
+)
 from hybriddp.cli.run import output_options
 from hybriddp.client_estimates import estimate_client_probabilities
 from hybriddp.device import DeviceHeadList, UniformReplay, local_alg, randomize_records
 from hybriddp.errors import DataError
 from hybriddp.headlist import from_device_json, read_device_json
 from hybriddp.io.exchange import read_optin_estimates, read_report_counts, write_optin_estimates, write_reports
+from hybriddp.noise import noise_factory
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import Stages, blend_estimates, client_f_c, curator_side, sample_clients, split_optin
 from hybriddp.randomizer import LocalAlgParams, chunk_uniforms
@@ -36,14 +44,15 @@ optin_fraction_option = click.option(
 @input_options()
 @privacy_options(with_optin=False)
 @optin_fraction_option
+@noise_option()
 @seed_option()
 @click.option("--out-headlist", type=click.Path(dir_okay=False), default="headlist.json", show_default=True,
               help="Head-list JSON for devices (lists, ε, δ, f_C, m_C, content hash; no estimates).")
 @click.option("--out-estimates", type=click.Path(dir_okay=False), default="optin-estimates.json",
               show_default=True, help="The curator's DP estimates over the head list, for `estimate`.")
 def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
-                 row_per_user: bool, skip_bad_rows: bool, optin_fraction: float | None, seed: int | None,
-                 out_headlist: str, out_estimates: str, **knobs: Any) -> None:
+                 row_per_user: bool, skip_bad_rows: bool, optin_fraction: float | None, noise: str,
+                 seed: int | None, out_headlist: str, out_estimates: str, **knobs: Any) -> None:
     """Curator: build the head list from opt-in users' raw records (SPEC §3, §4).
 
     Reads opt-in records, writes only differentially private outputs: the head list for devices
@@ -58,7 +67,8 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
     else:
         optin_users = np.arange(log.n_users)
     with render.stage_progress(True) as on_stage:
-        cur = curator_side(log, optin_users, params, seed=seed, stages=Stages(on_stage))
+        cur = curator_side(log, optin_users, params, seed=seed, noise_factory=noise_factory(noise),
+                           stages=Stages(on_stage))
     hl = cur.optin.head_list
     doc = hl.to_device_json(log.queries, log.urls, epsilon=params.epsilon, delta=params.delta,
                             f_c=client_f_c(params, log.has_urls), m_c=params.m_c, url_level=log.has_urls)

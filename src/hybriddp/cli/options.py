@@ -88,6 +88,13 @@ def privacy_options(with_optin: bool = True, with_curator: bool = True) -> F:
     return _stack(*opts)
 
 
+def noise_option() -> F:
+    """--noise discrete|laplace (curator noise on counts)."""
+    return click.option("--noise", type=click.Choice(["discrete", "laplace"]), default="discrete", show_default=True,
+                        help="Curator noise on counts: exact discrete Laplace from integer randomness, or the "
+                             "paper's floating-point Laplace (paper-faithful experiments only).")
+
+
 def seed_option() -> F:
     return click.option("--seed", type=int, default=None,
                         help="Seed for reproducible experiments. Seeded output carries NO privacy; "

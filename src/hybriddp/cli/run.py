@@ -6,7 +6,15 @@ import click
 
 from hybriddp.algorithms import ALGORITHMS, run_algorithm
 from hybriddp.cli import render
-from hybriddp.cli.options import input_options, load_input, make_params, privacy_options, seed_option
+from hybriddp.cli.options import (
+    input_options,
+    load_input,
+    make_params,
+    noise_option,
+    privacy_options,
+    seed_option,
+)
+from hybriddp.noise import noise_factory
 from hybriddp.pipeline import Stages, run_blender
 from hybriddp.records import RecordLog
 from hybriddp.result import result_from_run
@@ -25,13 +33,14 @@ def output_options(f):
 
 
 def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, output: str | None, top: int,
-                        algorithm: str = "blender", **knobs: object) -> None:
+                        algorithm: str = "blender", noise: str = "discrete", **knobs: object) -> None:
     """Run BLENDER (or a baseline) on a loaded log and print/write the result."""
     no_project = bool(knobs.pop("no_project", False))
+    factory = noise_factory(noise)
     params = make_params(project=not no_project, **knobs)  # type: ignore[arg-type]
     if algorithm != "blender":
         with render.stage_progress(not as_json) as on_stage:
-            alg = run_algorithm(algorithm, log, params, seed=seed, stages=Stages(on_stage))
+            alg = run_algorithm(algorithm, log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage))
         if output:
             alg.write(output)
         if as_json:
@@ -42,7 +51,7 @@ def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, outp
             render.out.print(f"wrote {output}")
         return
     with render.stage_progress(not as_json) as on_stage:
-        run = run_blender(log, params, seed=seed, stages=Stages(on_stage))
+        run = run_blender(log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage))
         res = result_from_run(run)
     if output:
         res.write(output)
@@ -67,6 +76,7 @@ algorithm_option = click.option(
 @algorithm_option
 @input_options()
 @privacy_options()
+@noise_option()
 @seed_option()
 @output_options
 def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
@@ -89,6 +99,7 @@ def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | No
               help="Multiply the preset's number of users (e.g. 0.1 for a quick look).")
 @algorithm_option
 @privacy_options()
+@noise_option()
 @seed_option()
 @output_options
 def demo_cmd(preset: str, scale: float, algorithm: str, seed: int | None, as_json: bool, output: str | None, top: int,

@@ -1,0 +1,168 @@
+"""Exact discrete Laplace noise for counts (issue: privacy assurance; Canonne, Kamath, Steinke 2020).
+
+Floating-point Laplace leaks through the low-order bits of its output (Mironov, CCS 2012), so
+hybriddp's default curator noise is the **discrete Laplace** (two-sided geometric)
+distribution, P[Y = y] ∝ e^{−|y|/t} for integers y, sampled *exactly* from integer randomness
+(Algorithms 1–2 of Canonne, Kamath, Steinke, "The Discrete Gaussian for Differential Privacy",
+NeurIPS 2020). No floating-point number is involved in a draw: Bernoulli(n/d) is
+``integers(0, d) < n`` and everything else is integer arithmetic.
+
+The scale is a rational t = s/d ≥ 2m_O/ε (rounded up to a denominator ≤ 2^20), so counts with
+L1 sensitivity 2m_O get at least ε-DP (the ratio of neighbouring probabilities is at most
+e^{2m_O/t}). CreateHeadList's threshold is recomputed for this distribution: with m_O = 1 it is
+the smallest integer τ_d such that a record seen once survives (1 + Y > τ_d) with probability
+at most δ/2, exactly; with m_O > 1 it is ⌈τ⌉ of the continuous formula, whose guarantee carries
+over because the discrete tail P[Y ≥ k] = e^{−k/t}/(1 + e^{−1/t}) lies below the continuous
+tail P[Y_cont > k − 1] = ½e^{−(k−1)/t} at every integer k.
+
+All samplers are vectorized over NumPy integer draws; the generator is OS-seeded unless a seed is
+given for experiments.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+MAX_DENOMINATOR = 1 << 20
+
+
+def rational_scale(scale: float) -> Fraction:
+    """The smallest-denominator-bounded rational t ≥ ``scale`` (never below: privacy holds)."""
+    f = Fraction(scale).limit_denominator(MAX_DENOMINATOR)
+    if f < Fraction(scale):
+        f += Fraction(1, f.denominator)
+    return f
+
+
+def _bernoulli_exp_frac(rng: np.random.Generator, num: np.ndarray, den: int) -> np.ndarray:
+    """Bernoulli(e^{−num/den}) for 0 ≤ num ≤ den, exactly (CKS20 Algorithm 1, γ ≤ 1).
+
+    K = 1, 2, ...: draw A ~ Bernoulli(γ/K) = [integers(0, den·K) < num] until A = 0; the
+    result is 1 iff the final K is odd.
+    """
+    num = np.asarray(num, dtype=np.int64)
+    k = np.ones(len(num), dtype=np.int64)
+    active = np.ones(len(num), dtype=bool)
+    while active.any():
+        idx = np.flatnonzero(active)
+        a = rng.integers(0, den * k[idx]) < num[idx]
+        k[idx[a]] += 1
+        active[idx[~a]] = False
+    return k % 2 == 1
+
+
+def _bernoulli_exp_minus_one(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Bernoulli(e^{−1}) exactly."""
+    return _bernoulli_exp_frac(rng, np.ones(size, dtype=np.int64), 1)
+
+
+def sample_discrete_laplace(rng: np.random.Generator, scale: Fraction, size: int) -> np.ndarray:
+    """``size`` exact draws of the discrete Laplace with P[y] ∝ e^{−|y|/scale} (CKS20 Alg. 2).
+
+    With scale = t/s (CKS20's notation): U ~ Unif{0..t−1}; accept with Bernoulli(e^{−U/t});
+    V ~ Geometric with Bernoulli(e^{−1}) steps; X = U + tV (so P[X = x] ∝ e^{−x/t});
+    Y = ⌊X/s⌋ (so P[Y = y] ∝ e^{−ys/t}); B ~ Bernoulli(½); reject (B = 1, Y = 0); return
+    (1 − 2B)·Y. Rejected draws are redrawn (vectorized over the pending ones).
+    """
+    t, s = scale.numerator, scale.denominator
+    out = np.empty(size, dtype=np.int64)
+    pending = np.arange(size)
+    while len(pending):
+        m = len(pending)
+        u = rng.integers(0, t, m)
+        ok = _bernoulli_exp_frac(rng, u, t)
+        u = u[ok]
+        v = np.zeros(len(u), dtype=np.int64)
+        going = np.ones(len(u), dtype=bool)
+        while going.any():
+            idx = np.flatnonzero(going)
+            step = _bernoulli_exp_minus_one(rng, len(idx))
+            v[idx[step]] += 1
+            going[idx[~step]] = False
+        y = (u + t * v) // s
+        b = rng.integers(0, 2, len(y))
+        keep = ~((b == 1) & (y == 0))
+        vals = ((1 - 2 * b) * y)[keep]
+        take = min(len(vals), m)
+        out[pending[:take]] = vals[:take]
+        pending = pending[take:]
+    return out
+
+
+def discrete_laplace_pmf(y: np.ndarray | int, scale: float) -> np.ndarray:
+    """P[Y = y] = (1 − e^{−1/t})/(1 + e^{−1/t})·e^{−|y|/t}."""
+    q = math.exp(-1.0 / scale)
+    return (1 - q) / (1 + q) * np.exp(-np.abs(np.asarray(y, dtype=np.float64)) / scale)
+
+
+def discrete_laplace_tail(k: int, scale: float) -> float:
+    """P[Y ≥ k] for an integer k ≥ 1: e^{−k/t}/(1 + e^{−1/t})."""
+    q = math.exp(-1.0 / scale)
+    if k <= 0:
+        return 1.0 - discrete_laplace_tail(1 - k, scale)  # symmetry: P[Y ≥ k] = 1 − P[Y ≥ 1−k]
+    return math.exp(-k / scale) / (1 + q)
+
+
+def discrete_laplace_variance(scale: float) -> float:
+    """Var Y = 2e^{−1/t}/(1 − e^{−1/t})²."""
+    q = math.exp(-1.0 / scale)
+    return 2 * q / (1 - q) ** 2
+
+
+class DiscreteLaplaceNoise:
+    """Exact discrete Laplace noise on integer counts (the default curator noise)."""
+
+    name = "discrete"
+    label = "discrete (exact two-sided geometric, integer randomness)"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def sample(self, scale: float, size: int) -> np.ndarray:
+        """Exact draws at the rational scale ≥ ``scale`` (returned as float64 of integers)."""
+        return sample_discrete_laplace(self.rng, rational_scale(scale), size).astype(np.float64)
+
+    def variance(self, scale: float) -> float:
+        """Variance at the rational scale actually used."""
+        return discrete_laplace_variance(float(rational_scale(scale)))
+
+    def survival(self, x: float, scale: float) -> float:
+        """P[Y > x] = P[Y ≥ ⌊x⌋ + 1]."""
+        return discrete_laplace_tail(math.floor(x) + 1, float(rational_scale(scale)))
+
+    def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
+        """τ_d: keep a record iff N + Y > τ_d (see the module docstring)."""
+        from hybriddp.params import check_head_list_params
+
+        tau = check_head_list_params(epsilon, delta, m_o)
+        if m_o > 1:
+            return float(math.ceil(tau))
+        t = float(rational_scale(2.0 * m_o / epsilon))
+        # smallest integer k with P[1 + Y > k] = P[Y ≥ k] ≤ δ/2
+        k = max(1, math.floor(t * (math.log(2.0 / delta) - math.log(1 + math.exp(-1.0 / t)))) - 1)
+        while discrete_laplace_tail(k, t) > delta / 2:
+            k += 1
+        while k > 1 and discrete_laplace_tail(k - 1, t) <= delta / 2:
+            k -= 1
+        return float(k)
+
+
+NOISE_LABELS = {
+    "discrete": DiscreteLaplaceNoise.label,
+    "laplace": "laplace (continuous, floating point, paper-faithful)",
+}
+
+
+def noise_factory(name: str) -> type:
+    """The noise class for ``--noise discrete|laplace``."""
+    from hybriddp.errors import parameter_error
+    from hybriddp.rng import LaplaceNoise
+
+    if name == "discrete":
+        return DiscreteLaplaceNoise
+    if name == "laplace":
+        return LaplaceNoise
+    raise parameter_error("noise (--noise)", name, "'discrete' or 'laplace'")

@@ -1,0 +1,128 @@
+"""Exact discrete Laplace noise (issue: privacy assurance; CKS 2020), its threshold and its use."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from hybriddp.curator import create_head_list
+from hybriddp.noise import (
+    DiscreteLaplaceNoise,
+    discrete_laplace_pmf,
+    discrete_laplace_tail,
+    discrete_laplace_variance,
+    noise_factory,
+    rational_scale,
+    sample_discrete_laplace,
+)
+from hybriddp.params import head_list_threshold
+from hybriddp.rng import LaplaceNoise
+
+
+class IntegerOnlyGenerator:
+    """Wraps a Generator and refuses every floating-point draw."""
+
+    def __init__(self, seed: int) -> None:
+        self._g = np.random.default_rng(seed)
+
+    def integers(self, *args, **kwargs):
+        return self._g.integers(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"floating-point draw {name} used by the discrete sampler")
+
+
+@pytest.mark.parametrize("scale", [0.5, 2 / 1.5, 2.0, 8.0, 2 / 0.3])
+def test_sampler_matches_pmf_chi_square(scale: float) -> None:
+    t = rational_scale(scale)
+    x = sample_discrete_laplace(IntegerOnlyGenerator(int(scale * 100)), t, 200_000)
+    lim = max(3, int(6 * float(t)))
+    values = np.arange(-lim, lim + 1)
+    observed = np.array([(x == v).sum() for v in values] + [(np.abs(x) > lim).sum()])
+    p = discrete_laplace_pmf(values, float(t))
+    expected = np.append(p, max(0.0, 1 - p.sum())) * len(x)
+    keep = expected >= 5
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    if exp[-1] < 5:  # fold a tiny remainder into the last big cell
+        obs[-2] += obs[-1]
+        exp[-2] += exp[-1]
+        obs, exp = obs[:-1], exp[:-1]
+    assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-6
+    assert x.var() == pytest.approx(discrete_laplace_variance(float(t)), rel=0.05)
+
+
+def test_pmf_sums_to_one_and_tail_formula() -> None:
+    for t in (0.5, 1.3, 5.0):
+        y = np.arange(-400, 401)
+        assert discrete_laplace_pmf(y, t).sum() == pytest.approx(1.0, abs=1e-12)
+        for k in (1, 2, 7):
+            assert discrete_laplace_tail(k, t) == pytest.approx(discrete_laplace_pmf(np.arange(k, 2000), t).sum())
+        assert discrete_laplace_tail(0, t) == pytest.approx(discrete_laplace_pmf(np.arange(0, 2000), t).sum())
+
+
+@pytest.mark.parametrize("eps", [0.5, 1.0, 2.0, 4.0, 7.3])
+@pytest.mark.parametrize("m_o", [1, 2])
+def test_exact_dp_of_discrete_laplace_on_counts(eps: float, m_o: int) -> None:
+    """Counts with L1 sensitivity 2m_O: the pmf ratio at every output is ≤ e^ε (exact, closed form)."""
+    t = rational_scale(2 * m_o / eps)
+    assert t >= Fraction(2 * m_o / eps)  # never a smaller scale than asked: privacy holds
+    y = np.arange(-60, 61)
+    for shift in range(1, 2 * m_o + 1):
+        log_ratio = np.log(discrete_laplace_pmf(y, float(t))) - np.log(discrete_laplace_pmf(y - shift, float(t)))
+        assert log_ratio.max() <= eps + 1e-9
+    # attained at the full sensitivity, so the test is tight
+    worst = np.log(discrete_laplace_pmf(0, float(t))) - np.log(discrete_laplace_pmf(2 * m_o, float(t)))
+    assert worst == pytest.approx(2 * m_o / float(t)) and worst == pytest.approx(eps, rel=1e-5)
+
+
+@pytest.mark.parametrize("eps", [0.75, 1.0, 2.0, 4.0, 6.0])
+@pytest.mark.parametrize("delta", [1e-9, 1e-7, 1e-5, 1e-3, 0.05])
+def test_threshold_single_record_survives_with_at_most_half_delta_exactly(eps: float, delta: float) -> None:
+    """τ_d is the smallest integer with P[1 + Y > τ_d] ≤ δ/2 (closed form, m_O = 1)."""
+    noise = DiscreteLaplaceNoise(np.random.default_rng(0))
+    tau_d = noise.head_list_threshold(eps, delta, 1)
+    assert tau_d == int(tau_d)
+    t = float(rational_scale(2 / eps))
+    survive = discrete_laplace_tail(int(tau_d), t)  # P[Y ≥ τ_d] = P[1 + Y > τ_d]
+    assert survive <= delta / 2
+    if tau_d > 1:
+        assert discrete_laplace_tail(int(tau_d) - 1, t) > delta / 2  # and one lower would not do
+    assert noise.survival(tau_d - 1, 2 / eps) == pytest.approx(survive)
+    # never a lower bar than the continuous formula needs to give the same δ guarantee
+    assert tau_d <= math.ceil(head_list_threshold(eps, delta, 1))
+
+
+def test_threshold_sampled_single_record_survival() -> None:
+    """Sampled: 10^6 singletons through CreateHeadList with discrete noise survive at ≤ δ/2."""
+    eps, delta = 4.0, 0.02
+    noise = DiscreteLaplaceNoise(np.random.default_rng(5))
+    n = 1_000_000
+    q = np.arange(n)
+    hl = create_head_list(q, np.zeros(n, dtype=np.int64), epsilon=eps, delta=delta, m_o=1, noise=noise)
+    p = discrete_laplace_tail(int(noise.head_list_threshold(eps, delta, 1)), float(rational_scale(2 / eps)))
+    assert p <= delta / 2
+    assert stats.binomtest(hl.n_queries, n, p).pvalue > 1e-6
+
+
+def test_m_o_above_one_uses_ceiling_of_continuous_threshold() -> None:
+    noise = DiscreteLaplaceNoise(np.random.default_rng(0))
+    assert noise.head_list_threshold(4.0, 1e-5, 3) == math.ceil(head_list_threshold(4.0, 1e-5, 3))
+
+
+def test_noise_factory_and_labels() -> None:
+    assert noise_factory("discrete") is DiscreteLaplaceNoise
+    assert noise_factory("laplace") is LaplaceNoise
+    with pytest.raises(ValueError, match="--noise"):
+        noise_factory("gaussian")
+
+
+def test_sample_interface_returns_integers_as_floats() -> None:
+    noise = DiscreteLaplaceNoise(np.random.default_rng(3))
+    x = noise.sample(0.5, 1000)
+    assert x.dtype == np.float64 and np.array_equal(x, np.round(x))
+    assert noise.variance(0.5) == pytest.approx(discrete_laplace_variance(0.5))

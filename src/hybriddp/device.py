@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
 import secrets
 from collections.abc import Iterable, Sequence
@@ -224,11 +225,60 @@ def local_alg(qi: int, ui: int, hl: DeviceHeadList, src: RandomSource) -> tuple[
     return qi, ui
 
 
+class DeviceLedger:
+    """The device's own privacy ledger: at most one report per round, within a lifetime budget.
+
+    A round is identified by the head list's content hash. The ledger is a small JSON file
+    ``{"lifetime": {"epsilon": E, "delta": D}, "rounds": {hash: {"epsilon": e, "delta": d}}}``
+    rewritten atomically (temporary file + rename) *before* any report leaves the device.
+    """
+
+    def __init__(self, path: str, *, lifetime_epsilon: float | None = None,
+                 lifetime_delta: float | None = None) -> None:
+        self.path = path
+        try:
+            with open(path, encoding="utf-8") as fh:
+                self.state = json.load(fh)
+        except FileNotFoundError:
+            if lifetime_epsilon is None or lifetime_delta is None:
+                raise DeviceError(f"device ledger {path} does not exist; give its lifetime epsilon and delta "
+                                  "to create it") from None
+            if not (lifetime_epsilon > 0 and 0 < lifetime_delta < 1):
+                raise DeviceError(
+                    f"lifetime budget out of range: epsilon={lifetime_epsilon}, delta={lifetime_delta}") from None
+            self.state = {"lifetime": {"epsilon": float(lifetime_epsilon), "delta": float(lifetime_delta)},
+                          "rounds": {}}
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DeviceError(f"device ledger {path} is damaged ({exc})") from None
+
+    def spent(self) -> tuple[float, float]:
+        """(Σε, Σδ) over the rounds reported so far (basic composition)."""
+        rounds = self.state["rounds"].values()
+        return sum(r["epsilon"] for r in rounds), sum(r["delta"] for r in rounds)
+
+    def record(self, round_id: str, epsilon: float, delta: float) -> None:
+        """Charge one round, or raise :class:`DeviceError` (already reported / over budget)."""
+        if round_id in self.state["rounds"]:
+            raise DeviceError(f"this device already reported for head list {round_id[:19]}…; "
+                              "a device reports at most once per round")
+        e, d = self.spent()
+        life = self.state["lifetime"]
+        if e + epsilon > life["epsilon"] * (1 + 1e-12) or d + delta > life["delta"] * (1 + 1e-12):
+            raise DeviceError(f"reporting would exceed this device's lifetime budget (epsilon {life['epsilon']}, "
+                              f"delta {life['delta']}; spent {e:.4g}, {d:.3g}); not reporting")
+        self.state["rounds"][round_id] = {"epsilon": float(epsilon), "delta": float(delta)}
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(self.state, fh)
+        os.replace(tmp, self.path)
+
+
 def randomize_records(
     headlist: dict[str, Any] | DeviceHeadList,
     records: Sequence[tuple[str, str | None]],
     *,
     source: RandomSource | None = None,
+    ledger: DeviceLedger | None = None,
 ) -> dict[str, Any]:
     """One device's message: sample ≤ m_C records without replacement, randomize each.
 
@@ -237,6 +287,7 @@ def randomize_records(
     headlist : the parsed head-list JSON (or a :class:`DeviceHeadList`).
     records : the device's own (query, url) records; url ``None`` when there is none.
     source : randomness; default :class:`SystemSource` (OS entropy).
+    ledger : the device's :class:`DeviceLedger`; charged (ε, δ) for this round before reporting.
 
     Returns
     -------
@@ -244,6 +295,8 @@ def randomize_records(
     """
     hl = headlist if isinstance(headlist, DeviceHeadList) else DeviceHeadList.from_json(headlist)
     src = source if source is not None else SystemSource()
+    if ledger is not None:
+        ledger.record(hl.doc["content_hash"], float(hl.doc["epsilon"]), float(hl.doc["delta"]))
     records = list(records)
     m = min(hl.m_c, len(records))
     chosen: list[int] = []

@@ -71,6 +71,8 @@ class CuratorOutput:
     n_users_t: int
     noise: str
     tau: float
+    users_s: np.ndarray | None = None  # user indices of S and T (for the privacy ledger)
+    users_t: np.ndarray | None = None
 
 
 def curator_side(
@@ -99,7 +101,7 @@ def curator_side(
             d_t.query, d_t.url, hl_s, epsilon=params.epsilon, m_o=params.m_o,
             head_list_size=params.head_list_size, noise=noise_factory(stage_rng(seed, "optin_noise")),
             url_level=log.has_urls, backend=backend)
-    return CuratorOutput(hl_s, optin, d_s, d_t, len(users_s), len(users_t), noise_s.name, tau)
+    return CuratorOutput(hl_s, optin, d_s, d_t, len(users_s), len(users_t), noise_s.name, tau, users_s, users_t)
 
 
 def client_f_c(params: BlenderParams, url_level: bool) -> float:
@@ -120,6 +122,18 @@ def client_side_batch(
     backend = backend or default_backend()
     reports = randomize_batch(hl.map_records(d_c.query, d_c.url), hl, lp, stage_rng(seed, "randomizer"))
     return backend.count_entries(reports, hl.n_entries)
+
+
+def ledger_charges(log: RecordLog, params: BlenderParams, cur: CuratorOutput,
+                   client_users: np.ndarray | None = None) -> list:
+    """What one round costs each user: S (ε, δ) (Theorem 1), T (ε, 0) (Theorem 2), clients (ε, δ)."""
+    from hybriddp.ledger import Charge
+
+    charges = [Charge("optin-S", log.user_keys(cur.users_s), params.epsilon, params.delta),
+               Charge("optin-T", log.user_keys(cur.users_t), params.epsilon, 0.0)]
+    if client_users is not None:
+        charges.append(Charge("clients", log.user_keys(client_users), params.epsilon, params.delta))
+    return charges
 
 
 @dataclass
@@ -161,6 +175,7 @@ class BlenderRun:
     sampled_c: SampledRecords | None
     seed: int | None
     stages: Stages
+    client_users: np.ndarray | None = None
 
     @property
     def head_list(self) -> HeadList:
@@ -191,4 +206,4 @@ def run_blender(
     with stages.stage("blend"):
         blended = blend_estimates(cur.optin, client, params.project)
     return BlenderRun(params, log, cur, lp, f_c, counts, client, blended, len(optin_users),
-                      len(client_users), d_c, seed, stages)
+                      len(client_users), d_c, seed, stages, client_users)

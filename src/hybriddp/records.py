@@ -124,6 +124,7 @@ class RecordLog:
     urls: Vocabulary
     has_urls: bool = True
     stats: LoadStats = field(default_factory=LoadStats)
+    user_ids: np.ndarray | None = None  # original user identifiers (index = user), when known
 
     def __post_init__(self) -> None:
         self.user_offsets = np.asarray(self.user_offsets, dtype=np.int64)
@@ -149,24 +150,33 @@ class RecordLog:
         return RecordLog(np.arange(self.n_records + 1, dtype=np.int64), self.query, self.url, self.queries,
                          self.urls, self.has_urls, self.stats)
 
+    def user_keys(self, users: np.ndarray) -> list[str]:
+        """Stable identifiers of the given users: the original ids when known, else the index."""
+        users = np.asarray(users, dtype=np.int64)
+        if self.user_ids is None:
+            return [str(u) for u in users.tolist()]
+        return [str(u) for u in self.user_ids[users].tolist()]
+
     @classmethod
     def from_user_sorted(
         cls, users: np.ndarray, query: np.ndarray, url: np.ndarray,
         queries: Vocabulary, urls: Vocabulary, has_urls: bool = True,
-        stats: LoadStats | None = None,
+        stats: LoadStats | None = None, user_ids: np.ndarray | None = None,
     ) -> RecordLog:
         """Build from per-record user codes (any order); records are grouped by user.
 
-        ``users`` are integer codes 0..U-1; users with no record are dropped.
+        ``users`` are integer codes 0..U-1; users with no record are dropped. ``user_ids[c]`` is
+        the original identifier of code ``c`` (kept for the privacy ledger).
         """
         users = np.asarray(users)
         order = np.argsort(users, kind="stable")
         sorted_users = users[order]
-        _, counts = np.unique(sorted_users, return_counts=True)
+        codes, counts = np.unique(sorted_users, return_counts=True)
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        ids = np.asarray(user_ids)[codes] if user_ids is not None else None
         return cls(offsets, np.ascontiguousarray(query[order], dtype=np.int32),
                    np.ascontiguousarray(url[order], dtype=np.int32), queries, urls,
-                   has_urls, stats or LoadStats())
+                   has_urls, stats or LoadStats(), ids)
 
 
 def sample_per_user(

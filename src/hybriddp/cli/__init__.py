@@ -14,6 +14,7 @@ import click
 
 from hybriddp import __version__
 from hybriddp.cli.files import estimate_cmd, headlist_cmd, randomize_cmd
+from hybriddp.cli.privacy import privacy_group
 from hybriddp.cli.run import demo_cmd, run_cmd
 from hybriddp.cli.synth import synth_cmd
 from hybriddp.device import DeviceError
@@ -53,7 +54,7 @@ def cli(verbose: int) -> None:
                         stream=sys.stderr)
 
 
-for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd):
+for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group):
     cli.add_command(_cmd)
 
 

@@ -20,15 +20,24 @@ from hybriddp.cli.options import (
     privacy_options,
     seed_option,
 )
+from hybriddp.cli.privacy import charge_round, ledger_options
 from hybriddp.cli.run import output_options
 from hybriddp.client_estimates import estimate_client_probabilities
-from hybriddp.device import DeviceHeadList, UniformReplay, local_alg, randomize_records
+from hybriddp.device import DeviceHeadList, DeviceLedger, UniformReplay, local_alg, randomize_records
 from hybriddp.errors import DataError
 from hybriddp.headlist import from_device_json, read_device_json
 from hybriddp.io.exchange import read_optin_estimates, read_report_counts, write_optin_estimates, write_reports
 from hybriddp.noise import noise_factory
 from hybriddp.params import BlenderParams
-from hybriddp.pipeline import Stages, blend_estimates, client_f_c, curator_side, sample_clients, split_optin
+from hybriddp.pipeline import (
+    Stages,
+    blend_estimates,
+    client_f_c,
+    curator_side,
+    ledger_charges,
+    sample_clients,
+    split_optin,
+)
 from hybriddp.randomizer import LocalAlgParams, chunk_uniforms
 from hybriddp.records import NO_URL, RecordLog
 from hybriddp.result import BlenderResult
@@ -50,9 +59,12 @@ optin_fraction_option = click.option(
               help="Head-list JSON for devices (lists, ε, δ, f_C, m_C, content hash; no estimates).")
 @click.option("--out-estimates", type=click.Path(dir_okay=False), default="optin-estimates.json",
               show_default=True, help="The curator's DP estimates over the head list, for `estimate`.")
+@ledger_options
 def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
                  row_per_user: bool, skip_bad_rows: bool, optin_fraction: float | None, noise: str,
-                 seed: int | None, out_headlist: str, out_estimates: str, **knobs: Any) -> None:
+                 seed: int | None, out_headlist: str, out_estimates: str, ledger_path: str | None,
+                 round_name: str | None, lifetime_epsilon: float | None, lifetime_delta: float | None,
+                 **knobs: Any) -> None:
     """Curator: build the head list from opt-in users' raw records (SPEC §3, §4).
 
     Reads opt-in records, writes only differentially private outputs: the head list for devices
@@ -72,6 +84,9 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
     hl = cur.optin.head_list
     doc = hl.to_device_json(log.queries, log.urls, epsilon=params.epsilon, delta=params.delta,
                             f_c=client_f_c(params, log.has_urls), m_c=params.m_c, url_level=log.has_urls)
+    # charge the opt-in users before anything is released (refused rounds write nothing)
+    charged = charge_round(ledger_path, round_name or doc["content_hash"], lifetime_epsilon, lifetime_delta,
+                           ledger_charges(log, params, cur))
     Path(out_headlist).write_text(json.dumps(doc, indent=1, ensure_ascii=False))
     extra: dict[str, Any] = {
         "params": params.to_dict(), "noise": cur.noise, "seed": seed,
@@ -86,6 +101,8 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
     render.out.print(f"head list: {hl.n_records} records over {hl.n_queries} queries from {len(optin_users):,} "
                      f"opt-in users ({cur.n_users_s:,} in S, {cur.n_users_t:,} in T)")
     render.out.print(f"wrote {out_headlist} ({doc['content_hash'][:19]}…) and {out_estimates}")
+    if charged:
+        render.out.print(f"charged round {charged[:27]} to the ledger {ledger_path}")
     if seed is not None:
         render.err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
 
@@ -105,12 +122,18 @@ def _device_records(log: RecordLog, rows: np.ndarray) -> list[tuple[str, str | N
 @input_options()
 @optin_fraction_option
 @click.option("--single-device", is_flag=True, help="All records in --input belong to one device.")
+@click.option("--device-ledger", type=click.Path(dir_okay=False), default=None,
+              help="With --single-device: the device's own ledger (JSON); refuses a second report for the same "
+                   "head list and reports beyond the lifetime budget (--lifetime-epsilon/--lifetime-delta).")
+@click.option("--lifetime-epsilon", type=float, default=None, help="Lifetime ε of a new --device-ledger.")
+@click.option("--lifetime-delta", type=float, default=None, help="Lifetime δ of a new --device-ledger.")
 @seed_option()
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default="reports.jsonl", show_default=True,
               help="Device messages, JSON Lines (.gz ok): one line per device.")
 def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col: str | None, query_col: str,
                   url_col: str | None, row_per_user: bool, skip_bad_rows: bool, optin_fraction: float | None,
-                  single_device: bool, seed: int | None, output: str) -> None:
+                  single_device: bool, device_ledger: str | None, lifetime_epsilon: float | None,
+                  lifetime_delta: float | None, seed: int | None, output: str) -> None:
     """Devices: run LocalAlg (SPEC §5) on each device's records with the device randomizer.
 
     Every device samples at most m_C of its records and randomizes each over the head list;
@@ -118,6 +141,11 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
     """
     doc = read_device_json(headlist_path)
     dhl = DeviceHeadList.from_json(doc)
+    if device_ledger is not None and not single_device:
+        raise click.BadParameter("--device-ledger needs --single-device (one device, one ledger)",
+                                 param_hint="--device-ledger")
+    ledger = DeviceLedger(device_ledger, lifetime_epsilon=lifetime_epsilon,
+                          lifetime_delta=lifetime_delta) if device_ledger else None
     with render.bytes_progress("loading", True) as progress:
         log = load_input(input_path, fmt, user_col, query_col, url_col, row_per_user, skip_bad_rows, progress)
     if single_device:
@@ -132,7 +160,7 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
             for user in devices.tolist():
                 rows = np.arange(off[user], off[user + 1])
                 if len(rows):
-                    yield randomize_records(dhl, _device_records(log, rows))
+                    yield randomize_records(dhl, _device_records(log, rows), ledger=ledger)
     else:  # experiments: the same samples and uniforms as the batch randomizer in `run`
         d_c = sample_clients(log, devices, dhl.m_c, seed)
         uniforms = np.concatenate([np.empty((3, 0))] + [v for _, v in chunk_uniforms(

@@ -14,8 +14,9 @@ from hybriddp.cli.options import (
     privacy_options,
     seed_option,
 )
+from hybriddp.cli.privacy import charge_round, ledger_options
 from hybriddp.noise import noise_factory
-from hybriddp.pipeline import Stages, run_blender
+from hybriddp.pipeline import Stages, ledger_charges, run_blender
 from hybriddp.records import RecordLog
 from hybriddp.result import result_from_run
 
@@ -33,12 +34,16 @@ def output_options(f):
 
 
 def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, output: str | None, top: int,
-                        algorithm: str = "blender", noise: str = "discrete", **knobs: object) -> None:
+                        algorithm: str = "blender", noise: str = "discrete",
+                        ledger: tuple[str, str | None, float | None, float | None] | None = None,
+                        **knobs: object) -> None:
     """Run BLENDER (or a baseline) on a loaded log and print/write the result."""
     no_project = bool(knobs.pop("no_project", False))
     factory = noise_factory(noise)
     params = make_params(project=not no_project, **knobs)  # type: ignore[arg-type]
     if algorithm != "blender":
+        if ledger:
+            raise click.BadParameter("--ledger is supported with --algorithm blender", param_hint="--ledger")
         with render.stage_progress(not as_json) as on_stage:
             alg = run_algorithm(algorithm, log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage))
         if output:
@@ -53,6 +58,9 @@ def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, outp
     with render.stage_progress(not as_json) as on_stage:
         run = run_blender(log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage))
         res = result_from_run(run)
+    if ledger:  # simulation: every user is charged for the round before the result is shown
+        charged = charge_round(*ledger, ledger_charges(log, params, run.curator, run.client_users))
+        res.sizes["ledger_round"] = charged  # type: ignore[assignment]
     if output:
         res.write(output)
     if as_json:
@@ -79,9 +87,11 @@ algorithm_option = click.option(
 @noise_option()
 @seed_option()
 @output_options
+@ledger_options
 def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
             row_per_user: bool, skip_bad_rows: bool, seed: int | None, as_json: bool, output: str | None,
-            top: int, **knobs: object) -> None:
+            top: int, ledger_path: str | None, round_name: str | None, lifetime_epsilon: float | None,
+            lifetime_delta: float | None, **knobs: object) -> None:
     """Simulate BLENDER on your log (SPEC §2): users are assigned to the opt-in group at random,
     clients run LocalAlg; prints the Fig. 9 table, L1 and NDCG against the non-private truth."""
     with render.bytes_progress("loading", not as_json) as progress:
@@ -89,7 +99,9 @@ def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | No
     st = log.stats
     if st.rows_skipped_bad and not as_json:
         render.err.print(f"skipped {st.rows_skipped_bad:,} malformed rows of {input_path}")
-    simulate_and_report(log, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm, **knobs)
+    ledger = (ledger_path, round_name, lifetime_epsilon, lifetime_delta) if ledger_path else None
+    simulate_and_report(log, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm, ledger=ledger,
+                        **knobs)
 
 
 @click.command("demo")

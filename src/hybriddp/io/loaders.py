@@ -409,11 +409,11 @@ def load_aol(
     stats.bad_row_examples = bad.examples
     anon_ids = np.concatenate(anon_blocks) if anon_blocks else np.zeros(0, np.int64)
     del anon_blocks
-    _, users = np.unique(anon_ids, return_inverse=True)
+    anon_unique, users = np.unique(anon_ids, return_inverse=True)
     del anon_ids
     q_codes, q_vocab = _vocabulary(*queries.finish(), p)
     u_codes, u_vocab = _vocabulary(*urls.finish(), p)
-    log = RecordLog.from_user_sorted(users, q_codes, u_codes, q_vocab, u_vocab, True, stats)
+    log = RecordLog.from_user_sorted(users, q_codes, u_codes, q_vocab, u_vocab, True, stats, user_ids=anon_unique)
     _log_summary(p, log)
     return log
 
@@ -593,8 +593,14 @@ def load_table(
         stats.rows_read += bad.n_invalid
     stats.rows_skipped_bad = bad.count
     stats.bad_row_examples = bad.examples + bad_parquet
+    user_ids = None
     if user_col is not None:
-        user_codes, _ = users.finish()
+        user_codes, user_values = users.finish()
+        if pa.types.is_binary(user_values.type) or pa.types.is_large_binary(user_values.type):
+            _, user_vocab = _vocabulary(np.zeros(0, np.int64), user_values, p)
+            user_ids = user_vocab.strings
+        else:
+            user_ids = user_values.to_numpy(zero_copy_only=False)
     else:
         user_codes = np.arange(n_kept, dtype=np.int64)
     q_codes, q_vocab = _vocabulary(*queries.finish(), p)
@@ -603,7 +609,7 @@ def load_table(
     else:
         u_codes, u_vocab = np.full(n_kept, NO_URL, np.int64), ArrayVocabulary([])
     log = RecordLog.from_user_sorted(user_codes, q_codes, u_codes, q_vocab, u_vocab,
-                                     url_col is not None, stats)
+                                     url_col is not None, stats, user_ids=user_ids)
     _log_summary(p, log)
     return log
 
@@ -693,7 +699,7 @@ def load_items(
     codes, values = items.finish(pa.string())
     vocab = ArrayVocabulary(values.to_numpy(zero_copy_only=False))
     log = RecordLog.from_user_sorted(users, codes, np.full(len(codes), NO_URL, np.int64), vocab,
-                                     ArrayVocabulary([]), False, stats)
+                                     ArrayVocabulary([]), False, stats, user_ids=np.arange(1, n_lines + 1))
     _log_summary(p, log)
     return log
 

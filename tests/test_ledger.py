@@ -1,0 +1,107 @@
+"""The privacy ledger: per-user accounting, refusal over budget, composition, device ledger."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+from hybriddp.cli import cli
+from hybriddp.device import DeviceError, DeviceHeadList, DeviceLedger, randomize_records
+from hybriddp.ledger import (
+    BudgetExceededError,
+    Charge,
+    LedgerError,
+    PrivacyLedger,
+    advanced_composition,
+    basic_composition,
+)
+from logdata import write_aol, zipf_log
+
+
+def test_composition_formulas() -> None:
+    assert basic_composition([1.0, 2.0], [1e-6, 2e-6]) == (3.0, pytest.approx(3e-6))
+    e, d = advanced_composition([0.1] * 100, [0.0] * 100, 1e-6)
+    assert e == pytest.approx(math.sqrt(2 * math.log(1e6) * 100 * 0.01) + 100 * 0.1 * math.expm1(0.1))
+    assert d == pytest.approx(1e-6)
+    assert e < 10.0  # advanced beats basic (Σε = 10) for many small releases
+
+
+def test_charge_refuse_and_report(tmp_path) -> None:
+    path = tmp_path / "l.db"
+    with pytest.raises(LedgerError, match="--lifetime-epsilon"):
+        PrivacyLedger.open(path)
+    led = PrivacyLedger.open(path, lifetime_epsilon=10.0, lifetime_delta=1e-4)
+    users = [f"user{i}" for i in range(100)]
+    led.charge("r1", [Charge("optin-S", users[:10], 4.0, 1e-5), Charge("clients", users[10:], 4.0, 1e-5)])
+    led.charge("r2", [Charge("clients", users[:5], 4.0, 1e-5)])
+    with pytest.raises(BudgetExceededError, match="5 user") as info:  # 12 > 10 for users 0-4
+        led.charge("r3", [Charge("clients", users[:20], 4.0, 1e-5)])
+    assert "epsilon 12" in str(info.value)
+    # refused means nothing was recorded: users 5-19 were not charged for r3 either
+    assert [r[0] for r in led.user_history("user7")] == ["r1"]
+    with pytest.raises(LedgerError, match="twice"):
+        led.charge("r4", [Charge("a", ["x"], 1, 0), Charge("b", ["x"], 1, 0)])
+    with pytest.raises(LedgerError, match="already"):
+        led.charge("r1", [Charge("a", ["new"], 1, 0)])
+    rep = led.report(1e-6)
+    assert rep["users"] == 100 and [r["round"] for r in rep["rounds"]] == ["r1", "r2"]
+    top = rep["cumulative"][0]
+    assert top["users"] == 5 and top["releases"] == 2
+    assert top["basic"] == {"epsilon": 8.0, "delta": pytest.approx(2e-5)}
+    assert top["best"]["epsilon"] == 8.0
+    assert rep["remaining_epsilon"] == pytest.approx(2.0)
+    led.close()
+    # user identifiers are not stored, only keyed pseudonyms
+    raw = sqlite3.connect(path).execute("SELECT user FROM charges").fetchall()
+    assert all(not u.startswith("user") and len(u) == 32 for (u,) in raw)
+    with pytest.raises(LedgerError, match="fixed"):
+        PrivacyLedger.open(path, lifetime_epsilon=20.0, lifetime_delta=1e-4)
+
+
+def test_device_ledger_once_per_round_and_budget(tmp_path) -> None:
+    doc = {"format": "hybriddp-headlist", "version": 1, "epsilon": 4.0, "delta": 1e-5, "f_c": 0.85, "m_c": 1,
+           "url_level": True, "queries": [{"query": "google", "urls": ["http://google.com"]}]}
+    from hybriddp.device import content_hash
+    doc["content_hash"] = content_hash(doc)
+    hl = DeviceHeadList.from_json(doc)
+    path = str(tmp_path / "device.json")
+    with pytest.raises(DeviceError, match="lifetime"):
+        DeviceLedger(path)
+    led = DeviceLedger(path, lifetime_epsilon=6.0, lifetime_delta=1e-3)
+    msg = randomize_records(hl, [("google", "http://google.com")], ledger=led)
+    assert len(msg["reports"]) == 1
+    with pytest.raises(DeviceError, match="once per round"):
+        randomize_records(hl, [("google", None)], ledger=DeviceLedger(path))
+    doc2 = dict(doc, epsilon=3.0)
+    doc2["content_hash"] = content_hash(doc2)
+    with pytest.raises(DeviceError, match="lifetime budget"):  # 4 + 3 > 6
+        randomize_records(DeviceHeadList.from_json(doc2), [("google", None)], ledger=DeviceLedger(path))
+    assert json.load(open(path))["rounds"] == {doc["content_hash"]: {"epsilon": 4.0, "delta": 1e-5}}
+
+
+def test_cli_headlist_ledger_refuses_second_round_before_release(tmp_path) -> None:
+    log = tmp_path / "log.tsv"
+    write_aol(zipf_log(n_users=4000, seed=1), log)
+    base = ["headlist", "--input", str(log), "-M", "10", "--ledger", str(tmp_path / "l.db")]
+    r = CliRunner().invoke(cli, [*base, "--lifetime-epsilon", "6", "--lifetime-delta", "1e-4", "--out-headlist",
+                                 str(tmp_path / "a.json"), "--out-estimates", str(tmp_path / "ae.json")])
+    assert r.exit_code == 0, r.output + r.stderr
+    assert "charged round" in r.stdout
+    r = CliRunner().invoke(cli, [*base, "--epsilon", "3", "--out-headlist", str(tmp_path / "b.json"),
+                                 "--out-estimates", str(tmp_path / "be.json")])
+    assert r.exit_code == 2 and "refused" in r.stderr and "Traceback" not in r.output
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "be.json").exists()
+    r = CliRunner().invoke(cli, ["privacy", "report", str(tmp_path / "l.db"), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    groups = {g["group"]: g for g in rep["rounds"][0]["groups"]}
+    assert groups["optin-S"]["users"] + groups["optin-T"]["users"] == 4000
+    assert groups["optin-T"]["delta"] == 0.0  # T's release is (ε, 0)-DP (Theorem 2)
+    r = CliRunner().invoke(cli, ["privacy", "report", str(tmp_path / "l.db")])
+    assert "Cumulative per user" in r.stdout and "advanced" in r.stdout
+    r = CliRunner().invoke(cli, ["privacy", "report", str(tmp_path / "missing.db")])
+    assert r.exit_code == 2 and "not found" in r.stderr

@@ -74,6 +74,7 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
     params = make_params(optin_fraction=optin_fraction if optin_fraction is not None else 0.05, **knobs)
     with render.bytes_progress("loading", True) as progress:
         log = load_input(input_path, fmt, user_col, query_col, url_col, row_per_user, skip_bad_rows, progress)
+    render.warn_delta(params.delta, log.n_users)
     if optin_fraction is not None:
         optin_users, _ = split_optin(log.n_users, optin_fraction, seed)
     else:

@@ -140,6 +140,13 @@ def print_algorithm(alg: AlgorithmResult, top: int = 10) -> None:
         err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
 
 
+def warn_delta(delta: float, n_users: int) -> None:
+    """Warn on stderr when δ is not below 1/n (PRIVACY.md, "Choosing parameters")."""
+    if n_users > 0 and delta >= 1.0 / n_users:
+        err.print(f"[yellow]warning: delta = {delta:g} is not below 1/number-of-users = {1.0 / n_users:.3g}; "
+                  "a failure of that probability can expose a user. Use a smaller --delta.[/yellow]")
+
+
 def print_json(obj: dict[str, Any]) -> None:
     """One JSON object on stdout."""
     sys.stdout.write(json.dumps(obj, allow_nan=False, default=_default) + "\n")

@@ -13,6 +13,7 @@ import sys
 import click
 
 from hybriddp import __version__
+from hybriddp.cli.audit import audit_cmd
 from hybriddp.cli.files import estimate_cmd, headlist_cmd, randomize_cmd
 from hybriddp.cli.privacy import privacy_group
 from hybriddp.cli.run import demo_cmd, run_cmd
@@ -54,7 +55,7 @@ def cli(verbose: int) -> None:
                         stream=sys.stderr)
 
 
-for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group):
+for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, audit_cmd):
     cli.add_command(_cmd)
 
 

@@ -1,0 +1,268 @@
+"""The empirical privacy audit (issue "Privacy assurance"): bounds, power, a caught bug, the CLI.
+
+Every audit is seeded, so the assertions are deterministic; the margins were chosen so that they
+also hold for other seeds with overwhelming probability (the lower bounds sit several standard
+errors away from each threshold).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from scipy import stats
+
+from hybriddp.audit import (
+    MECHANISMS,
+    beta_ppf,
+    betainc,
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    headlist_audit,
+    localalg_audit,
+    make_audit,
+    optin_estimate_audit,
+    run_audit,
+)
+from hybriddp.cli import cli
+from hybriddp.curator import create_head_list, estimate_optin_probabilities
+from hybriddp.device import budget_split, keep_probability
+from hybriddp.errors import ParameterError
+from hybriddp.headlist import WILDCARD, HeadList
+from hybriddp.noise import noise_factory
+from hybriddp.randomizer import LocalAlgParams, output_distribution, privacy_loss_delta
+
+# ----- Clopper–Pearson without SciPy, checked against SciPy ---------------------------------------
+
+
+@pytest.mark.parametrize(("a", "b", "x"), [(1, 1, 0.3), (5, 1e6, 3e-6), (1.6e5, 8.4e5, 0.16), (0.5, 2.5, 0.9),
+                                           (3, 7, 0.5), (8.4e5, 1.6e5, 0.83)])
+def test_betainc_matches_scipy(a: float, b: float, x: float) -> None:
+    # rel 1e-7: log B(a, b) from lgamma of ~10^6 loses ~1e-9 (irrelevant for a confidence bound)
+    assert betainc(a, b, x) == pytest.approx(stats.beta.cdf(x, a, b), rel=1e-7, abs=1e-300)
+    q = 0.37
+    assert beta_ppf(q, a, b) == pytest.approx(stats.beta.ppf(q, a, b), rel=1e-7)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 10**6])
+@pytest.mark.parametrize("alpha", [0.01, 1e-4])
+def test_clopper_pearson_matches_scipy(n: int, alpha: float) -> None:
+    for k in sorted({0, 1, n // 3, n // 2, n - 1, n}):
+        lo, hi = clopper_pearson_lower(k, n, alpha), clopper_pearson_upper(k, n, alpha)
+        ref_lo = stats.beta.ppf(alpha, k, n - k + 1) if k > 0 else 0.0
+        ref_hi = stats.beta.ppf(1 - alpha, k + 1, n - k) if k < n else 1.0
+        assert lo == pytest.approx(ref_lo, rel=1e-7, abs=1e-15)
+        assert hi == pytest.approx(ref_hi, rel=1e-7, abs=1e-15)
+        assert lo <= k / n <= hi
+
+
+# ----- every mechanism: the bound stays below the claim, with some power ------------------------
+
+CASES = [("localalg", "discrete"), ("headlist", "discrete"), ("headlist", "laplace"),
+         ("optin-estimate", "discrete"), ("optin-estimate", "laplace"), ("local-only", "discrete")]
+
+
+@pytest.mark.parametrize(("mechanism", "noise"), CASES)
+def test_lower_bound_does_not_exceed_claim(mechanism: str, noise: str) -> None:
+    trials = 200_000
+    spec = make_audit(mechanism, trials=trials, noise=noise)
+    res = run_audit(spec, trials, np.random.default_rng(11), confidence=0.99)
+    assert 0.0 <= res.epsilon_lower_bound <= res.epsilon_claimed
+    assert res.delta_lower_bound <= res.delta
+    assert not res.violation
+    assert res.epsilon_lower_bound >= 0.7 * res.epsilon_claimed  # the chosen events have power
+    assert res.epsilon_lower_bound <= spec.details["closed_form"]["epsilon_event"]
+    assert len(res.tests) == 4 * len(spec.scenarios)
+
+
+@pytest.mark.parametrize(("mechanism", "noise"), CASES)
+def test_event_frequencies_match_closed_form(mechanism: str, noise: str) -> None:
+    """The adapters' event frequencies agree with the closed forms the events were chosen from."""
+    trials = 100_000
+    spec = make_audit(mechanism, trials=trials, noise=noise)
+    res = run_audit(spec, trials, np.random.default_rng(5))
+    first = res.tests[0]  # E on x vs x' of the first scenario
+    cf = spec.details["closed_form"]
+    for k, p in ((first.count_x, cf["p_x"]), (first.count_x_prime, cf["p_x_prime"])):
+        se = math.sqrt(p * (1 - p) / trials)
+        assert abs(k / trials - p) <= 5 * se + 1e-12, (k / trials, p)
+
+
+def test_localalg_power_at_a_million_trials() -> None:
+    """ε = 1: the optimal event (report = x, x' of another query) has ε_E ≈ 0.947; 10^6 trials get ≥ 0.9."""
+    res = run_audit(localalg_audit(1.0, 1e-5, trials=10**6), 10**6, np.random.default_rng(2))
+    assert res.epsilon_lower_bound >= 0.7 * 1.0
+    assert 0.9 <= res.epsilon_lower_bound <= 1.0
+    assert res.best.event == "report in {<q0,u0>}"
+
+
+def test_localalg_event_is_the_closed_form_worst_case() -> None:
+    spec = localalg_audit(1.0, 1e-5)
+    lp = LocalAlgParams.build(HeadList.from_lists([0, 1, 2], [[0, 1], [2, 3], [4, 5]]), 1.0, 1e-5, 0.85, 1)
+    P = output_distribution(lp)
+    eps_q, _, eps_u, _ = budget_split(1.0, 1e-5, 0.85, 1)
+    max_loss = float(np.log((P[:, None, :] / P[None, :, :]).max()))
+    assert max_loss == pytest.approx(eps_q + math.log(3 * math.exp(eps_u) / (math.exp(eps_u) + 2)), rel=1e-4)
+    assert spec.details["closed_form"]["epsilon_event"] == pytest.approx(max_loss, abs=1e-3)
+    assert spec.scenarios[0].x == "<q0,u0>" and not spec.scenarios[0].x_prime.startswith("<q0,")
+
+
+def test_broken_localalg_is_caught() -> None:
+    """t computed with ε' instead of f_C·ε' (Fig. 6 line 4 bug): the audit proves ε > claimed."""
+    hl = HeadList.from_lists([0, 1, 2], [[0, 1], [2, 3], [4, 5]])
+    good = LocalAlgParams.build(hl, 1.0, 1e-5, 0.85, 1)
+    _, delta_q, _, _ = budget_split(1.0, 1e-5, 0.85, 1)
+    t = keep_probability(1.0, delta_q, hl.k)  # the bug
+    broken = LocalAlgParams(good.k, good.kq, t, good.tq, 1.0 - t, good.one_minus_tq)
+    assert privacy_loss_delta(output_distribution(broken), 1.0) > 1e-5  # really not (1, 1e-5)-LDP
+    res = run_audit(localalg_audit(1.0, 1e-5, lp=broken), 10**6, np.random.default_rng(3))
+    assert res.epsilon_lower_bound > 1.0
+    assert res.violation
+    good_res = run_audit(localalg_audit(1.0, 1e-5), 10**6, np.random.default_rng(3))
+    assert good_res.epsilon_lower_bound < 1.0
+
+
+def test_headlist_delta_is_measured_and_not_exceeded() -> None:
+    """The δ-dominated pair (r once vs absent): ε_lb is 0 whatever δ, δ_lb is positive and ≤ δ."""
+    trials = 500_000
+    spec = headlist_audit(4.0, 1e-2, trials=trials)
+    res = run_audit(spec, trials, np.random.default_rng(4))
+    presence = [r for r in res.tests if r.scenario.startswith("r present")]
+    assert all(r.epsilon_lower_bound == 0.0 for r in presence)
+    assert 0.0 < res.delta_lower_bound <= 1e-2
+    assert spec.details["single_record_survival"] <= 1e-2 / 2
+
+
+# ----- the vectorized adapters are the real functions ------------------------------------------
+
+
+class ReplayNoise:
+    """A noise source that hands out given draws (and the real source's threshold and variance)."""
+
+    def __init__(self, real: object, draws: np.ndarray) -> None:
+        self.real = real
+        self.name = real.name  # type: ignore[attr-defined]
+        self.draws = list(np.asarray(draws, dtype=np.float64))
+
+    def sample(self, scale: float, size: int) -> np.ndarray:
+        out, self.draws = self.draws[:size], self.draws[size:]
+        return np.array(out + [0.0] * (size - len(out)))
+
+    def variance(self, scale: float) -> float:
+        return self.real.variance(scale)  # type: ignore[attr-defined]
+
+    def survival(self, x: float, scale: float) -> float:
+        return self.real.survival(x, scale)  # type: ignore[attr-defined]
+
+    def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
+        return self.real.head_list_threshold(epsilon, delta, m_o)  # type: ignore[attr-defined]
+
+
+def _kept(hl: HeadList, query: int, url: int) -> bool:
+    return bool(hl.entry_url[hl.map_records(np.array([query]), np.array([url]))[0]] != WILDCARD)
+
+
+@pytest.mark.parametrize("noise", ["discrete", "laplace"])
+def test_headlist_adapter_is_create_head_list(noise: str) -> None:
+    """Given the same noise, CreateHeadList itself keeps exactly what the adapter says, trial by trial."""
+    trials, eps, delta = 1500, 4.0, 1e-2
+    spec = headlist_audit(eps, delta, noise=noise, trials=trials)
+    swap, presence = spec.scenarios
+    factory = noise_factory(noise)
+    b = 2.0 / eps
+    c1, c2 = spec.details["counts_x"]
+
+    keep_x, keep_xp = swap.adapter(np.random.default_rng(8), trials)
+    src = factory(np.random.default_rng(8))
+    y_x, y_xp = src.sample(b, 2 * trials).reshape(trials, 2), src.sample(b, 2 * trials).reshape(trials, 2)
+    for counts, keeps, draws in (((c1, c2), keep_x, y_x), ((c1 - 1, c2 + 1), keep_xp, y_xp)):
+        query = np.zeros(sum(counts), dtype=np.int64)
+        url = np.repeat([0, 1], counts)  # r1 = <0,0> (smaller key, first draw), r2 = <0,1>
+        for i in range(trials):
+            hl = create_head_list(query, url, epsilon=eps, delta=delta, m_o=1, noise=ReplayNoise(src, draws[i]))
+            assert (_kept(hl, 0, 0), _kept(hl, 0, 1)) == tuple(keeps[i])
+
+    kept_x, kept_xp = presence.adapter(np.random.default_rng(9), trials)
+    src = factory(np.random.default_rng(9))
+    y = src.sample(b, trials)
+    for i in range(trials):
+        hl = create_head_list(np.array([0]), np.array([0]), epsilon=eps, delta=delta, m_o=1,
+                              noise=ReplayNoise(src, y[i:i + 1]))
+        assert _kept(hl, 0, 0) == kept_x[i]
+    real = factory(np.random.default_rng(10))
+    for _ in range(200):  # x' holds <1,0> instead of <0,0>: <0,0> can never be kept
+        hl = create_head_list(np.array([1]), np.array([0]), epsilon=eps, delta=delta, m_o=1, noise=real)
+        assert not _kept(hl, 0, 0)
+    assert not kept_xp.any()
+
+
+@pytest.mark.parametrize("noise", ["discrete", "laplace"])
+def test_optin_adapter_is_estimate_optin_probabilities(noise: str) -> None:
+    """N̂ = p̂_O·|D_T| from EstimateOptinProbabilities equals the adapter's output, given the same noise."""
+    trials, eps = 1000, 4.0
+    spec = optin_estimate_audit(eps, 0.0, noise=noise)
+    out_x, out_xp = spec.scenarios[0].adapter(np.random.default_rng(12), trials)
+    src = noise_factory(noise)(np.random.default_rng(12))
+    b = 2.0 / eps
+    y_x, y_xp = src.sample(b, 2 * trials).reshape(trials, 2), src.sample(b, 2 * trials).reshape(trials, 2)
+    hl_s = HeadList.from_lists([0], [[0, 1]])  # entries <0,0>, <0,1>, <0,*>, <*,*>
+    for url, outs, draws in ((0, out_x, y_x), (1, out_xp, y_xp)):  # x: the user holds r1; x': r2
+        for i in range(trials):
+            est = estimate_optin_probabilities(np.array([0]), np.array([url]), hl_s, epsilon=eps, m_o=1,
+                                               head_list_size=2, noise=ReplayNoise(src, draws[i]))
+            e = est.head_list.map_records(np.array([0, 0]), np.array([0, 1]))
+            np.testing.assert_array_equal(est.p_record[e] * est.n, outs[i])
+
+
+# ----- arguments and the CLI -----------------------------------------------------------------------
+
+
+def test_bad_arguments_raise_parameter_errors() -> None:
+    with pytest.raises(ParameterError, match="trials"):
+        run_audit(localalg_audit(), 0, np.random.default_rng(0))
+    with pytest.raises(ParameterError, match="epsilon"):
+        make_audit("headlist", epsilon=0.5)
+    with pytest.raises(ParameterError, match="mechanism"):
+        make_audit("nope")
+    with pytest.raises(ParameterError, match="delta"):
+        make_audit("local-only", delta=-1.0)
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(cli, ["audit", *args])
+
+
+def test_cli_json() -> None:
+    r = _invoke("--mechanism", "local-only", "--trials", "50000", "--seed", "1", "--json")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    for key in ("epsilon_claimed", "epsilon_lower_bound", "mechanism", "trials", "delta", "event", "count_x",
+                "count_x_prime", "confidence", "delta_lower_bound", "tests", "violation"):
+        assert key in obj
+    assert obj["mechanism"] == "local-only" and obj["trials"] == 50_000 and obj["confidence"] == 0.99
+    assert obj["epsilon_claimed"] == 1.0 and obj["delta"] == 0.0
+    assert 0.5 < obj["epsilon_lower_bound"] <= 1.0 and obj["violation"] is False
+
+
+def test_cli_text() -> None:
+    r = _invoke("--mechanism", "localalg", "--trials", "20000", "--seed", "1")
+    assert r.exit_code == 0, r.output
+    assert "lower bound" in r.stdout and "claimed" in r.stdout and "no violation" in r.stdout
+
+
+@pytest.mark.parametrize("args", [("--trials", "0"), ("--epsilon", "0.5", "--mechanism", "headlist"),
+                                  ("--confidence", "1.5")])
+def test_cli_bad_argument_is_one_line_exit_2(args: tuple[str, ...]) -> None:
+    if "--mechanism" not in args:
+        args = ("--mechanism", "localalg", *args)
+    r = _invoke(*args)
+    assert r.exit_code == 2, r.output
+    text = (r.stderr or r.output).strip()
+    assert "Traceback" not in text and len(text.splitlines()) == 1 and text.startswith("error:")
+
+
+def test_mechanism_names_are_the_cli_choices() -> None:
+    assert MECHANISMS == ("localalg", "headlist", "optin-estimate", "local-only")

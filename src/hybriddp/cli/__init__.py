@@ -15,6 +15,7 @@ import click
 from hybriddp import __version__
 from hybriddp.cli.audit import audit_cmd
 from hybriddp.cli.files import estimate_cmd, headlist_cmd, randomize_cmd
+from hybriddp.cli.mean import mean_group
 from hybriddp.cli.privacy import privacy_group
 from hybriddp.cli.run import demo_cmd, run_cmd
 from hybriddp.cli.synth import synth_cmd
@@ -55,7 +56,7 @@ def cli(verbose: int) -> None:
                         stream=sys.stderr)
 
 
-for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, audit_cmd):
+for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, audit_cmd, mean_group):
     cli.add_command(_cmd)
 
 

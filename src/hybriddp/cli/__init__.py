@@ -19,6 +19,7 @@ from hybriddp.cli.mean import mean_group
 from hybriddp.cli.privacy import privacy_group
 from hybriddp.cli.run import demo_cmd, run_cmd
 from hybriddp.cli.synth import synth_cmd
+from hybriddp.cli.tune import tune_cmd
 from hybriddp.device import DeviceError
 from hybriddp.errors import HybridDPError
 
@@ -56,7 +57,7 @@ def cli(verbose: int) -> None:
                         stream=sys.stderr)
 
 
-for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, audit_cmd, mean_group):
+for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, audit_cmd, mean_group, tune_cmd):
     cli.add_command(_cmd)
 
 

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from logdata import zipf_log
 
 from hybriddp import BlenderParams
 from hybriddp.algorithms import ALGORITHMS, blender_family, run_algorithm, run_central
@@ -16,6 +15,7 @@ from hybriddp.headlist import HeadList, record_keys
 from hybriddp.pipeline import run_blender
 from hybriddp.randomizer import LocalAlgParams, output_distribution, privacy_loss_delta
 from hybriddp.records import ArrayVocabulary, RecordLog, sample_records
+from logdata import zipf_log
 
 PARAMS = BlenderParams(optin_fraction=0.2, head_list_size=25)
 

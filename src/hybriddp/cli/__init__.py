@@ -14,6 +14,7 @@ import click
 
 from hybriddp import __version__
 from hybriddp.cli.audit import audit_cmd
+from hybriddp.cli.experiment import experiment_cmd
 from hybriddp.cli.files import estimate_cmd, headlist_cmd, randomize_cmd
 from hybriddp.cli.mean import mean_group
 from hybriddp.cli.privacy import privacy_group
@@ -57,7 +58,8 @@ def cli(verbose: int) -> None:
                         stream=sys.stderr)
 
 
-for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, audit_cmd, mean_group, tune_cmd):
+for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, experiment_cmd,
+             audit_cmd, mean_group, tune_cmd):
     cli.add_command(_cmd)
 
 

@@ -1,0 +1,97 @@
+"""Trials → figure points: mean and 95% t-interval, and the "head list not reached" rule.
+
+A point of a figure (algorithm, x, metric, M) aggregates the trials of its run. It is
+**missing** (mean, lo, hi empty; a gap in the plot) unless *every* trial's final head list
+reached the requested size M (``head_list_records >= M``) — the paper leaves a line out
+where "that size head list was not created" (§4.2.3, Figs. 13a, 15a), and averaging lists
+of different lengths would mix different quantities. A run that failed (e.g. an empty head
+list at 1% opt-in) counts as not reached.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hybriddp.experiments.figures import Figure, Point
+from hybriddp.experiments.runner import FIG9_COLUMNS, RunSet
+
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile_975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (table to 30, then a
+    Cornish–Fisher expansion; error < 1e-3)."""
+    if df < 1:
+        raise ValueError("df must be >= 1")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def mean_ci(values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval ``(mean, lo, hi)``; one value gives ``lo = hi = mean``."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values")
+    mean = math.fsum(values) / n
+    if n == 1:
+        return mean, mean, mean
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    half = t_quantile_975(n - 1) * math.sqrt(var / n)
+    return mean, mean - half, mean + half
+
+
+@dataclass
+class PointStat:
+    """One plotted point (a row of ``figN.csv``)."""
+
+    algorithm: str
+    x: float | None
+    metric: str
+    head_list_size: int
+    mean: float | None
+    lo: float | None
+    hi: float | None
+    n_trials: int
+    n_reached: int
+    reached: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def point_stat(rows: list[dict[str, Any]], algorithm: str, x: float | None, metric: str, m: int) -> PointStat:
+    """Aggregate one point (see the module docstring for the missing rule)."""
+    reached_rows = [r for r in rows if not r.get("error") and (r.get("head_list_records") or 0) >= m]
+    reached = bool(rows) and len(reached_rows) == len(rows)
+    values = [float(r[metric]) for r in reached_rows if r.get(metric) is not None]
+    if reached and values:
+        mean, lo, hi = mean_ci(values)
+        return PointStat(algorithm, x, metric, m, mean, lo, hi, len(rows), len(reached_rows), True)
+    return PointStat(algorithm, x, metric, m, None, None, None, len(rows), len(reached_rows), False)
+
+
+def figure_points(fig: Figure, base: Point, runs: RunSet) -> list[PointStat]:
+    """Every point of a figure: algorithms × metrics × M × x (the rows of ``figN.csv``)."""
+    return [point_stat(runs.rows(algorithm, point), algorithm, x, metric, m)
+            for algorithm in fig.algorithms for metric in fig.metrics for x, m, point in fig.points(base)]
+
+
+def figure9_summary(base: Point, runs: RunSet) -> dict[str, Any]:
+    """Paper Fig. 9 at the defaults: the first trial's table and the mean regressions per column."""
+    rows = runs.rows("blender", base)
+    ok = [r for r in rows if not r.get("error")]
+    first = next(({"trial": t, "rows": tab} for t in range(runs.trials)
+                  if (tab := runs.table(base, t)) is not None), None)
+    regressions: dict[str, float | None] = {}
+    for c in FIG9_COLUMNS:
+        col = f"regressions_{c.removeprefix('p_')}"
+        vals = [r[col] for r in ok if r.get(col) is not None]
+        regressions[c] = (sum(vals) / len(vals)) if vals else None
+    reached = bool(rows) and len(ok) == len(rows) and all(r["head_list_records"] >= base.head_list_size for r in ok)
+    return {"n_trials": len(rows), "head_list_size": base.head_list_size, "reached": reached,
+            "first_trial": first, "mean_regressions": regressions}

@@ -1,0 +1,346 @@
+"""The paper's claims about its Figures 9–16 (and SPEC §10), checked against this run's numbers.
+
+Each :class:`Claim` states what the paper says, what the data here show, and whether the
+claim holds here (``True``/``False``), or ``None`` when the run does not contain what the
+claim needs (the figure was not run, or its grid lacks the value). Nothing is hard-coded:
+every verdict is computed from the aggregated points.
+
+A claim about a point holds only if the point exists (its head list reached M in every
+trial, :mod:`hybriddp.experiments.aggregate`): a missing point cannot support a claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hybriddp.experiments.aggregate import PointStat, mean_ci, point_stat
+from hybriddp.experiments.figures import Point
+from hybriddp.experiments.runner import RunSet
+
+NDCG_TARGET = 0.95
+YANDEX_L1_TARGET = 0.1
+
+
+@dataclass
+class Claim:
+    """One row of the report's claims table."""
+
+    figure: str
+    paper: str
+    here: str
+    holds: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"figure": self.figure, "paper": self.paper, "here": self.here, "holds": self.holds}
+
+
+class _Points:
+    """Lookup of aggregated points by (algorithm, metric, M, x)."""
+
+    def __init__(self, points: list[PointStat]) -> None:
+        self.points = points
+
+    def line(self, algorithm: str, metric: str, m: int | None = None) -> list[PointStat]:
+        return sorted((p for p in self.points if p.algorithm == algorithm and p.metric == metric
+                       and (m is None or p.head_list_size == m)), key=lambda p: p.x or 0.0)
+
+    def at(self, algorithm: str, metric: str, m: int, x: float) -> PointStat | None:
+        return next((p for p in self.line(algorithm, metric, m) if p.x is not None and abs(p.x - x) < 1e-9), None)
+
+    def sizes(self) -> list[int]:
+        return sorted({p.head_list_size for p in self.points})
+
+
+def _n(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _f(v: float | None) -> str:
+    return "missing" if v is None else f"{v:.3f}"
+
+
+def _x(name: str, x: float | None) -> str:
+    """``4.5%`` for an opt-in fraction, ``ε=3`` for ε, ``name=x`` otherwise."""
+    if x is None:
+        return "?"
+    if name == "optin":
+        return f"{100 * x:g}%"
+    return f"ε={x:g}" if name in ("eps", "ε") else f"{name}={x:g}"
+
+
+def _first_reached(line: list[PointStat]) -> PointStat | None:
+    return next((p for p in line if p.reached), None)
+
+
+def _all_above(line: list[PointStat], target: float, x: str = "x") -> tuple[bool | None, str]:
+    """Every point reached and above ``target``; text lists the minimum and the missing points (``x``: axis name)."""
+    if not line:
+        return None, "not run"
+    missing = [p for p in line if p.mean is None]
+    have = [p for p in line if p.mean is not None]
+    text = ""
+    if have:
+        low = min(have, key=lambda p: p.mean or 0.0)
+        text = f"min {low.mean:.3f} at {_x(x, low.x)}"
+    if missing:
+        text += ("; " if text else "") + f"missing at {', '.join(_x(x, p.x) for p in missing)}"
+    return (not missing and all((p.mean or 0.0) > target for p in have)), text
+
+
+def default_point_claims(kind: str, base: Point, runs: RunSet) -> list[Claim]:
+    """Generalized NDCG at the paper defaults (Fig. 10): > 0.95 (SPEC §10)."""
+    rows = runs.rows("blender", base)
+    if not rows:
+        return []
+    st = point_stat(rows, "blender", None, "ndcg", base.head_list_size)
+    where = {"yandex": "Yandex"}.get(kind, "AOL")
+    paper = (f"{where} defaults (M = {base.head_list_size}, ε = {base.epsilon:g}, "
+             f"{100 * base.optin_fraction:g}% opt-in): generalized NDCG > {NDCG_TARGET}")
+    here = (f"{st.mean:.3f} [{st.lo:.3f}, {st.hi:.3f}] over {_n(st.n_trials, 'trial')}" if st.mean is not None else
+            f"missing: the head list reached M in {st.n_reached} of {st.n_trials} trials")
+    return [Claim("defaults", paper, here, st.mean is not None and st.mean > NDCG_TARGET)]
+
+
+def fig9_claims(summary: dict[str, Any]) -> list[Claim]:
+    """Fig. 9: the blended column has one regression in the top-10 table (the ingredients more)."""
+    reg = summary.get("mean_regressions", {})
+    first = summary.get("first_trial")
+    if not first or reg.get("p_blended") is None:
+        return [Claim("fig9", "Top-10 table: only one regression in the blended column", "no completed run", None)]
+    n0 = sum(bool(r.get("p_blended_regression")) for r in first["rows"])
+    mean = reg["p_blended"]
+    others = ", ".join(f"{k.removeprefix('p_')} {v:.1f}" for k, v in reg.items() if k != "p_blended" and v is not None)
+    return [Claim("fig9", "Top-10 table: only one regression in the blended column (≤ 1)",
+                  f"trial 0: {n0} (table of {len(first['rows'])} queries); mean over "
+                  f"{_n(summary['n_trials'], 'trial')}: {mean:.2f} (ingredients: {others})",
+                  mean <= 1.0)]
+
+
+def fig11_claims(pts: _Points) -> list[Claim]:
+    """Fig. 11: L1 falls as f_C grows (client, blended); client NDCG peaks near f_C = 0.85."""
+    out = []
+    parts, ok = [], True
+    for a in ("client-only", "blender"):
+        line = [p for p in pts.line(a, "l1") if p.mean is not None]
+        if len(line) < 2:
+            ok = None if ok is not False else ok
+            continue
+        low = min(line, key=lambda p: p.mean or 0.0)
+        parts.append(f"{a}: {line[0].mean:.3f} at f_C={line[0].x:g}, min {low.mean:.3f} at {low.x:g}, "
+                     f"{line[-1].mean:.3f} at {line[-1].x:g}")
+        ok = ok and (line[-1].mean or 0.0) < (line[0].mean or 0.0)
+    out.append(Claim("fig11", "L1 of the client and blended results improves (falls) as f_C grows",
+                     "; ".join(parts) or "not enough points", ok if parts else None))
+    line = [p for p in pts.line("client-only", "ndcg") if p.mean is not None]
+    at85 = next((p for p in line if abs((p.x or 0) - 0.85) < 1e-9), None)
+    if line and at85 is not None:
+        best = max(line, key=lambda p: p.mean or 0.0)
+        out.append(Claim("fig11", "client NDCG peaks at f_C ≈ 0.85 (drops before and after)",
+                         f"max {best.mean:.3f} at f_C={best.x:g}; {at85.mean:.3f} at 0.85 "
+                         f"(holds if 0.85 is within the max's 95% interval)", (at85.mean or 0.0) >= (best.lo or 0.0)))
+    return out
+
+
+@dataclass
+class Comparison:
+    """Blended against the better of opt-in-only and client-only, one metric at one point (paired trials).
+
+    ``diff`` is the per-trial difference, signed so that positive means blended is worse; the
+    better ingredient is chosen by its mean.
+    """
+
+    where: str
+    metric: str
+    blended: float
+    best: float
+    best_algorithm: str
+    diff_mean: float
+    diff_lo: float
+    diff_hi: float
+    n_pairs: int
+
+    @property
+    def significantly_worse(self) -> bool:
+        """The paired 95% interval lies entirely on the worse side (needs ≥ 2 trials)."""
+        return self.n_pairs >= 2 and self.diff_lo > 0
+
+
+def compare_blended(where: str, metric: str, m: int, rows: dict[str, list[dict[str, Any]]]) -> Comparison | None:
+    """Paired comparison at one point; ``None`` when a point is missing (head list < M) for any of the three."""
+    stats = {a: point_stat(r, a, None, metric, m) for a, r in rows.items()}
+    if any(st.mean is None for st in stats.values()):
+        return None
+    lower_better = metric.startswith("l1")
+    sign = 1.0 if lower_better else -1.0
+    best = min(("optin-only", "client-only"), key=lambda a: sign * (stats[a].mean or 0.0))
+    by_trial = {a: {r["trial"]: r[metric] for r in rs} for a, rs in rows.items()}
+    trials = sorted(set(by_trial["blender"]) & set(by_trial[best]))
+    diffs = [sign * (by_trial["blender"][t] - by_trial[best][t]) for t in trials]
+    mean, lo, hi = mean_ci(diffs)
+    return Comparison(where, metric, stats["blender"].mean or 0.0, stats[best].mean or 0.0, best, mean, lo, hi,
+                      len(diffs))
+
+
+def never_worse_claims(comparisons: list[Comparison]) -> list[Claim]:
+    """Blended never worse on average than the better of opt-in-only and client-only (paper §4.1, Fig. 9
+    takeaways; SPEC §12 for MSE), one claim per metric.
+
+    Holds here when no point has blended *significantly* worse (the paired 95% interval of the
+    difference lies entirely on the worse side); the text also counts the points where its mean
+    is worse at all. With a single trial there is no interval: then it holds only if blended is
+    never worse at all.
+    """
+    out = []
+    for metric in ("l1", "ndcg"):
+        cs = [c for c in comparisons if c.metric == metric]
+        if not cs:
+            continue
+        worse = [c for c in cs if c.diff_mean > 0]
+        paired = all(c.n_pairs >= 2 for c in cs)
+        signif = [c for c in worse if c.significantly_worse] if paired else worse
+        here = (f"{len(cs) - len(worse)} of {len(cs)} points better or equal on average; worse on average at "
+                f"{len(worse)}, " + (f"significantly (paired 95% CI) at {len(signif)}" if paired
+                                     else "(single trial: no interval, strict comparison)"))
+        shown = signif or worse
+        if shown:
+            worst = max(shown, key=lambda c: c.diff_mean)
+            here += (f"; largest: {worst.where}: blended {worst.blended:.4f} vs {worst.best_algorithm} "
+                     f"{worst.best:.4f}")
+        out.append(Claim("fig11 + all BLENDER points", f"{metric}: blended is never worse on average than the better "
+                         "of opt-in only and client only", here, not signif))
+    return out
+
+
+def fig12_claims(pts: _Points) -> list[Claim]:
+    """Fig. 12: BLENDER NDCG@10 > 0.95 for every ε in 1..5; the local-only baseline far below (~0.3 in Qin et al.)."""
+    out = []
+    metric = "ndcg_queries_at_10"
+    line = pts.line("blender", metric)
+    holds, text = _all_above(line, NDCG_TARGET, "ε")
+    if line:
+        out.append(Claim("fig12", f"BLENDER NDCG@10 (queries, M = 10) > {NDCG_TARGET} for every ε in the grid", text,
+                         holds))
+    local = pts.line("local-only", metric)
+    pairs = [(b, lo) for b in line for lo in local if b.x == lo.x and b.mean is not None and lo.mean is not None]
+    if pairs:
+        vals = [lo.mean or 0.0 for _, lo in pairs]
+        gaps = [(b.mean or 0.0) - (lo.mean or 0.0) for b, lo in pairs]
+        out.append(Claim("fig12", "BLENDER beats the local-only alternative at every ε (paper: Qin et al.'s "
+                         "LDPMiner ≈ 0.3 at best; here local-only = PEM/OLH discovery + LocalAlg)",
+                         f"local-only {min(vals):.3f}–{max(vals):.3f}; BLENDER − local-only from {min(gaps):.3f} "
+                         f"to {max(gaps):.3f}", min(gaps) > 0))
+    return out
+
+
+def aol_robustness_claims(fig: dict[str, _Points]) -> list[Claim]:
+    """Figs. 13a–16a (AOL): where the M = 50 lines begin; ≈5% opt-in for NDCG 0.95; L1 falls with ε."""
+    out = []
+    if "fig13" in fig or "fig14" in fig:
+        pts = fig.get("fig13") or fig["fig14"]
+        metric = "l1" if "fig13" in fig else "ndcg"
+        first = _first_reached(pts.line("blender", metric, 50))
+        if pts.line("blender", metric, 50):
+            out.append(Claim("fig13a", "the M = 50 line begins at 4.5% opt-in (smaller fractions: list not created)",
+                             f"begins at {_x('optin', first.x)}" if first else "never begins (M = 50 never reached)",
+                             first is not None and abs((first.x or 0) - 0.045) < 1e-9))
+    if "fig14" in fig:
+        p5 = fig["fig14"].at("blender", "ndcg", 50, 0.05)
+        if p5 is not None:
+            out.append(Claim("fig14a", f"NDCG ≥ {NDCG_TARGET} needs ≈ 5% opt-in (M = 50)",
+                             f"{_f(p5.mean)} at 5%; " + _threshold_text(fig["fig14"].line("blender", "ndcg", 50)),
+                             p5.mean is not None and p5.mean >= NDCG_TARGET))
+    if "fig15" in fig or "fig16" in fig:
+        pts = fig.get("fig15") or fig["fig16"]
+        metric = "l1" if "fig15" in fig else "ndcg"
+        if pts.line("blender", metric, 50):
+            first = _first_reached(pts.line("blender", metric, 50))
+            out.append(Claim("fig15a", "the M = 50 line begins at ε = 3 (smaller ε: list not created)",
+                             f"begins at {_x('eps', first.x)}" if first else "never begins (M = 50 never reached)",
+                             first is not None and abs((first.x or 0) - 3.0) < 1e-9))
+    if "fig15" in fig:
+        out += _l1_falls_with_eps(fig["fig15"])
+    return out
+
+
+def _threshold_text(line: list[PointStat]) -> str:
+    ok = [p for p in line if p.mean is not None and p.mean >= NDCG_TARGET]
+    return f"first ≥ {NDCG_TARGET} at {_x('optin', ok[0].x)}" if ok else f"never ≥ {NDCG_TARGET}"
+
+
+def _l1_falls_with_eps(pts: _Points) -> list[Claim]:
+    parts, ok = [], True
+    for m in pts.sizes():
+        line = [p for p in pts.line("blender", "l1", m) if p.mean is not None]
+        if len(line) >= 2:
+            parts.append(f"M={m}: {line[0].mean:.3f} (ε={line[0].x:g}) → {line[-1].mean:.3f} (ε={line[-1].x:g})")
+            ok = ok and (line[-1].mean or 0.0) < (line[0].mean or 0.0)
+    if not parts:
+        return []
+    return [Claim("fig15", "L1 declines steadily with ε (every M)", "; ".join(parts), ok)]
+
+
+def yandex_claims(fig: dict[str, _Points], sizes: list[int]) -> list[Claim]:
+    """Figs. 13b–16b (Yandex) and SPEC §10: NDCG > 0.95 from 1.5% opt-in at M = 500; L1 < 0.1 for ε ≥ 1."""
+    out = []
+    big = max(sizes) if sizes else 500
+    if "fig14" in fig:
+        line = [p for p in fig["fig14"].line("blender", "ndcg", big) if (p.x or 0) >= 0.015 - 1e-12]
+        holds, text = _all_above(line, NDCG_TARGET, "optin")
+        if line:
+            out.append(Claim("fig14b", f"M = {big}: NDCG > {NDCG_TARGET} from 1.5% opt-in (SPEC §10)", text, holds))
+        at15 = [fig["fig14"].at("blender", "ndcg", m, 0.015) for m in sizes[:-1]]
+        if at15 and all(p is not None for p in at15):
+            holds = all(p.mean is not None and p.mean > NDCG_TARGET for p in at15)  # type: ignore[union-attr]
+            out.append(Claim("fig14b", f"at 1.5% opt-in NDCG > {NDCG_TARGET} for all but the largest M",
+                             ", ".join(f"M={p.head_list_size}: {_f(p.mean)}" for p in at15), holds))  # type: ignore[union-attr]
+    if "fig13" in fig:
+        p = fig["fig13"].at("blender", "l1", big, 0.025)
+        if p is not None:
+            out.append(Claim("fig13b", f"2.5% opt-in is enough for a head list of {big}",
+                             f"M = {big} reached in {p.n_reached} of {p.n_trials} trials at 2.5%", p.reached))
+    if "fig15" in fig:
+        line = [p for p in fig["fig15"].line("blender", "l1", big) if (p.x or 0) >= 1.0]
+        if line:
+            missing = [p for p in line if p.mean is None]
+            worst = max((p for p in line if p.mean is not None), key=lambda p: p.mean or 0.0, default=None)
+            text = f"max {_f(worst.mean)} at ε={worst.x:g}" if worst else "no point reached"
+            if missing:
+                text += f"; missing at ε={', '.join(f'{p.x:g}' for p in missing)}"
+            out.append(Claim("fig15b", f"M = {big}: L1 < {YANDEX_L1_TARGET} for ε ≥ 1 (SPEC §10)", text,
+                             not missing and all((p.mean or 0.0) < YANDEX_L1_TARGET for p in line)))
+        at1 = [p for m in sizes if (p := fig["fig15"].at("blender", "l1", m, 1.0)) is not None]
+        if at1:
+            text = ", ".join(f"M={p.head_list_size}: {_f(p.mean)}" for p in at1)
+            out.append(Claim("fig15b", f"paper's wording: L1 under {YANDEX_L1_TARGET} already at ε = 1 (for the M "
+                             "whose head list is created)", text,
+                             any(p.mean is not None and p.mean < YANDEX_L1_TARGET for p in at1)))
+    if "fig16" in fig:
+        at1 = [fig["fig16"].at("blender", "ndcg", m, 1.0) for m in sizes[:-2]]
+        if at1 and all(p is not None for p in at1):
+            holds = all(p.mean is not None and p.mean >= NDCG_TARGET for p in at1)  # type: ignore[union-attr]
+            out.append(Claim("fig16b", f"ε = 1: NDCG ≥ {NDCG_TARGET} for all but the two largest M",
+                             ", ".join(f"M={p.head_list_size}: {_f(p.mean)}" for p in at1), holds))  # type: ignore[union-attr]
+    return out
+
+
+def all_claims(kind: str, base: Point, runs: RunSet, figure_points: dict[str, list[PointStat]],
+               fig9: dict[str, Any] | None, comparisons: Callable[[], list[Comparison]]) -> list[Claim]:
+    """Every claim that the figures of this run can check, in the paper's order."""
+    fig = {name: _Points(p) for name, p in figure_points.items()}
+    out = default_point_claims(kind, base, runs)
+    if fig9 is not None:
+        out += fig9_claims(fig9)
+    if "fig11" in fig:
+        out += fig11_claims(fig["fig11"])
+    out += never_worse_claims(comparisons())
+    if "fig12" in fig:
+        out += fig12_claims(fig["fig12"])
+    if kind == "yandex":
+        sizes = sorted({p.head_list_size for name in ("fig13", "fig14", "fig15", "fig16") if name in fig
+                        for p in fig[name].points})
+        out += yandex_claims(fig, sizes)
+    else:
+        out += aol_robustness_claims(fig)
+    return out

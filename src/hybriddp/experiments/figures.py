@@ -1,0 +1,160 @@
+"""The figures of the paper's evaluation (§4.2, Figures 9 and 11–16) as data.
+
+A :class:`Figure` names the parameter it sweeps, the values, the metrics on its y axis, the
+algorithms drawn and the head-list sizes M. :meth:`Figure.points` turns it into the
+parameter points it needs; a point is figure-independent (:class:`Point`), so figures that
+share a point (e.g. the paper defaults appear in Figures 9, 11, 14 and 16) share its runs.
+
+Grids (paper §4.2; ``quick`` shrinks every grid for tests):
+
+* Fig. 9 — the top-10 query table at the paper defaults (Fig. 10).
+* Fig. 11 — f_C = 0.50, 0.55, …, 0.95; L1 and generalized NDCG of client-only, opt-in-only
+  and blended (one BLENDER run per point gives all three).
+* Fig. 12 — ε = 1, 1.5, …, 5; NDCG@10 over queries of BLENDER and the local-only baseline,
+  head-list size 10 (as in the paper's comparison with Qin et al.).
+* Figs. 13 / 14 — opt-in fraction 1%, 1.5%, 2%, 2.5%, 3%, …, 10% (4.5% included); L1 /
+  generalized NDCG of BLENDER for several M (AOL 10, 25, 50, 100; Yandex 50, 100, 250, 500).
+* Figs. 15 / 16 — ε = 1, 1.5, …, 5; L1 / generalized NDCG of BLENDER for the same M.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hybriddp.params import BlenderParams
+
+FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16")
+"""Every figure ``hybriddp experiment`` reproduces; ``all`` means all of them."""
+
+FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blender", "local-only": "local-only"}
+"""The run that produces each algorithm: one BLENDER run gives ``blender``, ``optin-only`` and
+``client-only`` (paired, :func:`hybriddp.algorithms.blender_family`)."""
+
+FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only"), "local-only": ("local-only",)}
+
+HEAD_LIST_SIZES = {"aol": (10, 25, 50, 100), "yandex": (50, 100, 250, 500)}
+"""M of Figures 13–16 per dataset (paper Figs. 13a/b–16a/b); a log file uses the AOL sizes."""
+
+EPSILONS = tuple(1.0 + 0.5 * i for i in range(9))  # 1, 1.5, ..., 5
+F_CS = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))  # 0.50, ..., 0.95
+OPTIN_FRACTIONS = (0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.045, 0.05, 0.06, 0.07, 0.08, 0.09, 0.10)
+FIG12_HEAD_LIST_SIZE = 10  # "head list size=10" (paper Fig. 12 caption)
+
+METRIC_LABELS = {
+    "l1": "L1 over head-list records (lower is better)",
+    "ndcg": "generalized NDCG (higher is better)",
+    "ndcg_queries_at_10": "NDCG@10 over queries (higher is better)",
+}
+X_LABELS = {
+    "f_c": "f_C: share of the client budget spent on the query",
+    "epsilon": "privacy loss ε per user",
+    "optin_fraction": "opt-in users (% of all users)",
+}
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """One parameter setting (everything the figures sweep); other knobs keep their defaults."""
+
+    epsilon: float
+    delta: float
+    optin_fraction: float
+    f_c: float
+    head_list_size: int
+
+    @classmethod
+    def of(cls, p: BlenderParams) -> Point:
+        return cls(float(p.epsilon), float(p.delta), float(p.optin_fraction), float(p.f_c), int(p.head_list_size))
+
+    def params(self) -> BlenderParams:
+        """The validated :class:`BlenderParams` of this point (f_O, m_O, m_C: paper defaults)."""
+        return BlenderParams(epsilon=self.epsilon, delta=self.delta, optin_fraction=self.optin_fraction,
+                             f_c=self.f_c, head_list_size=self.head_list_size)
+
+    def key(self) -> str:
+        """Canonical text (also what the trial seed is hashed from)."""
+        return (f"eps={self.epsilon:.10g},delta={self.delta:.10g},optin={self.optin_fraction:.10g},"
+                f"fc={self.f_c:.10g},M={self.head_list_size}")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the paper: a sweep of ``x_name`` drawn for ``algorithms`` × ``head_list_sizes``.
+
+    Attributes
+    ----------
+    name : ``fig11`` …
+    title : what the paper's caption says.
+    x_name : the swept :class:`Point` field, or ``None`` for the Fig. 9 table.
+    x_values : the grid.
+    metrics : the metrics drawn (keys of :attr:`hybriddp.algorithms.AlgorithmResult.metrics`), one panel each.
+    algorithms : the algorithms drawn.
+    head_list_sizes : the sizes M drawn (one line each); empty means the dataset default.
+    """
+
+    name: str
+    title: str
+    x_name: str | None
+    x_values: tuple[float, ...]
+    metrics: tuple[str, ...]
+    algorithms: tuple[str, ...]
+    head_list_sizes: tuple[int, ...] = ()
+
+    def sizes(self, base: Point) -> tuple[int, ...]:
+        return self.head_list_sizes or (base.head_list_size,)
+
+    def points(self, base: Point) -> list[tuple[float | None, int, Point]]:
+        """``(x, M, point)`` for every plotted position (Fig. 9: the single base point)."""
+        out: list[tuple[float | None, int, Point]] = []
+        for m in self.sizes(base):
+            at_m = replace(base, head_list_size=m)
+            if self.x_name is None:
+                out.append((None, m, at_m))
+                continue
+            for x in self.x_values:
+                out.append((x, m, replace(at_m, **{self.x_name: x})))
+        return out
+
+    def families(self) -> tuple[str, ...]:
+        """The runs needed (``blender`` and/or ``local-only``)."""
+        return tuple(dict.fromkeys(FAMILY_OF[a] for a in self.algorithms))
+
+
+def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
+    """The figure definitions for a dataset (``aol``, ``yandex``, or ``file`` = AOL sizes).
+
+    ``quick`` keeps two values per grid and the smallest and largest M: for tests only.
+    """
+    sizes = HEAD_LIST_SIZES.get(dataset_kind, HEAD_LIST_SIZES["aol"])
+    eps, fcs, opt = EPSILONS, F_CS, OPTIN_FRACTIONS
+    fig12_m = FIG12_HEAD_LIST_SIZE
+    if quick:
+        eps, fcs, opt, sizes = (2.0, 4.0), (0.5, 0.85), (0.05, 0.1), (sizes[0], sizes[-1])
+    m_label = "head-list sizes M"
+    figs = [
+        Figure("fig9", "Top-10 queries: true p_q and the estimates of BLENDER's ingredients (paper Fig. 9)",
+               None, (), (), ("blender",)),
+        Figure("fig11", "Budget split f_C: client, opt-in and blended results (paper Fig. 11)",
+               "f_c", fcs, ("l1", "ndcg"), ("client-only", "optin-only", "blender")),
+        Figure("fig12", f"NDCG@10 of queries vs ε, head list size {fig12_m}: BLENDER vs local-only "
+               "(paper Fig. 12)", "epsilon", eps, ("ndcg_queries_at_10",), ("blender", "local-only"), (fig12_m,)),
+        Figure("fig13", f"L1 vs opt-in percentage for select {m_label} (paper Fig. 13)",
+               "optin_fraction", opt, ("l1",), ("blender",), sizes),
+        Figure("fig14", f"Generalized NDCG vs opt-in percentage for select {m_label} (paper Fig. 14)",
+               "optin_fraction", opt, ("ndcg",), ("blender",), sizes),
+        Figure("fig15", f"L1 vs ε for select {m_label} (paper Fig. 15)", "epsilon", eps, ("l1",), ("blender",), sizes),
+        Figure("fig16", f"Generalized NDCG vs ε for select {m_label} (paper Fig. 16)",
+               "epsilon", eps, ("ndcg",), ("blender",), sizes),
+    ]
+    return {f.name: f for f in figs}
+
+
+def select(name: str) -> tuple[str, ...]:
+    """Figure names of an experiment NAME (``all`` or one figure); raises ParameterError otherwise."""
+    from hybriddp.errors import parameter_error
+
+    if name == "all":
+        return FIGURE_NAMES
+    if name not in FIGURE_NAMES:
+        raise parameter_error("experiment NAME", name, "one of " + ", ".join((*FIGURE_NAMES, "all")))
+    return (name,)

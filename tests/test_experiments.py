@@ -1,0 +1,172 @@
+"""``hybriddp experiment``: outputs, consistency, missing points, resume and CLI errors (quick grids)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hybriddp.cli import cli
+from hybriddp.experiments import DatasetSpec, run_experiment
+from hybriddp.experiments.aggregate import mean_ci, point_stat, t_quantile_975
+from hybriddp.experiments.figures import FIGURE_NAMES, Point, figures
+from hybriddp.experiments.runner import make_tasks, trial_seed
+from logdata import write_aol, zipf_log
+
+QUICK = ("--dataset", "aol", "--scale", "0.05", "--trials", "2", "--quick", "--jobs", "2")
+
+
+def invoke(*args: object):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def quick_all(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("exp") / "aol"
+    r = invoke("experiment", "all", *QUICK, "--out", out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _num(v: str) -> float | None:
+    return None if v == "" else float(v)
+
+
+def test_all_outputs_exist(quick_all: Path) -> None:
+    for name in FIGURE_NAMES:
+        assert (quick_all / f"{name}.csv").is_file()
+        png = quick_all / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for f in ("trials.csv", "summary.json", "report.md"):
+        assert (quick_all / f).stat().st_size > 0
+
+
+def test_summary_equals_figure_csvs(quick_all: Path) -> None:
+    summary = json.loads((quick_all / "summary.json").read_text())
+    assert summary["trials"] == 2 and summary["dataset"] == "aol"
+    for name in FIGURE_NAMES[1:]:
+        rows = read_csv(quick_all / f"{name}.csv")
+        pts = summary["figures"][name]
+        assert len(rows) == len(pts) > 0
+        for row, pt in zip(rows, pts, strict=True):
+            assert row["algorithm"] == pt["algorithm"] and row["metric"] == pt["metric"]
+            assert int(row["head_list_size"]) == pt["head_list_size"]
+            assert math.isclose(float(row["x"]), pt["x"])
+            for k in ("mean", "lo", "hi"):
+                v = _num(row[k])
+                assert (v is None) == (pt[k] is None)
+                if v is not None:
+                    assert math.isclose(v, pt[k], rel_tol=1e-12)
+            if pt["mean"] is not None:
+                assert pt["lo"] <= pt["mean"] <= pt["hi"]
+                assert pt["reached"] and pt["n_reached"] == pt["n_trials"] == 2
+            else:
+                assert not pt["reached"]
+
+
+def test_missing_points_when_m_too_large(quick_all: Path) -> None:
+    """M = 100 cannot be formed from ~26k synthetic users: every such point is missing (paper §4.2.3)."""
+    summary = json.loads((quick_all / "summary.json").read_text())
+    big = [p for p in summary["figures"]["fig13"] if p["head_list_size"] == 100]
+    assert big and all(p["mean"] is None and not p["reached"] for p in big)
+    assert any(p["mean"] is not None for p in summary["figures"]["fig12"])  # local-only reaches M = 10
+    assert "—" in (quick_all / "report.md").read_text()
+
+
+def test_trials_csv_rows_and_report_claims(quick_all: Path) -> None:
+    rows = read_csv(quick_all / "trials.csv")
+    assert {r["algorithm"] for r in rows} == {"blender", "optin-only", "client-only", "local-only"}
+    cols = ("algorithm", "epsilon", "optin_fraction", "f_c", "head_list_size", "trial")
+    keys = [tuple(r[c] for c in cols) for r in rows]
+    assert len(keys) == len(set(keys))  # every run once: figures share runs
+    assert all(int(r["head_list_records"]) >= 0 and r["seed"] for r in rows)
+    report = (quick_all / "report.md").read_text()
+    assert "![fig14](fig14.png)" in report and "holds here" in report
+    summary = json.loads((quick_all / "summary.json").read_text())
+    assert summary["claims"] and all(c["holds"] in (True, False, None) for c in summary["claims"])
+
+
+def test_resume_runs_nothing_new(quick_all: Path) -> None:
+    before = (quick_all / "trials.csv").read_text()
+    r = invoke("experiment", "fig14", *QUICK, "--out", quick_all)
+    assert r.exit_code == 0, r.output
+    assert "0 new" in r.output
+    assert (quick_all / "trials.csv").read_text() == before
+
+
+def test_more_trials_add_only_new_runs(tmp_path: Path) -> None:
+    spec = DatasetSpec("aol", seed=3, scale=0.05)
+    first = run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True)
+    second = run_experiment("fig16", spec, trials=2, out_dir=tmp_path, jobs=1, quick=True)
+    assert first.n_ran == first.n_runs and second.n_runs == 2 * first.n_runs
+    assert second.n_ran == first.n_runs  # fig16 reuses fig15's trial 0, runs trial 1
+    assert set(second.figures) >= {"fig15", "fig16"}
+
+
+def test_torn_last_row_is_run_again(tmp_path: Path) -> None:
+    """A crash mid-write leaves a partial last line: that run alone is redone (rows are flushed per run)."""
+    spec = DatasetSpec("aol", seed=3, scale=0.05)
+    first = run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True)
+    trials = tmp_path / "trials.csv"
+    text = trials.read_text()
+    trials.write_text(text[: text.rstrip("\n").rfind(",")])  # cut the last row inside its last fields
+    again = run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True)
+    assert first.n_ran == 4 and again.n_ran == 1
+    assert run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True).n_ran == 0
+
+
+def test_log_file_dataset_row_per_user(tmp_path: Path) -> None:
+    path = tmp_path / "log.tsv"
+    write_aol(zipf_log(n_users=3000, n_queries=30, max_records=3, seed=1), path)
+    res = run_experiment("fig11", DatasetSpec(str(path), row_per_user=True), trials=2, out_dir=tmp_path / "o",
+                         jobs=1, quick=True)
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["kind"] == "file" and summary["n_users"] == summary["n_records"]
+    assert summary["params"]["delta"] == pytest.approx(min(1e-5, 1 / summary["n_users"]))
+    assert res.n_ran == res.n_runs == 4
+
+
+def test_seeds_deterministic_and_distinct() -> None:
+    p = Point(4.0, 1e-5, 0.05, 0.85, 50)
+    assert trial_seed(0, 1, p) == trial_seed(0, 1, Point(4.0, 1e-5, 0.05, 0.85, 50))
+    assert len({trial_seed(0, t, p) for t in range(5)} | {trial_seed(1, 0, p)}) == 6
+    fig = figures("aol")
+    tasks = make_tasks([("blender", pt) for _, _, pt in fig["fig14"].points(p)]
+                       + [("blender", pt) for _, _, pt in fig["fig13"].points(p)], 3, 0)
+    assert len(tasks) == 3 * 13 * 4  # fig13 and fig14: one set of runs
+
+
+def test_mean_ci() -> None:
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 5, 29, 30, 31, 60, 500):
+        assert t_quantile_975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=2e-3)
+    assert mean_ci([0.5]) == (0.5, 0.5, 0.5)
+    m, lo, hi = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0
+    assert hi - m == pytest.approx(4.303 / math.sqrt(3)) and m - lo == pytest.approx(hi - m)
+    rows = [{"head_list_records": 50, "ndcg": 0.9, "error": None},
+            {"head_list_records": 49, "ndcg": 0.8, "error": None}]
+    st = point_stat(rows, "blender", 0.05, "ndcg", 50)
+    assert st.mean is None and st.n_reached == 1 and not st.reached
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("experiment", "fig10", "--dataset", "aol"), "fig10"),
+    (("experiment", "fig11", "--dataset", "/no/such/log.tsv"), "/no/such/log.tsv"),
+    (("experiment", "fig11", "--dataset", "aol", "--row-per-user"), "--row-per-user"),
+    (("experiment", "fig11", "--dataset", "aol", "--trials", "0"), "trials"),
+])
+def test_cli_errors_one_line(args, needle) -> None:
+    r = invoke(*args)
+    assert r.exit_code == 2
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]

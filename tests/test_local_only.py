@@ -175,3 +175,22 @@ def test_run_local_only_with_several_records_per_user(log: RecordLog) -> None:
 def test_bad_discovery_fraction(log: RecordLog, fraction: object) -> None:
     with pytest.raises(ParameterError):
         run_local_only(log, BlenderParams(), seed=1, discovery_fraction=fraction)  # type: ignore[arg-type]
+
+
+def test_hashed_coding_needs_no_domain_knowledge() -> None:
+    rng = np.random.default_rng(3)
+    q = rng.integers(0, 5000, 20_000)
+    u = rng.integers(0, 7, 20_000)
+    coding = ItemCoding.build(q, u, item_bits=32)
+    assert coding.hashed and coding.n_bits == 32
+    codes = coding.encode(q, u)
+    assert codes.min() >= 0 and codes.max() < 2**32
+    back_q, back_u = coding.decode(codes)
+    assert np.mean((back_q == q) & (back_u == u)) > 0.999  # collisions are ~n²/2^33: rare
+    assert coding.known(codes).all()
+    unused = np.setdiff1d(np.arange(1000, dtype=np.int64), codes)[:5]  # codes no record hashes to
+    assert len(unused) and not coding.known(unused).any()
+    with pytest.raises(ValueError, match="item_bits"):
+        ItemCoding.build(q, u, item_bits=40)
+    out = run_local_only(zipf_log(n_users=20_000, seed=1), BlenderParams(head_list_size=10), seed=2, item_bits=32)
+    assert out.sizes["item_bits"] == 32 and out.head_list.n_records <= 10

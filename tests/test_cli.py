@@ -8,9 +8,8 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from hybriddp.cli import cli
+from clihelpers import assert_clean_error, invoke
 from logdata import write_aol, write_csv, zipf_log
 
 
@@ -21,21 +20,6 @@ def files(tmp_path_factory):
     write_aol(log, d / "log.tsv")
     write_csv(log, d / "log.csv")
     return d
-
-
-def invoke(*args: str, ok: bool = True):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, result.output + result.stderr
-    return result
-
-
-def assert_clean_error(result, *needles: str) -> None:
-    assert result.exit_code == 2, result.output
-    text = result.stderr or result.output
-    assert "Traceback" not in text and "Traceback" not in result.output
-    for needle in needles:
-        assert needle in text, text
 
 
 RUN = ("--optin-fraction", "0.3", "--head-list-size", "30", "--seed", "3")

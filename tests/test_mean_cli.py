@@ -10,28 +10,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
+from clihelpers import assert_clean_error as _assert_clean_error
+from clihelpers import invoke
 from hybriddp import mean as hm
-from hybriddp.cli import cli
 
 EST = ("--lower", "0", "--upper", "10", "--epsilon", "1", "--optin-fraction", "0.1", "--seed", "3")
 
 
-def invoke(*args: object, ok: bool = True):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, result.output + result.stderr
-    return result
-
-
 def assert_clean_error(result, *needles: str) -> None:
-    assert result.exit_code == 2, result.output
-    text = result.stderr
-    assert "Traceback" not in text and "Traceback" not in result.output
-    assert len(text.strip().splitlines()) == 1, text
-    for needle in needles:
-        assert needle in text, text
+    _assert_clean_error(result, *needles)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 @pytest.fixture(scope="module")

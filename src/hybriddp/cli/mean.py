@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import csv
 import logging
 import math
 import os
@@ -59,23 +58,6 @@ def table_format(path: str, fmt: str | None = None) -> str:
     return kind
 
 
-def _header(path: str, delimiter: str) -> list[str]:
-    import pyarrow as pa
-
-    try:
-        with pa.input_stream(path, compression="detect") as f:
-            data = b""
-            while b"\n" not in data and len(data) < (1 << 20):
-                chunk = f.read(1 << 16)
-                if not chunk:
-                    break
-                data += chunk
-    except (OSError, pa.ArrowException) as e:
-        raise DataError(f"cannot read {path}: {e}") from e
-    line = data.split(b"\n", 1)[0].rstrip(b"\r").removeprefix(b"\xef\xbb\xbf").decode("utf-8", "replace")
-    return next(csv.reader([line], delimiter=delimiter), [])
-
-
 def _missing_column(path: str, column: str, present: list[str]) -> DataError:
     shown = ", ".join(repr(c) for c in present[:20]) + (", ..." if len(present) > 20 else "")
     return DataError(f"{path}: no column {column!r} (columns: {shown}); pass the name of the value column "
@@ -106,7 +88,9 @@ def _read_text_column(path: str, column: str, delimiter: str) -> np.ndarray:
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
-    names = _header(path, delimiter)
+    from hybriddp.io.loaders import header_names
+
+    names = header_names(path, delimiter, quoted=delimiter == ",")
     if column not in names:
         raise _missing_column(path, column, names)
     other = next((c for c in names if c != column), None)

@@ -118,6 +118,6 @@ def _table_columns(path: str, fmt: str) -> list[str]:
         import pyarrow.parquet as pq
 
         return list(pq.read_schema(path).names)
-    from hybriddp.io.loaders import _header_names
+    from hybriddp.io.loaders import header_names
 
-    return _header_names(path, "," if fmt == "csv" else "\t", fmt == "csv")
+    return header_names(path, "," if fmt == "csv" else "\t", fmt == "csv")

@@ -319,7 +319,8 @@ def _read_delimited(
         progress(total, total)
 
 
-def _header_names(path: str, delimiter: str, quoted: bool) -> list[str]:
+def header_names(path: str, delimiter: str, quoted: bool) -> list[str]:
+    """Column names of a delimited file's header line (``.gz`` ok; quoted CSV when ``quoted``)."""
     line = _first_line(path)
     if not quoted:
         return line.split(delimiter)
@@ -527,7 +528,7 @@ def load_table(
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"cannot read {p} as Parquet: {e}") from e
     else:
-        present = _header_names(p, "," if fmt == "csv" else "\t", fmt == "csv")
+        present = header_names(p, "," if fmt == "csv" else "\t", fmt == "csv")
     for c, role in wanted:
         if c not in present:
             raise _missing_column(p, c, role, present)

@@ -1,4 +1,4 @@
-"""Small search logs built in code for the tests (a fresh clone has no ../shared data)."""
+"""Small search logs built in code for the tests (a fresh clone has no real data sets)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from hybriddp.noise import DiscreteLaplaceNoise
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import NoiseFactory, Stages, curator_side, run_blender
 from hybriddp.records import RecordLog, Vocabulary
-from hybriddp.result import WILDCARD_NAME, BlenderResult, result_from_run, write_output
+from hybriddp.result import WILDCARD_NAME, BlenderResult, entry_names, result_from_run, write_output
 from hybriddp.rng import SEED_WARNING
 
 ALGORITHMS = ("blender", "optin-only", "client-only", "local-only", "central")
@@ -81,14 +81,9 @@ class AlgorithmResult:
         """One row per head-list entry: query, URL, wildcard flag, estimate (and truth)."""
         if self.detail is not None:
             return self.detail.records_table()
-        hl = self.head_list
-        qn = [*self.queries.decode(hl.query_ids), WILDCARD_NAME]
-        un = [WILDCARD_NAME] * hl.n_entries
-        real = np.flatnonzero(~hl.is_wildcard)
-        for e, name in zip(real.tolist(), self.urls.decode(hl.entry_url[real]), strict=True):
-            un[e] = name
-        cols: dict[str, Any] = {"query": [qn[i] for i in hl.entry_query.tolist()], "url": un,
-                                "wildcard": hl.is_wildcard, "p_estimate": self.p_record}
+        q, u = entry_names(self.head_list, self.queries, self.urls)
+        cols: dict[str, Any] = {"query": q, "url": u, "wildcard": self.head_list.is_wildcard,
+                                "p_estimate": self.p_record}
         if self.truth_record is not None:
             cols["p_true"] = self.truth_record
         return pa.table(cols)

@@ -59,13 +59,7 @@ class BlenderResult:
         return [*self.queries.decode(self.head_list.query_ids), WILDCARD_NAME]
 
     def entry_names(self) -> tuple[list[str], list[str]]:
-        hl = self.head_list
-        qn = self.query_names()
-        un = [WILDCARD_NAME] * hl.n_entries
-        real = np.flatnonzero(~hl.is_wildcard)
-        for e, s in zip(real.tolist(), self.urls.decode(hl.entry_url[real]), strict=True):
-            un[e] = s
-        return [qn[i] for i in hl.entry_query.tolist()], un
+        return entry_names(self.head_list, self.queries, self.urls)
 
     # ----- tables -------------------------------------------------------------------------
     def client_record_sums(self) -> np.ndarray:
@@ -174,7 +168,7 @@ def write_output(path: str | Path, obj: dict[str, Any], table: pa.Table) -> None
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".json":
-        path.write_text(json.dumps(obj, indent=2, allow_nan=False, default=_json_default))
+        path.write_text(json.dumps(obj, indent=2, allow_nan=False, default=json_default))
     elif suffix == ".csv":
         import pyarrow.csv as pacsv
         pacsv.write_csv(table, path)
@@ -183,6 +177,16 @@ def write_output(path: str | Path, obj: dict[str, Any], table: pa.Table) -> None
         pq.write_table(table, path)
     else:
         raise DataError(f"--output {path}: unknown extension {suffix!r}; use .json, .csv or .parquet")
+
+
+def entry_names(hl: HeadList, queries: Vocabulary, urls: Vocabulary) -> tuple[list[str], list[str]]:
+    """(query name, URL name) of every head-list entry; wildcards are ``*``."""
+    qn = [*queries.decode(hl.query_ids), WILDCARD_NAME]
+    un = [WILDCARD_NAME] * hl.n_entries
+    real = np.flatnonzero(~hl.is_wildcard)
+    for e, name in zip(real.tolist(), urls.decode(hl.entry_url[real]), strict=True):
+        un[e] = name
+    return [qn[i] for i in hl.entry_query.tolist()], un
 
 
 def _clean(v: Any) -> Any:
@@ -195,7 +199,8 @@ def _table_rows(t: pa.Table) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.items()} for row in t.to_pylist()]
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """``json.dumps`` default: NumPy scalars as Python numbers."""
     if isinstance(o, np.generic):
         return o.item()
     raise TypeError(f"not JSON serializable: {type(o).__name__}")

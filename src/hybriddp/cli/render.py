@@ -13,7 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 from rich.table import Table
 
 from hybriddp.algorithms import AlgorithmResult
-from hybriddp.result import BlenderResult
+from hybriddp.result import BlenderResult, json_default
 from hybriddp.rng import SEED_WARNING
 
 out = Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
@@ -85,14 +85,19 @@ def print_figure9(res: BlenderResult, top: int = 10) -> None:
                   + ", ".join(f"{head} {n_reg[k]}" for k, head in cols if k != "p_true"))
 
 
+def _print_metrics(m: dict[str, Any]) -> None:
+    """The L1 and NDCG lines (SPEC §9)."""
+    out.print(f"L1    {m['l1']:.4f}   (records; queries {m['l1_queries']:.4f})")
+    out.print(f"NDCG  {m['ndcg']:.4f}   (generalized; queries {m['ndcg_queries']:.4f}, "
+              f"queries@10 {m['ndcg_queries_at_10']:.4f})")
+
+
 def print_summary(res: BlenderResult) -> None:
     """Sizes, head list, metrics and the privacy guarantee, after the table."""
     s = res.sizes
     m = res.metrics
     if m:
-        out.print(f"L1    {m['l1']:.4f}   (records; queries {m['l1_queries']:.4f})")
-        out.print(f"NDCG  {m['ndcg']:.4f}   (generalized; queries {m['ndcg_queries']:.4f}, "
-                  f"queries@10 {m['ndcg_queries_at_10']:.4f})")
+        _print_metrics(m)
         line = f"local search: {m['hit_rate']:.1%} of held-out events hit the head list"
         if res.url_level:
             line += f", {m['top_url_rate']:.1%} click its top URL"
@@ -128,9 +133,7 @@ def print_algorithm(alg: AlgorithmResult, top: int = 10) -> None:
     out.print(t)
     m = alg.metrics
     if m:
-        out.print(f"L1    {m['l1']:.4f}   (records; queries {m['l1_queries']:.4f})")
-        out.print(f"NDCG  {m['ndcg']:.4f}   (generalized; queries {m['ndcg_queries']:.4f}, "
-                  f"queries@10 {m['ndcg_queries_at_10']:.4f})")
+        _print_metrics(m)
     out.print(f"head list: {alg.n_records} records over {alg.head_list.n_queries} queries "
               f"(M = {alg.params.head_list_size})")
     for who in ("optin_users", "clients", "all_users"):
@@ -149,11 +152,4 @@ def warn_delta(delta: float, n_users: int) -> None:
 
 def print_json(obj: dict[str, Any]) -> None:
     """One JSON object on stdout."""
-    sys.stdout.write(json.dumps(obj, allow_nan=False, default=_default) + "\n")
-
-
-def _default(o: Any) -> Any:
-    import numpy as np
-    if isinstance(o, np.generic):
-        return o.item()
-    raise TypeError(type(o).__name__)
+    sys.stdout.write(json.dumps(obj, allow_nan=False, default=json_default) + "\n")

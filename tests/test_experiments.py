@@ -15,6 +15,7 @@ from hybriddp.experiments import DatasetSpec, run_experiment
 from hybriddp.experiments.aggregate import mean_ci, point_stat, t_quantile_975
 from hybriddp.experiments.figures import FIGURE_NAMES, Point, figures
 from hybriddp.experiments.runner import make_tasks, trial_seed
+from hybriddp.tune import GRID_F_C, GRID_F_O
 from logdata import write_aol, zipf_log
 
 QUICK = ("--dataset", "aol", "--scale", "0.05", "--trials", "2", "--quick", "--jobs", "2")
@@ -84,7 +85,13 @@ def test_missing_points_when_m_too_large(quick_all: Path) -> None:
 
 def test_trials_csv_rows_and_report_claims(quick_all: Path) -> None:
     rows = read_csv(quick_all / "trials.csv")
-    assert {r["algorithm"] for r in rows} == {"blender", "optin-only", "client-only", "local-only"}
+    assert {r["algorithm"] for r in rows} == {"blender", "optin-only", "client-only", "local-only",
+                                              "local-only-hashed", "blender-tuned"}
+    tuned = [r for r in rows if r["algorithm"] == "blender-tuned"]
+    assert tuned and all(r["head_list_size"] == "10" and r["epsilon"] in ("2.0", "4.0") for r in tuned)
+    for r in tuned:  # this tiny population forms no pilot list to fit: the error is kept, the point is missing
+        assert r["error"] != "" or (float(r["tuned_f_o"]) in GRID_F_O and float(r["tuned_f_c"]) in GRID_F_C)
+    assert all(r["tuned_f_o"] == "" for r in rows if r["algorithm"] != "blender-tuned")
     cols = ("algorithm", "epsilon", "optin_fraction", "f_c", "head_list_size", "trial")
     keys = [tuple(r[c] for c in cols) for r in rows]
     assert len(keys) == len(set(keys))  # every run once: figures share runs
@@ -93,6 +100,8 @@ def test_trials_csv_rows_and_report_claims(quick_all: Path) -> None:
     assert "![fig14](fig14.png)" in report and "holds here" in report
     summary = json.loads((quick_all / "summary.json").read_text())
     assert summary["claims"] and all(c["holds"] in (True, False, None) for c in summary["claims"])
+    fig12 = [c["paper"] for c in summary["claims"] if c["figure"] == "fig12"]
+    assert any("tune" in c for c in fig12) and any("without a dictionary" in c for c in fig12)
 
 
 def test_resume_runs_nothing_new(quick_all: Path) -> None:

@@ -4,7 +4,10 @@
 * ``optin-only``: the curator alone — head list from S, estimates from T, no clients;
 * ``client-only``: clients alone over the opt-in head list, no blending;
 * ``local-only``: no opt-in group at all — PEM heavy-hitter discovery over OLH, then the clients'
-  two-stage LocalAlg estimation (:mod:`hybriddp.baselines.local_only`);
+  two-stage LocalAlg estimation (:mod:`hybriddp.baselines.local_only`), with an aggregator that
+  holds a dictionary of the existing records (the strongest local-only baseline);
+* ``local-only-hashed``: the same with no dictionary — records hashed to 32 bits, PEM over the
+  whole code space, false discoveries kept as records of true frequency 0;
 * ``central``: everyone trusts the curator — CreateHeadList and EstimateOptinProbabilities over
   all users (the upper bound).
 
@@ -30,10 +33,20 @@ from hybriddp.noise import DiscreteLaplaceNoise
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import NoiseFactory, Stages, curator_side, run_blender
 from hybriddp.records import RecordLog, Vocabulary
-from hybriddp.result import WILDCARD_NAME, BlenderResult, entry_names, result_from_run, write_output
+from hybriddp.result import (
+    WILDCARD_NAME,
+    BlenderResult,
+    decode_or_placeholder,
+    entry_names,
+    result_from_run,
+    write_output,
+)
 from hybriddp.rng import SEED_WARNING
 
-ALGORITHMS = ("blender", "optin-only", "client-only", "local-only", "central")
+ALGORITHMS = ("blender", "optin-only", "client-only", "local-only", "local-only-hashed", "central")
+
+HASHED_ITEM_BITS = 32
+"""Code length of ``local-only-hashed``: the shortest that keeps collisions rare (~n²/2^33)."""
 
 
 @dataclass
@@ -64,7 +77,7 @@ class AlgorithmResult:
     def top_queries(self, top: int = 10) -> list[dict[str, Any]]:
         """Listed queries by true p_q (by estimate without truth) with the estimate."""
         k = self.head_list.n_queries
-        names = [*self.queries.decode(self.head_list.query_ids), WILDCARD_NAME]
+        names = [*decode_or_placeholder(self.queries, self.head_list.query_ids), WILDCARD_NAME]
         key = self.truth_query if self.truth_query is not None else self.p_query[:k]
         rows = []
         order = np.argsort(-key, kind="stable")[:top]
@@ -162,14 +175,19 @@ def run_central(log: RecordLog, params: BlenderParams, *, seed: int | None = Non
 
 
 def run_local(log: RecordLog, params: BlenderParams, *, seed: int | None = None,
-              stages: Stages | None = None) -> AlgorithmResult:
-    """No opt-in group: PEM discovery + the clients' LocalAlg (see the baselines package)."""
+              stages: Stages | None = None, item_bits: int | None = None) -> AlgorithmResult:
+    """No opt-in group: PEM discovery + the clients' LocalAlg (see the baselines package).
+
+    ``item_bits`` None: the dictionary coding (``local-only``); an integer: hashed codes with no
+    dictionary (``local-only-hashed`` uses :data:`HASHED_ITEM_BITS`).
+    """
     from hybriddp.baselines.local_only import run_local_only
 
-    out = run_local_only(log, params, seed=seed, stages=stages)
+    out = run_local_only(log, params, seed=seed, stages=stages, item_bits=item_bits)
     guarantee = {"all_users": f"({params.epsilon}, {params.delta})-local DP: PEM/OLH discovery users ε-LDP, "
                               "estimation users LocalAlg (Theorem 3); disjoint groups"}
-    res = AlgorithmResult("local-only", params, out.head_list, log.queries, log.urls, out.p_record_raw.copy(),
+    name = "local-only" if item_bits is None else "local-only-hashed"
+    res = AlgorithmResult(name, params, out.head_list, log.queries, log.urls, out.p_record_raw.copy(),
                           out.p_query, log.has_urls, out.sizes, guarantee, seed)
     return _finish(res, log, (out.sampled,), params.project)
 
@@ -183,5 +201,7 @@ def run_algorithm(name: str, log: RecordLog, params: BlenderParams, *, seed: int
         return run_central(log, params, seed=seed, noise_factory=noise_factory, stages=stages)
     if name == "local-only":
         return run_local(log, params, seed=seed, stages=stages)
+    if name == "local-only-hashed":
+        return run_local(log, params, seed=seed, stages=stages, item_bits=HASHED_ITEM_BITS)
     from hybriddp.errors import parameter_error
     raise parameter_error("algorithm (--algorithm)", name, "one of " + ", ".join(ALGORITHMS))

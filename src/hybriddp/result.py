@@ -181,12 +181,25 @@ def write_output(path: str | Path, obj: dict[str, Any], table: pa.Table) -> None
 
 def entry_names(hl: HeadList, queries: Vocabulary, urls: Vocabulary) -> tuple[list[str], list[str]]:
     """(query name, URL name) of every head-list entry; wildcards are ``*``."""
-    qn = [*queries.decode(hl.query_ids), WILDCARD_NAME]
+    qn = [*decode_or_placeholder(queries, hl.query_ids), WILDCARD_NAME]
     un = [WILDCARD_NAME] * hl.n_entries
     real = np.flatnonzero(~hl.is_wildcard)
-    for e, name in zip(real.tolist(), urls.decode(hl.entry_url[real]), strict=True):
+    for e, name in zip(real.tolist(), decode_or_placeholder(urls, hl.entry_url[real]), strict=True):
         un[e] = name
     return [qn[i] for i in hl.entry_query.tolist()], un
+
+
+def decode_or_placeholder(vocab: Vocabulary, ids: np.ndarray) -> list[str]:
+    """Names of ``ids``; an id past the vocabulary's end is a placeholder for a discovered code
+    that no record has (dictionary-free local-only, :func:`hybriddp.baselines.local_only.placeholder_ids`)
+    and is named ``<no record k>``."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n = len(vocab)
+    known = ids < n
+    names = vocab.decode(ids[known]) if known.any() else []
+    out = iter(names)
+    return [next(out) if k else f"<no record {int(i) - n + 1}>" for i, k in zip(ids.tolist(), known.tolist(),
+                                                                              strict=True)]
 
 
 def _clean(v: Any) -> Any:

@@ -895,8 +895,12 @@ class TuneResult:
             return (f"Use f_O = {c.f_o:g}, f_C = {c.f_c:g}, M = {c.head_list_size}: expected NDCG "
                     f"{c.ndcg.mean:.3f} (95% interval {c.ndcg.lo:.3f}-{c.ndcg.hi:.3f}) reaches the target "
                     f"{self.target_ndcg:g}; the paper's defaults give {self.paper_defaults.ndcg.mean:.3f} at this M.")
-        line = (f"No head-list size reaches NDCG {self.target_ndcg:g}: the best is M = {c.head_list_size} with "
-                f"f_O = {c.f_o:g}, f_C = {c.f_c:g} (NDCG {c.ndcg.mean:.3f}).")
+        if self.search.get("fixed_head_list_size") is not None:
+            line = (f"M = {c.head_list_size} does not reach NDCG {self.target_ndcg:g}: the best is f_O = {c.f_o:g}, "
+                    f"f_C = {c.f_c:g} (NDCG {c.ndcg.mean:.3f}).")
+        else:
+            line = (f"No head-list size reaches NDCG {self.target_ndcg:g}: the best is M = {c.head_list_size} with "
+                    f"f_O = {c.f_o:g}, f_C = {c.f_c:g} (NDCG {c.ndcg.mean:.3f}).")
         if self.knobs:
             best = max(self.knobs.values(), key=lambda v: v["ndcg"]["mean"])
             line += f" Turn up {best['option']} first: {best['label']} gives NDCG {best['ndcg']['mean']:.3f}."
@@ -1079,7 +1083,7 @@ def tune(
     population: int, optin_fraction: float, epsilon: float, delta: float | None = None, *,
     target_ndcg: float = 0.95, inputs: PrivatizedInputs | None = None, trials: int = 3,
     seed: int | None = None, noise: str = "discrete", workers: int | None = None,
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | None = None, head_list_size: int | None = None,
 ) -> TuneResult:
     """Pick f_O, f_C and the largest M whose expected generalized NDCG reaches ``target_ndcg``.
 
@@ -1098,6 +1102,8 @@ def tune(
     noise : curator noise to simulate: ``'discrete'`` (hybriddp's default) or ``'laplace'``.
     workers : worker processes (default: the number of CPUs); 1 runs everything in-process.
     progress : optional callback receiving a short status line.
+    head_list_size : fix M instead of searching it (e.g. the 10 records a device can hold): only
+        (f_O, f_C) are chosen, by one probe at that M; ``met`` tells whether the target is reached.
 
     Returns
     -------
@@ -1112,6 +1118,10 @@ def tune(
     """
     delta = default_delta(population) if delta is None else delta
     check_tune_inputs(population, optin_fraction, epsilon, delta, target_ndcg, trials)
+    if head_list_size is not None and (isinstance(head_list_size, bool) or not isinstance(head_list_size, int)
+                                       or head_list_size < 1):
+        raise parameter_error("head_list_size (--head-list-size)", head_list_size,
+                              "a whole number of records >= 1, or leave it out to search M")
     noise_factory(noise)  # validates the name
     say = progress or (lambda msg: None)
     started = time.perf_counter()
@@ -1137,7 +1147,7 @@ def tune(
     try:
         with _Simulator(workers, epsilon, optin_fraction) as sim:
             result = _search(sim, model, population, optin_fraction, epsilon, delta, target_ndcg, trials, seed,
-                             noise, say)
+                             noise, say, head_list_size)
     finally:
         _POPULATIONS.clear()
     result.search["simulations"] = sim.simulations
@@ -1148,18 +1158,24 @@ def tune(
 
 
 def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, epsilon: float, delta: float,
-            target: float, trials: int, seed: int | None, noise: str, say: ProgressFn) -> TuneResult:
+            target: float, trials: int, seed: int | None, noise: str, say: ProgressFn,
+            fixed_m: int | None = None) -> TuneResult:
     say("finding the largest head list each f_O can form")
     n_optin = round(c * population)
     safe = {fo: model.safe_head_list_size(round(fo * n_optin), epsilon, delta, noise) for fo in GRID_F_O}
     formable = {fo: min(min(sim.head_list_s("search", fo)), safe[fo]) for fo in GRID_F_O}
     m_max = max(formable.values())
+    if fixed_m is not None and fixed_m > m_max:
+        raise HeadListError(
+            f"no f_O forms a head list of {fixed_m} records: with {population:,} users and opt-in fraction {c:g} "
+            f"the simulated opt-in group forms at most {m_max} (epsilon {epsilon:g}, delta {delta:g}). Lower "
+            "--head-list-size, or increase --optin-fraction or --epsilon.")
     if m_max < 1:
         raise HeadListError(
             f"no head list forms: with {population:,} users and opt-in fraction {c:g} no record of the simulated "
             f"opt-in group passes the privacy threshold (epsilon {epsilon:g}, delta {delta:g}). Increase "
             "--optin-fraction or --epsilon.")
-    grid = m_grid(m_max)
+    grid = [fixed_m] if fixed_m is not None else m_grid(m_max)
     path: list[dict[str, Any]] = []
     probes: dict[int, tuple[CandidateScore, tuple[CandidateScore, CandidateScore] | None]] = {}
     fc_cur = PAPER_F_C
@@ -1223,6 +1239,7 @@ def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, 
         "f_o_grid": list(GRID_F_O), "f_c_grid": list(GRID_F_C), "m_grid": grid,
         "max_formable_m": {f"{fo:g}": int(v) for fo, v in formable.items()},
         "head_list_s_99pct": {f"{fo:g}": int(v) for fo, v in safe.items()}, "path": path,
+        "fixed_head_list_size": fixed_m,
     }
     return TuneResult(chosen[0], chosen[1], met, target, model, population, c, epsilon, delta, noise, trials, seed,
                       search, knobs)

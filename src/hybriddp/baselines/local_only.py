@@ -18,21 +18,27 @@ comparison with BLENDER isolates what the opt-in group buys:
 
 Item coding
 -----------
-PEM works on fixed-length bit strings. With ``item_bits`` set, a device hashes its ⟨query, URL⟩
-record to ``item_bits`` bits with a public hash — here the top bits of a fixed 64-bit mixing
-permutation (splitmix64's finalizer) of the record key (:func:`hybriddp.headlist.record_keys`)
-— and PEM runs over the whole 2^item_bits domain: the aggregator knows nothing about which
-records exist. Decoding a discovered code back to its record uses a dictionary of the records
-(a simulation convenience standing in for the aggregator's candidate dictionary; colliding
-records, ~n²/2^33 of them, merge).
+PEM works on fixed-length bit strings. Two codings:
 
-``item_bits=None`` (the default) numbers the distinct records of the data densely onto
-``L = ⌈log₂ #distinct⌉`` bits and tells PEM the domain size: the aggregator is assumed to hold
-a dictionary of the existing records (a search engine knows its queries and URLs). That makes the
-baseline stronger than a dictionary-free one; on the aol preset with M = 10 the 32-bit hashed
-variant reaches NDCG@10 ≈ 0.0–0.66 at ε = 1, ≈ 0.68 at ε = 2, ≈ 0.88 at ε = 4. The mixing matters in both: the
-synthetic generator gives popular queries small ids. Logs without a URL level code queries
-alone.
+* ``item_bits=None`` (the default, *dictionary*): the distinct records of the data are numbered
+  densely onto ``L = ⌈log₂ #distinct⌉`` bits and PEM is told the domain size: the aggregator is
+  assumed to hold a dictionary of exactly the records that exist (a search engine knows its
+  queries and URLs). This is the strongest local-only baseline: it knows the support of the data.
+* ``item_bits`` set (e.g. 32, *no dictionary*): a device hashes its ⟨query, URL⟩ record to
+  ``item_bits`` bits with a public hash — the top bits of a fixed 64-bit mixing permutation
+  (splitmix64's finalizer) of the record key (:func:`hybriddp.headlist.record_keys`) — and PEM
+  runs over the whole 2^item_bits domain: the aggregator knows nothing about which records exist.
+  PEM's top M codes are the head list *as they are*: a code that no record has is a false
+  discovery the aggregator cannot tell apart, so it stays in the list as a placeholder record
+  (query and URL ids past the end of the vocabularies, named ``<no record: code 0x…>``) whose true
+  frequency is 0. The list therefore always has M records, like BLENDER's, and false discoveries
+  cost what they cost in the metrics. (Naming a real discovered code uses the records' dictionary:
+  a simulation convenience; a deployment would encode the strings themselves, which only lengthens
+  the codes. Colliding records, ~n²/2^33 of them, merge.)
+
+On the aol preset with M = 10 the dictionary coding gives NDCG@10 ≈ 0.38 at ε = 1 and 0.97 at
+ε = 5; the dictionary-free coding is far lower (docs/results). The mixing matters in both: the
+synthetic generator gives popular queries small ids. Logs without a URL level code queries alone.
 
 Privacy
 -------
@@ -173,6 +179,15 @@ class LocalOnlyOutput:
     client: ClientEstimates | None = None
 
 
+def placeholder_ids(n_queries: int, n_urls: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Query and URL ids of ``n`` placeholder records: ids past the end of the vocabularies.
+
+    They stand for discovered codes no record has; no user holds them, so their true frequency
+    is 0, and :func:`hybriddp.result.entry_names` names them ``<no record: …>``.
+    """
+    return (np.arange(n, dtype=np.int64) + n_queries, np.arange(n, dtype=np.int64) + n_urls)
+
+
 def _one_record_per_user(sampled: SampledRecords, users: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Row (in ``sampled``) of one uniformly chosen sampled record of each user that has one."""
     start = np.searchsorted(sampled.user, users, side="left")
@@ -197,9 +212,9 @@ def run_local_only(log: RecordLog, params: BlenderParams, *, seed: int | None,
     eta, gamma : PEM's bits added per round and start length (round 1 reports γ + η bits;
         defaults in :mod:`hybriddp.baselines.pem`).
     item_bits : None (default) numbers the existing records densely, as an aggregator with a
-        dictionary of candidate records (a search engine knows its queries and URLs) would; an
-        integer (e.g. 32) hashes records over the whole 2^item_bits domain with no dictionary,
-        and discovered codes no record has are dropped (module docstring).
+        dictionary of the records would; an integer (e.g. 32) hashes records over the whole
+        2^item_bits domain with no dictionary, and discovered codes no record has stay in the
+        list as placeholder records of true frequency 0 (module docstring).
     """
     if not (isinstance(discovery_fraction, (int, float)) and 0.0 < discovery_fraction < 1.0):
         raise parameter_error("discovery_fraction", discovery_fraction, "strictly between 0 and 1")
@@ -221,9 +236,15 @@ def run_local_only(log: RecordLog, params: BlenderParams, *, seed: int | None,
         values = coding.encode(sampled.query[rows], sampled.url[rows])
         found = pem(values, coding.n_bits, params.epsilon, rng, k=params.head_list_size, eta=eta, gamma=gamma,
                     domain_size=None if coding.hashed else coding.n_items)
-        items = found.items[coding.known(found.items)]  # a code no record has stands for nothing
+        items = found.items
         q, u = coding.decode(items)
-        hl = HeadList.from_records(q, u if log.has_urls else np.full(len(q), NO_URL, dtype=np.int64))
+        if not log.has_urls:
+            u = np.full(len(q), NO_URL, dtype=np.int64)
+        unknown = ~coding.known(items)  # false discoveries (dictionary-free coding only)
+        q[unknown], u_phantom = placeholder_ids(len(log.queries), len(log.urls), int(unknown.sum()))
+        if log.has_urls:
+            u[unknown] = u_phantom
+        hl = HeadList.from_records(q, u)
     with stages.stage("randomize clients"):
         lp = LocalAlgParams.build(hl, params.epsilon, params.delta, client_f_c(params, log.has_urls), params.m_c)
         est_rows = is_estimation[sampled.user]
@@ -249,6 +270,7 @@ def run_local_only(log: RecordLog, params: BlenderParams, *, seed: int | None,
         "pem_users_per_round": min(found.users_per_round),
         "pem_max_candidates": max(found.candidates_per_round),
         "discovered_records": len(items),
+        "false_discoveries": int(unknown.sum()),
         "head_list_records": hl.n_records,
         "head_list_queries": hl.n_queries,
     }

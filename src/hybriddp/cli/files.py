@@ -26,13 +26,18 @@ from hybriddp.client_estimates import estimate_client_probabilities
 from hybriddp.device import DeviceHeadList, DeviceLedger, UniformReplay, local_alg, randomize_records
 from hybriddp.errors import DataError
 from hybriddp.headlist import from_device_json, read_device_json
-from hybriddp.io.exchange import read_optin_estimates, read_report_counts, write_optin_estimates, write_reports
+from hybriddp.io.exchange import (
+    curator_release,
+    read_optin_estimates,
+    read_report_counts,
+    write_optin_estimates,
+    write_reports,
+)
 from hybriddp.noise import noise_factory
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import (
     Stages,
     blend_estimates,
-    client_f_c,
     curator_side,
     ledger_charges,
     sample_clients,
@@ -83,21 +88,11 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
         cur = curator_side(log, optin_users, params, seed=seed, noise_factory=noise_factory(noise),
                            stages=Stages(on_stage))
     hl = cur.optin.head_list
-    doc = hl.to_device_json(log.queries, log.urls, epsilon=params.epsilon, delta=params.delta,
-                            f_c=client_f_c(params, log.has_urls), m_c=params.m_c, url_level=log.has_urls)
+    doc, extra = curator_release(log, params, cur, len(optin_users), seed)
     # charge the opt-in users before anything is released (refused rounds write nothing)
     charged = charge_round(ledger_path, round_name or doc["content_hash"], lifetime_epsilon, lifetime_delta,
                            ledger_charges(log, params, cur))
     Path(out_headlist).write_text(json.dumps(doc, indent=1, ensure_ascii=False))
-    extra: dict[str, Any] = {
-        "params": params.to_dict(), "noise": cur.noise, "seed": seed,
-        "sizes": {"optin_users": len(optin_users), "optin_users_s": cur.n_users_s,
-                  "optin_users_t": cur.n_users_t, "records_s": len(cur.sampled_s),
-                  "records_t": len(cur.sampled_t), "head_list_s_records": cur.head_list_s.n_records,
-                  "head_list_s_queries": cur.head_list_s.n_queries},
-    }
-    if seed is not None:
-        extra["warning"] = SEED_WARNING
     write_optin_estimates(out_estimates, cur.optin, doc, extra)
     render.out.print(f"head list: {hl.n_records} records over {hl.n_queries} queries from {len(optin_users):,} "
                      f"opt-in users ({cur.n_users_s:,} in S, {cur.n_users_t:,} in T)")

@@ -77,7 +77,9 @@ def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, outp
 algorithm_option = click.option(
     "--algorithm", type=click.Choice(ALGORITHMS), default="blender", show_default=True,
     help="blender (hybrid); optin-only (curator alone); client-only (clients over the opt-in head list, no "
-         "blending); local-only (no opt-in group: PEM discovery + LocalAlg); central (everyone trusts the curator).")
+         "blending); local-only (no opt-in group: PEM discovery + LocalAlg, aggregator holds a dictionary of the "
+         "existing records); local-only-hashed (the same without a dictionary: 32-bit hashed records, false "
+         "discoveries listed as '<no record k>'); central (everyone trusts the curator).")
 
 
 @click.command("run")

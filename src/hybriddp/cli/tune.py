@@ -81,6 +81,9 @@ def print_tune(res: TuneResult) -> None:
 @click.option("--optin-estimates", "estimates_path", type=click.Path(dir_okay=False), default=None,
               help="Opt-in estimates JSON written by `hybriddp headlist` (DP output). Without both files a "
                    "built-in prior (the aol preset's shape) is used.")
+@click.option("--head-list-size", "-M", "head_list_size", type=int, default=None,
+              help="Fix M, the number of (query, URL) records in the final list (e.g. what a device can hold), "
+                   "and choose only f_O and f_C for it. Default: search the largest M that reaches the target.")
 @click.option("--trials", type=int, default=3, show_default=True,
               help="Simulated populations per candidate (and as many fresh ones for the reported intervals).")
 @click.option("--seed", type=int, default=None,
@@ -90,8 +93,8 @@ def print_tune(res: TuneResult) -> None:
 @click.option("--workers", type=int, default=None, help="Worker processes for the simulations (default: CPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def tune_cmd(population: int, optin_fraction: float, epsilon: float, delta: float | None, target_ndcg: float,
-             headlist_path: str | None, estimates_path: str | None, trials: int, seed: int | None, noise: str,
-             workers: int | None, as_json: bool) -> None:
+             headlist_path: str | None, estimates_path: str | None, head_list_size: int | None, trials: int,
+             seed: int | None, noise: str, workers: int | None, as_json: bool) -> None:
     """Recommend f_O, f_C and the largest head-list size M whose expected generalized NDCG reaches
     --target-ndcg, by simulating BLENDER on a synthetic population fitted only to the curator's
     differentially private outputs (post-processing: no extra privacy cost). Prints the expected
@@ -100,6 +103,9 @@ def tune_cmd(population: int, optin_fraction: float, epsilon: float, delta: floa
         missing = "--optin-estimates" if estimates_path is None else "--headlist"
         raise ParameterError(f"{missing} is missing: --headlist and --optin-estimates go together (both written by "
                              "`hybriddp headlist`); give both, or neither to use the built-in prior.")
+    if head_list_size is not None and head_list_size < 1:
+        raise ParameterError(f"head list size (--head-list-size) = {head_list_size} is not allowed: it must be a "
+                             "whole number of records >= 1; leave it out to let tune search M.")
     if workers is not None and workers < 1:
         raise ParameterError(f"workers (--workers) = {workers} is not allowed: it must be an integer >= 1.")
     check_tune_inputs(population, optin_fraction, epsilon, default_delta(population) if delta is None else delta,
@@ -114,7 +120,7 @@ def tune_cmd(population: int, optin_fraction: float, epsilon: float, delta: floa
             else default_delta(population)
     with render.stage_progress(not as_json) as on_stage:
         res = tune(population, optin_fraction, epsilon, delta, target_ndcg=target_ndcg, inputs=inputs, trials=trials,
-                   seed=seed, noise=noise, workers=workers, progress=on_stage)
+                   seed=seed, noise=noise, workers=workers, progress=on_stage, head_list_size=head_list_size)
     if as_json:
         render.print_json(res.to_json())
         return

@@ -26,11 +26,14 @@ from hybriddp.params import BlenderParams
 FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16")
 """Every figure ``hybriddp experiment`` reproduces; ``all`` means all of them."""
 
-FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blender", "local-only": "local-only"}
+FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blender", "local-only": "local-only",
+             "local-only-hashed": "local-only-hashed", "blender-tuned": "blender-tuned"}
 """The run that produces each algorithm: one BLENDER run gives ``blender``, ``optin-only`` and
-``client-only`` (paired, :func:`hybriddp.algorithms.blender_family`)."""
+``client-only`` (paired, :func:`hybriddp.algorithms.blender_family`); ``blender-tuned`` is
+BLENDER with the knobs tune picks from an earlier round (:mod:`hybriddp.experiments.tuned`)."""
 
-FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only"), "local-only": ("local-only",)}
+FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only"), "local-only": ("local-only",),
+                     "local-only-hashed": ("local-only-hashed",), "blender-tuned": ("blender-tuned",)}
 
 HEAD_LIST_SIZES = {"aol": (10, 25, 50, 100), "yandex": (50, 100, 250, 500)}
 """M of Figures 13–16 per dataset (paper Figs. 13a/b–16a/b); a log file uses the AOL sizes."""
@@ -137,7 +140,8 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
         Figure("fig11", "Budget split f_C: client, opt-in and blended results (paper Fig. 11)",
                "f_c", fcs, ("l1", "ndcg"), ("client-only", "optin-only", "blender")),
         Figure("fig12", f"NDCG@10 of queries vs ε, head list size {fig12_m}: BLENDER vs local-only "
-               "(paper Fig. 12)", "epsilon", eps, ("ndcg_queries_at_10",), ("blender", "local-only"), (fig12_m,)),
+               "(paper Fig. 12)", "epsilon", eps, ("ndcg_queries_at_10",),
+               ("blender", "blender-tuned", "local-only", "local-only-hashed"), (fig12_m,)),
         Figure("fig13", f"L1 vs opt-in percentage for select {m_label} (paper Fig. 13)",
                "optin_fraction", opt, ("l1",), ("blender",), sizes),
         Figure("fig14", f"Generalized NDCG vs opt-in percentage for select {m_label} (paper Fig. 14)",

@@ -17,10 +17,12 @@ from matplotlib.figure import Figure as MplFigure
 from hybriddp.experiments.aggregate import PointStat
 from hybriddp.experiments.figures import METRIC_LABELS, X_LABELS, Figure
 
-ALGORITHM_LABELS = {"blender": "blended (BLENDER)", "optin-only": "opt-in only", "client-only": "client only",
-                    "local-only": "local-only (PEM/OLH + LocalAlg)"}
+ALGORITHM_LABELS = {"blender": "blended (BLENDER)", "optin-only": "opt-in only",
+                    "client-only": "client only", "blender-tuned": "BLENDER, knobs from hybriddp tune",
+                    "local-only": "local-only, record dictionary (PEM/OLH + LocalAlg)",
+                    "local-only-hashed": "local-only, no dictionary (32-bit PEM/OLH + LocalAlg)"}
 ALGORITHM_COLORS = {"blender": "tab:green", "optin-only": "tab:orange", "client-only": "tab:blue",
-                    "local-only": "tab:red"}
+                    "blender-tuned": "tab:olive", "local-only": "tab:red", "local-only-hashed": "tab:purple"}
 MARKERS = "osD^vP*X"
 
 

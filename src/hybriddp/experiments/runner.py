@@ -3,7 +3,8 @@
 A *task* is one run of one algorithm family at one :class:`~hybriddp.experiments.figures.Point`
 for one trial. The ``blender`` family is one BLENDER run giving the paired ``blender``,
 ``optin-only`` and ``client-only`` results (:func:`hybriddp.algorithms.blender_family`);
-``local-only`` is the baseline of paper Fig. 12. Tasks do not belong to figures: a point that
+``local-only`` and ``local-only-hashed`` are the baselines of paper Fig. 12, and ``blender-tuned``
+is BLENDER with tune's knobs (:mod:`hybriddp.experiments.tuned`). Tasks do not belong to figures: a point that
 several figures use is run once.
 
 Seeds: trial ``t`` of a point uses the algorithm seed ``blake2b(seed | t | point)`` (63 bits),
@@ -50,7 +51,8 @@ FIG9_COLUMNS = ("p_blended", "p_optin_sum", "p_client_direct", "p_client_sum")
 
 KEY_COLUMNS = ("data", "algorithm", "epsilon", "delta", "optin_fraction", "f_c", "head_list_size", "trial", "seed")
 COLUMNS = (*KEY_COLUMNS, "family", *METRICS, "head_list_records", "head_list_queries",
-           *(f"regressions_{c.removeprefix('p_')}" for c in FIG9_COLUMNS), "seconds", "error")
+           *(f"regressions_{c.removeprefix('p_')}" for c in FIG9_COLUMNS), "tuned_f_o", "tuned_f_c", "seconds",
+           "error")
 TRIALS_FILE = "trials.csv"
 TABLES_FILE = "fig9_tables.jsonl"
 
@@ -195,7 +197,7 @@ class RunSet:
 
 _INT_COLUMNS = {"head_list_size", "trial", "seed", "head_list_records", "head_list_queries",
                 *(f"regressions_{c.removeprefix('p_')}" for c in FIG9_COLUMNS)}
-_FLOAT_COLUMNS = {"epsilon", "delta", "optin_fraction", "f_c", "seconds", *METRICS}
+_FLOAT_COLUMNS = {"epsilon", "delta", "optin_fraction", "f_c", "seconds", "tuned_f_o", "tuned_f_c", *METRICS}
 
 
 def _parse(raw: dict[str, str]) -> dict[str, Any]:
@@ -241,12 +243,19 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
     base = {"data": data_id, "family": task.family, "trial": task.trial, "seed": task.seed,
             **{k: getattr(task.point, k) for k in ("epsilon", "delta", "optin_fraction", "f_c", "head_list_size")}}
     algorithms = FAMILY_ALGORITHMS[task.family]
+    extra: dict[str, Any] = {}
     try:
         params = task.point.params()
         if task.family == "blender":
             results = blender_family(_LOG, params, seed=task.seed)
+        elif task.family == "blender-tuned":
+            from hybriddp.experiments.tuned import tuned_params
+
+            tuned, info = tuned_params(_LOG, task.point, task.seed)
+            extra = {"tuned_f_o": info["tuned_f_o"], "tuned_f_c": info["tuned_f_c"]}
+            results = {"blender-tuned": blender_family(_LOG, tuned, seed=task.seed)["blender"]}
         else:
-            results = {"local-only": run_algorithm("local-only", _LOG, params, seed=task.seed)}
+            results = {task.family: run_algorithm(task.family, _LOG, params, seed=task.seed)}
     except HybridDPError as exc:
         seconds = time.perf_counter() - start
         logger.info("run %s %s trial %d failed: %s", task.family, task.point.key(), task.trial, exc)
@@ -257,7 +266,7 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
     table = None
     for a in algorithms:
         res = results[a]
-        row = {**base, "algorithm": a, "head_list_records": int(res.n_records),
+        row = {**base, **extra, "algorithm": a, "head_list_records": int(res.n_records),
                "head_list_queries": int(res.head_list.n_queries), "seconds": seconds, "error": None}
         row.update({m: _num(res.metrics.get(m)) for m in METRICS})
         if a == "blender" and res.detail is not None and res.detail.truth_query is not None:

@@ -16,7 +16,7 @@ import gzip
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,11 @@ from hybriddp.curator import OptinEstimates, optin_variance
 from hybriddp.errors import DataError, HeadListError
 from hybriddp.headlist import HeadList
 from hybriddp.io.jsonfile import read_json
+
+if TYPE_CHECKING:
+    from hybriddp.params import BlenderParams
+    from hybriddp.pipeline import CuratorOutput
+    from hybriddp.records import RecordLog
 
 OPTIN_FORMAT = "hybriddp-optin-estimates"
 OPTIN_VERSION = 1
@@ -45,6 +50,32 @@ def write_optin_estimates(path: str | Path, optin: OptinEstimates, headlist_doc:
         **extra,
     }
     Path(path).write_text(json.dumps(doc, indent=1, allow_nan=False))
+
+
+def curator_release(log: RecordLog, params: BlenderParams, cur: CuratorOutput, n_optin: int,
+                    seed: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two DP documents of a curator round (``hybriddp headlist``): the device head-list JSON
+    and the extra fields of the opt-in estimates file (:func:`write_optin_estimates`).
+
+    Everything in them is a function of the (ε, δ)-DP outputs and of public sizes; raw records
+    are not. ``n_optin`` is the number of opt-in users; ``seed`` is recorded (with a warning).
+    """
+    from hybriddp.pipeline import client_f_c
+    from hybriddp.rng import SEED_WARNING
+
+    hl = cur.optin.head_list
+    doc = hl.to_device_json(log.queries, log.urls, epsilon=params.epsilon, delta=params.delta,
+                            f_c=client_f_c(params, log.has_urls), m_c=params.m_c, url_level=log.has_urls)
+    extra: dict[str, Any] = {
+        "params": params.to_dict(), "noise": cur.noise, "seed": seed,
+        "sizes": {"optin_users": int(n_optin), "optin_users_s": cur.n_users_s,
+                  "optin_users_t": cur.n_users_t, "records_s": len(cur.sampled_s),
+                  "records_t": len(cur.sampled_t), "head_list_s_records": cur.head_list_s.n_records,
+                  "head_list_s_queries": cur.head_list_s.n_queries},
+    }
+    if seed is not None:
+        extra["warning"] = SEED_WARNING
+    return doc, extra
 
 
 def read_optin_estimates(path: str | Path, hl: HeadList, headlist_doc: dict[str, Any]) -> tuple[

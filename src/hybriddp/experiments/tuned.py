@@ -1,0 +1,74 @@
+"""The ``blender-tuned`` line: BLENDER with the knobs ``hybriddp tune`` picks from an earlier round.
+
+The paper's defaults (f_O = 0.95, f_C = 0.85) were chosen for M = 50. For another head-list
+size a deployment asks ``hybriddp tune --head-list-size M`` — and tune may only read
+differentially private outputs. Each trial of ``blender-tuned`` therefore plays two rounds of a
+deployment:
+
+1. **Round 1 (pilot)** at the paper's defaults: an independent opt-in draw of the same users
+   (seed ``blake2b(trial seed | "pilot")``) runs the curator (CreateHeadList and
+   EstimateOptinProbabilities, SPEC §3–§4), and the two files ``hybriddp headlist`` writes — the
+   device head list and the opt-in estimates — are written to a temporary directory.
+2. **Tune** reads those two files only (:func:`hybriddp.tune.load_privatized`), fits its
+   population model and picks (f_O, f_C) for the point's M (:func:`hybriddp.tune.tune` with
+   ``head_list_size``; 3 simulated populations per candidate, in-process).
+3. **Round 2** runs BLENDER with the chosen knobs at the trial's own seed and is scored like
+   every other run.
+
+Privacy: each round is (ε, δ)-DP for its users on its own; tuning is post-processing of round
+1's release and costs nothing more. The opt-in users of both rounds are charged twice in a real
+deployment (two releases), as ``hybriddp privacy report`` would show; the figure reports the
+per-round guarantee, like every other line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hybriddp.experiments.figures import Point
+from hybriddp.io.exchange import curator_release, write_optin_estimates
+from hybriddp.params import BlenderParams
+from hybriddp.pipeline import curator_side, split_optin
+from hybriddp.records import RecordLog
+
+TUNE_TRIALS = 3
+"""Simulated populations per candidate in the experiment's tune calls (tune's own default)."""
+
+
+def derived_seed(seed: int, label: str) -> int:
+    """A 63-bit seed derived from ``seed`` for ``label`` (independent streams per purpose)."""
+    digest = hashlib.blake2b(f"{seed}|{label}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def tuned_params(log: RecordLog, point: Point, seed: int) -> tuple[BlenderParams, dict[str, Any]]:
+    """The round-2 parameters of ``blender-tuned`` at ``point`` (module docstring) and what tune said.
+
+    Raises :class:`~hybriddp.errors.HybridDPError` subclasses when round 1 forms no usable list
+    or no f_O forms M (the point is then missing, as in the paper).
+    """
+    from hybriddp.tune import load_privatized, tune
+
+    params = point.params()
+    pilot_seed = derived_seed(seed, "pilot")
+    optin_users, _ = split_optin(log.n_users, params.optin_fraction, pilot_seed)
+    cur = curator_side(log, optin_users, params, seed=pilot_seed)
+    doc, extra = curator_release(log, params, cur, len(optin_users), pilot_seed)
+    with tempfile.TemporaryDirectory(prefix="hybriddp-pilot-") as tmp:
+        hl_path, est_path = Path(tmp) / "headlist.json", Path(tmp) / "optin-estimates.json"
+        hl_path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+        write_optin_estimates(est_path, cur.optin, doc, extra)
+        inputs = load_privatized(hl_path, est_path)
+    res = tune(log.n_users, params.optin_fraction, params.epsilon, params.delta, inputs=inputs,
+               trials=TUNE_TRIALS, seed=derived_seed(seed, "tune"), workers=1,
+               head_list_size=point.head_list_size)
+    chosen = res.chosen
+    tuned = dataclasses.replace(params, f_o=chosen.f_o, f_c=chosen.f_c)
+    info = {"tuned_f_o": chosen.f_o, "tuned_f_c": chosen.f_c, "tune_met": res.met,
+            "tune_expected_ndcg": chosen.ndcg.mean}
+    return tuned, info

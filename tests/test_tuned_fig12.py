@@ -1,0 +1,78 @@
+"""Fig. 12's extra lines: ``tune --head-list-size`` (fixed M), ``blender-tuned`` and ``local-only-hashed``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from hybriddp.algorithms import run_algorithm
+from hybriddp.cli import cli
+from hybriddp.errors import HeadListError, ParameterError
+from hybriddp.experiments.figures import Point
+from hybriddp.experiments.tuned import derived_seed, tuned_params
+from hybriddp.metrics import Truth
+from hybriddp.params import BlenderParams
+from hybriddp.tune import GRID_F_C, GRID_F_O, tune
+from logdata import zipf_log
+
+
+def test_tune_with_fixed_m_only_chooses_f_o_and_f_c() -> None:
+    res = tune(200_000, 0.05, 2.0, 1e-5, trials=2, seed=3, workers=1, head_list_size=10)
+    assert res.search["m_grid"] == [10] and res.search["fixed_head_list_size"] == 10
+    assert res.chosen.head_list_size == res.paper_defaults.head_list_size == 10
+    assert res.chosen.f_o in GRID_F_O and res.chosen.f_c in GRID_F_C
+    # the paper's f_O = 0.95 spends 5% of the opt-in group on the estimates: at M = 10 more is better
+    assert res.met and res.chosen.ndcg.mean >= res.paper_defaults.ndcg.mean
+
+
+def test_tune_fixed_m_larger_than_any_list_is_a_clear_error() -> None:
+    with pytest.raises(HeadListError, match="forms at most"):
+        tune(5_000, 0.05, 1.0, 1e-5, trials=2, seed=1, workers=1, head_list_size=5_000)
+    with pytest.raises(ParameterError, match="head_list_size"):
+        tune(5_000, 0.05, 1.0, 1e-5, trials=2, seed=1, workers=1, head_list_size=0)
+
+
+def test_tune_cli_head_list_size() -> None:
+    r = CliRunner().invoke(cli, ["tune", "-N", "100000", "--optin-fraction", "0.05", "--epsilon", "3",
+                                 "-M", "5", "--trials", "2", "--seed", "1", "--workers", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert obj["search"]["m_grid"] == [5]
+    r = CliRunner().invoke(cli, ["tune", "-N", "100000", "--optin-fraction", "0.05", "--epsilon", "3", "-M", "0"])
+    assert r.exit_code != 0 and "--head-list-size" in r.output and "Traceback" not in r.output
+
+
+def test_tuned_params_come_from_a_pilot_round() -> None:
+    log = zipf_log(n_users=60_000, n_queries=200, seed=4)
+    point = Point(3.0, 1e-5, 0.1, 0.85, 10)
+    params, info = tuned_params(log, point, seed=11)
+    assert (params.f_o, params.f_c) == (info["tuned_f_o"], info["tuned_f_c"])
+    assert params.f_o in GRID_F_O and params.f_c in GRID_F_C
+    assert (params.epsilon, params.delta, params.optin_fraction, params.head_list_size) == (3.0, 1e-5, 0.1, 10)
+    again, info2 = tuned_params(log, point, seed=11)
+    assert again == params and info2 == info  # seeded: reproducible
+    assert derived_seed(11, "pilot") != derived_seed(11, "tune") != 11
+
+
+def test_local_only_hashed_keeps_false_discoveries_as_zero_truth_records() -> None:
+    """No dictionary: PEM's top-M codes are the list as they are; a code no record has is listed
+    as ``<no record k>`` with true frequency 0, so the list has M records and the metrics pay."""
+    log = zipf_log(n_users=20_000, seed=1)
+    p = BlenderParams(epsilon=1.0, head_list_size=10)
+    res = run_algorithm("local-only-hashed", log, p, seed=2)
+    assert res.n_records == 10 and res.sizes["item_bits"] == 32
+    fd = res.sizes["false_discoveries"]
+    assert fd > 0  # at ε = 1 with 10k discovery users over 2^32 codes, noise wins some slots
+    names = [row["query"] for row in res.top_queries(top=50)]
+    assert sum(n.startswith("<no record") for n in names) == fd
+    placeholders = res.head_list.query_ids >= len(log.queries)
+    assert placeholders.sum() == fd and np.all(res.truth_query[placeholders] == 0)
+    truth = Truth.from_records(log.query, log.url)
+    assert np.all(truth.of_queries(res.head_list.query_ids[placeholders]) == 0)
+    table = res.records_table()
+    assert table.num_rows == res.head_list.n_entries
+    dictionary = run_algorithm("local-only", log, p, seed=2)
+    assert dictionary.sizes["false_discoveries"] == 0

@@ -1,4 +1,5 @@
-"""Fig. 12's extra lines: ``tune --head-list-size`` (fixed M), ``blender-tuned`` and ``local-only-hashed``."""
+"""Fig. 12's extra lines (``tune --head-list-size``, ``blender-tuned``, ``local-only-hashed``) and the
+"never worse" verdict with its chance correction."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 from hybriddp.algorithms import run_algorithm
 from hybriddp.cli import cli
 from hybriddp.errors import HeadListError, ParameterError
+from hybriddp.experiments.claims import Comparison, binomial_tail, never_worse_claims
 from hybriddp.experiments.figures import Point
 from hybriddp.experiments.tuned import derived_seed, tuned_params
 from hybriddp.metrics import Truth
@@ -76,3 +78,27 @@ def test_local_only_hashed_keeps_false_discoveries_as_zero_truth_records() -> No
     assert table.num_rows == res.head_list.n_entries
     dictionary = run_algorithm("local-only", log, p, seed=2)
     assert dictionary.sizes["false_discoveries"] == 0
+
+
+def _cmp(diff: float, lo: float, hi: float) -> Comparison:
+    return Comparison("p", "ndcg", 0.9, 0.9, "optin-only", diff, lo, hi, 3)
+
+
+def test_binomial_tail_matches_scipy() -> None:
+    from scipy.stats import binom
+
+    for k, n, p in ((0, 10, 0.1), (1, 99, 0.025), (5, 20, 0.025), (3, 3, 0.5)):
+        assert binomial_tail(k, n, p) == pytest.approx(binom.sf(k - 1, n, p), rel=1e-12)
+
+
+def test_never_worse_allows_what_chance_explains_and_no_more() -> None:
+    rng = np.random.default_rng(0)
+    fine = [_cmp(d, d - 0.01, d + 0.01) for d in rng.normal(-0.002, 0.001, 98)]
+    one_by_chance = [*fine, _cmp(0.004, 0.001, 0.007)]  # 1 of 99: 2.5 expected by chance
+    assert never_worse_claims(one_by_chance)[0].holds is True
+    many = [*fine[:20], *[_cmp(0.004, 0.001, 0.007)] * 5]  # 5 of 25: P(≥ 5) ≈ 0.002
+    claim = never_worse_claims(many)[0]
+    assert claim.holds is False and "P(≥ 5)" in claim.here
+    slightly_worse_everywhere = [_cmp(d, d - 0.01, d + 0.01) for d in rng.normal(0.002, 0.0005, 40)]
+    claim = never_worse_claims(slightly_worse_everywhere)[0]  # no point significant, the average is
+    assert claim.holds is False and "blended is worse by" in claim.here

@@ -105,9 +105,13 @@ def write_report(meta: dict[str, Any], figs: dict[str, Figure], points: dict[str
         f"job(s); compute time of all runs {meta['runs']['seconds_compute']:.0f} s",
         "* a point is **missing** (— in the tables, a gap in the plots) unless every trial's final head list reached "
         "the requested size M, as the paper leaves lines out where \"that size head list was not created\"",
-        "* `local-only` (Fig. 12) is this project's purely local baseline: PEM over OLH discovers the head list, then "
-        "BLENDER's client algorithm estimates it. The paper compares against the numbers *reported* by Qin et al. "
-        "(LDPMiner, CCS 2016; NDCG ≈ 0.3), which is a weaker discovery method.",
+        "* Fig. 12's baselines are purely local: PEM over OLH discovers the head list, then BLENDER's client "
+        "algorithm estimates it. `local-only-hashed` has no dictionary (records hashed to 32 bits; false discoveries "
+        "stay in the list with true frequency 0); `local-only`'s aggregator holds a dictionary of exactly the "
+        "existing records, the strongest local baseline. The paper compares against the numbers *reported* by Qin "
+        "et al. (LDPMiner, CCS 2016; NDCG ≈ 0.3), a weaker discovery method than PEM.",
+        "* `blender-tuned` (Fig. 12) is BLENDER with the f_O and f_C that `hybriddp tune -M 10` picks from the DP "
+        "files of an earlier round run at the paper's defaults (a second release; tuning reads nothing else).",
     ]
     if p["delta"] >= 1.0 / max(meta["n_users"], 1):
         lines.append(f"* note: δ = {p['delta']:g} is not below 1/n_users = {1.0 / meta['n_users']:.3g} (neither is the "

@@ -1,0 +1,145 @@
+"""Scores and results: 95% intervals over trials, a scored candidate, and what :func:`tune` returns."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hybriddp.tune.constants import PRIVACY_NOTE
+from hybriddp.tune.model import PopulationModel
+
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t_quantile_975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom."""
+    if df < 1:
+        return math.inf
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df * df)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean over trials with a Student-t 95% interval (clipped to ``[lo_bound, hi_bound]``)."""
+
+    mean: float
+    lo: float
+    hi: float
+    values: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, values: Sequence[float], lo_bound: float = -math.inf, hi_bound: float = math.inf) -> Interval:
+        v = np.asarray(values, dtype=np.float64)
+        mean = float(v.mean())
+        half = t_quantile_975(len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v)) if len(v) > 1 else math.inf
+        lo, hi = max(mean - half, lo_bound), min(mean + half, hi_bound)
+        return cls(mean, lo, hi, tuple(float(x) for x in v))
+
+    def to_json(self) -> dict[str, float | None]:
+        return {k: (round(v, 6) if math.isfinite(v) else None)
+                for k, v in (("mean", self.mean), ("lo", self.lo), ("hi", self.hi))}
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """A scored (f_O, f_C, M) over a set of trials.
+
+    Attributes
+    ----------
+    f_o, f_c, head_list_size : the candidate.
+    ndcg, l1 : generalized NDCG and record L1 over the trials.
+    reached : the final head list had M records in every trial.
+    min_records : the smallest head list over the trials.
+    """
+
+    f_o: float
+    f_c: float
+    head_list_size: int
+    ndcg: Interval
+    l1: Interval
+    reached: bool
+    min_records: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"f_o": self.f_o, "f_c": self.f_c, "head_list_size": self.head_list_size,
+                "ndcg": self.ndcg.to_json(), "l1": self.l1.to_json(), "reached": self.reached,
+                "min_head_list_records": self.min_records}
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` recommends, with the evidence.
+
+    Attributes
+    ----------
+    chosen : the recommended (f_O, f_C, M), scored on fresh trials.
+    paper_defaults : f_O = 0.95, f_C = 0.85 at the same M, on the same fresh trials.
+    met : whether ``chosen``'s mean NDCG reaches ``target_ndcg`` (and M forms in every trial).
+    model : the population model (fit source and parameters).
+    knobs : when not met, the NDCG of ``chosen`` with twice the opt-in fraction and with ε + 1.
+    search : grids, largest formable M per f_O, per-M best, number of simulations, seconds.
+    """
+
+    chosen: CandidateScore
+    paper_defaults: CandidateScore
+    met: bool
+    target_ndcg: float
+    model: PopulationModel
+    population: int
+    optin_fraction: float
+    epsilon: float
+    delta: float
+    noise: str
+    trials: int
+    seed: int | None
+    search: dict[str, Any]
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def recommendation(self) -> str:
+        c = self.chosen
+        if self.met:
+            return (f"Use f_O = {c.f_o:g}, f_C = {c.f_c:g}, M = {c.head_list_size}: expected NDCG "
+                    f"{c.ndcg.mean:.3f} (95% interval {c.ndcg.lo:.3f}-{c.ndcg.hi:.3f}) reaches the target "
+                    f"{self.target_ndcg:g}; the paper's defaults give {self.paper_defaults.ndcg.mean:.3f} at this M.")
+        if self.search.get("fixed_head_list_size") is not None:
+            line = (f"M = {c.head_list_size} does not reach NDCG {self.target_ndcg:g}: the best is f_O = {c.f_o:g}, "
+                    f"f_C = {c.f_c:g} (NDCG {c.ndcg.mean:.3f}).")
+        else:
+            line = (f"No head-list size reaches NDCG {self.target_ndcg:g}: the best is M = {c.head_list_size} with "
+                    f"f_O = {c.f_o:g}, f_C = {c.f_c:g} (NDCG {c.ndcg.mean:.3f}).")
+        if self.knobs:
+            best = max(self.knobs.values(), key=lambda v: v["ndcg"]["mean"])
+            line += f" Turn up {best['option']} first: {best['label']} gives NDCG {best['ndcg']['mean']:.3f}."
+        else:
+            line += " Increase --optin-fraction (more opt-in users) or --epsilon."
+        return line
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.chosen
+        out: dict[str, Any] = {
+            "f_o": c.f_o, "f_c": c.f_c, "head_list_size": c.head_list_size,
+            "ndcg": c.ndcg.to_json(), "l1": c.l1.to_json(), "reached": c.reached,
+            "paper_defaults": self.paper_defaults.to_json(),
+            "fit": self.model.to_json(),
+            "target_ndcg": self.target_ndcg, "met": self.met,
+            "recommendation": self.recommendation,
+            "population": self.population, "optin_fraction": self.optin_fraction,
+            "epsilon": self.epsilon, "delta": self.delta, "noise": self.noise, "trials": self.trials,
+            "seed": self.seed, "privacy": PRIVACY_NOTE,
+            "interval": "Student-t 95% interval of the mean over fresh simulated trials (simulation randomness "
+                        "under the fitted model; the fit's own uncertainty is not included)",
+            "search": self.search,
+        }
+        if self.knobs:
+            out["knobs"] = self.knobs
+        return out

@@ -1,0 +1,303 @@
+"""The search: :func:`tune`, its input checks, the M grid and the paired comparisons of candidates."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hybriddp.errors import HeadListError, parameter_error
+from hybriddp.metrics import Truth
+from hybriddp.noise import noise_factory
+from hybriddp.params import check_delta, check_epsilon_for_head_list, check_fraction, check_head_list_params
+from hybriddp.tune.constants import (
+    COARSE_F_C,
+    GRID_F_C,
+    GRID_F_O,
+    M_FLOOR,
+    M_RATIO,
+    MIN_POPULATION,
+    NDCG_TIE,
+    PAPER_F_C,
+    PAPER_F_O,
+)
+from hybriddp.tune.inputs import PrivatizedInputs
+from hybriddp.tune.model import PopulationModel, model_from_inputs, prior_model
+from hybriddp.tune.result import CandidateScore, Interval, TuneResult
+from hybriddp.tune.simulate import _POPULATIONS, _SETTINGS, _Population, _Simulator
+
+ProgressFn = Callable[[str], None]
+
+
+def m_grid(m_max: int, ratio: float = M_RATIO, floor: int = M_FLOOR) -> list[int]:
+    """Geometric grid of head-list sizes from ``m_max`` down to ``min(floor, m_max)``, descending."""
+    floor = max(1, min(floor, m_max))
+    out = [m_max]
+    x = float(m_max)
+    while True:
+        x /= ratio
+        m = round(x)
+        if m < floor:
+            break
+        if m < out[-1]:
+            out.append(m)
+    if out[-1] > floor:
+        out.append(floor)
+    return out
+
+
+def check_tune_inputs(population: int, optin_fraction: float, epsilon: float, delta: float,
+                      target_ndcg: float, trials: int) -> None:
+    """Validate the knobs of :func:`tune`; errors name the option, the value and the fix."""
+    if isinstance(population, bool) or not isinstance(population, int) or population < MIN_POPULATION:
+        raise parameter_error("population (--population)", population, f"an integer >= {MIN_POPULATION:,}",
+                              "Give the number of users of your deployment.")
+    check_fraction("optin_fraction", optin_fraction)
+    check_epsilon_for_head_list(epsilon)
+    check_delta(delta)
+    check_head_list_params(epsilon, delta, 1)
+    if not (isinstance(target_ndcg, (int, float)) and 0.0 < target_ndcg <= 1.0):
+        raise parameter_error("target_ndcg (--target-ndcg)", target_ndcg, "in (0, 1]",
+                              "The paper's bar is 0.95.")
+    if isinstance(trials, bool) or not isinstance(trials, int) or not 2 <= trials <= 100:
+        raise parameter_error("trials (--trials)", trials, "an integer between 2 and 100",
+                              "A 95% interval needs at least 2 trials; 3 is the default.")
+
+
+def check_inputs_consistent(inputs: PrivatizedInputs, population: int) -> None:
+    """The curator's files must fit the deployment: its opt-in group cannot exceed the population."""
+    n_optin = inputs.sizes.get("optin_users")
+    if isinstance(n_optin, int) and n_optin > population:
+        raise parameter_error("population (--population)", population,
+                              f">= the {n_optin:,} opt-in users {inputs.paths[1]} was computed from",
+                              "Give the number of users of the whole deployment (opt-in users and clients).")
+
+
+def default_delta(population: int) -> float:
+    """The paper's δ for the scale: 1e-5 below a million users (AOL), 1e-7 above (Yandex)."""
+    return 1e-5 if population < 1_000_000 else 1e-7
+
+
+def tune(
+    population: int, optin_fraction: float, epsilon: float, delta: float | None = None, *,
+    target_ndcg: float = 0.95, inputs: PrivatizedInputs | None = None, trials: int = 3,
+    seed: int | None = None, noise: str = "discrete", workers: int | None = None,
+    progress: ProgressFn | None = None, head_list_size: int | None = None,
+) -> TuneResult:
+    """Pick f_O, f_C and the largest M whose expected generalized NDCG reaches ``target_ndcg``.
+
+    Parameters
+    ----------
+    population : N, the number of users of the deployment (>= 1,000).
+    optin_fraction : c, the share of them in the opt-in group, in (0, 1).
+    epsilon, delta : the privacy budget every user gets (ε > ln 2; δ in (0, 1), default
+        :func:`default_delta`).
+    target_ndcg : the generalized NDCG to reach, in (0, 1].
+    inputs : the curator's DP outputs (:func:`load_privatized`); None uses the prior
+        (:func:`prior_model`). Raw records are never an input.
+    trials : simulated populations per candidate (and fresh ones for the final scores), >= 2.
+    seed : seed of the fit and the simulations (None: OS randomness). Tuning handles DP outputs
+        only, so a seed costs no privacy here.
+    noise : curator noise to simulate: ``'discrete'`` (hybriddp's default) or ``'laplace'``.
+    workers : worker processes (default: the number of CPUs); 1 runs everything in-process.
+    progress : optional callback receiving a short status line.
+    head_list_size : fix M instead of searching it (e.g. the 10 records a device can hold): only
+        (f_O, f_C) are chosen, by one probe at that M; ``met`` tells whether the target is reached.
+
+    Returns
+    -------
+    TuneResult
+
+    Raises
+    ------
+    ParameterError
+        A knob out of range (message names the option, value and fix).
+    HeadListError
+        No head list forms in the simulated populations at all.
+    """
+    delta = default_delta(population) if delta is None else delta
+    check_tune_inputs(population, optin_fraction, epsilon, delta, target_ndcg, trials)
+    if head_list_size is not None and (isinstance(head_list_size, bool) or not isinstance(head_list_size, int)
+                                       or head_list_size < 1):
+        raise parameter_error("head_list_size (--head-list-size)", head_list_size,
+                              "a whole number of records >= 1, or leave it out to search M")
+    noise_factory(noise)  # validates the name
+    say = progress or (lambda msg: None)
+    started = time.perf_counter()
+    ss = np.random.SeedSequence(seed)
+    fit_ss, search_ss, fresh_ss = ss.spawn(3)
+    if inputs is not None:
+        say("fitting the population model to the privatized files")
+        model = model_from_inputs(inputs, population=population, optin_fraction=optin_fraction,
+                                  seed=int(fit_ss.generate_state(1)[0]))
+    else:
+        model = prior_model()
+    fit_seconds = time.perf_counter() - started
+    say(f"drawing {2 * trials} synthetic populations of {population:,} users")
+    for group, gss in (("search", search_ss), ("fresh", fresh_ss)):
+        pops = []
+        for child in gss.spawn(trials):
+            a, b = child.generate_state(2)
+            log = model.sample_log(population, np.random.default_rng(int(a)))
+            pops.append(_Population(log, Truth.from_records(log.query, log.url), int(b)))
+        _POPULATIONS[group] = pops
+    _SETTINGS.update(delta=delta, noise=noise)
+    workers = max(1, min(workers or os.cpu_count() or 1, 32))
+    try:
+        with _Simulator(workers, epsilon, optin_fraction) as sim:
+            result = _search(sim, model, population, optin_fraction, epsilon, delta, target_ndcg, trials, seed,
+                             noise, say, head_list_size)
+    finally:
+        _POPULATIONS.clear()
+    result.search["simulations"] = sim.simulations
+    result.search["fit_seconds"] = round(fit_seconds, 2)
+    result.search["seconds"] = round(time.perf_counter() - started, 2)
+    result.search["workers"] = workers
+    return result
+
+
+def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, epsilon: float, delta: float,
+            target: float, trials: int, seed: int | None, noise: str, say: ProgressFn,
+            fixed_m: int | None = None) -> TuneResult:
+    say("finding the largest head list each f_O can form")
+    n_optin = round(c * population)
+    safe = {fo: model.safe_head_list_size(round(fo * n_optin), epsilon, delta, noise) for fo in GRID_F_O}
+    formable = {fo: min(min(sim.head_list_s("search", fo)), safe[fo]) for fo in GRID_F_O}
+    m_max = max(formable.values())
+    if fixed_m is not None and fixed_m > m_max:
+        raise HeadListError(
+            f"no f_O forms a head list of {fixed_m} records: with {population:,} users and opt-in fraction {c:g} "
+            f"the simulated opt-in group forms at most {m_max} (epsilon {epsilon:g}, delta {delta:g}). Lower "
+            "--head-list-size, or increase --optin-fraction or --epsilon.")
+    if m_max < 1:
+        raise HeadListError(
+            f"no head list forms: with {population:,} users and opt-in fraction {c:g} no record of the simulated "
+            f"opt-in group passes the privacy threshold (epsilon {epsilon:g}, delta {delta:g}). Increase "
+            "--optin-fraction or --epsilon.")
+    grid = [fixed_m] if fixed_m is not None else m_grid(m_max)
+    path: list[dict[str, Any]] = []
+    probes: dict[int, tuple[CandidateScore, tuple[CandidateScore, CandidateScore] | None]] = {}
+    fc_cur = PAPER_F_C
+
+    def probe(i: int) -> bool:
+        """Best (f_O, f_C) at M = grid[i]; True when it reaches the target on fresh populations too."""
+        nonlocal fc_cur
+        m = grid[i]
+        say(f"M = {m}: scanning f_O and f_C")
+        fos = [fo for fo in sorted(GRID_F_O, reverse=True) if formable[fo] >= m]  # the default 0.95 first
+        best = _best(sim.score("search", [(fo, fc_cur, m) for fo in fos]))
+        if not probes:  # first probe: a coarse f_C scan before the local climb
+            best = _best([best, *sim.score("search", [(best.f_o, fc, m) for fc in COARSE_F_C])])
+        best = _climb_f_c(sim, best)
+        fc_cur = best.f_c
+        row: dict[str, Any] = {"head_list_size": m, "f_o": best.f_o, "f_c": best.f_c,
+                               "ndcg_search": round(best.ndcg.mean, 5)}
+        path.append(row)
+        accepted = None
+        if best.ndcg.mean >= target:
+            say(f"M = {m}: re-simulating on fresh populations")
+            fresh, paper = sim.score("fresh", [(best.f_o, best.f_c, m), (PAPER_F_O, PAPER_F_C, m)])
+            row["ndcg_fresh"] = round(fresh.ndcg.mean, 5)
+            row["reached_fresh"] = fresh.reached
+            if fresh.reached and fresh.ndcg.mean >= target:
+                accepted = (fresh, paper)
+        probes[i] = (best, accepted)
+        return accepted is not None
+
+    last = len(grid) - 1
+    chosen: tuple[CandidateScore, CandidateScore] | None = None
+    if probe(0):
+        chosen = probes[0][1]
+    elif last > 0 and probe(last):
+        lo, hi = 0, last  # grid[lo] fails, grid[hi] passes: bisect for the largest passing M
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if probe(mid):
+                hi = mid
+            else:
+                lo = mid
+        chosen = probes[hi][1]
+    met = chosen is not None
+    knobs: dict[str, Any] = {}
+    if chosen is None:
+        best_seen = max((b for b, _ in probes.values()), key=_key)
+        m = best_seen.head_list_size
+        fresh, paper = sim.score("fresh", [(best_seen.f_o, best_seen.f_c, m), (PAPER_F_O, PAPER_F_C, m)])
+        chosen = (fresh, paper)
+        say("no M reaches the target: trying a larger opt-in fraction and epsilon")
+        cand = [(fresh.f_o, fresh.f_c, m)]
+        c2 = min(2 * c, 0.5)
+        if c2 > c:
+            s = sim.score("fresh", cand, optin_fraction=c2)[0]
+            knobs["optin_fraction"] = {"option": "--optin-fraction", "label": f"--optin-fraction {c2:g}",
+                                       "value": c2, "ndcg": s.ndcg.to_json()}
+        s = sim.score("fresh", cand, epsilon=epsilon + 1.0)[0]
+        knobs["epsilon"] = {"option": "--epsilon", "label": f"--epsilon {epsilon + 1:g}", "value": epsilon + 1.0,
+                            "ndcg": s.ndcg.to_json()}
+    search = {
+        "f_o_grid": list(GRID_F_O), "f_c_grid": list(GRID_F_C), "m_grid": grid,
+        "max_formable_m": {f"{fo:g}": int(v) for fo, v in formable.items()},
+        "head_list_s_99pct": {f"{fo:g}": int(v) for fo, v in safe.items()}, "path": path,
+        "fixed_head_list_size": fixed_m,
+    }
+    return TuneResult(chosen[0], chosen[1], met, target, model, population, c, epsilon, delta, noise, trials, seed,
+                      search, knobs)
+
+
+def _key(s: CandidateScore) -> tuple[bool, float]:
+    return (s.reached, s.ndcg.mean)
+
+
+def _better(a: CandidateScore, b: CandidateScore) -> bool:
+    """Is challenger ``a`` clearly better than incumbent ``b`` (scored on the same trials)?
+
+    Reaching M comes first. Then the mean generalized NDCG decides when the paired difference
+    exceeds :data:`NDCG_TIE` and two paired standard errors; otherwise (a tie) ``a`` wins only
+    with a mean NDCG at least the incumbent's and a lower L1 by more than two paired standard
+    errors. Ties keep the incumbent, so a knob moves away from the paper's default only on
+    evidence, never on simulation noise, and never at any cost in the target metric.
+    """
+    if a.reached != b.reached:
+        return a.reached
+    d, se = _paired(a.ndcg, b.ndcg)
+    if abs(d) > max(NDCG_TIE, 2.0 * se):
+        return d > 0
+    dl, sel = _paired(a.l1, b.l1)
+    return d >= 0 and dl < 0 and -dl > 2.0 * sel
+
+
+def _paired(a: Interval, b: Interval) -> tuple[float, float]:
+    """Mean paired difference a − b over the trials and its standard error."""
+    if len(a.values) != len(b.values) or not a.values:
+        return a.mean - b.mean, 0.0
+    diff = np.asarray(a.values) - np.asarray(b.values)
+    se = float(diff.std(ddof=1)) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
+    return float(diff.mean()), se
+
+
+def _best(scores: Sequence[CandidateScore]) -> CandidateScore:
+    """The best of ``scores`` by :func:`_better`, in order (the first is the incumbent: it wins ties)."""
+    best = scores[0]
+    for s in scores[1:]:
+        if _better(s, best):
+            best = s
+    return best
+
+
+def _climb_f_c(sim: _Simulator, best: CandidateScore) -> CandidateScore:
+    """Hill-climb f_C by 0.05 from ``best`` (at its f_O and M) while the candidate improves (:func:`_better`)."""
+    for direction in (+1, -1):
+        while True:
+            fc = round(best.f_c + 0.05 * direction, 2)
+            if not GRID_F_C[0] - 1e-9 <= fc <= GRID_F_C[-1] + 1e-9:
+                break
+            s = sim.score("search", [(best.f_o, fc, best.head_list_size)])[0]
+            if _better(s, best):
+                best = s
+            else:
+                break
+    return best

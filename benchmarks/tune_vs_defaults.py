@@ -32,11 +32,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from hybriddp.io.exchange import write_optin_estimates
+from hybriddp.io.exchange import curator_release, write_curator_files
 from hybriddp.io.synth import generate
 from hybriddp.noise import DiscreteLaplaceNoise
 from hybriddp.params import BlenderParams
-from hybriddp.pipeline import client_f_c, curator_side, run_blender, split_optin
+from hybriddp.pipeline import curator_side, run_blender, split_optin
 from hybriddp.records import RecordLog
 from hybriddp.result import result_from_run
 from hybriddp.tune import NDCG_TIE, PAPER_F_C, PAPER_F_O, Interval, load_privatized, tune
@@ -49,15 +49,9 @@ def curator_files(log: RecordLog, params: BlenderParams, seed: int, directory: P
     optin, _ = split_optin(log.n_users, params.optin_fraction, seed)
     cur = curator_side(log, optin, params, seed=seed, noise_factory=DiscreteLaplaceNoise)
     hl = cur.optin.head_list
-    doc = hl.to_device_json(log.queries, log.urls, epsilon=params.epsilon, delta=params.delta,
-                            f_c=client_f_c(params, log.has_urls), m_c=params.m_c, url_level=log.has_urls)
+    doc, extra = curator_release(log, params, cur, len(optin), seed)
     hl_path, est_path = directory / "headlist.json", directory / "optin-estimates.json"
-    hl_path.write_text(json.dumps(doc, ensure_ascii=False))
-    sizes = {"optin_users": len(optin), "optin_users_s": cur.n_users_s, "optin_users_t": cur.n_users_t,
-             "records_s": len(cur.sampled_s), "records_t": len(cur.sampled_t),
-             "head_list_s_records": cur.head_list_s.n_records, "head_list_s_queries": cur.head_list_s.n_queries}
-    write_optin_estimates(est_path, cur.optin, doc, {"params": params.to_dict(), "noise": cur.noise, "seed": seed,
-                                                     "sizes": sizes})
+    write_curator_files(hl_path, est_path, doc, cur.optin, extra)
     logger.info("curator: head list %d records (|HL_S| = %d), |D_T| = %d", hl.n_records, cur.head_list_s.n_records,
                 cur.optin.n)
     return hl_path, est_path

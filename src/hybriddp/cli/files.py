@@ -4,8 +4,6 @@ three commands reproduce ``run``'s estimates exactly (same code, same random str
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import click
@@ -30,7 +28,7 @@ from hybriddp.io.exchange import (
     curator_release,
     read_optin_estimates,
     read_report_counts,
-    write_optin_estimates,
+    write_curator_files,
     write_reports,
 )
 from hybriddp.noise import noise_factory
@@ -92,8 +90,7 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
     # charge the opt-in users before anything is released (refused rounds write nothing)
     charged = charge_round(ledger_path, round_name or doc["content_hash"], lifetime_epsilon, lifetime_delta,
                            ledger_charges(log, params, cur))
-    Path(out_headlist).write_text(json.dumps(doc, indent=1, ensure_ascii=False))
-    write_optin_estimates(out_estimates, cur.optin, doc, extra)
+    write_curator_files(out_headlist, out_estimates, doc, cur.optin, extra)
     render.out.print(f"head list: {hl.n_records} records over {hl.n_queries} queries from {len(optin_users):,} "
                      f"opt-in users ({cur.n_users_s:,} in S, {cur.n_users_t:,} in T)")
     render.out.print(f"wrote {out_headlist} ({doc['content_hash'][:19]}…) and {out_estimates}")

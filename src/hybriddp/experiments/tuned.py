@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from hybriddp.experiments.figures import Point
-from hybriddp.io.exchange import curator_release, write_optin_estimates
+from hybriddp.io.exchange import curator_release, write_curator_files
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import curator_side, split_optin
 from hybriddp.records import RecordLog
@@ -61,8 +60,7 @@ def tuned_params(log: RecordLog, point: Point, seed: int) -> tuple[BlenderParams
     doc, extra = curator_release(log, params, cur, len(optin_users), pilot_seed)
     with tempfile.TemporaryDirectory(prefix="hybriddp-pilot-") as tmp:
         hl_path, est_path = Path(tmp) / "headlist.json", Path(tmp) / "optin-estimates.json"
-        hl_path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
-        write_optin_estimates(est_path, cur.optin, doc, extra)
+        write_curator_files(hl_path, est_path, doc, cur.optin, extra)
         inputs = load_privatized(hl_path, est_path)
     res = tune(log.n_users, params.optin_fraction, params.epsilon, params.delta, inputs=inputs,
                trials=TUNE_TRIALS, seed=derived_seed(seed, "tune"), workers=1,

@@ -78,6 +78,14 @@ def curator_release(log: RecordLog, params: BlenderParams, cur: CuratorOutput, n
     return doc, extra
 
 
+def write_curator_files(headlist_path: str | Path, estimates_path: str | Path, doc: dict[str, Any],
+                        optin: OptinEstimates, extra: dict[str, Any]) -> None:
+    """Write a curator round's two DP files (as ``hybriddp headlist`` does): the device head list
+    ``doc`` and the opt-in estimates tied to it (``doc``, ``extra`` from :func:`curator_release`)."""
+    Path(headlist_path).write_text(json.dumps(doc, indent=1, ensure_ascii=False), encoding="utf-8")
+    write_optin_estimates(estimates_path, optin, doc, extra)
+
+
 def read_optin_estimates(path: str | Path, hl: HeadList, headlist_doc: dict[str, Any]) -> tuple[
         OptinEstimates, dict[str, Any]]:
     """Load estimates saved by :func:`write_optin_estimates` for the given head list."""

@@ -17,7 +17,7 @@ from hybriddp.experiments.figures import Point
 from hybriddp.experiments.tuned import derived_seed, tuned_params
 from hybriddp.metrics import Truth
 from hybriddp.params import BlenderParams
-from hybriddp.tune import GRID_F_C, GRID_F_O, tune
+from hybriddp.tune import GRID_F_C, GRID_F_O, CandidateScore, Interval, search, tune
 from logdata import zipf_log
 
 
@@ -102,3 +102,18 @@ def test_never_worse_allows_what_chance_explains_and_no_more() -> None:
     slightly_worse_everywhere = [_cmp(d, d - 0.01, d + 0.01) for d in rng.normal(0.002, 0.0005, 40)]
     claim = never_worse_claims(slightly_worse_everywhere)[0]  # no point significant, the average is
     assert claim.holds is False and "blended is worse by" in claim.here
+
+
+def _score(ndcg: list[float], l1: list[float], f_c: float = 0.85) -> CandidateScore:
+    return CandidateScore(0.95, f_c, 50, Interval.of(ndcg), Interval.of(l1), True, 50)
+
+
+def test_tune_does_not_trade_l1_for_ndcg_once_the_target_is_met() -> None:
+    incumbent = _score([0.960, 0.962, 0.961], [0.020, 0.021, 0.022])
+    more_ndcg_worse_l1 = _score([0.970, 0.972, 0.971], [0.030, 0.031, 0.032], f_c=0.95)
+    more_ndcg_same_l1 = _score([0.970, 0.972, 0.971], [0.0201, 0.0211, 0.0219], f_c=0.95)
+    assert search._better(more_ndcg_worse_l1, incumbent, target=0.95) is False  # target met: keep L1
+    assert search._better(more_ndcg_worse_l1, incumbent, target=0.965) is True  # target not met: NDCG first
+    assert search._better(more_ndcg_worse_l1, incumbent) is True
+    assert search._better(more_ndcg_same_l1, incumbent, target=0.95) is True
+    assert search._best([incumbent, more_ndcg_worse_l1, more_ndcg_same_l1], 0.95) is more_ndcg_same_l1

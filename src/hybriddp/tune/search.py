@@ -18,6 +18,7 @@ from hybriddp.tune.constants import (
     COARSE_F_C,
     GRID_F_C,
     GRID_F_O,
+    L1_TOLERANCE,
     M_FLOOR,
     M_RATIO,
     MIN_POPULATION,
@@ -189,10 +190,10 @@ def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, 
         m = grid[i]
         say(f"M = {m}: scanning f_O and f_C")
         fos = [fo for fo in sorted(GRID_F_O, reverse=True) if formable[fo] >= m]  # the default 0.95 first
-        best = _best(sim.score("search", [(fo, fc_cur, m) for fo in fos]))
+        best = _best(sim.score("search", [(fo, fc_cur, m) for fo in fos]), target)
         if not probes:  # first probe: a coarse f_C scan before the local climb
-            best = _best([best, *sim.score("search", [(best.f_o, fc, m) for fc in COARSE_F_C])])
-        best = _climb_f_c(sim, best)
+            best = _best([best, *sim.score("search", [(best.f_o, fc, m) for fc in COARSE_F_C])], target)
+        best = _climb_f_c(sim, best, target)
         fc_cur = best.f_c
         row: dict[str, Any] = {"head_list_size": m, "f_o": best.f_o, "f_c": best.f_c,
                                "ndcg_search": round(best.ndcg.mean, 5)}
@@ -252,21 +253,27 @@ def _key(s: CandidateScore) -> tuple[bool, float]:
     return (s.reached, s.ndcg.mean)
 
 
-def _better(a: CandidateScore, b: CandidateScore) -> bool:
+def _better(a: CandidateScore, b: CandidateScore, target: float | None = None) -> bool:
     """Is challenger ``a`` clearly better than incumbent ``b`` (scored on the same trials)?
 
     Reaching M comes first. Then the mean generalized NDCG decides when the paired difference
-    exceeds :data:`NDCG_TIE` and two paired standard errors; otherwise (a tie) ``a`` wins only
-    with a mean NDCG at least the incumbent's and a lower L1 by more than two paired standard
-    errors. Ties keep the incumbent, so a knob moves away from the paper's default only on
-    evidence, never on simulation noise, and never at any cost in the target metric.
+    exceeds :data:`NDCG_TIE` and two paired standard errors — except that once the incumbent
+    already reaches ``target``, a higher NDCG does not buy a clearly worse L1 (higher by more than
+    two paired standard errors and by more than :data:`L1_TOLERANCE` of the incumbent's): the
+    target is met, so L1 (trend estimation) is not traded away for NDCG nobody asked for.
+    Otherwise (an NDCG tie) ``a`` wins only with a mean NDCG at least the incumbent's and a lower
+    L1 by more than two paired standard errors. Ties keep the incumbent, so a knob moves away
+    from the paper's default only on evidence, never on simulation noise.
     """
     if a.reached != b.reached:
         return a.reached
     d, se = _paired(a.ndcg, b.ndcg)
-    if abs(d) > max(NDCG_TIE, 2.0 * se):
-        return d > 0
     dl, sel = _paired(a.l1, b.l1)
+    if abs(d) > max(NDCG_TIE, 2.0 * se):
+        if d < 0:
+            return False
+        l1_clearly_worse = dl > 2.0 * sel and dl > L1_TOLERANCE * abs(b.l1.mean)
+        return not (target is not None and b.ndcg.mean >= target and l1_clearly_worse)
     return d >= 0 and dl < 0 and -dl > 2.0 * sel
 
 
@@ -279,16 +286,16 @@ def _paired(a: Interval, b: Interval) -> tuple[float, float]:
     return float(diff.mean()), se
 
 
-def _best(scores: Sequence[CandidateScore]) -> CandidateScore:
+def _best(scores: Sequence[CandidateScore], target: float | None = None) -> CandidateScore:
     """The best of ``scores`` by :func:`_better`, in order (the first is the incumbent: it wins ties)."""
     best = scores[0]
     for s in scores[1:]:
-        if _better(s, best):
+        if _better(s, best, target):
             best = s
     return best
 
 
-def _climb_f_c(sim: _Simulator, best: CandidateScore) -> CandidateScore:
+def _climb_f_c(sim: _Simulator, best: CandidateScore, target: float | None = None) -> CandidateScore:
     """Hill-climb f_C by 0.05 from ``best`` (at its f_O and M) while the candidate improves (:func:`_better`)."""
     for direction in (+1, -1):
         while True:
@@ -296,7 +303,7 @@ def _climb_f_c(sim: _Simulator, best: CandidateScore) -> CandidateScore:
             if not GRID_F_C[0] - 1e-9 <= fc <= GRID_F_C[-1] + 1e-9:
                 break
             s = sim.score("search", [(best.f_o, fc, best.head_list_size)])[0]
-            if _better(s, best):
+            if _better(s, best, target):
                 best = s
             else:
                 break

@@ -1,0 +1,141 @@
+"""The driver: the audited mechanisms and their default claims, :func:`run_audit`, :func:`make_audit`, :func:`audit`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from hybriddp.audit.bounds import (
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    delta_lower_bound,
+    epsilon_lower_bound,
+)
+from hybriddp.audit.client import local_only_audit, localalg_audit
+from hybriddp.audit.curator import headlist_audit, optin_estimate_audit
+from hybriddp.audit.result import AuditResult, EventTest
+from hybriddp.audit.scenario import MechanismAudit
+from hybriddp.errors import parameter_error
+from hybriddp.rng import make_rng
+
+log = logging.getLogger("hybriddp.audit")  # the former single module's logger name, kept
+
+MECHANISMS = ("localalg", "headlist", "optin-estimate", "local-only")
+
+DEFAULTS: dict[str, tuple[float, float]] = {
+    "localalg": (1.0, 1e-5),
+    "headlist": (4.0, 1e-2),
+    "optin-estimate": (4.0, 0.0),
+    "local-only": (1.0, 0.0),
+}
+"""(ε, δ) audited when none is given: the mechanism's own claim at a sensible setting."""
+
+CHUNK = 1 << 20
+"""Trials per adapter call: memory stays bounded whatever ``trials`` is."""
+
+
+def _point_estimate(k: int, kp: int, n: int, delta: float) -> float | None:
+    """ln((k/n − δ)/(k'/n)): 0 when k/n ≤ δ, None (unbounded) when k' = 0."""
+    p, pp = k / n, kp / n
+    if p - delta <= 0:
+        return 0.0
+    if pp == 0:
+        return None
+    return math.log((p - delta) / pp)
+
+
+def run_audit(audit: MechanismAudit, trials: int, rng: np.random.Generator, *, confidence: float = 0.99,
+              seed: int | None = None, chunk: int = CHUNK) -> AuditResult:
+    """Run every scenario ``trials`` times on x and on x', count the events, bound ε and δ.
+
+    Parameters
+    ----------
+    audit : the mechanism, its claim and scenarios (e.g. from :func:`make_audit`).
+    trials : runs of the mechanism on each of x and x' (per scenario).
+    rng : randomness of the mechanism runs.
+    confidence : joint confidence of all the Clopper–Pearson bounds (Bonferroni).
+    seed : recorded in the result only.
+    chunk : trials per adapter call (bounded memory).
+    """
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
+        raise parameter_error("trials (--trials)", trials, "an integer >= 1")
+    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
+        raise parameter_error("confidence (--confidence)", confidence, "strictly between 0 and 1")
+    trials = int(trials)
+    start = time.perf_counter()
+    counts = [[[0, 0] for _ in s.events] for s in audit.scenarios]
+    done = 0
+    while done < trials:
+        n = min(chunk, trials - done)
+        for s_idx, scen in enumerate(audit.scenarios):
+            out_x, out_xp = scen.adapter(rng, n)
+            for e_idx, ev in enumerate(scen.events):
+                counts[s_idx][e_idx][0] += int(np.count_nonzero(ev.indicator(out_x)))
+                counts[s_idx][e_idx][1] += int(np.count_nonzero(ev.indicator(out_xp)))
+        done += n
+    n_tests = 4 * sum(len(s.events) for s in audit.scenarios)
+    alpha = (1.0 - confidence) / (2 * n_tests)
+    tests: list[EventTest] = []
+    for s_idx, scen in enumerate(audit.scenarios):
+        for e_idx, ev in enumerate(scen.events):
+            k, kp = counts[s_idx][e_idx]
+            for comp, name, a, b in ((False, ev.name, k, kp), (True, f"not ({ev.name})", trials - k, trials - kp)):
+                for swap, (xa, ca), (xb, cb) in ((False, (scen.x, a), (scen.x_prime, b)),
+                                                 (True, (scen.x_prime, b), (scen.x, a))):
+                    lo = clopper_pearson_lower(ca, trials, alpha)
+                    hi = clopper_pearson_upper(cb, trials, alpha)
+                    tests.append(EventTest(
+                        scen.name, name, comp, swap, xa, xb, ca, cb, trials, lo, hi,
+                        epsilon_lower_bound(lo, hi, audit.delta), delta_lower_bound(lo, hi, audit.epsilon),
+                        _point_estimate(ca, cb, trials, audit.delta)))
+    best = max(tests, key=lambda t: (t.epsilon_lower_bound, t.delta_lower_bound))
+    eps_lb = best.epsilon_lower_bound
+    delta_lb = max(t.delta_lower_bound for t in tests)
+    seconds = time.perf_counter() - start
+    log.info("audit %s: eps_lb=%.4f (claimed %.4f), delta_lb=%.3g (claimed %.3g), %d trials, %.2fs",
+             audit.mechanism, eps_lb, audit.epsilon, delta_lb, audit.delta, trials, seconds)
+    return AuditResult(audit.mechanism, audit.epsilon, audit.delta, trials, confidence, 1.0 - alpha, eps_lb,
+                       delta_lb, best, tests, audit.details, seed, seconds)
+
+
+def make_audit(mechanism: str, *, epsilon: float | None = None, delta: float | None = None, trials: int = 10**6,
+               noise: str = "discrete", f_c: float = 0.85) -> MechanismAudit:
+    """The :class:`MechanismAudit` of a named mechanism (see :data:`MECHANISMS`, :data:`DEFAULTS`)."""
+    if mechanism not in MECHANISMS:
+        raise parameter_error("mechanism (--mechanism)", mechanism, "one of " + ", ".join(MECHANISMS))
+    eps0, delta0 = DEFAULTS[mechanism]
+    eps = eps0 if epsilon is None else epsilon
+    dlt = delta0 if delta is None else delta
+    if mechanism == "localalg":
+        if not (isinstance(f_c, (int, float)) and 0.0 < f_c < 1.0):
+            raise parameter_error("f_c (--f-c)", f_c, "strictly between 0 and 1")
+        return localalg_audit(eps, dlt, f_c=f_c, trials=trials)
+    if mechanism == "headlist":
+        return headlist_audit(eps, dlt, noise=noise, trials=trials)
+    if mechanism == "optin-estimate":
+        return optin_estimate_audit(eps, dlt, noise=noise)
+    return local_only_audit(eps, dlt)
+
+
+def audit(mechanism: str, *, epsilon: float | None = None, delta: float | None = None, trials: int = 10**6,
+          seed: int | None = None, confidence: float = 0.99, noise: str = "discrete", f_c: float = 0.85,
+          ) -> AuditResult:
+    """Audit a named mechanism: ``hybriddp audit`` as a function.
+
+    Parameters
+    ----------
+    mechanism : ``localalg``, ``headlist``, ``optin-estimate`` or ``local-only``.
+    epsilon, delta : the claim to audit; default :data:`DEFAULTS` of the mechanism.
+    trials : mechanism runs on each neighbouring input.
+    seed : reproducible audit; default OS randomness.
+    confidence : joint confidence of the bounds.
+    noise : curator noise (``headlist``, ``optin-estimate``): ``discrete`` (default) or ``laplace``.
+    f_c : LocalAlg's query share of the budget (``localalg``).
+    """
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
+        raise parameter_error("trials (--trials)", trials, "an integer >= 1")
+    spec = make_audit(mechanism, epsilon=epsilon, delta=delta, trials=int(trials), noise=noise, f_c=f_c)
+    return run_audit(spec, int(trials), make_rng(seed), confidence=confidence, seed=seed)

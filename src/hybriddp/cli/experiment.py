@@ -46,14 +46,16 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
                    scale: float, row_per_user: bool, quick: bool) -> None:
-    """Reproduce the paper's evaluation: NAME is fig9, fig11, fig12, fig13, fig14, fig15, fig16 or all.
+    """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes or all.
 
     \b
     fig9   top-10 query table at the paper defaults
     fig11  L1 / NDCG vs the client budget split f_C (client, opt-in, blended)
-    fig12  NDCG@10 vs ε, BLENDER vs the local-only baseline (M = 10)
+    fig12  NDCG@10 vs ε (M = 10): BLENDER at the defaults and with tune's knobs,
+           local-only with and without a dictionary
     fig13  L1 vs opt-in percentage, several M     fig14  NDCG, same runs
     fig15  L1 vs ε, several M                     fig16  NDCG, same runs
+    sizes  beyond the paper: NDCG vs head-list size M, BLENDER vs both local-only baselines
 
     Writes trials.csv, figN.csv, figN.png, summary.json and report.md (claims of the paper
     checked against the numbers) to --out.

@@ -287,6 +287,24 @@ def fig12_claims(pts: _Points) -> list[Claim]:
     return out
 
 
+def sizes_claims(pts: _Points) -> list[Claim]:
+    """Beyond the paper: BLENDER's generalized NDCG against both local-only baselines at every M
+    where BLENDER's list forms (the defaults otherwise: ε, opt-in share, f_O, f_C)."""
+    out = []
+    blender = {p.x: p for p in pts.line("blender", "ndcg") if p.mean is not None}
+    for local, what in (("local-only-hashed", "without a dictionary"), ("local-only", "with a record dictionary")):
+        line = pts.line(local, "ndcg")
+        pairs = [(blender[lo.x], lo) for lo in line if lo.x in blender and lo.mean is not None]
+        if not line:
+            continue
+        text = "; ".join(f"M={lo.x:g}: {b.mean:.3f} vs {lo.mean:.3f}" for b, lo in pairs) or \
+            "no M where both reached the size"
+        out.append(Claim("sizes", f"beyond the paper: BLENDER's generalized NDCG is above local-only {what} at "
+                         "every head-list size M its list forms", text,
+                         (all((b.mean or 0.0) > (lo.mean or 0.0) for b, lo in pairs) if pairs else None)))
+    return out
+
+
 def aol_robustness_claims(fig: dict[str, _Points]) -> list[Claim]:
     """Figs. 13a–16a (AOL): where the M = 50 lines begin; ≈5% opt-in for NDCG 0.95; L1 falls with ε."""
     out = []
@@ -390,6 +408,8 @@ def all_claims(kind: str, base: Point, runs: RunSet, figure_points: dict[str, li
     out += never_worse_claims(comparisons())
     if "fig12" in fig:
         out += fig12_claims(fig["fig12"])
+    if "sizes" in fig:
+        out += sizes_claims(fig["sizes"])
     if kind == "yandex":
         sizes = sorted({p.head_list_size for name in ("fig13", "fig14", "fig15", "fig16") if name in fig
                         for p in fig[name].points})

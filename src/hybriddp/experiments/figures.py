@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 from hybriddp.params import BlenderParams
 
-FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16")
-"""Every figure ``hybriddp experiment`` reproduces; ``all`` means all of them."""
+FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16", "sizes")
+"""Every figure ``hybriddp experiment`` makes (the paper's, and ``sizes`` beyond it); ``all`` means all of them."""
 
 FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blender", "local-only": "local-only",
              "local-only-hashed": "local-only-hashed", "blender-tuned": "blender-tuned"}
@@ -52,6 +52,7 @@ X_LABELS = {
     "f_c": "f_C: share of the client budget spent on the query",
     "epsilon": "privacy loss ε per user",
     "optin_fraction": "opt-in users (% of all users)",
+    "head_list_size": "head-list size M (records)",
 }
 
 
@@ -106,8 +107,15 @@ class Figure:
     def sizes(self, base: Point) -> tuple[int, ...]:
         return self.head_list_sizes or (base.head_list_size,)
 
+    @property
+    def sweeps_m(self) -> bool:
+        """The x axis is the head-list size itself (one line per algorithm, not per M)."""
+        return self.x_name == "head_list_size"
+
     def points(self, base: Point) -> list[tuple[float | None, int, Point]]:
         """``(x, M, point)`` for every plotted position (Fig. 9: the single base point)."""
+        if self.sweeps_m:
+            return [(x, int(x), replace(base, head_list_size=int(x))) for x in self.x_values]
         out: list[tuple[float | None, int, Point]] = []
         for m in self.sizes(base):
             at_m = replace(base, head_list_size=m)
@@ -149,6 +157,9 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
         Figure("fig15", f"L1 vs ε for select {m_label} (paper Fig. 15)", "epsilon", eps, ("l1",), ("blender",), sizes),
         Figure("fig16", f"Generalized NDCG vs ε for select {m_label} (paper Fig. 16)",
                "epsilon", eps, ("ndcg",), ("blender",), sizes),
+        Figure("sizes", "Beyond the paper: generalized NDCG vs head-list size M at the defaults, BLENDER vs local-only",
+               "head_list_size", tuple(float(m) for m in sizes), ("ndcg",),
+               ("blender", "local-only", "local-only-hashed")),
     ]
     return {f.name: f for f in figs}
 

@@ -36,11 +36,11 @@ def plot_figure(fig: Figure, points: list[PointStat], path: Path, subtitle: str)
     f = MplFigure(figsize=(6.4 * n, 4.6))
     FigureCanvasAgg(f)
     axes = f.subplots(1, n, squeeze=False)
-    sizes = sorted({p.head_list_size for p in points})
+    sizes: list[int | None] = [None] if fig.sweeps_m else sorted({p.head_list_size for p in points})
     for ax, metric in zip(axes[0], fig.metrics, strict=True):
         for i, (algorithm, m) in enumerate((a, m) for a in fig.algorithms for m in sizes):
             pts = sorted((p for p in points if p.algorithm == algorithm and p.metric == metric
-                          and p.head_list_size == m), key=lambda p: p.x or 0.0)
+                          and (m is None or p.head_list_size == m)), key=lambda p: p.x or 0.0)
             if not pts:
                 continue
             xs = [_x(fig, p.x or 0.0) for p in pts]

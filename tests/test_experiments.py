@@ -179,3 +179,13 @@ def test_cli_errors_one_line(args, needle) -> None:
     assert r.exit_code == 2
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+
+
+def test_sizes_figure_sweeps_m_for_blender_and_both_local_baselines(quick_all: Path) -> None:
+    summary = json.loads((quick_all / "summary.json").read_text())
+    pts = summary["figures"]["sizes"]
+    assert {p["algorithm"] for p in pts} == {"blender", "local-only", "local-only-hashed"}
+    assert all(p["head_list_size"] == p["x"] for p in pts)  # the x axis is M itself
+    assert sorted({p["x"] for p in pts}) == [10, 100]  # quick grid: smallest and largest M
+    assert any(c["figure"] == "sizes" for c in summary["claims"])
+    assert "| head_list_size |" in (quick_all / "report.md").read_text()

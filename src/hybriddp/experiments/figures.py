@@ -157,7 +157,7 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
         Figure("fig15", f"L1 vs ε for select {m_label} (paper Fig. 15)", "epsilon", eps, ("l1",), ("blender",), sizes),
         Figure("fig16", f"Generalized NDCG vs ε for select {m_label} (paper Fig. 16)",
                "epsilon", eps, ("ndcg",), ("blender",), sizes),
-        Figure("sizes", "Beyond the paper: generalized NDCG vs head-list size M at the defaults, BLENDER vs local-only",
+        Figure("sizes", "Beyond the paper: generalized NDCG vs head-list size M, BLENDER vs local-only",
                "head_list_size", tuple(float(m) for m in sizes), ("ndcg",),
                ("blender", "local-only", "local-only-hashed")),
     ]

@@ -73,7 +73,7 @@ populations; the same populations and seeds serve every candidate, so comparison
    incumbent only when it is clearly better: its mean generalized NDCG is higher by more than
    0.001 and two paired standard errors, or the NDCG ties (and is not lower) and its L1 is lower by more than two
    paired standard errors. Once the incumbent already reaches the target, a higher NDCG does not
-   win if it costs a clearly worse L1 (by two paired standard errors and more than 5%): the
+   win if it costs a clearly worse L1 (by two paired standard errors and more than 1%): the
    target is met, and L1 matters for trend estimation. So a knob leaves the paper's default only
    on evidence, never on simulation noise. A probe *passes* when its best mean NDCG
    reaches the target and, re-simulated on ``trials`` fresh populations (new seeds, which

@@ -25,7 +25,7 @@ EXTRAPOLATION_COUNT = 0.2
 MAX_EXTRAPOLATED = 200_000
 NDCG_TIE = 0.001
 """NDCG differences below this (or two paired standard errors) are ties (see :func:`_better`)."""
-L1_TOLERANCE = 0.05
+L1_TOLERANCE = 0.01
 """Relative L1 loss a candidate may not exceed to win on NDCG once the target is met (see :func:`_better`)."""
 MIN_PASS_PROBABILITY = 1e-5
 """The fit replays the ranks whose chance to enter HL_S is at least this."""

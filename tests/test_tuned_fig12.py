@@ -14,7 +14,8 @@ from hybriddp.cli import cli
 from hybriddp.errors import HeadListError, ParameterError
 from hybriddp.experiments.claims import Comparison, binomial_tail, never_worse_claims
 from hybriddp.experiments.figures import Point
-from hybriddp.experiments.tuned import derived_seed, tuned_params
+from hybriddp.experiments.runner import hash_seed
+from hybriddp.experiments.tuned import tuned_params
 from hybriddp.metrics import Truth
 from hybriddp.params import BlenderParams
 from hybriddp.tune import GRID_F_C, GRID_F_O, CandidateScore, Interval, search, tune
@@ -56,7 +57,7 @@ def test_tuned_params_come_from_a_pilot_round() -> None:
     assert (params.epsilon, params.delta, params.optin_fraction, params.head_list_size) == (3.0, 1e-5, 0.1, 10)
     again, info2 = tuned_params(log, point, seed=11)
     assert again == params and info2 == info  # seeded: reproducible
-    assert derived_seed(11, "pilot") != derived_seed(11, "tune") != 11
+    assert hash_seed(11, "pilot") != hash_seed(11, "tune") != 11
 
 
 def test_local_only_hashed_keeps_false_discoveries_as_zero_truth_records() -> None:

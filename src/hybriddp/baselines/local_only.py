@@ -30,7 +30,7 @@ PEM works on fixed-length bit strings. Two codings:
   runs over the whole 2^item_bits domain: the aggregator knows nothing about which records exist.
   PEM's top M codes are the head list *as they are*: a code that no record has is a false
   discovery the aggregator cannot tell apart, so it stays in the list as a placeholder record
-  (query and URL ids past the end of the vocabularies, named ``<no record: code 0x…>``) whose true
+  (query and URL ids past the end of the vocabularies, named ``<no record k>``) whose true
   frequency is 0. The list therefore always has M records, like BLENDER's, and false discoveries
   cost what they cost in the metrics. (Naming a real discovered code uses the records' dictionary:
   a simulation convenience; a deployment would encode the strings themselves, which only lengthens
@@ -183,7 +183,7 @@ def placeholder_ids(n_queries: int, n_urls: int, n: int) -> tuple[np.ndarray, np
     """Query and URL ids of ``n`` placeholder records: ids past the end of the vocabularies.
 
     They stand for discovered codes no record has; no user holds them, so their true frequency
-    is 0, and :func:`hybriddp.result.entry_names` names them ``<no record: …>``.
+    is 0, and :func:`hybriddp.result.decode_or_placeholder` names them ``<no record k>``.
     """
     return (np.arange(n, dtype=np.int64) + n_queries, np.arange(n, dtype=np.int64) + n_urls)
 
@@ -241,9 +241,10 @@ def run_local_only(log: RecordLog, params: BlenderParams, *, seed: int | None,
         if not log.has_urls:
             u = np.full(len(q), NO_URL, dtype=np.int64)
         unknown = ~coding.known(items)  # false discoveries (dictionary-free coding only)
-        q[unknown], u_phantom = placeholder_ids(len(log.queries), len(log.urls), int(unknown.sum()))
+        placeholder_q, placeholder_u = placeholder_ids(len(log.queries), len(log.urls), int(unknown.sum()))
+        q[unknown] = placeholder_q
         if log.has_urls:
-            u[unknown] = u_phantom
+            u[unknown] = placeholder_u
         hl = HeadList.from_records(q, u)
     with stages.stage("randomize clients"):
         lp = LocalAlgParams.build(hl, params.epsilon, params.delta, client_f_c(params, log.has_urls), params.m_c)

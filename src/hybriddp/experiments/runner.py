@@ -84,10 +84,15 @@ def row_key(row: dict[str, Any]) -> tuple[str, ...]:
     return _key(*(row[c] for c in KEY_COLUMNS))
 
 
+def hash_seed(*parts: object) -> int:
+    """A 63-bit seed hashed from ``parts`` (joined by ``|``): independent streams per purpose."""
+    digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
 def trial_seed(seed: int, trial: int, point: Point) -> int:
     """The algorithm seed of trial ``trial`` at ``point``: a 63-bit hash of (seed, trial, point)."""
-    digest = hashlib.blake2b(f"{seed}|{trial}|{point.key()}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
+    return hash_seed(seed, trial, point.key())
 
 
 def make_tasks(families_points: Iterable[tuple[str, Point]], trials: int, seed: int) -> list[Task]:

@@ -24,12 +24,12 @@ per-round guarantee, like every other line.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from hybriddp.experiments.figures import Point
+from hybriddp.experiments.runner import hash_seed
 from hybriddp.io.exchange import curator_release, write_curator_files
 from hybriddp.params import BlenderParams
 from hybriddp.pipeline import curator_side, split_optin
@@ -37,12 +37,6 @@ from hybriddp.records import RecordLog
 
 TUNE_TRIALS = 3
 """Simulated populations per candidate in the experiment's tune calls (tune's own default)."""
-
-
-def derived_seed(seed: int, label: str) -> int:
-    """A 63-bit seed derived from ``seed`` for ``label`` (independent streams per purpose)."""
-    digest = hashlib.blake2b(f"{seed}|{label}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
 
 
 def tuned_params(log: RecordLog, point: Point, seed: int) -> tuple[BlenderParams, dict[str, Any]]:
@@ -54,7 +48,7 @@ def tuned_params(log: RecordLog, point: Point, seed: int) -> tuple[BlenderParams
     from hybriddp.tune import load_privatized, tune
 
     params = point.params()
-    pilot_seed = derived_seed(seed, "pilot")
+    pilot_seed = hash_seed(seed, "pilot")
     optin_users, _ = split_optin(log.n_users, params.optin_fraction, pilot_seed)
     cur = curator_side(log, optin_users, params, seed=pilot_seed)
     doc, extra = curator_release(log, params, cur, len(optin_users), pilot_seed)
@@ -63,7 +57,7 @@ def tuned_params(log: RecordLog, point: Point, seed: int) -> tuple[BlenderParams
         write_curator_files(hl_path, est_path, doc, cur.optin, extra)
         inputs = load_privatized(hl_path, est_path)
     res = tune(log.n_users, params.optin_fraction, params.epsilon, params.delta, inputs=inputs,
-               trials=TUNE_TRIALS, seed=derived_seed(seed, "tune"), workers=1,
+               trials=TUNE_TRIALS, seed=hash_seed(seed, "tune"), workers=1,
                head_list_size=point.head_list_size)
     chosen = res.chosen
     tuned = dataclasses.replace(params, f_o=chosen.f_o, f_c=chosen.f_c)

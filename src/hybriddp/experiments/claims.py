@@ -262,7 +262,7 @@ def fig12_claims(pts: _Points) -> list[Claim]:
             if b.mean is not None and (b.x not in best or b.mean > (best[b.x].mean or 0.0)):
                 best[b.x] = b
     for local, what, need in (
-            ("local-only-hashed", "far below (by ≥ {gap:g} at every ε) the local-only alternative without a "
+            ("local-only-hashed", "far above (by ≥ {gap:g} at every ε) the local-only alternative without a "
              "dictionary (paper: Qin et al.'s LDPMiner ≈ 0.3 at best; here PEM/OLH over 32-bit hashed records + "
              "LocalAlg)", FAR_BELOW),
             ("local-only", "above the local-only alternative whose aggregator holds a dictionary of the existing "

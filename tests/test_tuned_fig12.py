@@ -67,6 +67,11 @@ def test_local_only_hashed_keeps_false_discoveries_as_zero_truth_records() -> No
     p = BlenderParams(epsilon=1.0, head_list_size=10)
     res = run_algorithm("local-only-hashed", log, p, seed=2)
     assert res.n_records == 10 and res.sizes["item_bits"] == 32
+    # privacy accounting as for local-only (the OLH proof does not depend on the item coding):
+    # every discovery user sends exactly one OLH report, every other user one LocalAlg report
+    s = res.sizes
+    assert s["discovery_reports"] == s["discovery_users"] and s["estimation_records"] == s["estimation_users"]
+    assert s["discovery_users"] + s["estimation_users"] == log.n_users
     fd = res.sizes["false_discoveries"]
     assert fd > 0  # at ε = 1 with 10k discovery users over 2^32 codes, noise wins some slots
     names = [row["query"] for row in res.top_queries(top=50)]

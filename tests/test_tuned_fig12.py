@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from hybriddp.algorithms import run_algorithm
 from hybriddp.cli import cli
 from hybriddp.errors import HeadListError, ParameterError
-from hybriddp.experiments.claims import Comparison, binomial_tail, never_worse_claims
+from hybriddp.experiments.claims import Comparison, binomial_tail, never_worse_claims, tuned_vs_defaults_claim
 from hybriddp.experiments.figures import Point
-from hybriddp.experiments.runner import hash_seed
+from hybriddp.experiments.runner import RunSet, TrialStore, hash_seed
 from hybriddp.experiments.tuned import tuned_params
 from hybriddp.metrics import Truth
 from hybriddp.params import BlenderParams
@@ -123,3 +123,32 @@ def test_tune_does_not_trade_l1_for_ndcg_once_the_target_is_met() -> None:
     assert search._better(more_ndcg_worse_l1, incumbent) is True
     assert search._better(more_ndcg_same_l1, incumbent, target=0.95) is True
     assert search._best([incumbent, more_ndcg_worse_l1, more_ndcg_same_l1], 0.95) is more_ndcg_same_l1
+
+
+def _store_rows(tmp_path, values: dict[str, list[float]], points: list[Point]) -> RunSet:
+    tmp_path.mkdir(parents=True)
+    store = TrialStore(tmp_path)
+    runs = RunSet(store, "d", 3, 0)
+    for point in points:
+        for algorithm, vals in values.items():
+            family = "blender" if algorithm == "blender" else "blender-tuned"
+            rows = []
+            for trial, v in enumerate(vals):
+                task = runs.task(family, point, trial)
+                rows.append({"data": "d", "algorithm": algorithm, "family": family, "trial": trial, "seed": task.seed,
+                             "epsilon": point.epsilon, "delta": point.delta, "optin_fraction": point.optin_fraction,
+                             "f_c": point.f_c, "head_list_size": point.head_list_size, "head_list_records": 10,
+                             "ndcg_queries_at_10": v, "error": None})
+            store.append(rows, None)
+    return runs
+
+
+def test_tuned_vs_defaults_claim_is_paired(tmp_path) -> None:
+    points = [Point(e, 1e-5, 0.05, 0.85, 10) for e in (1.0, 2.0)]
+    # trial effects shared by both (same seeds): paired differences are tiny but consistent
+    better = _store_rows(tmp_path / "a", {"blender": [0.90, 0.95, 0.99], "blender-tuned": [0.92, 0.97, 1.0]}, points)
+    claim = tuned_vs_defaults_claim(better, points)[0]
+    assert claim.holds is True and "significantly worse (paired 95% CI) at 0" in claim.here
+    worse = _store_rows(tmp_path / "b", {"blender": [0.90, 0.95, 0.99], "blender-tuned": [0.88, 0.93, 0.97]}, points)
+    claim = tuned_vs_defaults_claim(worse, points)[0]
+    assert claim.holds is False and "at 2" in claim.here

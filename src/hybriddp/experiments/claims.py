@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hybriddp.experiments.aggregate import PointStat, mean_ci, point_stat
@@ -287,6 +287,35 @@ def fig12_claims(pts: _Points) -> list[Claim]:
     return out
 
 
+def tuned_vs_defaults_claim(runs: RunSet, points: list[Point], metric: str = "ndcg_queries_at_10") -> list[Claim]:
+    """Beyond the paper: ``blender-tuned`` at least as good as ``blender`` at the paper's defaults.
+
+    Both run with the same trial seeds at each point (same opt-in draw and client randomness;
+    only f_O and f_C differ), so the comparison is paired: it holds when no point has the tuned
+    knobs significantly worse (paired 95% interval entirely below 0) and the mean difference
+    over the points is not negative.
+    """
+    def by_trial(algorithm: str, point: Point) -> dict[int, float]:
+        return {r["trial"]: r[metric] for r in runs.rows(algorithm, point) if not r.get("error")
+                and r.get(metric) is not None and (r.get("head_list_records") or 0) >= point.head_list_size}
+
+    diffs: list[tuple[Point, float, float, float]] = []
+    for point in points:
+        d, t = by_trial("blender", point), by_trial("blender-tuned", point)
+        common = sorted(set(d) & set(t))
+        if common:
+            diffs.append((point, *mean_ci([t[i] - d[i] for i in common])))
+    if not diffs:
+        return []
+    worse = [x for x in diffs if x[3] < 0]
+    low = min(diffs, key=lambda x: x[1])
+    avg = sum(x[1] for x in diffs) / len(diffs)
+    text = (f"tuned − defaults from {low[1]:+.3f} (at ε={low[0].epsilon:g}) to {max(x[1] for x in diffs):+.3f}, "
+            f"mean {avg:+.3f} over {len(diffs)} ε; significantly worse (paired 95% CI) at {len(worse)}")
+    return [Claim("fig12", "beyond the paper: tune's knobs do at least as well as the paper's defaults "
+                  "(NDCG@10, paired trials)", text, not worse and avg >= 0)]
+
+
 def sizes_claims(pts: _Points) -> list[Claim]:
     """Beyond the paper: BLENDER's generalized NDCG against both local-only baselines at every M
     where BLENDER's list forms (the defaults otherwise: ε, opt-in share, f_O, f_C)."""
@@ -408,6 +437,9 @@ def all_claims(kind: str, base: Point, runs: RunSet, figure_points: dict[str, li
     out += never_worse_claims(comparisons())
     if "fig12" in fig:
         out += fig12_claims(fig["fig12"])
+        xs = sorted({p.x for p in fig["fig12"].points if p.x is not None})
+        m = min((p.head_list_size for p in fig["fig12"].points), default=base.head_list_size)
+        out += tuned_vs_defaults_claim(runs, [replace(base, epsilon=x, head_list_size=m) for x in xs])
     if "sizes" in fig:
         out += sizes_claims(fig["sizes"])
     if kind == "yandex":

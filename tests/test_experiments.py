@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from hybriddp.cli import cli
 from hybriddp.experiments import DatasetSpec, run_experiment
 from hybriddp.experiments.aggregate import mean_ci, point_stat, t_quantile_975
+from hybriddp.experiments.codeversion import FAMILY_ROOTS, family_fingerprint, module_closure, normalized_code
 from hybriddp.experiments.figures import FIGURE_NAMES, Point, figures
 from hybriddp.experiments.runner import make_tasks, trial_seed
 from hybriddp.tune import GRID_F_C, GRID_F_O
@@ -189,3 +190,37 @@ def test_sizes_figure_sweeps_m_for_blender_and_both_local_baselines(quick_all: P
     assert sorted({p["x"] for p in pts}) == [10, 100]  # quick grid: smallest and largest M
     assert any(c["figure"] == "sizes" for c in summary["claims"])
     assert "| head_list_size |" in (quick_all / "report.md").read_text()
+
+
+def test_rows_of_older_code_are_run_again_and_replaced(tmp_path: Path, caplog) -> None:
+    spec = DatasetSpec("aol", seed=3, scale=0.05)
+    first = run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True)
+    trials = tmp_path / "trials.csv"
+    rows = read_csv(trials)
+    assert {r["code"] for r in rows} == {family_fingerprint("blender")}
+    for r in rows:
+        r["code"] = "000000000000"  # as if an older version of the algorithms had made them
+    with trials.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with caplog.at_level("WARNING"):
+        again = run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True)
+    assert again.n_ran == first.n_runs and "different algorithm code" in caplog.text
+    assert run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True).n_ran == 0
+    rows = read_csv(trials)  # the stale rows were replaced, not kept beside the new ones
+    assert len(rows) == 3 * first.n_runs  # one row per algorithm of each BLENDER run: no stale duplicates
+    assert {r["code"] for r in rows} == {family_fingerprint("blender")}
+
+
+def test_code_fingerprint_ignores_documentation_not_code() -> None:
+    a = 'def f(x):\n    """Doc."""\n    return x + 1  # comment\n'
+    b = 'def f(x):\n    """Other words."""\n\n    return x + 1\n'
+    c = 'def f(x):\n    """Doc."""\n    return x + 2\n'
+    assert normalized_code(a) == normalized_code(b) != normalized_code(c)
+    blender = module_closure(FAMILY_ROOTS["blender"])
+    assert {"hybriddp.pipeline", "hybriddp.curator", "hybriddp.baselines.pem", "hybriddp.metrics"} <= set(blender)
+    assert not any(m.startswith(("hybriddp.cli", "hybriddp.experiments", "hybriddp.tune")) for m in blender)
+    tuned = module_closure(FAMILY_ROOTS["blender-tuned"])
+    assert {"hybriddp.tune.search", "hybriddp.experiments.tuned"} <= set(tuned)
+    assert family_fingerprint("blender") != family_fingerprint("blender-tuned")

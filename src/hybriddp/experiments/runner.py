@@ -13,7 +13,9 @@ runs carry no privacy guarantee; they are simulations of the algorithms.
 
 ``trials.csv`` gets one row per algorithm and task, written and flushed as each task
 finishes (a crash loses at most the runs in progress). A re-run reads it and skips every
-task whose rows are there (same data, family, point, trial and seed).
+task whose rows are there (same data, family, point, trial and seed) *and* were made by
+today's code of the family (column ``code``, :mod:`hybriddp.experiments.codeversion`); rows of
+older code are run again and replaced.
 
 Parallelism: ``jobs`` worker processes started with ``fork``, so the log (the biggest object)
 is inherited copy-on-write instead of pickled; where fork is unavailable, one job. A worker
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from hybriddp.errors import HybridDPError
+from hybriddp.experiments.codeversion import family_fingerprint
 from hybriddp.experiments.figures import FAMILY_ALGORITHMS, FAMILY_OF, Point
 from hybriddp.records import RecordLog
 
@@ -52,7 +55,7 @@ FIG9_COLUMNS = ("p_blended", "p_optin_sum", "p_client_direct", "p_client_sum")
 KEY_COLUMNS = ("data", "algorithm", "epsilon", "delta", "optin_fraction", "f_c", "head_list_size", "trial", "seed")
 COLUMNS = (*KEY_COLUMNS, "family", *METRICS, "head_list_records", "head_list_queries",
            *(f"regressions_{c.removeprefix('p_')}" for c in FIG9_COLUMNS), "tuned_f_o", "tuned_f_c", "seconds",
-           "error")
+           "error", "code")
 TRIALS_FILE = "trials.csv"
 TABLES_FILE = "fig9_tables.jsonl"
 
@@ -126,7 +129,9 @@ class TrialStore:
                     try:
                         if None in raw or None in raw.values():  # too many / too few fields: a torn write
                             raise ValueError("wrong number of fields")
-                        self.rows[row_key(raw)] = _parse(raw)
+                        key = row_key(raw)
+                        damaged |= key in self.rows  # a run redone for new code: keep the later row, compact
+                        self.rows[key] = _parse(raw)
                     except (KeyError, TypeError, ValueError):
                         damaged = True
                         logger.warning("%s: skipping an unreadable row (it will be run again)", self.path)
@@ -150,8 +155,15 @@ class TrialStore:
         tmp.replace(self.path)
 
     def done(self, task: Task, data_id: str) -> bool:
-        """Whether every algorithm row of ``task`` is already stored."""
-        return all(task.row_key(data_id, a) in self.rows for a in FAMILY_ALGORITHMS[task.family])
+        """Whether every algorithm row of ``task`` is stored, made by today's code of its family."""
+        code = family_fingerprint(task.family)
+        return all((r := self.rows.get(task.row_key(data_id, a))) is not None and r.get("code") == code
+                   for a in FAMILY_ALGORITHMS[task.family])
+
+    def stale(self, task: Task, data_id: str) -> bool:
+        """Whether ``task`` has stored rows that older code made (they are run again)."""
+        return not self.done(task, data_id) and any(task.row_key(data_id, a) in self.rows
+                                                    for a in FAMILY_ALGORITHMS[task.family])
 
     def append(self, rows: list[dict[str, Any]], table: list[dict[str, Any]] | None) -> None:
         """Store one task's rows: the Fig. 9 table first, then the CSV rows, each flushed."""
@@ -246,6 +258,7 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
         raise RuntimeError("run_task: no log loaded (set_log first)")
     start = time.perf_counter()
     base = {"data": data_id, "family": task.family, "trial": task.trial, "seed": task.seed,
+            "code": family_fingerprint(task.family),
             **{k: getattr(task.point, k) for k in ("epsilon", "delta", "optin_fraction", "f_c", "head_list_size")}}
     algorithms = FAMILY_ALGORITHMS[task.family]
     extra: dict[str, Any] = {}
@@ -312,6 +325,9 @@ def execute(log: RecordLog, tasks: list[Task], store: TrialStore, data_id: str, 
     global _LOG
     todo = [t for t in tasks if not store.done(t, data_id)]
     logger.info("%d runs to do, %d already in %s", len(todo), len(tasks) - len(todo), store.path)
+    if n_stale := sum(store.stale(t, data_id) for t in todo):
+        logger.warning("%d stored runs in %s were made by different algorithm code: running them again",
+                       n_stale, store.path)
     if not todo:
         return 0
     _LOG = log

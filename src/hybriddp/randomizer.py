@@ -9,7 +9,6 @@ test (Theorem 3) and the chi-square tests of both samplers.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import numpy as np
 
 from hybriddp.device import thresholds
 from hybriddp.headlist import HeadList
+from hybriddp.threads import default_threads
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def randomize_batch(
         sl = slice(i * CHUNK, min(n, (i + 1) * CHUNK))
         out[sl] = _randomize_chunk(entries[sl], hl, lp, children[i].random((3, sl.stop - sl.start)))
 
-    workers = threads or min(8, os.cpu_count() or 1)
+    workers = threads or default_threads()
     if workers == 1 or len(children) == 1:
         for i in range(len(children)):
             work(i)

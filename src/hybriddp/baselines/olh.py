@@ -51,11 +51,12 @@ them in blocks of at most ``block_bytes`` (default 8 MB) per thread, on all core
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+
+from hybriddp.threads import default_threads
 
 VALUE_BITS = 32
 """Values (and PEM prefixes) hashed by OLH must be integers in ``[0, 2^VALUE_BITS)``."""
@@ -202,7 +203,7 @@ def support_counts(reports: OLHReports, candidates: np.ndarray, *, threads: int 
         z += shift[sl]
         return cs, np.count_nonzero(z < width[sl], axis=1)
 
-    workers = threads or min(8, os.cpu_count() or 1)
+    workers = threads or default_threads()
     if workers == 1 or len(tasks) == 1:
         results = map(work, tasks)
         for cs, c in results:

@@ -303,11 +303,13 @@ def _num(v: Any) -> float | None:
 
 
 def _init_worker() -> None:
-    """One thread per worker process: the library's pools size themselves with ``os.cpu_count()``
-    (batch randomizer, OLH support counts) and BLAS reads these variables."""
+    """One thread per worker process, so ``jobs`` processes use ``jobs`` cores: the library's own
+    pools (:func:`hybriddp.threads.default_threads`) and BLAS (these variables)."""
+    from hybriddp.threads import set_default_threads
+
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
-    os.cpu_count = lambda: 1  # this process only: keeps `jobs` processes on `jobs` cores
+    set_default_threads(1)
 
 
 # --------------------------------------------------------------------------------------

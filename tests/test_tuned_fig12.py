@@ -152,3 +152,12 @@ def test_tuned_vs_defaults_claim_is_paired(tmp_path) -> None:
     worse = _store_rows(tmp_path / "b", {"blender": [0.90, 0.95, 0.99], "blender-tuned": [0.88, 0.93, 0.97]}, points)
     claim = tuned_vs_defaults_claim(worse, points)[0]
     assert claim.holds is False and "at 2" in claim.here
+
+
+def test_fixed_m_that_forms_only_in_the_trials_still_gets_knobs_with_a_caution() -> None:
+    """A fixed M that every simulated trial formed, but below the model's 99% bound: tune still
+    picks knobs for it (among the f_O that formed it) and says it may not form every round."""
+    res = tune(155_811, 0.05, 2.0, 1e-5, trials=2, seed=1, workers=1, head_list_size=10)
+    assert res.search["fixed_head_list_size_forms_99pct"] is False
+    assert res.chosen.head_list_size == 10 and res.chosen.f_o in GRID_F_O
+    assert "form" in res.recommendation

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hybriddp.errors import HybridDPError
 from hybriddp.experiments.figures import Point
 from hybriddp.experiments.runner import hash_seed
 from hybriddp.io.exchange import curator_release, write_curator_files
@@ -55,7 +56,11 @@ def tuned_params(log: RecordLog, point: Point, seed: int) -> tuple[BlenderParams
     with tempfile.TemporaryDirectory(prefix="hybriddp-pilot-") as tmp:
         hl_path, est_path = Path(tmp) / "headlist.json", Path(tmp) / "optin-estimates.json"
         write_curator_files(hl_path, est_path, doc, cur.optin, extra)
-        inputs = load_privatized(hl_path, est_path)
+        try:
+            inputs = load_privatized(hl_path, est_path)
+        except HybridDPError as exc:  # name the round, not the temporary file
+            raise type(exc)("pilot round: " + str(exc).replace(f"{est_path}: ", "").replace(f"{hl_path}: ", "")) \
+                from exc
     res = tune(log.n_users, params.optin_fraction, params.epsilon, params.delta, inputs=inputs,
                trials=TUNE_TRIALS, seed=hash_seed(seed, "tune"), workers=1,
                head_list_size=point.head_list_size)

@@ -107,11 +107,21 @@ class TuneResult:
     @property
     def recommendation(self) -> str:
         c = self.chosen
+        caveat = ""
+        if self.search.get("fixed_head_list_size_forms_99pct") is False:
+            caveat = (f" Caution: a list of {c.head_list_size} records formed in every simulated population, but the "
+                      "model gives it less than a 99% chance in a round; some rounds may publish fewer records.")
         if self.met:
             return (f"Use f_O = {c.f_o:g}, f_C = {c.f_c:g}, M = {c.head_list_size}: expected NDCG "
                     f"{c.ndcg.mean:.3f} (95% interval {c.ndcg.lo:.3f}-{c.ndcg.hi:.3f}) reaches the target "
-                    f"{self.target_ndcg:g}; the paper's defaults give {self.paper_defaults.ndcg.mean:.3f} at this M.")
-        if self.search.get("fixed_head_list_size") is not None:
+                    f"{self.target_ndcg:g}; the paper's defaults give {self.paper_defaults.ndcg.mean:.3f} at this M."
+                    + caveat)
+        if self.search.get("fixed_head_list_size") is not None and not c.reached:
+            line = (f"M = {c.head_list_size} did not form in every simulated population (smallest list: "
+                    f"{c.min_records} records); the best knobs for it are f_O = {c.f_o:g}, f_C = {c.f_c:g} "
+                    f"(NDCG {c.ndcg.mean:.3f} where it forms).")
+            caveat = ""
+        elif self.search.get("fixed_head_list_size") is not None:
             line = (f"M = {c.head_list_size} does not reach NDCG {self.target_ndcg:g}: the best is f_O = {c.f_o:g}, "
                     f"f_C = {c.f_c:g} (NDCG {c.ndcg.mean:.3f}).")
         else:
@@ -122,7 +132,7 @@ class TuneResult:
             line += f" Turn up {best['option']} first: {best['label']} gives NDCG {best['ndcg']['mean']:.3f}."
         else:
             line += " Increase --optin-fraction (more opt-in users) or --epsilon."
-        return line
+        return line + caveat
 
     def to_json(self) -> dict[str, Any]:
         c = self.chosen

@@ -167,8 +167,16 @@ def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, 
     say("finding the largest head list each f_O can form")
     n_optin = round(c * population)
     safe = {fo: model.safe_head_list_size(round(fo * n_optin), epsilon, delta, noise) for fo in GRID_F_O}
-    formable = {fo: min(min(sim.head_list_s("search", fo)), safe[fo]) for fo in GRID_F_O}
+    in_trials = {fo: min(sim.head_list_s("search", fo)) for fo in GRID_F_O}
+    formable = {fo: min(in_trials[fo], safe[fo]) for fo in GRID_F_O}
     m_max = max(formable.values())
+    fixed_safe = None
+    if fixed_m is not None:
+        fixed_safe = fixed_m <= m_max
+        if not fixed_safe and fixed_m <= max(in_trials.values()):
+            # the user's M forms in every simulated trial but not with the model's 99%: still choose
+            # the best knobs for it, among the f_O that formed it, and say so in the recommendation
+            formable, m_max = in_trials, max(in_trials.values())
     if fixed_m is not None and fixed_m > m_max:
         raise HeadListError(
             f"no f_O forms a head list of {fixed_m} records: with {population:,} users and opt-in fraction {c:g} "
@@ -243,7 +251,7 @@ def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, 
         "f_o_grid": list(GRID_F_O), "f_c_grid": list(GRID_F_C), "m_grid": grid,
         "max_formable_m": {f"{fo:g}": int(v) for fo, v in formable.items()},
         "head_list_s_99pct": {f"{fo:g}": int(v) for fo, v in safe.items()}, "path": path,
-        "fixed_head_list_size": fixed_m,
+        "fixed_head_list_size": fixed_m, "fixed_head_list_size_forms_99pct": fixed_safe,
     }
     return TuneResult(chosen[0], chosen[1], met, target, model, population, c, epsilon, delta, noise, trials, seed,
                       search, knobs)

@@ -34,10 +34,9 @@ from hybriddp.params import BlenderParams
 from hybriddp.pipeline import NoiseFactory, Stages, curator_side, run_blender
 from hybriddp.records import RecordLog, Vocabulary
 from hybriddp.result import (
-    WILDCARD_NAME,
     BlenderResult,
-    decode_or_placeholder,
     entry_names,
+    query_names,
     result_from_run,
     write_output,
 )
@@ -77,7 +76,7 @@ class AlgorithmResult:
     def top_queries(self, top: int = 10) -> list[dict[str, Any]]:
         """Listed queries by true p_q (by estimate without truth) with the estimate."""
         k = self.head_list.n_queries
-        names = [*decode_or_placeholder(self.queries, self.head_list.query_ids), WILDCARD_NAME]
+        names = query_names(self.head_list, self.queries)
         key = self.truth_query if self.truth_query is not None else self.p_query[:k]
         rows = []
         order = np.argsort(-key, kind="stable")[:top]

@@ -148,17 +148,14 @@ def hit_rates(hl: HeadList, p_record: np.ndarray, query: np.ndarray, url: np.nda
     clicked URL is the top URL (by ``p_record``) that HL offers for that query.
 
     ``mask`` selects the held-out events among ``query``/``url``; work goes in chunks of
-    ``chunk`` events through a dense query-id → position table, so memory stays bounded.
+    ``chunk`` events through :meth:`HeadList.query_positions`, so memory stays bounded.
     """
     k = hl.n_queries
-    top_url = np.full(k + 1, -3, dtype=np.int64)  # −3 matches no URL; position k = not listed
+    top_url = np.full(k + 1, -3, dtype=np.int64)  # −3 matches no URL; position k (``*``) = not listed
     for i in range(k):
         lo, hi = int(hl.url_offsets[i]), int(hl.url_offsets[i + 1]) - 1
         if hi > lo:
             top_url[i] = hl.entry_url[lo + int(np.argmax(p_record[lo:hi]))]
-    n_ids = int(max(query.max(initial=0), hl.query_ids.max(initial=0))) + 1
-    position = np.full(n_ids, k, dtype=np.int32)
-    position[hl.query_ids] = np.arange(k, dtype=np.int32)
     total = hits = tops = 0
     for start in range(0, len(query), chunk):
         q = query[start:start + chunk]
@@ -166,7 +163,7 @@ def hit_rates(hl: HeadList, p_record: np.ndarray, query: np.ndarray, url: np.nda
         if mask is not None:
             m = mask[start:start + chunk]
             q, u = q[m], u[m]
-        pos = position[q]
+        pos = hl.query_positions(q)
         listed = pos < k
         total += len(q)
         hits += int(listed.sum())

@@ -56,7 +56,7 @@ class BlenderResult:
 
     # ----- names --------------------------------------------------------------------------
     def query_names(self) -> list[str]:
-        return [*self.queries.decode(self.head_list.query_ids), WILDCARD_NAME]
+        return query_names(self.head_list, self.queries)
 
     def entry_names(self) -> tuple[list[str], list[str]]:
         return entry_names(self.head_list, self.queries, self.urls)
@@ -179,9 +179,14 @@ def write_output(path: str | Path, obj: dict[str, Any], table: pa.Table) -> None
         raise DataError(f"--output {path}: unknown extension {suffix!r}; use .json, .csv or .parquet")
 
 
+def query_names(hl: HeadList, queries: Vocabulary) -> list[str]:
+    """Name of every query position of the list, ``*`` last."""
+    return [*decode_or_placeholder(queries, hl.query_ids), WILDCARD_NAME]
+
+
 def entry_names(hl: HeadList, queries: Vocabulary, urls: Vocabulary) -> tuple[list[str], list[str]]:
     """(query name, URL name) of every head-list entry; wildcards are ``*``."""
-    qn = [*decode_or_placeholder(queries, hl.query_ids), WILDCARD_NAME]
+    qn = query_names(hl, queries)
     un = [WILDCARD_NAME] * hl.n_entries
     real = np.flatnonzero(~hl.is_wildcard)
     for e, name in zip(real.tolist(), decode_or_placeholder(urls, hl.entry_url[real]), strict=True):

@@ -103,13 +103,10 @@ def tune_cmd(population: int, optin_fraction: float, epsilon: float, delta: floa
         missing = "--optin-estimates" if estimates_path is None else "--headlist"
         raise ParameterError(f"{missing} is missing: --headlist and --optin-estimates go together (both written by "
                              "`hybriddp headlist`); give both, or neither to use the built-in prior.")
-    if head_list_size is not None and head_list_size < 1:
-        raise ParameterError(f"head list size (--head-list-size) = {head_list_size} is not allowed: it must be a "
-                             "whole number of records >= 1; leave it out to let tune search M.")
     if workers is not None and workers < 1:
         raise ParameterError(f"workers (--workers) = {workers} is not allowed: it must be an integer >= 1.")
     check_tune_inputs(population, optin_fraction, epsilon, default_delta(population) if delta is None else delta,
-                      target_ndcg, trials)
+                      target_ndcg, trials, head_list_size)
     inputs: PrivatizedInputs | None = None
     if headlist_path is not None and estimates_path is not None:
         inputs = load_privatized(headlist_path, estimates_path)

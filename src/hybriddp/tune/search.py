@@ -13,7 +13,13 @@ import numpy as np
 from hybriddp.errors import HeadListError, parameter_error
 from hybriddp.metrics import Truth
 from hybriddp.noise import noise_factory
-from hybriddp.params import check_delta, check_epsilon_for_head_list, check_fraction, check_head_list_params
+from hybriddp.params import (
+    check_delta,
+    check_epsilon_for_head_list,
+    check_fraction,
+    check_head_list_params,
+    check_positive_int,
+)
 from hybriddp.tune.constants import (
     COARSE_F_C,
     GRID_F_C,
@@ -52,8 +58,10 @@ def m_grid(m_max: int, ratio: float = M_RATIO, floor: int = M_FLOOR) -> list[int
 
 
 def check_tune_inputs(population: int, optin_fraction: float, epsilon: float, delta: float,
-                      target_ndcg: float, trials: int) -> None:
+                      target_ndcg: float, trials: int, head_list_size: int | None = None) -> None:
     """Validate the knobs of :func:`tune`; errors name the option, the value and the fix."""
+    if head_list_size is not None:
+        check_positive_int("head_list_size", head_list_size)
     if isinstance(population, bool) or not isinstance(population, int) or population < MIN_POPULATION:
         raise parameter_error("population (--population)", population, f"an integer >= {MIN_POPULATION:,}",
                               "Give the number of users of your deployment.")
@@ -121,11 +129,7 @@ def tune(
         No head list forms in the simulated populations at all.
     """
     delta = default_delta(population) if delta is None else delta
-    check_tune_inputs(population, optin_fraction, epsilon, delta, target_ndcg, trials)
-    if head_list_size is not None and (isinstance(head_list_size, bool) or not isinstance(head_list_size, int)
-                                       or head_list_size < 1):
-        raise parameter_error("head_list_size (--head-list-size)", head_list_size,
-                              "a whole number of records >= 1, or leave it out to search M")
+    check_tune_inputs(population, optin_fraction, epsilon, delta, target_ndcg, trials, head_list_size)
     noise_factory(noise)  # validates the name
     say = progress or (lambda msg: None)
     started = time.perf_counter()

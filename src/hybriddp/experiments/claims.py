@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from hybriddp.experiments.aggregate import PointStat, mean_ci, point_stat
-from hybriddp.experiments.figures import Point
+from hybriddp.experiments.figures import Figure, Point
 from hybriddp.experiments.runner import RunSet
 
 NDCG_TARGET = 0.95
@@ -178,12 +178,25 @@ def compare_blended(where: str, metric: str, m: int, rows: dict[str, list[dict[s
     lower_better = metric.startswith("l1")
     sign = 1.0 if lower_better else -1.0
     best = min(("optin-only", "client-only"), key=lambda a: sign * (stats[a].mean or 0.0))
-    by_trial = {a: {r["trial"]: r[metric] for r in rs} for a, rs in rows.items()}
-    trials = sorted(set(by_trial["blender"]) & set(by_trial[best]))
-    diffs = [sign * (by_trial["blender"][t] - by_trial[best][t]) for t in trials]
-    mean, lo, hi = mean_ci(diffs)
-    return Comparison(where, metric, stats["blender"].mean or 0.0, stats[best].mean or 0.0, best, mean, lo, hi,
-                      len(diffs))
+    diff = paired_difference(rows["blender"], rows[best], metric, m, sign)
+    if diff is None:
+        return None
+    return Comparison(where, metric, stats["blender"].mean or 0.0, stats[best].mean or 0.0, best, *diff)
+
+
+def paired_difference(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], metric: str, m: int,
+                      sign: float = 1.0) -> tuple[float, float, float, int] | None:
+    """Mean and 95% interval of ``sign·(a − b)`` over the trials both have (a run counts when it
+    completed, reached M and has the metric), and the number of pairs; None without a pair."""
+    def by_trial(rows: list[dict[str, Any]]) -> dict[int, float]:
+        return {r["trial"]: r[metric] for r in rows if not r.get("error") and r.get(metric) is not None
+                and (r.get("head_list_records") or 0) >= m}
+
+    a, b = by_trial(rows_a), by_trial(rows_b)
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    return (*mean_ci([sign * (a[t] - b[t]) for t in common]), len(common))
 
 
 CHANCE_RATE = 0.025
@@ -295,23 +308,17 @@ def tuned_vs_defaults_claim(runs: RunSet, points: list[Point], metric: str = "nd
     knobs significantly worse (paired 95% interval entirely below 0) and the mean difference
     over the points is not negative.
     """
-    def by_trial(algorithm: str, point: Point) -> dict[int, float]:
-        return {r["trial"]: r[metric] for r in runs.rows(algorithm, point) if not r.get("error")
-                and r.get(metric) is not None and (r.get("head_list_records") or 0) >= point.head_list_size}
-
-    diffs: list[tuple[Point, float, float, float]] = []
-    for point in points:
-        d, t = by_trial("blender", point), by_trial("blender-tuned", point)
-        common = sorted(set(d) & set(t))
-        if common:
-            diffs.append((point, *mean_ci([t[i] - d[i] for i in common])))
+    diffs = [(point, d) for point in points
+             if (d := paired_difference(runs.rows("blender-tuned", point), runs.rows("blender", point), metric,
+                                        point.head_list_size)) is not None]
     if not diffs:
         return []
-    worse = [x for x in diffs if x[3] < 0]
-    low = min(diffs, key=lambda x: x[1])
-    avg = sum(x[1] for x in diffs) / len(diffs)
-    text = (f"tuned − defaults from {low[1]:+.3f} (at ε={low[0].epsilon:g}) to {max(x[1] for x in diffs):+.3f}, "
-            f"mean {avg:+.3f} over {len(diffs)} ε; significantly worse (paired 95% CI) at {len(worse)}")
+    worse = [x for x in diffs if x[1][2] < 0]
+    low = min(diffs, key=lambda x: x[1][0])
+    avg = sum(d[0] for _, d in diffs) / len(diffs)
+    text = (f"tuned − defaults from {low[1][0]:+.3f} (at ε={low[0].epsilon:g}) to "
+            f"{max(d[0] for _, d in diffs):+.3f}, mean {avg:+.3f} over {len(diffs)} ε; significantly worse "
+            f"(paired 95% CI) at {len(worse)}")
     return [Claim("fig12", "beyond the paper: tune's knobs do at least as well as the paper's defaults "
                   "(NDCG@10, paired trials)", text, not worse and avg >= 0)]
 
@@ -426,7 +433,8 @@ def yandex_claims(fig: dict[str, _Points], sizes: list[int]) -> list[Claim]:
 
 
 def all_claims(kind: str, base: Point, runs: RunSet, figure_points: dict[str, list[PointStat]],
-               fig9: dict[str, Any] | None, comparisons: Callable[[], list[Comparison]]) -> list[Claim]:
+               fig9: dict[str, Any] | None, comparisons: Callable[[], list[Comparison]],
+               figures: dict[str, Figure]) -> list[Claim]:
     """Every claim that the figures of this run can check, in the paper's order."""
     fig = {name: _Points(p) for name, p in figure_points.items()}
     out = default_point_claims(kind, base, runs)
@@ -437,9 +445,7 @@ def all_claims(kind: str, base: Point, runs: RunSet, figure_points: dict[str, li
     out += never_worse_claims(comparisons())
     if "fig12" in fig:
         out += fig12_claims(fig["fig12"])
-        xs = sorted({p.x for p in fig["fig12"].points if p.x is not None})
-        m = min((p.head_list_size for p in fig["fig12"].points), default=base.head_list_size)
-        out += tuned_vs_defaults_claim(runs, [replace(base, epsilon=x, head_list_size=m) for x in xs])
+        out += tuned_vs_defaults_claim(runs, [point for _, _, point in figures["fig12"].points(base)])
     if "sizes" in fig:
         out += sizes_claims(fig["sizes"])
     if kind == "yandex":

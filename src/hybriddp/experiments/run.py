@@ -143,7 +143,7 @@ def _write_outputs(out_dir: Path, figs: dict[str, Figure], base: Point, runs: Ru
     meta["runs"] = {"total": len(tasks), "ran": n_ran, "skipped": len(tasks) - n_ran, "jobs": jobs,
                     "seconds_wall": wall, "seconds_compute": compute}
     claims = claims_mod.all_claims(meta["kind"], base, runs, points, fig9,
-                                   lambda: _comparisons(runs, tasks))
+                                   lambda: _comparisons(runs, tasks), figs)
     summary = {**meta, "figures": {n: [p.to_dict() for p in pts] for n, pts in points.items()},
                "claims": [c.to_dict() for c in claims]}
     if fig9 is not None:

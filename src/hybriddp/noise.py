@@ -156,6 +156,12 @@ NOISE_LABELS = {
 }
 
 
+def effective_scale(name: str, scale: float) -> float:
+    """The scale ``--noise name`` actually draws with for a nominal ``scale``: the rational
+    t ≥ scale of :func:`rational_scale` for discrete noise, ``scale`` itself for Laplace."""
+    return float(rational_scale(scale)) if name == "discrete" else scale
+
+
 def noise_factory(name: str) -> type:
     """The noise class for ``--noise discrete|laplace``."""
     from hybriddp.errors import parameter_error

@@ -16,7 +16,7 @@ from hybriddp.audit.scenario import (
     predicted_lower_bound,
 )
 from hybriddp.errors import parameter_error
-from hybriddp.noise import noise_factory, rational_scale
+from hybriddp.noise import effective_scale, noise_factory
 from hybriddp.params import check_head_list_params, head_list_scale
 from hybriddp.rng import make_rng
 
@@ -68,7 +68,7 @@ def headlist_audit(epsilon: float = 4.0, delta: float = 1e-2, *, noise: str = "d
         return keep_x, np.zeros(n, dtype=bool)  # r ∉ D_S(x'): CreateHeadList cannot keep it
 
     details = {
-        "noise": noise, "m_o": 1, "b": b, "noise_scale": _noise_scale(noise, b), "tau": tau,
+        "noise": noise, "m_o": 1, "b": b, "noise_scale": effective_scale(noise, b), "tau": tau,
         "counts_x": [c1, c2], "counts_x_prime": [c1 - 1, c2 + 1],
         "single_record_survival": surv(tau - 1.0, b),
         "closed_form": {"p_x": p_x, "p_x_prime": p_xp, "epsilon_event": _event_epsilon(p_x, p_xp, delta),
@@ -110,14 +110,10 @@ def optin_estimate_audit(epsilon: float = 4.0, delta: float = 0.0, *, noise: str
 
     p_x = at_least(0) * (1.0 - surv(0, b))
     p_xp = at_least(1) * (1.0 - surv(-1, b))
-    details = {"noise": noise, "m_o": 1, "b": b, "noise_scale": _noise_scale(noise, b), "counts_x": [1, 0],
+    details = {"noise": noise, "m_o": 1, "b": b, "noise_scale": effective_scale(noise, b), "counts_x": [1, 0],
                "counts_x_prime": [0, 1],
                "closed_form": {"p_x": p_x, "p_x_prime": p_xp, "epsilon_event": _event_epsilon(p_x, p_xp, delta)}}
     scen = Scenario("one user's record r1 becomes r2", "N(r1)=1, N(r2)=0", "N(r1)=0, N(r2)=1", adapter,
                     (Event("N^(r1) >= 1 and N^(r2) <= 0", lambda out: (out[:, 0] >= 1.0) & (out[:, 1] <= 0.0)),))
     return MechanismAudit("optin-estimate", float(epsilon), float(delta), (scen,), details)
 
-
-def _noise_scale(noise: str, b: float) -> float:
-    """The scale actually used: the rational t ≥ b for discrete noise, b for Laplace."""
-    return float(rational_scale(b)) if noise == "discrete" else b

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybriddp.errors import DataError
-from hybriddp.noise import DiscreteLaplaceNoise, rational_scale
+from hybriddp.noise import effective_scale, noise_factory
 from hybriddp.params import head_list_scale
-from hybriddp.rng import LaplaceNoise
 from hybriddp.tune.constants import MIN_PASS_PROBABILITY
 from hybriddp.tune.inputs import PrivatizedInputs
 
@@ -106,13 +105,11 @@ class CuratorObservation:
 
 
 def _noise_scale(noise: str, epsilon: float, m_o: int) -> float:
-    b = head_list_scale(epsilon, m_o)
-    return float(rational_scale(b)) if noise == "discrete" else b
+    return effective_scale(noise, head_list_scale(epsilon, m_o))
 
 
 def _threshold(noise: str, epsilon: float, delta: float, m_o: int) -> float:
-    cls = DiscreteLaplaceNoise if noise == "discrete" else LaplaceNoise
-    return float(cls(np.random.default_rng(0)).head_list_threshold(epsilon, delta, m_o))
+    return float(noise_factory(noise)(np.random.default_rng(0)).head_list_threshold(epsilon, delta, m_o))
 
 
 class _CountNoise:

@@ -136,9 +136,9 @@ def print_algorithm(alg: AlgorithmResult, top: int = 10) -> None:
         _print_metrics(m)
     out.print(f"head list: {alg.n_records} records over {alg.head_list.n_queries} queries "
               f"(M = {alg.params.head_list_size})")
-    for who in ("optin_users", "clients", "all_users"):
+    for who, label in (("optin_users", "opt-in users"), ("clients", "clients"), ("all_users", "all users")):
         if who in alg.guarantee:
-            out.print(f"privacy, {who.replace('_', ' ')}: {alg.guarantee[who]}")
+            out.print(f"privacy, {label}: {alg.guarantee[who]}")
     if alg.seed is not None:
         err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
 

@@ -1,4 +1,4 @@
-"""Check the synthetic generator's calibration against the published statistics (SPEC §10).
+"""Check the synthetic generator's calibration against the published statistics (ALGORITHM.md §10).
 
 Usage::
 
@@ -49,7 +49,7 @@ def per_user_probabilities(log: RecordLog) -> tuple[np.ndarray, np.ndarray, np.n
 
 def expected_head_list_size(p_record: np.ndarray, n_users: int, optin: float, delta: float,
                             eps: float = 4.0, f_o: float = 0.95) -> float:
-    """E|HL_S| of CreateHeadList (SPEC §3, m_O = 1): Σ_r P(Poisson(|S|p_r) + Lap(b) > τ)."""
+    """E|HL_S| of CreateHeadList (ALGORITHM.md §3, m_O = 1): Σ_r P(Poisson(|S|p_r) + Lap(b) > τ)."""
     b = 2.0 / eps
     tau = b * (math.log(math.exp(eps / 2)) - math.log(delta))
     s = round(f_o * round(optin * n_users))

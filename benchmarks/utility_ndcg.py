@@ -1,4 +1,4 @@
-"""Mean generalized NDCG over seeds on the aol preset with the paper's defaults (SPEC §10).
+"""Mean generalized NDCG over seeds on the aol preset with the paper's defaults (ALGORITHM.md §10).
 
 ε = 4, δ = 1e-5, 5% opt-in, M = 50, f_O = 0.95, f_C = 0.85, m = 1. Target: mean ≥ 0.95.
 

@@ -57,7 +57,7 @@ def test_run_algorithm_rejects_unknown_name(log) -> None:
 
 # ----- privacy -------------------------------------------------------------------------------
 def _neighbours(rng: np.random.Generator, m: int) -> tuple[RecordLog, RecordLog]:
-    """Two logs that differ in the records of one user (SPEC §1 neighbouring notion)."""
+    """Two logs that differ in the records of one user (ALGORITHM.md §1 neighbouring notion)."""
     n_users, per = 200, m
     q = rng.integers(0, 6, n_users * per)
     u = rng.integers(0, 3, n_users * per)
@@ -74,7 +74,7 @@ def _neighbours(rng: np.random.Generator, m: int) -> tuple[RecordLog, RecordLog]
 
 @pytest.mark.parametrize("m_o", [1, 2, 3])
 def test_curator_counts_have_sensitivity_2_m_and_laplace_gives_epsilon(m_o: int) -> None:
-    """optin-only and central release Laplace(2m_O/ε)-noised counts (SPEC §3, §4): one user's
+    """optin-only and central release Laplace(2m_O/ε)-noised counts (ALGORITHM.md §3, §4): one user's
     m_O records move the count vector by at most 2·m_O in L1, so the exact privacy loss
     |Σ|x−c|−Σ|x−c'||/b ≤ ‖c−c'‖₁/b ≤ ε at every output x."""
     rng = np.random.default_rng(m_o)

@@ -1,4 +1,4 @@
-"""BlendProbabilities (SPEC §7, paper Fig. 7, Theorem 6) and the simplex projection.
+"""BlendProbabilities (ALGORITHM.md §7, paper Fig. 7, Theorem 6) and the simplex projection.
 
 Monte Carlo tests are seeded; margins are several standard errors of the simulated MSE.
 """
@@ -104,7 +104,7 @@ def test_blending_real_estimators_beats_both() -> None:
     *estimated* variances. Over 300 trials the total squared error of the blend is below both
     inputs' (≈ 0.7× the better one, the opt-in's; each total has a relative s.e. of a few
     percent, so the 0.9 margin is > 5 s.e.)."""
-    # every query has a real URL: EstimateOptinProbabilities drops queries that keep none (SPEC §4)
+    # every query has a real URL: EstimateOptinProbabilities drops queries that keep none (ALGORITHM.md §4)
     hl = HeadList.from_lists(list(range(6)), [[1, 2, 3], [4], [12], [5, 6, 7, 8, 9], [13], [10, 11]])
     w = np.linspace(3.0, 0.5, hl.n_entries) ** 2
     p = w / w.sum()

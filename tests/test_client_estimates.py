@@ -1,4 +1,4 @@
-"""EstimateClientProbabilities (SPEC §6, paper Fig. 5 / Observation 1): unbiasedness and the
+"""EstimateClientProbabilities (ALGORITHM.md §6, paper Fig. 5 / Observation 1): unbiasedness and the
 corrected delta-method variances, by Monte Carlo.
 
 Setting: a 6-query head list with mixed k_q (1, 2, 3, 4, 6 URLs incl. ``*``), n = 20,000 clients
@@ -125,7 +125,7 @@ def test_unbiased_and_variance_monte_carlo(eps: float, delta: float, f_c: float,
 def test_variance_formula_has_teeth() -> None:
     """On the same Monte Carlo, the printed Theorem 5 and the formula without the covariance
     term both fail the variance comparison (the printed one is not even positive on average
-    for some records, SPEC §6 Erratum)."""
+    for some records, ALGORITHM.md §6 Erratum)."""
     hl = head_list()
     lp = LocalAlgParams.build(hl, 4.0, 1e-5, 0.85, 1)
     p = true_distribution(hl)

@@ -1,4 +1,4 @@
-"""The trusted curator (SPEC §3, §4): CreateHeadList and EstimateOptinProbabilities.
+"""The trusted curator (ALGORITHM.md §3, §4): CreateHeadList and EstimateOptinProbabilities.
 
 Statistical tests are seeded and use error bars from the number of trials: a mean is compared
 with the truth within 5 standard errors, a variance with the empirical variance within 6 standard
@@ -71,7 +71,7 @@ def records_from(counts: dict[tuple[int, int], int], rng: np.random.Generator | 
 
 
 def reference_fold(hl: HeadList, p: np.ndarray, m: int) -> dict[tuple[int, int], tuple[float, int]]:
-    """SPEC §4 "Trim", written independently: key → (folded p̂, J)."""
+    """ALGORITHM.md §4 "Trim", written independently: key → (folded p̂, J)."""
     keys = entry_keys(hl)
     real = [i for i, (_, u) in enumerate(keys) if u != WILDCARD]
     kept = set(sorted(real, key=lambda i: -p[i])[:m])
@@ -99,7 +99,7 @@ RECORD_DIST = {
 
 
 def mapped_truth(hl: HeadList) -> dict[tuple[int, int], float]:
-    """Probability of each HL_S entry key under RECORD_DIST (SPEC §4 mapping)."""
+    """Probability of each HL_S entry key under RECORD_DIST (ALGORITHM.md §4 mapping)."""
     recs = list(RECORD_DIST)
     ent = hl.map_records(np.array([r[0] for r in recs]), np.array([r[1] for r in recs]))
     keys = entry_keys(hl)
@@ -109,7 +109,7 @@ def mapped_truth(hl: HeadList) -> dict[tuple[int, int], float]:
     return truth
 
 
-# ----- CreateHeadList (SPEC §3) --------------------------------------------------------------------
+# ----- CreateHeadList (ALGORITHM.md §3) --------------------------------------------------------------------
 
 
 def test_threshold_paper_values() -> None:
@@ -196,7 +196,7 @@ def test_create_head_list_empty_input() -> None:
     assert hl.k == 1 and hl.n_entries == 1
 
 
-# ----- EstimateOptinProbabilities (SPEC §4) ----------------------------------------------------------
+# ----- EstimateOptinProbabilities (ALGORITHM.md §4) ----------------------------------------------------------
 
 
 def hl_s() -> HeadList:

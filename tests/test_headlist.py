@@ -1,4 +1,4 @@
-"""The head list with wildcards and its device JSON (SPEC §1, §3, §4 mapping, §5 mapping)."""
+"""The head list with wildcards and its device JSON (ALGORITHM.md §1, §3, §4 mapping, §5 mapping)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_wrong_version_and_missing_file(tmp_path) -> None:
 
 
 def _map_reference(hl: HeadList, q: np.ndarray, u: np.ndarray) -> list[int]:
-    """Per-record reference of SPEC §4/§5 mapping (slow, for the tests only)."""
+    """Per-record reference of ALGORITHM.md §4/§5 mapping (slow, for the tests only)."""
     out = []
     for qq, uu in zip(q.tolist(), u.tolist(), strict=True):
         pos = [i for i, x in enumerate(hl.query_ids.tolist()) if x == qq]

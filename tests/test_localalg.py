@@ -1,4 +1,4 @@
-"""LocalAlg (SPEC §5, paper Fig. 6): exact privacy, closed form, and both samplers.
+"""LocalAlg (ALGORITHM.md §5, paper Fig. 6): exact privacy, closed form, and both samplers.
 
 * Theorem 3 is checked *exactly* on the closed-form output distribution: the hockey-stick
   divergence max_{x,x'} Σ_y max(0, P[y|x] − e^ε P[y|x']) is the smallest δ for which the DP
@@ -189,7 +189,7 @@ def test_two_reports_compose_to_epsilon_delta() -> None:
         assert privacy_loss_delta(np.kron(P, P), eps) <= delta * (1 + 1e-9) + 1e-15
 
 
-# ----- closed form against the SPEC formulas ------------------------------------------------------
+# ----- closed form against the ALGORITHM.md formulas ------------------------------------------------------
 
 
 def test_hand_example_k3() -> None:
@@ -219,7 +219,7 @@ def test_hand_example_k3() -> None:
 
 @pytest.mark.parametrize("shape", ["k=2, k_q=3", "mixed k_q", "k=50"])
 def test_closed_form_matches_spec_formulas(shape: str) -> None:
-    """Every cell of P from the SPEC §5 description, computed entry by entry."""
+    """Every cell of P from the ALGORITHM.md §5 description, computed entry by entry."""
     hl = make_hl(SHAPES[shape])
     eps, delta, f_c = 1.7, 0.01, 0.6
     e_q, d_q, e_u, d_u = f_c * eps, f_c * delta, (1 - f_c) * eps, (1 - f_c) * delta

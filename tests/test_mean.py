@@ -1,4 +1,4 @@
-"""Hybrid mean estimation (SPEC §11): formulas against Monte Carlo, w*, unknown σ², device randomizer.
+"""Hybrid mean estimation (ALGORITHM.md §11): formulas against Monte Carlo, w*, unknown σ², device randomizer.
 
 Monte Carlo tolerances: every check allows Z = 5 standard errors of the MSE estimate (the SE is
 measured from the trials), so a correct formula fails with probability < 1e-6 per check, and
@@ -28,7 +28,7 @@ GRID_TRIALS = 20_000
 UNKNOWN_VARIANCE_FACTOR = 1.5  # stated bound: MSE(Hybrid, unknown σ²) ≤ 1.5 × MSE_H(w*) on GRID (ρ = 0.2)
 
 
-# ----- SPEC §11 numbers ---------------------------------------------------------------------
+# ----- ALGORITHM.md §11 numbers ---------------------------------------------------------------------
 def test_spec_numbers() -> None:
     """R ≈ 2.03 at c = 0.05, ε = 1, n ≈ 1.9e3, Δ = 1, σ² = 1/12; MSE_H = 4.903e-4 at n = 2000."""
     n = np.linspace(1000, 3000, 20_001)
@@ -47,7 +47,7 @@ def test_spec_numbers() -> None:
 
 
 def test_spec_number_by_simulation() -> None:
-    """SPEC: MSE_H 4.903e-4 analytic vs 4.905e-4 simulated (ε = 1, c = 0.05, n = 2000, uniform)."""
+    """ALGORITHM.md §11: MSE_H 4.903e-4 analytic vs 4.905e-4 simulated (ε = 1, c = 0.05, n = 2000, uniform)."""
     res = hm.simulate(2000, 0.05, 1.0, trials=100_000, seed=11)
     m = res.mse["mse_hybrid"]
     assert m.analytic == pytest.approx(4.903e-4, abs=5e-8)

@@ -1,4 +1,4 @@
-"""``hybriddp mean estimate | simulate | plot`` (SPEC §11): output, JSON, files, one-line errors."""
+"""``hybriddp mean estimate | simulate | plot`` (ALGORITHM.md §11): output, JSON, files, one-line errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Utility metrics (SPEC §9), checked against values computed by hand from the definitions."""
+"""Utility metrics (ALGORITHM.md §9), checked against values computed by hand from the definitions."""
 
 from __future__ import annotations
 

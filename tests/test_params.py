@@ -1,4 +1,4 @@
-"""Parameter validation at construction (SPEC §2, §3): errors name the parameter and the range."""
+"""Parameter validation at construction (ALGORITHM.md §2, §3): errors name the parameter and the range."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BLENDER end to end on a small synthetic log (SPEC §2): partition, sizes, determinism, utility."""
+"""BLENDER end to end on a small synthetic log (ALGORITHM.md §2): partition, sizes, determinism, utility."""
 
 from __future__ import annotations
 

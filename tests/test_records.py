@@ -1,4 +1,4 @@
-"""Per-user sampling of ≤ m records without replacement (SPEC §1): records.sample_per_user and
+"""Per-user sampling of ≤ m records without replacement (ALGORITHM.md §1): records.sample_per_user and
 records.sample_records.
 
 Uniformity is checked with chi-square tests on *which subset* a user gets (not only the

@@ -1,4 +1,4 @@
-"""Tests of the synthetic log generator and writers (hybriddp.io.synth, SPEC §10).
+"""Tests of the synthetic log generator and writers (hybriddp.io.synth, ALGORITHM.md §10).
 
 Small scales only (≤ 1% of the users), no data files: every fixture is generated here.
 """

@@ -1,8 +1,8 @@
 """hybriddp: the hybrid model of differential privacy, made practical.
 
 BLENDER (Avent et al., USENIX Security 2017) heavy hitters over an opt-in group that trusts
-the curator and clients that randomize locally; see ``SPEC.md`` sections 2-9 (referenced as
-"SPEC §N" throughout the code).
+the curator and clients that randomize locally. The algorithms are written out in the
+repository's ``docs/ALGORITHM.md``; code comments cite its sections as "ALGORITHM.md §N".
 """
 
 from hybriddp.errors import DataError, HeadListError, HybridDPError, ParameterError

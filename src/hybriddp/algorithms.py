@@ -1,6 +1,6 @@
 """BLENDER and the baselines a privacy engineer would otherwise choose, behind one interface.
 
-* ``blender``: the hybrid algorithm (SPEC §2);
+* ``blender``: the hybrid algorithm (ALGORITHM.md §2);
 * ``optin-only``: the curator alone — head list from S, estimates from T, no clients;
 * ``client-only``: clients alone over the opt-in head list, no blending;
 * ``local-only``: no opt-in group at all — PEM heavy-hitter discovery over OLH, then the clients'

@@ -1,4 +1,4 @@
-"""BlendProbabilities: inverse-variance blending and simplex projection (SPEC §7, Fig. 7).
+"""BlendProbabilities: inverse-variance blending and simplex projection (ALGORITHM.md §7, Fig. 7).
 
 Theorem 6: for independent unbiased estimates, w = σ²_C/(σ²_O + σ²_C) minimizes the variance
 of w·p̂_O + (1−w)·p̂_C, giving w²σ²_O + (1−w)²σ²_C.
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 VARIANCE_FLOOR = 1e-300
-"""Variances are floored here so the weight is always defined (SPEC §7)."""
+"""Variances are floored here so the weight is always defined (ALGORITHM.md §7)."""
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""EstimateClientProbabilities: denoising the clients' reports (SPEC §6, Fig. 5, Obs. 1).
+"""EstimateClientProbabilities: denoising the clients' reports (ALGORITHM.md §6, Fig. 5, Obs. 1).
 
 Works on report counts per head-list entry (a ``bincount``), so it costs O(|HL|) whatever the
 number of clients.
@@ -23,13 +23,13 @@ class ClientEstimates:
     p_query: np.ndarray
     var_query: np.ndarray
     n: int
-    variance_exact: bool  # False when m_C > 1: a client's reports are dependent (SPEC §6)
+    variance_exact: bool  # False when m_C > 1: a client's reports are dependent (ALGORITHM.md §6)
 
 
 def estimate_client_probabilities(
     report_counts: np.ndarray, hl: HeadList, lp: LocalAlgParams, m_c: int = 1
 ) -> ClientEstimates:
-    """Unbiased p̂_C and delta-method σ̂²_C from report counts (SPEC §6).
+    """Unbiased p̂_C and delta-method σ̂²_C from report counts (ALGORITHM.md §6).
 
     With a = (kt − 1)/(k − 1):
       p̂_C,q = (r̂_q − (1−t)/(k−1))/a;  σ̂²_C,q = r̂_q(1−r̂_q)/((n−1)a²);

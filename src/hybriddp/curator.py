@@ -1,4 +1,4 @@
-"""The trusted curator's side: CreateHeadList and EstimateOptinProbabilities (SPEC §3, §4).
+"""The trusted curator's side: CreateHeadList and EstimateOptinProbabilities (ALGORITHM.md §3, §4).
 
 Both run on raw opt-in records, the most sensitive data hybriddp holds; only their noisy
 outputs (the head list, the estimates) leave this module.
@@ -24,7 +24,7 @@ def create_head_list(
     query: np.ndarray, url: np.ndarray, *, epsilon: float, delta: float, m_o: int,
     noise: NoiseSource, backend: CountingBackend | None = None,
 ) -> HeadList:
-    """CreateHeadList(ε, δ, S, m_O) — paper Fig. 3, SPEC §3.
+    """CreateHeadList(ε, δ, S, m_O) — paper Fig. 3, ALGORITHM.md §3.
 
     Parameters
     ----------
@@ -50,7 +50,7 @@ def create_head_list(
 
 @dataclass
 class OptinEstimates:
-    """Output of EstimateOptinProbabilities (SPEC §4): the final HL and its estimates.
+    """Output of EstimateOptinProbabilities (ALGORITHM.md §4): the final HL and its estimates.
 
     Arrays indexed by entry of ``head_list`` (record level) or by query position (query
     level); ``draws_*`` is J, the number of noise draws an estimate sums.
@@ -68,9 +68,9 @@ class OptinEstimates:
 
 
 def optin_variance(p: np.ndarray, draws: np.ndarray, n: int, noise_variance: float) -> np.ndarray:
-    """σ̂²_O = p̂(1−p̂)/(n−1) + J·Var(Y)/(n(n−1))  (Theorem 4 corrected, SPEC §4).
+    """σ̂²_O = p̂(1−p̂)/(n−1) + J·Var(Y)/(n(n−1))  (Theorem 4 corrected, ALGORITHM.md §4).
 
-    With Laplace noise Var(Y) = 2b², the SPEC's 2·J·b²/(|D_T|(|D_T|−1)). p̂ is clamped into
+    With Laplace noise Var(Y) = 2b², ALGORITHM.md's 2·J·b²/(|D_T|(|D_T|−1)). p̂ is clamped into
     [0, 1] inside p(1−p) only. Fewer than 2 records give an infinite variance (no data).
     """
     if n < 2:
@@ -84,7 +84,7 @@ def estimate_optin_probabilities(
     head_list_size: int, noise: NoiseSource, url_level: bool = True,
     backend: CountingBackend | None = None,
 ) -> OptinEstimates:
-    """EstimateOptinProbabilities(ε, T, m_O, HL_S, M) — paper Fig. 4, SPEC §4.
+    """EstimateOptinProbabilities(ε, T, m_O, HL_S, M) — paper Fig. 4, ALGORITHM.md §4.
 
     1. Map every record of D_T onto HL_S (q ∉ HL_S → ⟨*,*⟩; u ∉ HL_S[q] → ⟨q,*⟩).
     2. p̂_O,r = (N(r, D_T) + Y_r)/|D_T| with one Y_r ~ Laplace(0, 2m_O/ε) per entry
@@ -106,7 +106,7 @@ def estimate_optin_probabilities(
     if n == 0:
         p = np.zeros(hl.n_entries)
 
-    # --- trim to M records and fold (SPEC §4 "Trim") ---------------------------------------
+    # --- trim to M records and fold (ALGORITHM.md §4 "Trim") ---------------------------------------
     entry_q = hl.entry_query
     star_q = hl.k - 1
     if url_level:

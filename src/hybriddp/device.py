@@ -1,4 +1,4 @@
-"""LocalAlg on one device: pure Python, no NumPy, OS randomness by default (SPEC §5, Fig. 6).
+"""LocalAlg on one device: pure Python, no NumPy, OS randomness by default (ALGORITHM.md §5, Fig. 6).
 
 This module is what a phone or a browser port implements. It reads the head-list JSON that
 :mod:`hybriddp.headlist` writes (format ``hybriddp-headlist`` version 1), samples at most
@@ -94,7 +94,7 @@ class UniformReplay:
 
 # ----- Fig. 6 lines 1-5 ---------------------------------------------------------------------
 def budget_split(epsilon: float, delta: float, f_c: float, m_c: int) -> tuple[float, float, float, float]:
-    """(ε'_Q, δ'_Q, ε'_U, δ'_U) of Fig. 6 lines 1-3 (SPEC §5)."""
+    """(ε'_Q, δ'_Q, ε'_U, δ'_U) of Fig. 6 lines 1-3 (ALGORITHM.md §5)."""
     eps1, delta1 = epsilon / m_c, delta / m_c
     eps_q, delta_q = f_c * eps1, f_c * delta1
     return eps_q, delta_q, eps1 - eps_q, delta1 - delta_q
@@ -114,7 +114,7 @@ def keep_probability(eps: float, delta: float, n: int) -> float:
 def thresholds(
     k: int, kq: Sequence[int], epsilon: float, delta: float, f_c: float, m_c: int
 ) -> tuple[float, list[float]]:
-    """(t, [t_q for each query position]) of Fig. 6 lines 4-5 (SPEC §5)."""
+    """(t, [t_q for each query position]) of Fig. 6 lines 4-5 (ALGORITHM.md §5)."""
     eps_q, delta_q, eps_u, delta_u = budget_split(epsilon, delta, f_c, m_c)
     return keep_probability(eps_q, delta_q, k), [keep_probability(eps_u, delta_u, n) for n in kq]
 

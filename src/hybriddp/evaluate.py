@@ -1,4 +1,4 @@
-"""Scoring any algorithm's head-list estimates against the non-private truth (SPEC §9).
+"""Scoring any algorithm's head-list estimates against the non-private truth (ALGORITHM.md §9).
 
 Every algorithm (BLENDER and the baselines) ends with a head list, a per-entry estimate vector
 and a per-query estimate vector; :func:`score` turns them into the same metrics.

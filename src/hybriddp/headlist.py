@@ -1,4 +1,4 @@
-"""The head list with wildcards, and the JSON shipped to devices (SPEC §1, §3, §4).
+"""The head list with wildcards, and the JSON shipped to devices (ALGORITHM.md §1, §3, §4).
 
 In memory a :class:`HeadList` is integer-coded. Queries are positions ``0..k−1``; position
 ``k−1`` is the wildcard query ``*``. Entries (records) are numbered in CSR order: the entries
@@ -47,7 +47,7 @@ def split_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class HeadList:
-    """An integer-coded head list HL with wildcards (SPEC §1).
+    """An integer-coded head list HL with wildcards (ALGORITHM.md §1).
 
     Attributes
     ----------
@@ -83,7 +83,7 @@ class HeadList:
 
     @classmethod
     def from_records(cls, query: np.ndarray, url: np.ndarray) -> HeadList:
-        """HL_S from kept records (SPEC §3): query → its URLs, plus ⟨q,*⟩ and ⟨*,*⟩.
+        """HL_S from kept records (ALGORITHM.md §3): query → its URLs, plus ⟨q,*⟩ and ⟨*,*⟩.
 
         A record whose URL is −1 (no URL level) puts its query in the list with no real URL.
         Queries are listed by id, URLs by id within a query.
@@ -142,7 +142,7 @@ class HeadList:
         """Listed queries (``*`` excluded)."""
         return self.k - 1
 
-    # ----- mapping records onto the list (SPEC §4 first bullet, §5 mapping) --------------
+    # ----- mapping records onto the list (ALGORITHM.md §4 first bullet, §5 mapping) --------------
     def map_records(self, query: np.ndarray, url: np.ndarray) -> np.ndarray:
         """Entry index of each record: q ∉ HL → ⟨*,*⟩; u ∉ HL[q] → ⟨q,*⟩; else ⟨q,u⟩."""
         query = np.asarray(query)

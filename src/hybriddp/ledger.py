@@ -1,7 +1,7 @@
 """The privacy ledger: what every user has spent, round by round (issue: privacy assurance).
 
 Each BLENDER round releases something about each participating user: opt-in users in S and T
-and clients each spend (ε, δ) once per round (SPEC §2). Over many rounds the guarantees
+and clients each spend (ε, δ) once per round (ALGORITHM.md §2). Over many rounds the guarantees
 compose. The ledger records, per user and round, the (ε, δ) of that user's release, prints
 per-round and cumulative guarantees under basic and advanced composition, and **refuses** a
 round that would take any user over the configured lifetime budget — before anything is

@@ -1,6 +1,6 @@
 """The numeric randomizer of one device: pure Python, no NumPy, OS randomness by default.
 
-SPEC §11 (hybrid mean estimation; Dubey & Korolova 2018, §2 "FullLM" and the local group of
+ALGORITHM.md §11 (hybrid mean estimation; Dubey & Korolova 2018, §2 "FullLM" and the local group of
 "Hybrid"): a user who trusts no one reports
 
     r = clamp(x, lo, hi) + Lap(Δ/ε),   Δ = hi − lo,
@@ -91,7 +91,7 @@ def output_log_density(report: float, value: float, *, lower: float, upper: floa
 
 
 class NumericRandomizer:
-    """Clamp to [lower, upper], add Laplace((upper − lower)/ε): ε-LDP (SPEC §11).
+    """Clamp to [lower, upper], add Laplace((upper − lower)/ε): ε-LDP (ALGORITHM.md §11).
 
     Parameters
     ----------

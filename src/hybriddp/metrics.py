@@ -1,4 +1,4 @@
-"""Utility metrics: L1, NDCG, generalized NDCG, local-search hit rate (SPEC §9, paper §4).
+"""Utility metrics: L1, NDCG, generalized NDCG, local-search hit rate (ALGORITHM.md §9, paper §4).
 
 Ground truth is the empirical distribution of the sampled records of all users (opt-in and
 clients together). Wildcards are dropped from every metric.
@@ -16,7 +16,7 @@ from hybriddp.headlist import HeadList, record_keys
 
 @dataclass
 class Truth:
-    """Non-private empirical frequencies of queries and records (SPEC §9)."""
+    """Non-private empirical frequencies of queries and records (ALGORITHM.md §9)."""
 
     query_ids: np.ndarray  # sorted distinct query ids
     query_freq: np.ndarray
@@ -76,7 +76,7 @@ def _discount(k: int) -> np.ndarray:
 
 def ndcg(true_freq_in_estimated_order: np.ndarray, ideal_top: np.ndarray,
          inner: np.ndarray | None = None) -> float:
-    """NDCG_k = DCG_k/IDCG_k with rel = true frequency / Σ of the true top-k (SPEC §9).
+    """NDCG_k = DCG_k/IDCG_k with rel = true frequency / Σ of the true top-k (ALGORITHM.md §9).
 
     Parameters
     ----------
@@ -112,7 +112,7 @@ def url_ndcgs(hl: HeadList, p_record: np.ndarray, truth: Truth) -> np.ndarray:
 
 def generalized_ndcg(hl: HeadList, p_query: np.ndarray, p_record: np.ndarray, truth: Truth,
                      url_level: bool = True) -> float:
-    """NDCG^Q of the list of lists (SPEC §9): queries by p̂_q, each weighted by its URL NDCG."""
+    """NDCG^Q of the list of lists (ALGORITHM.md §9): queries by p̂_q, each weighted by its URL NDCG."""
     k = hl.n_queries
     if k == 0:
         return 0.0
@@ -144,7 +144,7 @@ def l1_queries(hl: HeadList, p_query: np.ndarray, truth: Truth) -> float:
 
 def hit_rates(hl: HeadList, p_record: np.ndarray, query: np.ndarray, url: np.ndarray,
               mask: np.ndarray | None = None, chunk: int = 1 << 23) -> tuple[float, float]:
-    """Local search on held-out events (SPEC §9): share whose query is in HL, and share whose
+    """Local search on held-out events (ALGORITHM.md §9): share whose query is in HL, and share whose
     clicked URL is the top URL (by ``p_record``) that HL offers for that query.
 
     ``mask`` selects the held-out events among ``query``/``url``; work goes in chunks of

@@ -1,4 +1,4 @@
-"""Parameters of a BLENDER run, validated once at construction (SPEC §2, §3, §5).
+"""Parameters of a BLENDER run, validated once at construction (ALGORITHM.md §2, §3, §5).
 
 Every check raises :class:`~hybriddp.errors.ParameterError` naming the parameter, its
 value and the allowed range, so the CLI and the library give the same message.
@@ -15,7 +15,7 @@ LN2 = math.log(2.0)
 
 
 def check_epsilon_for_head_list(epsilon: float) -> None:
-    """Theorem 1 needs ε > ln 2 for CreateHeadList (SPEC §3)."""
+    """Theorem 1 needs ε > ln 2 for CreateHeadList (ALGORITHM.md §3)."""
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > LN2):
         raise parameter_error(
             _label("epsilon"), epsilon, f"a finite number > ln 2 = {LN2:.4f} (Theorem 1 of the paper)",
@@ -56,17 +56,17 @@ def check_positive_int(name: str, value: int) -> None:
 
 
 def head_list_scale(epsilon: float, m_o: int) -> float:
-    """b_S = b_T = 2·m_O/ε, the Laplace scale of the curator's counts (SPEC §3, §4)."""
+    """b_S = b_T = 2·m_O/ε, the Laplace scale of the curator's counts (ALGORITHM.md §3, §4)."""
     return 2.0 * m_o / epsilon
 
 
 def head_list_threshold(epsilon: float, delta: float, m_o: int) -> float:
-    """τ = b_S·(ln(e^{ε/2} + m_O − 1) − ln δ)  (SPEC §3, Fig. 3 line 2)."""
+    """τ = b_S·(ln(e^{ε/2} + m_O − 1) − ln δ)  (ALGORITHM.md §3, Fig. 3 line 2)."""
     return head_list_scale(epsilon, m_o) * (math.log(math.exp(epsilon / 2.0) + m_o - 1) - math.log(delta))
 
 
 def check_head_list_params(epsilon: float, delta: float, m_o: int) -> float:
-    """Validate (ε, δ, m_O) for CreateHeadList and return τ; requires τ ≥ 1 (SPEC §3)."""
+    """Validate (ε, δ, m_O) for CreateHeadList and return τ; requires τ ≥ 1 (ALGORITHM.md §3)."""
     check_epsilon_for_head_list(epsilon)
     check_delta(delta)
     check_positive_int("m_o", m_o)
@@ -82,7 +82,7 @@ def check_head_list_params(epsilon: float, delta: float, m_o: int) -> float:
 
 @dataclass(frozen=True)
 class BlenderParams:
-    """The knobs of BLENDER(ε, δ, O, C, m_O, m_C, f_O, f_C, M)  (paper Fig. 2, SPEC §2).
+    """The knobs of BLENDER(ε, δ, O, C, m_O, m_C, f_O, f_C, M)  (paper Fig. 2, ALGORITHM.md §2).
 
     Parameters
     ----------
@@ -100,7 +100,7 @@ class BlenderParams:
     m_o, m_c:
         Records sampled per opt-in user / per client (without replacement).
     project:
-        Project the blended record vector onto the probability simplex (SPEC §7).
+        Project the blended record vector onto the probability simplex (ALGORITHM.md §7).
     """
 
     epsilon: float = 4.0
@@ -123,7 +123,7 @@ class BlenderParams:
 
     @property
     def tau(self) -> float:
-        """The head-list threshold τ of SPEC §3."""
+        """The head-list threshold τ of ALGORITHM.md §3."""
         return head_list_threshold(self.epsilon, self.delta, self.m_o)
 
     @property

@@ -1,4 +1,4 @@
-"""BLENDER(ε, δ, O, C, m_O, m_C, f_O, f_C, M), the five steps of paper Fig. 2 (SPEC §2).
+"""BLENDER(ε, δ, O, C, m_O, m_C, f_O, f_C, M), the five steps of paper Fig. 2 (ALGORITHM.md §2).
 
 :func:`run_blender` is the simulation used by ``hybriddp run``: users are assigned to the
 opt-in group at random and clients go through the batch randomizer. The curator side and
@@ -151,7 +151,7 @@ class BlendOutput:
 
 
 def blend_estimates(optin: OptinEstimates, client: ClientEstimates, project: bool = True) -> BlendOutput:
-    """BlendProbabilities for records and for queries (SPEC §7)."""
+    """BlendProbabilities for records and for queries (ALGORITHM.md §7)."""
     rec = blend(optin.p_record, optin.var_record, client.p_record, client.var_record)
     qry = blend(optin.p_query, optin.var_query, client.p_query, client.var_query)
     projected = project_to_simplex(rec.p) if project else None
@@ -187,7 +187,7 @@ def run_blender(
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
     stages: Stages | None = None,
 ) -> BlenderRun:
-    """Simulate BLENDER on a log: Fig. 2 lines 1-5 (SPEC §2)."""
+    """Simulate BLENDER on a log: Fig. 2 lines 1-5 (ALGORITHM.md §2)."""
     stages = stages or Stages()
     backend = backend or default_backend()
     with stages.stage("assign opt-in users"):

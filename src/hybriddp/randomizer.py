@@ -1,4 +1,4 @@
-"""LocalAlg for millions of simulated clients, vectorized, and its exact distribution (SPEC §5).
+"""LocalAlg for millions of simulated clients, vectorized, and its exact distribution (ALGORITHM.md §5).
 
 :func:`randomize_batch` is the NumPy twin of :func:`hybriddp.device.local_alg`: the same
 thresholds (computed by the same pure-Python code), the same three uniforms per report, the
@@ -127,7 +127,7 @@ def _randomize_chunk(entries: np.ndarray, hl: HeadList, lp: LocalAlgParams, unif
 
 
 def output_distribution(lp: LocalAlgParams) -> np.ndarray:
-    """P[report entry j | record entry i] as an (n_entries × n_entries) matrix (SPEC §5).
+    """P[report entry j | record entry i] as an (n_entries × n_entries) matrix (ALGORITHM.md §5).
 
     * q' ≠ q: (1−t)/(k−1) · 1/k_{q'};
     * q' = q, u' = u: t·t_q;   q' = q, u' ≠ u: t·(1−t_q)/(k_q−1).

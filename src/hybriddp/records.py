@@ -1,4 +1,4 @@
-"""Records as integer-coded arrays with vocabularies, and per-user sampling (SPEC §1).
+"""Records as integer-coded arrays with vocabularies, and per-user sampling (ALGORITHM.md §1).
 
 A :class:`RecordLog` stores every user's records grouped by user (CSR layout): the records
 of user ``i`` are ``query[user_offsets[i]:user_offsets[i+1]]`` (and the same slice of
@@ -103,7 +103,7 @@ class LoadStats:
 
 @dataclass
 class RecordLog:
-    """All users' records, integer-coded and grouped by user (SPEC §1).
+    """All users' records, integer-coded and grouped by user (ALGORITHM.md §1).
 
     Attributes
     ----------
@@ -182,7 +182,7 @@ class RecordLog:
 def sample_per_user(
     user_offsets: np.ndarray, users: np.ndarray, m: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """Row indices of ≤ m records per user, uniformly without replacement (SPEC §1).
+    """Row indices of ≤ m records per user, uniformly without replacement (ALGORITHM.md §1).
 
     m = 1 draws one uniform position per user; m > 1 runs Floyd's subset algorithm for every
     user at once. Costs O(m² · len(users)); no per-record loop.
@@ -221,7 +221,7 @@ def sample_per_user(
 
 @dataclass
 class SampledRecords:
-    """The sampled records D of a group of users (SPEC §1): one row per sampled record."""
+    """The sampled records D of a group of users (ALGORITHM.md §1): one row per sampled record."""
 
     query: np.ndarray
     url: np.ndarray
@@ -233,7 +233,7 @@ class SampledRecords:
 
 
 def sample_records(log: RecordLog, users: np.ndarray, m: int, rng: np.random.Generator) -> SampledRecords:
-    """Sample ≤ m records of each user in ``users`` uniformly without replacement (SPEC §1)."""
+    """Sample ≤ m records of each user in ``users`` uniformly without replacement (ALGORITHM.md §1)."""
     rows = sample_per_user(log.user_offsets, users, m, rng)
     owner = np.searchsorted(log.user_offsets, rows, side="right") - 1
     return SampledRecords(log.query[rows], log.url[rows], owner, rows)

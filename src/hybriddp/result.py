@@ -1,4 +1,4 @@
-"""The output of a BLENDER run (SPEC §8): per-entry and per-query tables, metrics, JSON.
+"""The output of a BLENDER run (ALGORITHM.md §8): per-entry and per-query tables, metrics, JSON.
 
 A :class:`BlenderResult` needs no raw data: ``hybriddp run`` builds it from a simulation
 (with ground truth, so it carries metrics), ``hybriddp estimate`` from files (without).
@@ -147,7 +147,7 @@ class BlenderResult:
         return out
 
     def guarantee(self) -> dict[str, Any]:
-        """The privacy actually delivered (SPEC §2, §5)."""
+        """The privacy actually delivered (ALGORITHM.md §2, §5)."""
         p = self.params
         return {
             "optin_users": f"({p.epsilon}, {p.delta})-DP, trusted-curator model "
@@ -225,7 +225,7 @@ def json_default(o: Any) -> Any:
 
 
 def result_from_run(run: BlenderRun, *, with_metrics: bool = True) -> BlenderResult:
-    """Build the result of a simulation, with ground truth and metrics (SPEC §9)."""
+    """Build the result of a simulation, with ground truth and metrics (ALGORITHM.md §9)."""
     cur = run.curator
     hl = run.head_list
     sizes = {

@@ -50,10 +50,10 @@ def stage_rng(seed: int | None, stage: str) -> np.random.Generator:
 
 
 class NoiseSource(Protocol):
-    """Noise added to counts by the curator (SPEC §3, §4).
+    """Noise added to counts by the curator (ALGORITHM.md §3, §4).
 
     ``name`` labels outputs; ``variance(scale)`` is the variance of one draw, used by the
-    variance formulas (SPEC §4), and ``survival(x, scale)`` is P[Y > x], used to check the
+    variance formulas (ALGORITHM.md §4), and ``survival(x, scale)`` is P[Y > x], used to check the
     head-list threshold.
     """
 
@@ -72,7 +72,7 @@ class NoiseSource(Protocol):
         ...
 
     def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
-        """CreateHeadList's τ for this noise (SPEC §3)."""
+        """CreateHeadList's τ for this noise (ALGORITHM.md §3)."""
         ...
 
 

@@ -1,12 +1,12 @@
 """Empirical privacy audit: a statistical lower bound on ε from the real mechanism code.
 
-Issue "Privacy assurance". The closed-form checks (SPEC §5, §12) prove that the *formulas* are
+Issue "Privacy assurance". The closed-form checks (ALGORITHM.md §5, §12) prove that the *formulas* are
 private; this module checks that the *code* is, the way DP auditing does it (Jagielski, Ullman,
 Oprea, "Auditing differentially private machine learning: how private is private SGD?",
 NeurIPS 2020; Nasr, Song, Thakurta, Papernot, Carlini, "Adversary instantiation: lower bounds
 for differentially private machine learning", IEEE S&P 2021):
 
-1. fix two neighbouring inputs x, x' (SPEC §1: one user's record changes value) on which the
+1. fix two neighbouring inputs x, x' (ALGORITHM.md §1: one user's record changes value) on which the
    mechanism is worst, and an output event E chosen *in advance* from the closed form (the
    likelihood-ratio-optimal set, Neyman–Pearson);
 2. run the real mechanism ``trials`` times on x and ``trials`` times on x' and count how often
@@ -25,12 +25,12 @@ claim is a privacy bug.
 Mechanisms (each a list of :class:`Scenario`: an adapter ``(rng, trials) -> (outputs_x,
 outputs_x')`` running the real code vectorized over trials, and the events on its outputs):
 
-* ``localalg`` — LocalAlg (SPEC §5, paper Fig. 6) through :func:`~hybriddp.randomizer.randomize_batch`
+* ``localalg`` — LocalAlg (ALGORITHM.md §5, paper Fig. 6) through :func:`~hybriddp.randomizer.randomize_batch`
   on a small head list (3 queries of 2 URLs); x, x' and E are the pair of records and the
   Neyman–Pearson output set with the best predicted bound, found from
   :func:`~hybriddp.randomizer.output_distribution` (E = {report = x} against a record of
   another query: likelihood ratio e^{ε'_Q}·k_q·e^{ε'_U}/(e^{ε'_U} + k_q − 1) ≈ e^{0.95ε}).
-* ``headlist`` — CreateHeadList (SPEC §3, Fig. 3). Two pairs. (a) The ε-tight one: r1 seen
+* ``headlist`` — CreateHeadList (ALGORITHM.md §3, Fig. 3). Two pairs. (a) The ε-tight one: r1 seen
   c1 times and r2 c2 times in x, one user moved from r1 to r2 in x'; E = {r1 kept, r2 not kept},
   with (c1, c2) around τ (searched on the closed form) so that both keep decisions sit in the
   geometric tails of the noise: likelihood ratio e^{2/b} = e^ε. (b) The δ-dominated one: r once
@@ -42,7 +42,7 @@ outputs_x')`` running the real code vectorized over trials, and the events on it
   δ_lb = p_lo − e^ε·p'_hi is positive at 10^6 trials. The price is on the ε-tight pair: δ is
   subtracted from P[E|x] (ε_E = 3.99 with discrete noise, 3.72 with Laplace, where the best
   P[E|x] is only ≈ 0.2).
-* ``optin-estimate`` — the noisy counts of EstimateOptinProbabilities (SPEC §4, Fig. 4,
+* ``optin-estimate`` — the noisy counts of EstimateOptinProbabilities (ALGORITHM.md §4, Fig. 4,
   Theorem 2: (ε, 0)-DP); x: N(r1) = 1, N(r2) = 0, x': the other way round;
   E = {N̂(r1) ≥ 1, N̂(r2) ≤ 0} (N̂ = p̂_O·|D_T|), likelihood ratio e^{2/b} = e^ε.
 * ``local-only`` — the OLH report of a PEM discovery user (:mod:`hybriddp.baselines.olh`,

@@ -37,7 +37,7 @@ def _audit_head_list() -> tuple[HeadList, list[str]]:
 
 def localalg_audit(epsilon: float = 1.0, delta: float = 1e-5, *, f_c: float = 0.85, m_c: int = 1,
                    trials: int = 10**6, lp: LocalAlgParams | None = None) -> MechanismAudit:
-    """LocalAlg (SPEC §5, Fig. 6; Theorem 3: (ε, δ)-LDP) on a 3-query head list, 2 URLs each.
+    """LocalAlg (ALGORITHM.md §5, Fig. 6; Theorem 3: (ε, δ)-LDP) on a 3-query head list, 2 URLs each.
 
     The pair of records and the event come from the closed form of the *claimed* parameters
     (:func:`best_event` on :func:`~hybriddp.randomizer.output_distribution`); the samples come

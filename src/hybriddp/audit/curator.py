@@ -23,7 +23,7 @@ from hybriddp.rng import make_rng
 
 def headlist_audit(epsilon: float = 4.0, delta: float = 1e-2, *, noise: str = "discrete",
                    trials: int = 10**6) -> MechanismAudit:
-    """CreateHeadList (SPEC §3, Fig. 3; Theorem 1) with m_O = 1: the keep decisions of two records.
+    """CreateHeadList (ALGORITHM.md §3, Fig. 3; Theorem 1) with m_O = 1: the keep decisions of two records.
 
     The swap pair's counts (c1, c2) → (c1 − 1, c2 + 1) are the ones with the best predicted
     bound at ``trials`` (closed form through ``noise.survival``; in the geometric tails, where
@@ -84,7 +84,7 @@ def headlist_audit(epsilon: float = 4.0, delta: float = 1e-2, *, noise: str = "d
 
 
 def optin_estimate_audit(epsilon: float = 4.0, delta: float = 0.0, *, noise: str = "discrete") -> MechanismAudit:
-    """EstimateOptinProbabilities' noisy counts (SPEC §4, Fig. 4; Theorem 2: (ε, 0)-DP), m_O = 1.
+    """EstimateOptinProbabilities' noisy counts (ALGORITHM.md §4, Fig. 4; Theorem 2: (ε, 0)-DP), m_O = 1.
 
     Outputs are N̂(r) = N(r, D_T) + Y_r = p̂_O,r·|D_T| for the two records whose counts change
     (the other entries' noise does not depend on the input). The adapter draws

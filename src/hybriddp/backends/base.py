@@ -8,7 +8,7 @@ import numpy as np
 
 
 class CountingBackend(Protocol):
-    """Counting primitives BLENDER needs (SPEC §3, §4, §6, §9).
+    """Counting primitives BLENDER needs (ALGORITHM.md §3, §4, §6, §9).
 
     Keys are non-negative int64 codes (a record ⟨q,u⟩ is ``q << 32 | u``); entries are
     indices into a head list. Implementations must return exact integer counts.

@@ -8,12 +8,12 @@ stronger successor of LDPMiner's: PEM over OLH (Wang, Li, Jha, IEEE TDSC 2019;
 :mod:`hybriddp.baselines.pem`). The estimation stage is BLENDER's own client algorithm, so the
 comparison with BLENDER isolates what the opt-in group buys:
 
-1. every user samples ≤ m_C records (SPEC §1; stream ``sample_clients``);
+1. every user samples ≤ m_C records (ALGORITHM.md §1; stream ``sample_clients``);
 2. a random ``discovery_fraction`` of the users (stream ``local_split``) runs PEM: each one
    reports one of its sampled records (chosen uniformly) through OLH — the top M records
    (M = ``head_list_size``) form the head list, wildcards added (stream ``local_discovery``);
-3. the other users run LocalAlg over that head list (paper Fig. 6, SPEC §5; stream
-   ``randomizer``) and EstimateClientProbabilities (paper Fig. 5, SPEC §6) gives p̂ for every
+3. the other users run LocalAlg over that head list (paper Fig. 6, ALGORITHM.md §5; stream
+   ``randomizer``) and EstimateClientProbabilities (paper Fig. 5, ALGORITHM.md §6) gives p̂ for every
    entry and every query — the two-stage (query, then URL) estimation of BLENDER's clients.
 
 Item coding

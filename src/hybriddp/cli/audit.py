@@ -21,7 +21,7 @@ _DELTA_HELP = "; ".join(f"{m} {d:g}" for m, (_, d) in DEFAULTS.items())
 
 @click.command("audit")
 @click.option("--mechanism", type=click.Choice(MECHANISMS), required=True,
-              help="localalg: the client randomizer (SPEC §5); headlist: CreateHeadList (§3); optin-estimate: "
+              help="localalg: the client randomizer (ALGORITHM.md §5); headlist: CreateHeadList (§3); optin-estimate: "
                    "the opt-in noisy counts (§4); local-only: the OLH report of the local-only baseline.")
 @click.option("--epsilon", type=float, default=None, help=f"Claimed ε to audit. Default: {_DEFAULTS_HELP}.")
 @click.option("--delta", type=float, default=None,

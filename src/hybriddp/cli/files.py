@@ -68,7 +68,7 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
                  seed: int | None, out_headlist: str, out_estimates: str, ledger_path: str | None,
                  round_name: str | None, lifetime_epsilon: float | None, lifetime_delta: float | None,
                  **knobs: Any) -> None:
-    """Curator: build the head list from opt-in users' raw records (SPEC §3, §4).
+    """Curator: build the head list from opt-in users' raw records (ALGORITHM.md §3, §4).
 
     Reads opt-in records, writes only differentially private outputs: the head list for devices
     and the opt-in estimates for the server. Keep the raw opt-in log under access control and
@@ -127,7 +127,7 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
                   url_col: str | None, row_per_user: bool, skip_bad_rows: bool, optin_fraction: float | None,
                   single_device: bool, device_ledger: str | None, lifetime_epsilon: float | None,
                   lifetime_delta: float | None, seed: int | None, output: str) -> None:
-    """Devices: run LocalAlg (SPEC §5) on each device's records with the device randomizer.
+    """Devices: run LocalAlg (ALGORITHM.md §5) on each device's records with the device randomizer.
 
     Every device samples at most m_C of its records and randomizes each over the head list;
     it reports nothing else. Randomness comes from the OS unless --seed is given.
@@ -186,7 +186,7 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
 @output_options
 def estimate_cmd(headlist_path: str, optin_path: str, reports_path: str, as_json: bool, output: str | None,
                  top: int, no_project: bool) -> None:
-    """Server: estimate from client reports (SPEC §6) and blend with the opt-in estimates (SPEC §7)."""
+    """Server: estimate from client reports (ALGORITHM.md §6) and blend with the opt-in estimates (ALGORITHM.md §7)."""
     doc = read_device_json(headlist_path)
     hl, qv, uv = from_device_json(doc)
     optin, odoc = read_optin_estimates(optin_path, hl, doc)

@@ -1,4 +1,4 @@
-"""``hybriddp mean``: hybrid mean estimation (SPEC §11; Dubey & Korolova 2018).
+"""``hybriddp mean``: hybrid mean estimation (ALGORITHM.md §11; Dubey & Korolova 2018).
 
 * ``mean estimate`` — simulate the hybrid model on your data (one numeric value per user):
   the three mechanisms' estimates (plus the Hybrid with a privately estimated variance), the
@@ -260,7 +260,7 @@ def _g(x: float | None, digits: int = 4) -> str:
 # ----- commands -----------------------------------------------------------------------------
 @click.group("mean")
 def mean_group() -> None:
-    """Hybrid mean estimation (SPEC §11; Dubey & Korolova 2018).
+    """Hybrid mean estimation (ALGORITHM.md §11; Dubey & Korolova 2018).
 
     Estimate the mean of a bounded numeric value (session length, latency, a rating) when a
     fraction c of users opts in to the trusted curator and everyone else adds Laplace noise on
@@ -320,7 +320,7 @@ def _print_data_run(run: DataRun, path: str, column: str) -> None:
         line += (f"   ({run.clamped.total:,} values clamped: {run.clamped.below:,} below, {run.clamped.above:,} above; "
                  f"clamped mean {run.clamped_mean:.6g})")
     out.print(line)
-    t = Table(title="Hybrid mean estimation (SPEC §11)", title_justify="left")
+    t = Table(title="Hybrid mean estimation (ALGORITHM.md §11)", title_justify="left")
     for head in ("mechanism", "estimate", "error", "analytic RMSE", "weight on opt-in"):
         t.add_column(head, justify="left" if head == "mechanism" else "right")
     for key, est in run.estimates.items():
@@ -372,7 +372,7 @@ def _print_simulation(res: SimulationResult) -> None:
     out.print(f"n = {res.n:,} ({res.n_optin:,} opt-in, {res.n_local:,} local), ε = {res.epsilon:g}, "
               f"c = {res.optin_fraction:g}, values {res.distribution} on [{res.lower:g}, {res.upper:g}] "
               f"(σ² = {res.sigma2:.4g}), {res.trials:,} trials in {res.seconds:.2f} s")
-    t = Table(title="Expected squared error: analytic (SPEC §11) vs Monte Carlo", title_justify="left")
+    t = Table(title="Expected squared error: analytic (ALGORITHM.md §11) vs Monte Carlo", title_justify="left")
     for head in ("mechanism", "analytic MSE", "simulated MSE", "± SE", "z", "RMSE"):
         t.add_column(head, justify="left" if head == "mechanism" else "right")
     labels = {"mse_full_lm": "FullLM", "mse_only_tcm": "OnlyTCM", "mse_hybrid": f"Hybrid (w* = {res.w_star:.3f})",

@@ -25,7 +25,7 @@ def _stack(*decorators: F) -> F:
 
 
 def input_options(required: bool = True) -> F:
-    """--input and the loader options (SPEC §1 records; loaders in hybriddp.io.loaders)."""
+    """--input and the loader options (ALGORITHM.md §1 records; loaders in hybriddp.io.loaders)."""
     return _stack(
         click.option("--input", "input_path", type=click.Path(dir_okay=False), required=required,
                      help="Search log to read: AOL TSV (.gz ok), CSV/TSV, Parquet, or an items file "

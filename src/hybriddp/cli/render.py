@@ -86,7 +86,7 @@ def print_figure9(res: BlenderResult, top: int = 10) -> None:
 
 
 def _print_metrics(m: dict[str, Any]) -> None:
-    """The L1 and NDCG lines (SPEC §9)."""
+    """The L1 and NDCG lines (ALGORITHM.md §9)."""
     out.print(f"L1    {m['l1']:.4f}   (records; queries {m['l1_queries']:.4f})")
     out.print(f"NDCG  {m['ndcg']:.4f}   (generalized; queries {m['ndcg_queries']:.4f}, "
               f"queries@10 {m['ndcg_queries_at_10']:.4f})")

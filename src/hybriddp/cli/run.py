@@ -94,7 +94,7 @@ def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | No
             row_per_user: bool, skip_bad_rows: bool, seed: int | None, as_json: bool, output: str | None,
             top: int, ledger_path: str | None, round_name: str | None, lifetime_epsilon: float | None,
             lifetime_delta: float | None, **knobs: object) -> None:
-    """Simulate BLENDER on your log (SPEC §2): users are assigned to the opt-in group at random,
+    """Simulate BLENDER on your log (ALGORITHM.md §2): users are assigned to the opt-in group at random,
     clients run LocalAlg; prints the Fig. 9 table, L1 and NDCG against the non-private truth."""
     with render.bytes_progress("loading", not as_json) as progress:
         log = load_input(input_path, fmt, user_col, query_col, url_col, row_per_user, skip_bad_rows, progress)

@@ -17,7 +17,7 @@ from hybriddp.cli import render
 @click.option("--format", "fmt", type=click.Choice(["parquet", "aol"]), default=None,
               help="Output format. Default: from the extension.")
 def synth_cmd(preset: str, scale: float, seed: int | None, output: str, fmt: str | None) -> None:
-    """Generate a synthetic search log (calibration: ../shared/data/PROVENANCE.md, SPEC §10)."""
+    """Generate a synthetic search log (calibration: docs/ALGORITHM.md §10 and docs/DECISIONS.md)."""
     from hybriddp.io.synth import generate, write_log
     if scale <= 0:
         raise click.BadParameter(f"--scale = {scale} must be > 0", param_hint="--scale")

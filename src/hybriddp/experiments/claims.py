@@ -1,4 +1,4 @@
-"""The paper's claims about its Figures 9–16 (and SPEC §10), checked against this run's numbers.
+"""The paper's claims about its Figures 9–16 (and ALGORITHM.md §10), checked against this run's numbers.
 
 Each :class:`Claim` states what the paper says, what the data here show, and whether the
 claim holds here (``True``/``False``), or ``None`` when the run does not contain what the
@@ -93,7 +93,7 @@ def _all_above(line: list[PointStat], target: float, x: str = "x") -> tuple[bool
 
 
 def default_point_claims(kind: str, base: Point, runs: RunSet) -> list[Claim]:
-    """Generalized NDCG at the paper defaults (Fig. 10): > 0.95 (SPEC §10)."""
+    """Generalized NDCG at the paper defaults (Fig. 10): > 0.95 (ALGORITHM.md §10)."""
     rows = runs.rows("blender", base)
     if not rows:
         return []
@@ -211,7 +211,7 @@ def binomial_tail(k: int, n: int, p: float) -> float:
 
 def never_worse_claims(comparisons: list[Comparison]) -> list[Claim]:
     """Blended never worse on average than the better of opt-in-only and client-only (paper §4.1, Fig. 9
-    takeaways; SPEC §12 for MSE), one claim per metric.
+    takeaways; ALGORITHM.md §12 for MSE), one claim per metric.
 
     Each point is a paired comparison over the trials; a point is *significantly* worse when the
     paired 95% interval of the difference lies entirely on the worse side. With many points some
@@ -389,14 +389,15 @@ def _l1_falls_with_eps(pts: _Points) -> list[Claim]:
 
 
 def yandex_claims(fig: dict[str, _Points], sizes: list[int]) -> list[Claim]:
-    """Figs. 13b–16b (Yandex) and SPEC §10: NDCG > 0.95 from 1.5% opt-in at M = 500; L1 < 0.1 for ε ≥ 1."""
+    """Figs. 13b–16b (Yandex) and ALGORITHM.md §10: NDCG > 0.95 from 1.5% opt-in at M = 500; L1 < 0.1 for ε ≥ 1."""
     out = []
     big = max(sizes) if sizes else 500
     if "fig14" in fig:
         line = [p for p in fig["fig14"].line("blender", "ndcg", big) if (p.x or 0) >= 0.015 - 1e-12]
         holds, text = _all_above(line, NDCG_TARGET, "optin")
         if line:
-            out.append(Claim("fig14b", f"M = {big}: NDCG > {NDCG_TARGET} from 1.5% opt-in (SPEC §10)", text, holds))
+            out.append(Claim("fig14b", f"M = {big}: NDCG > {NDCG_TARGET} from 1.5% opt-in (ALGORITHM.md §10)",
+                             text, holds))
         at15 = [fig["fig14"].at("blender", "ndcg", m, 0.015) for m in sizes[:-1]]
         if at15 and all(p is not None for p in at15):
             holds = all(p.mean is not None and p.mean > NDCG_TARGET for p in at15)  # type: ignore[union-attr]
@@ -415,7 +416,7 @@ def yandex_claims(fig: dict[str, _Points], sizes: list[int]) -> list[Claim]:
             text = f"max {_f(worst.mean)} at ε={worst.x:g}" if worst else "no point reached"
             if missing:
                 text += f"; missing at ε={', '.join(f'{p.x:g}' for p in missing)}"
-            out.append(Claim("fig15b", f"M = {big}: L1 < {YANDEX_L1_TARGET} for ε ≥ 1 (SPEC §10)", text,
+            out.append(Claim("fig15b", f"M = {big}: L1 < {YANDEX_L1_TARGET} for ε ≥ 1 (ALGORITHM.md §10)", text,
                              not missing and all((p.mean or 0.0) < YANDEX_L1_TARGET for p in line)))
         at1 = [p for m in sizes if (p := fig["fig15"].at("blender", "l1", m, 1.0)) is not None]
         if at1:

@@ -97,7 +97,7 @@ def write_report(meta: dict[str, Any], figs: dict[str, Figure], points: dict[str
         "Privacy Model* (USENIX Security 2017), §4.2, Figures 9 and 11–16, with `hybriddp experiment`, and one "
         "figure beyond the paper (`sizes`: how long a list each approach delivers).", "",
         f"* data: `{meta['data']}` — {meta['n_users']:,} users, {meta['n_records']:,} records"
-        + (" (synthetic, calibrated to the published statistics; SPEC §10)" if meta["kind"] != "file" else ""),
+        + (" (synthetic, calibrated to the published statistics; ALGORITHM.md §10)" if meta["kind"] != "file" else ""),
         f"* defaults (paper Fig. 10): ε = {p['epsilon']:g}, δ = {p['delta']:g}, opt-in {100 * p['optin_fraction']:g}%, "
         f"M = {p['head_list_size']}, f_O = {p['f_o']:g}, f_C = {p['f_c']:g}, m_O = m_C = {p['m_o']}",
         f"* {meta['trials']} trial{'' if meta['trials'] == 1 else 's'} per point, seed {meta['seed']} "

@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 METRICS = ("ndcg", "ndcg_queries", "ndcg_queries_at_10", "l1", "l1_queries", "hit_rate", "top_url_rate",
            "mass_outside_head_list")
-"""Metrics written for every run (SPEC §9; :func:`hybriddp.evaluate.score`)."""
+"""Metrics written for every run (ALGORITHM.md §9; :func:`hybriddp.evaluate.score`)."""
 
 FIG9_COLUMNS = ("p_blended", "p_optin_sum", "p_client_direct", "p_client_sum")
 """The estimate columns of the paper's Fig. 9 (blended, opt-in Σ_u, client direct, client Σ_u)."""

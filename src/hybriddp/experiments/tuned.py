@@ -7,7 +7,7 @@ deployment:
 
 1. **Round 1 (pilot)** at the paper's defaults: an independent opt-in draw of the same users
    (seed ``blake2b(trial seed | "pilot")``) runs the curator (CreateHeadList and
-   EstimateOptinProbabilities, SPEC §3–§4), and the two files ``hybriddp headlist`` writes — the
+   EstimateOptinProbabilities, ALGORITHM.md §3–§4), and the two files ``hybriddp headlist`` writes — the
    device head list and the opt-in estimates — are written to a temporary directory.
 2. **Tune** reads those two files only (:func:`hybriddp.tune.load_privatized`), fits its
    population model and picks (f_O, f_C) for the point's M (:func:`hybriddp.tune.tune` with

@@ -1,4 +1,4 @@
-"""Seeded synthetic search logs calibrated to the AOL and Yandex logs (SPEC §10).
+"""Seeded synthetic search logs calibrated to the AOL and Yandex logs (ALGORITHM.md §10).
 
 The real logs cannot be shipped (AOL: research-only licence; Yandex: 16 GB), so experiments
 and tests run on synthetic logs whose statistics match the published ones
@@ -30,7 +30,7 @@ spread per preset), written in user order (CSR, no sort). Record ``j`` of a user
   distribution: ``1 + Poisson(λ)`` URLs (λ grows with the query's probability: a few to
   dozens), a dominant first URL with share ~ Beta (``named_dominant_share`` for the named,
   navigational queries) and the rest split Zipf-like, so the URLs of a head query are
-  realistically skewed and an estimator can rank them (SPEC §9's generalized NDCG).
+  realistically skewed and an estimator can rank them (ALGORITHM.md §9's generalized NDCG).
 * **Pool** (ids ``head_size .. head_size+J-1``): the same power law continued past the head
   over ``J`` ranks, sampled by its analytic inverse CDF.
 * **Fresh**: the remaining mass; each draw is a new query id (a query seen once, apart
@@ -460,7 +460,7 @@ def head_record_probabilities(preset: str | SynthPreset) -> tuple[np.ndarray, np
     Returns
     -------
     (query, url, p) : ids and ``P(q)·P(u | q)`` of every head-query record (the expected
-        per-user-sampled record probability, SPEC §9's ground truth in expectation).
+        per-user-sampled record probability, ALGORITHM.md §9's ground truth in expectation).
     """
     pre = get_preset(preset) if isinstance(preset, str) else preset
     hu = _head_urls(pre)
@@ -557,7 +557,7 @@ def _forward_fill(repeat: np.ndarray) -> np.ndarray:
 
 def generate(preset: str = "aol", *, seed: int | None = None, scale: float = 1.0,
              progress: ProgressFn | None = None) -> RecordLog:
-    """Generate a synthetic search log calibrated to a real one (SPEC §10).
+    """Generate a synthetic search log calibrated to a real one (ALGORITHM.md §10).
 
     Parameters
     ----------

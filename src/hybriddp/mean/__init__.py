@@ -1,4 +1,4 @@
-"""Hybrid mean estimation: a few users opt in, the rest randomize on their devices (SPEC §11).
+"""Hybrid mean estimation: a few users opt in, the rest randomize on their devices (ALGORITHM.md §11).
 
 Dubey & Korolova, "The Power of the Hybrid Model for Mean Estimation" (PPML @ NeurIPS 2018;
 ``papers/hybrid-model-mean-estimation-2018.txt``). Every one of n users holds a value in a

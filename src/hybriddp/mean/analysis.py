@@ -1,4 +1,4 @@
-"""The exact expected squared errors of SPEC §11: MSE_F, MSE_T, MSE_H(w), w*, R and the crossover n."""
+"""The exact expected squared errors of ALGORITHM.md §11: MSE_F, MSE_T, MSE_H(w), w*, R and the crossover n."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hybriddp.mean.inputs import Real, _epsilon, _fraction, _positive, _real, _v
 
 
 def mse_full_lm(n: Real, *, epsilon: float, width: float = 1.0) -> Real:
-    """MSE_F = 2Δ²/(ε² n): expected squared error of FullLM (Lemma 3.1, SPEC §11).
+    """MSE_F = 2Δ²/(ε² n): expected squared error of FullLM (Lemma 3.1, ALGORITHM.md §11).
 
     Parameters
     ----------
@@ -24,7 +24,7 @@ def mse_full_lm(n: Real, *, epsilon: float, width: float = 1.0) -> Real:
 
 
 def mse_only_tcm(n: Real, optin_fraction: Real, *, epsilon: float, sigma2: Real, width: float = 1.0) -> Real:
-    """MSE_T = 2Δ²/(ε² n_T²) + σ²(1−c)/(c n), n_T = c·n: OnlyTCM (Lemma 3.2, SPEC §11).
+    """MSE_T = 2Δ²/(ε² n_T²) + σ²(1−c)/(c n), n_T = c·n: OnlyTCM (Lemma 3.2, ALGORITHM.md §11).
 
     The first term is the curator's Laplace noise, the second the sampling error of the opt-in
     mean as an estimate of the mean of all n users.
@@ -37,7 +37,7 @@ def mse_only_tcm(n: Real, optin_fraction: Real, *, epsilon: float, sigma2: Real,
 
 def hybrid_terms(n: Real, optin_fraction: Real, *, epsilon: float, sigma2: Real, width: float = 1.0,
                  optin_epsilon: Real | None = None) -> tuple[Real, Real, Real]:
-    """(A, B, S) of SPEC §11: A = 2Δ²/(ε_T² n_T²), B = 2Δ²/(ε² n_L), S = σ²/(c(1−c)n).
+    """(A, B, S) of ALGORITHM.md §11: A = 2Δ²/(ε_T² n_T²), B = 2Δ²/(ε² n_L), S = σ²/(c(1−c)n).
 
     A is the variance of the opt-in mean's noise, B that of the mean of n_L local reports, S
     that of μ̄_T − μ̄_L (the sampling term). ``optin_epsilon`` (default ε) is the budget the
@@ -67,7 +67,7 @@ def mse_hybrid(weight: Real, n: Real, optin_fraction: Real, *, epsilon: float, s
 
 def optimal_weight(n: Real, optin_fraction: Real, *, epsilon: float, sigma2: Real, width: float = 1.0,
                    optin_epsilon: Real | None = None) -> Real:
-    """w* = (B + cS)/(A + B + S), the minimizer of MSE_H (dMSE_H/dw = 0; SPEC §11). In (0, 1)."""
+    """w* = (B + cS)/(A + B + S), the minimizer of MSE_H (dMSE_H/dw = 0; ALGORITHM.md §11). In (0, 1)."""
     c = _fraction(optin_fraction)
     a, b, s = hybrid_terms(n, c, epsilon=epsilon, sigma2=sigma2, width=width, optin_epsilon=optin_epsilon)
     return (b + c * s) / (a + b + s)
@@ -82,13 +82,13 @@ def mse_hybrid_optimal(n: Real, optin_fraction: Real, *, epsilon: float, sigma2:
 
 
 def improvement(n: Real, optin_fraction: Real, *, epsilon: float, sigma2: Real, width: float = 1.0) -> Real:
-    """R = min(MSE_F, MSE_T)/MSE_H(w*) (Theorem 3.4, SPEC §11).
+    """R = min(MSE_F, MSE_T)/MSE_H(w*) (Theorem 3.4, ALGORITHM.md §11).
 
     R ≥ 1 whenever n_T = c·n ≥ 1: MSE_H(w*) ≤ MSE_H(1) = MSE_T, and MSE_H(w*) ≤ MSE_H(c) =
     c²A + (1−c)²B ≤ MSE_F because A = 2Δ²/(ε²n_T²) ≤ 2Δ²/(ε²n_T) (the curator's opt-in mean is at
     least as good as the opt-in users' local reports; equality at n_T = 1).
 
-    SPEC check: R peaks at 2.03 near n ≈ 1.9e3 for c = 0.05, ε = 1, Δ = 1, σ² = 1/12.
+    ALGORITHM.md §11 check: R peaks at 2.03 near n ≈ 1.9e3 for c = 0.05, ε = 1, Δ = 1, σ² = 1/12.
     """
     kw = {"epsilon": epsilon, "sigma2": sigma2, "width": width}
     best = np.minimum(mse_full_lm(n, epsilon=epsilon, width=width), mse_only_tcm(n, optin_fraction, **kw))
@@ -101,7 +101,7 @@ def crossover_n(optin_fraction: float, *, epsilon: float, sigma2: float, width: 
 
     From 2Δ²/(ε²n) = 2Δ²/(ε²c²n²) + σ²(1−c)/(cn):  n× = (2Δ²/(ε²c²)) / (2Δ²/ε² − σ²(1−c)/c),
     finite iff σ²(1−c)/c < 2Δ²/ε². R peaks there (1920 for c = 0.05, ε = 1, Δ = 1, σ² = 1/12,
-    where R = 2.0304: the SPEC's "2.03 at n ≈ 1.9e3").
+    where R = 2.0304: ALGORITHM.md's "2.03 at n ≈ 1.9e3").
     """
     c, eps = float(_fraction(optin_fraction)), float(_epsilon(epsilon))
     d2, s2 = float(_positive(width, "width")) ** 2, float(_variance(sigma2))

@@ -54,7 +54,7 @@ class DataRun:
 
 def simulate_on_data(values: Any, *, lower: float, upper: float, epsilon: float, optin_fraction: float,
                      seed: int | None = None, variance_share: float = VARIANCE_SHARE) -> DataRun:
-    """Simulate the hybrid model on real data: one value per user (SPEC §11).
+    """Simulate the hybrid model on real data: one value per user (ALGORITHM.md §11).
 
     A uniformly random subset of round(c·n) users opts in; the others randomize locally. Runs
     FullLM, OnlyTCM, Hybrid with the *oracle* σ² = s² of the data (simulation only: it reads the

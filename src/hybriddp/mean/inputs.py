@@ -72,7 +72,7 @@ def _variance(value: Any) -> Real:
 # ----- parameters ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MeanSetting:
-    """The public parameters every mechanism shares, validated once (SPEC §11).
+    """The public parameters every mechanism shares, validated once (ALGORITHM.md §11).
 
     Parameters
     ----------
@@ -100,7 +100,7 @@ class MeanSetting:
 
 
 def group_sizes(n: int, optin_fraction: float) -> tuple[int, int]:
-    """(n_T, n_L) = (round(c·n), n − n_T); both groups must be non-empty (SPEC §11).
+    """(n_T, n_L) = (round(c·n), n − n_T); both groups must be non-empty (ALGORITHM.md §11).
 
     ``round`` is Python's (as in :func:`hybriddp.pipeline.split_optin`).
     """
@@ -149,7 +149,7 @@ def _values(values: Any, what: str) -> np.ndarray:
 
 
 def clamp_values(values: Any, lower: float, upper: float, *, log: bool = True) -> tuple[np.ndarray, ClampCount]:
-    """Clamp to [lower, upper] and count what was clamped (SPEC §11: Δ must bound every value).
+    """Clamp to [lower, upper] and count what was clamped (ALGORITHM.md §11: Δ must bound every value).
 
     A warning is logged when anything was clamped (unless ``log`` is False: the caller reports it).
     """

@@ -31,7 +31,7 @@ class MeanEstimate:
     ----------
     mechanism : "FullLM", "OnlyTCM", "Hybrid" or "Hybrid, unknown σ²".
     estimate : the DP estimate of the mean of all users (of their clamped values).
-    expected_squared_error : the analytic E[(estimate − μ̄)²] (SPEC §11), with ``sigma2``.
+    expected_squared_error : the analytic E[(estimate − μ̄)²] (ALGORITHM.md §11), with ``sigma2``.
     n_optin, n_local : group sizes n_T and n_L.
     clamped : values that were clamped before randomizing (both groups).
     sigma2 : the variance used in the error formula (and for the weight), or None (FullLM).
@@ -89,7 +89,7 @@ class _Mechanism:
         loc, cl = clamp_values(_values(local_values, "local values"), lo, hi)
         if len(t) < 1 or len(loc) < 1:
             raise DataError(f"{self.name} needs both groups non-empty: got {len(t)} opt-in and {len(loc)} "
-                            "local values (SPEC §11)")
+                            "local values (ALGORITHM.md §11)")
         return t, loc, ct + cl
 
     def _sigma2(self, sigma2: float | None) -> tuple[float, str]:
@@ -143,7 +143,7 @@ class OnlyTCM(_Mechanism):
                 "local users: not used")
 
     def expected_squared_error(self, n_optin: int, n_local: int, sigma2: float | None = None) -> float:
-        """MSE_T with c = n_T/n (SPEC §11)."""
+        """MSE_T with c = n_T/n (ALGORITHM.md §11)."""
         n = n_optin + n_local
         s2, _ = self._sigma2(sigma2)
         return float(mse_only_tcm(n, n_optin / n, epsilon=self.epsilon, sigma2=s2, width=self.width))
@@ -160,7 +160,7 @@ class OnlyTCM(_Mechanism):
 
 
 class Hybrid(_Mechanism):
-    """w·μ̂_T + (1−w)·μ̂_L with the optimal w* for a known σ² (Lemma 3.3, SPEC §11).
+    """w·μ̂_T + (1−w)·μ̂_L with the optimal w* for a known σ² (Lemma 3.3, ALGORITHM.md §11).
 
     μ̂_T = mean(clamp(x_T)) + Lap(Δ/(ε n_T)) (curator) and μ̂_L = mean of the local reports
     clamp(x_i) + Lap(Δ/ε). w* = (B + cS)/(A + B + S) minimizes MSE_H(w) = w²A + (1−w)²B + (w−c)²S.

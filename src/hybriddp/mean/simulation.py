@@ -158,7 +158,7 @@ def simulate(n: int, optin_fraction: float, epsilon: float, *, lower: float = 0.
              progress: Callable[[int, int], Any] | None = None) -> SimulationResult:
     """Analytic and Monte Carlo MSE of FullLM, OnlyTCM, Hybrid(w*) and Hybrid with unknown σ².
 
-    The model (SPEC §11): each trial draws n values i.i.d. from ``distribution`` scaled to
+    The model (ALGORITHM.md §11): each trial draws n values i.i.d. from ``distribution`` scaled to
     [lower, upper]; a uniformly random subset of n_T = round(c·n) users opts in (with i.i.d.
     values, the first n_T are such a subset); the target is the sample mean of all n values.
     The analytic MSEs use σ² = Δ²·Var(distribution on [0, 1]) and c = n_T/n.

@@ -3,7 +3,7 @@
 A privacy engineer knows their number of users N, the opt-in fraction c and the budget (ε, δ);
 they need f_O, f_C and the head-list size M. :func:`tune` answers by simulating BLENDER on a
 synthetic population that resembles theirs and picking the largest M whose expected generalized
-NDCG (SPEC §9) reaches a target, with the best (f_O, f_C) for it.
+NDCG (ALGORITHM.md §9) reaches a target, with the best (f_O, f_C) for it.
 
 Privacy
 -------
@@ -17,7 +17,7 @@ raw records. Without the files, a documented prior is used instead: the head of 
 
 The population model
 --------------------
-Records are ⟨query, URL⟩ pairs with probabilities (the per-user-sampled distribution of SPEC
+Records are ⟨query, URL⟩ pairs with probabilities (the per-user-sampled distribution of ALGORITHM.md
 §9; with m_O = m_C = 1 each user contributes one record, so a population of N users is N i.i.d.
 draws from it). Three parts:
 

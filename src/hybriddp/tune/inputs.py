@@ -25,7 +25,7 @@ class PrivatizedInputs:
     head_list : HeadList
         The integer-coded final head list.
     optin : OptinEstimates
-        The estimates, with their variances (SPEC §4).
+        The estimates, with their variances (ALGORITHM.md §4).
     paths : tuple of str
         Where the two files were read from (for the output).
     """

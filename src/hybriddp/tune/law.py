@@ -139,7 +139,7 @@ class _CountNoise:
 class _PassProbability:
     """P[N ≥ 1 and N + Y > τ], N ~ Poisson(λ): the chance a record with expected S-count λ enters HL_S.
 
-    A record enters only if it occurs in D_S (N ≥ 1; SPEC §3). Computed exactly on a fine grid of
+    A record enters only if it occurs in D_S (N ≥ 1; ALGORITHM.md §3). Computed exactly on a fine grid of
     log λ once, then interpolated (the function is smooth in log λ).
     """
 

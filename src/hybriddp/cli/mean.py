@@ -22,6 +22,7 @@ import numpy as np
 
 from hybriddp.cli import render
 from hybriddp.errors import DataError, parameter_error
+from hybriddp.io.atomic import check_output_dir
 from hybriddp.mean import (
     VARIANCE_SHARE,
     DataRun,
@@ -418,8 +419,7 @@ def plot_cmd(epsilon: float, optin_fraction: float, lower: float, upper: float, 
                               "comma-separated numbers strictly between 0 and 1") from None
     if not (0 < n_min < n_max and math.isfinite(n_max)):
         raise parameter_error("--n-max", n_max, f"a finite number > --n-min = {n_min:g} > 0")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_dir(Path(out_dir), "--out", ("mean-mse-vs-n.png", "mean-improvement-vs-n.png"))
     fig1 = plot_mse_vs_n(out / "mean-mse-vs-n.png", epsilon=epsilon, optin_fraction=optin_fraction, sigma2=s2,
                          width=width, n_min=n_min, n_max=n_max, subtitle=f"σ² from {source}")
     peaks = plot_improvement_vs_n(out / "mean-improvement-vs-n.png", epsilon=epsilon,

@@ -52,6 +52,30 @@ def check_output_path(path: str | Path, option: str, suffixes: Sequence[str] | N
     return p
 
 
+def check_output_dir(path: str | Path, option: str, files: Sequence[str] = ()) -> Path:
+    """Make sure an output directory exists (creating it) and is writable, before any work.
+
+    ``files`` are names the command will write inside it: each is checked with
+    :func:`check_output_path` (an existing read-only one is refused now, not after the work).
+    Raises :class:`DataError` naming ``option``, the value and the fix.
+    """
+    p = Path(path)
+    if str(path) == "":
+        raise DataError(f"{option} is empty; give a directory")
+    if p.exists() and not p.is_dir():
+        raise DataError(f"{option} {p} is a file, not a directory; give a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"{option} {p}: cannot create the directory ({exc.strerror or exc}); "
+                        "choose another path") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise DataError(f"{option} {p}: the directory is not writable; choose another path")
+    for name in files:
+        check_output_path(p / name, option)
+    return p
+
+
 def _fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):  # not every platform/file system can fsync a directory
         fd = os.open(directory, os.O_RDONLY)

@@ -1,4 +1,4 @@
-"""The paper's Figures 1 and 2 (MSE vs n, R vs n) as PNG files (matplotlib Agg)."""
+"""The paper's Figures 1 and 2 (MSE vs n, R vs n) as PNG files (matplotlib Agg), written atomically."""
 
 from __future__ import annotations
 
@@ -9,8 +9,16 @@ from typing import Any
 
 import numpy as np
 
+from hybriddp.io.atomic import atomic_path, check_output_path
 from hybriddp.mean.analysis import crossover_n, improvement, mse_full_lm, mse_hybrid_optimal, mse_only_tcm
 from hybriddp.mean.inputs import _fraction
+
+
+def _save(fig: Any, path: str | Path) -> None:
+    """Write ``fig`` through :mod:`hybriddp.io.atomic` (temporary file, rename), in the format of the name."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt)
 
 
 def _n_grid(n_min: float, n_max: float, c: float, points: int = 1500) -> np.ndarray:
@@ -27,6 +35,7 @@ def plot_mse_vs_n(path: str | Path, *, epsilon: float, optin_fraction: float, si
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    check_output_path(path, "path", (".png", ".pdf", ".svg"))
     c = float(_fraction(optin_fraction))
     kw = {"epsilon": epsilon, "sigma2": sigma2, "width": width}
     n = _n_grid(n_min, n_max, c)
@@ -53,7 +62,7 @@ def plot_mse_vs_n(path: str | Path, *, epsilon: float, optin_fraction: float, si
     ax.grid(True, which="major", alpha=0.4)
     ax.grid(True, which="minor", alpha=0.12)
     ax.legend(frameon=False)
-    fig.savefig(path)
+    _save(fig, path)
     cross = crossover_n(c, epsilon=epsilon, sigma2=sigma2, width=width)
     return {"path": str(path), "r_max": float(r[i]), "n_at_r_max": float(n[i]),
             "n_tcm_beats_lm": cross if math.isfinite(cross) else None}
@@ -71,6 +80,7 @@ def plot_improvement_vs_n(path: str | Path, *, epsilon: float, optin_fractions: 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    check_output_path(path, "path", (".png", ".pdf", ".svg"))
     fig = Figure(figsize=(7.5, 5.0), dpi=130, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -99,5 +109,5 @@ def plot_improvement_vs_n(path: str | Path, *, epsilon: float, optin_fractions: 
                  f"σ² = {sigma2:.4g})" + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
     ax.grid(True, which="major", alpha=0.4)
     ax.legend(frameon=False, fontsize=9, loc="upper right")
-    fig.savefig(path)
+    _save(fig, path)
     return peaks

@@ -17,10 +17,16 @@ from hybriddp.cli import render
 @click.option("--format", "fmt", type=click.Choice(["parquet", "aol"]), default=None,
               help="Output format. Default: from the extension.")
 def synth_cmd(preset: str, scale: float, seed: int | None, output: str, fmt: str | None) -> None:
-    """Generate a synthetic search log (calibration: docs/ALGORITHM.md §10 and docs/DECISIONS.md)."""
+    """Generate a synthetic search log (calibration: docs/ALGORITHM.md §10 and docs/DECISIONS.md).
+
+    The file is written under a temporary name and renamed at the end: an interrupted run leaves
+    an earlier file at --output as it was.
+    """
+    from hybriddp.io.atomic import check_output_path
     from hybriddp.io.synth import generate, write_log
     if scale <= 0:
         raise click.BadParameter(f"--scale = {scale} must be > 0", param_hint="--scale")
+    check_output_path(output, "--output")  # before generating: a bad path fails in a second
     if fmt is None:
         fmt = "parquet" if output.endswith(".parquet") else "aol"
     with render.stage_progress(True) as on_stage:

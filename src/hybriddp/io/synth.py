@@ -85,6 +85,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hybriddp.errors import DataError, parameter_error
+from hybriddp.io.atomic import atomic_path, check_output_path
 from hybriddp.records import NO_URL, ArrayVocabulary, LoadStats, RecordLog, SyntheticVocabulary, Vocabulary
 from hybriddp.rng import make_rng
 
@@ -804,10 +805,15 @@ def write_log(log: RecordLog, path: str | os.PathLike[str], *, format: str = "pa
     seed : seed of the AOL format's extra rows, times and ranks (None: OS entropy).
     progress : optional ``progress(records_written, n_records)``.
 
+    The file is written to a temporary file next to ``path`` and renamed over it at the end
+    (:mod:`hybriddp.io.atomic`): a failed or killed write leaves ``path`` as it was.
+
     Raises
     ------
     ParameterError
         Unknown format, or the AOL format for a log without URLs.
+    DataError
+        ``path`` cannot be written (missing or read-only directory, a directory itself).
     """
     fmt = str(format).lower()
     if fmt not in WRITE_FORMATS:
@@ -816,11 +822,13 @@ def write_log(log: RecordLog, path: str | os.PathLike[str], *, format: str = "pa
     if fmt == "aol" and not log.has_urls:
         raise parameter_error("format", format, "'parquet' for a log without URLs",
                               "The AOL format has a record only where ClickURL is set.")
+    check_output_path(p, "path")
     chunks = _chunks(log.user_offsets, _CHUNK_RECORDS)
-    if fmt == "parquet":
-        _write_parquet(log, p, chunks, progress)
-    else:
-        _write_aol(log, p, chunks, make_rng(seed), progress)
+    with atomic_path(p) as tmp:  # a failed or killed write leaves no half-written file (io.atomic)
+        if fmt == "parquet":
+            _write_parquet(log, os.fspath(tmp), chunks, progress)
+        else:
+            _write_aol(log, os.fspath(tmp), p, chunks, make_rng(seed), progress)
     logger.info("wrote %d records of %d users to %s (%s)", log.n_records, log.n_users, p, fmt)
 
 
@@ -854,14 +862,15 @@ _AOL_SPAN = 92 * 86400  # through 2006-05-31 23:59:59
 _NO_CLICK_SAME_QUERY = 0.5  # a row without a click mostly precedes a click on the same query
 
 
-def _write_aol(log: RecordLog, path: str, chunks: list[tuple[int, int]], rng: np.random.Generator,
+def _write_aol(log: RecordLog, tmp: str, path: str, chunks: list[tuple[int, int]], rng: np.random.Generator,
                progress: ProgressFn | None) -> None:
+    """Write to ``tmp``, compressed as the final name ``path`` says (``path`` also names errors)."""
     codec = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}.get(os.path.splitext(path)[1].lower())
     dq, du = _Decoder(log.queries), _Decoder(log.urls)
     rank_cum = np.cumsum(_AOL_RANK_SHARES / _AOL_RANK_SHARES.sum())
     p_geometric = 1.0 / (1.0 + _AOL_NO_CLICK_PER_CLICK)
     next_unclicked = len(log.queries)
-    raw = pa.OSFile(path, "wb")
+    raw = pa.OSFile(tmp, "wb")
     if codec == "gzip":  # Arrow's gzip runs at level 9: ~1 MB/s; level 1 is ~50x faster
         stream = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0)
     else:

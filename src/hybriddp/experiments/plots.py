@@ -2,7 +2,8 @@
 
 Every line is one algorithm (Figs. 11, 12) or one head-list size M (Figs. 13–16), with 95%
 t-interval error bars over the trials; a missing point (head list shorter than M) is a gap,
-as in the paper. Fig. 9 is drawn as grouped bars of the first trial's top-10 table.
+as in the paper. Fig. 9 is drawn as grouped bars of the first trial's top-10 table. Images are
+written atomically (:mod:`hybriddp.io.atomic`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from hybriddp.experiments.aggregate import PointStat
 from hybriddp.experiments.figures import METRIC_LABELS, X_LABELS, Figure
+from hybriddp.io.atomic import atomic_path
 
 ALGORITHM_LABELS = {"blender": "blended (BLENDER)", "optin-only": "opt-in only",
                     "client-only": "client only", "blender-tuned": "BLENDER, knobs from hybriddp tune",
@@ -24,6 +26,12 @@ ALGORITHM_LABELS = {"blender": "blended (BLENDER)", "optin-only": "opt-in only",
 ALGORITHM_COLORS = {"blender": "tab:green", "optin-only": "tab:orange", "client-only": "tab:blue",
                     "blender-tuned": "tab:olive", "local-only": "tab:red", "local-only-hashed": "tab:purple"}
 MARKERS = "osD^vP*X"
+
+
+def _save(f: MplFigure, path: Path) -> None:
+    """Write the PNG atomically (temporary file, rename): a killed run leaves no half-written image."""
+    with atomic_path(path) as tmp:
+        f.savefig(tmp, dpi=110, format="png")
 
 
 def _x(fig: Figure, x: float) -> float:
@@ -67,7 +75,7 @@ def plot_figure(fig: Figure, points: list[PointStat], path: Path, subtitle: str)
         ax.legend(fontsize=8, loc="best")
     f.suptitle(f"{fig.title}\n{subtitle}", fontsize=10)
     f.tight_layout()
-    f.savefig(path, dpi=110)
+    _save(f, path)
 
 
 def plot_figure9(summary: dict[str, Any], path: Path, subtitle: str) -> None:
@@ -102,4 +110,4 @@ def plot_figure9(summary: dict[str, Any], path: Path, subtitle: str) -> None:
     ax.set_title("Top-10 queries by true p_q, trial 0 (↑ = regression: larger than the row above)\n" + subtitle,
                  fontsize=10)
     f.tight_layout()
-    f.savefig(path, dpi=110)
+    _save(f, path)

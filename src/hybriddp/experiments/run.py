@@ -1,8 +1,13 @@
-"""``run_experiment``: figures → runs → ``trials.csv`` → ``figN.csv``/``.png``, ``summary.json``, ``report.md``."""
+"""``run_experiment``: figures → runs → ``trials.csv`` → ``figN.csv``/``.png``, ``summary.json``, ``report.md``.
+
+Every output is replaced atomically (:mod:`hybriddp.io.atomic`): a killed experiment leaves each
+file as it was or complete; ``trials.csv`` is the resume log (:class:`~hybriddp.experiments.runner.TrialStore`).
+"""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import time
@@ -17,7 +22,8 @@ from hybriddp.experiments.aggregate import PointStat, figure9_summary, figure_po
 from hybriddp.experiments.datasets import DatasetSpec
 from hybriddp.experiments.figures import FAMILY_ALGORITHMS, Figure, Point, figures, select
 from hybriddp.experiments.report import write_report
-from hybriddp.experiments.runner import RunSet, Task, TrialStore, execute, make_tasks
+from hybriddp.experiments.runner import TABLES_FILE, TRIALS_FILE, RunSet, Task, TrialStore, execute, make_tasks
+from hybriddp.io.atomic import check_output_dir, write_bytes, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +81,9 @@ def run_experiment(name: str, spec: DatasetSpec, *, trials: int = 5, out_dir: Pa
         raise parameter_error("jobs (--jobs)", jobs, "an integer >= 1")
     spec.validate()
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(spec)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    outputs = [TRIALS_FILE, TABLES_FILE, "summary.json", "report.md", *(f"{n}.{e}" for n in selected
+                                                                           for e in ("csv", "png"))]
+    check_output_dir(out_dir, "out_dir (--out)", outputs)  # before loading or running anything
     log = spec.load()
     base = spec.base_point(log)
     defs = figures(spec.kind, quick=quick)
@@ -149,15 +157,17 @@ def _write_outputs(out_dir: Path, figs: dict[str, Figure], base: Point, runs: Ru
     if fig9 is not None:
         summary["figures"]["fig9"] = fig9
     summary_path = out_dir / "summary.json"
-    summary_path.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    write_text(summary_path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
     report_path = out_dir / "report.md"
-    report_path.write_text(write_report(meta, figs, points, fig9, claims), encoding="utf-8")
+    write_text(report_path, write_report(meta, figs, points, fig9, claims))
     return [*files, summary_path, report_path]
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, columns, extrasaction="ignore")
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+    """Replace ``path`` atomically (:mod:`hybriddp.io.atomic`) with ``rows`` as CSV."""
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, columns, extrasaction="ignore")
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+    write_bytes(path, buf.getvalue().encode("utf-8"))

@@ -11,8 +11,9 @@ Seeds: trial ``t`` of a point uses the algorithm seed ``blake2b(seed | t | point
 so every run is reproducible and independent of the order and the number of workers. Seeded
 runs carry no privacy guarantee; they are simulations of the algorithms.
 
-``trials.csv`` gets one row per algorithm and task, written and flushed as each task
-finishes (a crash loses at most the runs in progress). A re-run reads it and skips every
+``trials.csv`` gets one row per algorithm and task, appended in one write, flushed and fsynced
+as each task finishes (a crash loses at most the runs in progress; see :class:`TrialStore` for
+what a kill in mid-write leaves). A re-run reads it and skips every
 task whose rows are there (same data, family, point, trial and seed) *and* were made by
 today's code of the family (column ``code``, :mod:`hybriddp.experiments.codeversion`); rows of
 older code are run again and replaced.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import logging
 import multiprocessing
@@ -38,9 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybriddp.errors import HybridDPError
+from hybriddp.errors import DataError, HybridDPError
 from hybriddp.experiments.codeversion import family_fingerprint
 from hybriddp.experiments.figures import FAMILY_ALGORITHMS, FAMILY_OF, Point
+from hybriddp.io.atomic import write_bytes
 from hybriddp.records import RecordLog
 
 logger = logging.getLogger(__name__)
@@ -110,49 +113,84 @@ def make_tasks(families_points: Iterable[tuple[str, Point]], trials: int, seed: 
 
 
 class TrialStore:
-    """``trials.csv`` (+ the Fig. 9 tables in ``fig9_tables.jsonl``) in an output directory."""
+    """``trials.csv`` (+ the Fig. 9 tables in ``fig9_tables.jsonl``) in an output directory.
+
+    Both files are resume logs that grow by one finished run at a time. A run's lines are
+    appended in one write, flushed and fsynced (the table line before the CSV rows); a file is
+    created with its header, compacted or repaired only by an atomic rewrite
+    (:mod:`hybriddp.io.atomic`). So a process killed at any moment leaves both files readable:
+    at worst the last line is cut off. The reader ignores such a torn line (it is the run in
+    progress at the kill; it is run again), logs a warning naming the file, counts it in
+    :attr:`torn`, and rewrites the file atomically before anything is appended after it.
+    """
 
     def __init__(self, out_dir: Path) -> None:
         self.path = out_dir / TRIALS_FILE
         self.tables_path = out_dir / TABLES_FILE
         self.rows: dict[tuple[str, ...], dict[str, Any]] = {}
         self.tables: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        self.torn: list[Path] = []
+        """The files whose torn last line was dropped when they were read."""
         self._read()
 
     def _read(self) -> None:
-        if self.path.exists():
-            with self.path.open(newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f)
-                header = tuple(reader.fieldnames or ())
-                damaged = False
-                for raw in reader:
-                    try:
-                        if None in raw or None in raw.values():  # too many / too few fields: a torn write
-                            raise ValueError("wrong number of fields")
-                        key = row_key(raw)
-                        damaged |= key in self.rows  # a run redone for new code: keep the later row, compact
-                        self.rows[key] = _parse(raw)
-                    except (KeyError, TypeError, ValueError):
-                        damaged = True
-                        logger.warning("%s: skipping an unreadable row (it will be run again)", self.path)
+        text = self._complete_lines(self.path)
+        if text is not None:
+            reader = csv.DictReader(io.StringIO(text, newline=""))
+            header = tuple(reader.fieldnames or ())
+            damaged = self.path in self.torn
+            for raw in reader:
+                try:
+                    if None in raw or None in raw.values():  # too many / too few fields
+                        raise ValueError("wrong number of fields")
+                    key = row_key(raw)
+                    damaged |= key in self.rows  # a run redone for new code: keep the later row, compact
+                    self.rows[key] = _parse(raw)
+                except (KeyError, TypeError, ValueError):
+                    damaged = True
+                    logger.warning("%s: skipping an unreadable row (it will be run again)", self.path)
             if damaged or header != COLUMNS:  # a torn last line or an older layout: rewrite with today's columns
                 self._rewrite()
-        if self.tables_path.exists():
-            for line in self.tables_path.read_text(encoding="utf-8").splitlines():
+        text = self._complete_lines(self.tables_path)
+        if text is not None:
+            damaged = self.tables_path in self.torn
+            for line in text.splitlines():
                 try:
                     obj = json.loads(line)
                     self.tables[tuple(obj["key"])] = obj["figure9"]
                 except (ValueError, KeyError, TypeError):
+                    damaged = True
                     logger.warning("%s: skipping an unreadable line", self.tables_path)
+            if damaged:
+                self._rewrite_tables()
+
+    def _complete_lines(self, path: Path) -> str | None:
+        """The text of ``path`` up to its last line break (None if absent); a cut-off last line is dropped."""
+        if not path.exists():
+            return None
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            data = data[:data.rfind(b"\n") + 1]
+            self.torn.append(path)
+            logger.warning("%s: the last line was cut off by an interrupted write; ignoring it (that run will be "
+                           "done again)", path)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path} is not a UTF-8 file written by `hybriddp experiment` (byte {exc.start}); "
+                            "move it away to start this output directory over") from None
 
     def _rewrite(self) -> None:
-        tmp = self.path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
-            w.writeheader()
-            for row in self.rows.values():
-                w.writerow(_format(row))
-        tmp.replace(self.path)
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for row in self.rows.values():
+            w.writerow(_format(row))
+        write_bytes(self.path, buf.getvalue().encode("utf-8"))
+
+    def _rewrite_tables(self) -> None:
+        text = "".join(json.dumps({"key": list(k), "figure9": t}) + "\n" for k, t in self.tables.items())
+        write_bytes(self.tables_path, text.encode("utf-8"))
 
     def done(self, task: Task, data_id: str) -> bool:
         """Whether every algorithm row of ``task`` is stored, made by today's code of its family."""
@@ -166,22 +204,22 @@ class TrialStore:
                                                     for a in FAMILY_ALGORITHMS[task.family])
 
     def append(self, rows: list[dict[str, Any]], table: list[dict[str, Any]] | None) -> None:
-        """Store one task's rows: the Fig. 9 table first, then the CSV rows, each flushed."""
+        """Store one task's rows: the Fig. 9 table line first, then the CSV rows, each in one fsynced write."""
         if table is not None:
             key = row_key(rows[0])
             self.tables[key] = table
-            with self.tables_path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"key": list(key), "figure9": table}) + "\n")
-                f.flush()
+            _append(self.tables_path, (json.dumps({"key": list(key), "figure9": table}) + "\n").encode("utf-8"))
         new = not self.path.exists()
-        with self.path.open("a", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
-            if new:
-                w.writeheader()
-            for row in rows:
-                w.writerow(_format(row))
-            f.flush()
-            os.fsync(f.fileno())
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, COLUMNS, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        for row in rows:
+            w.writerow(_format(row))
+        if new:  # created whole, header included: the header is never torn
+            write_bytes(self.path, buf.getvalue().encode("utf-8"))
+        else:
+            _append(self.path, buf.getvalue().encode("utf-8"))
         for row in rows:
             self.rows[row_key(row)] = row
 
@@ -210,6 +248,14 @@ class RunSet:
     def table(self, point: Point, trial: int) -> list[dict[str, Any]] | None:
         """The stored Fig. 9 table of BLENDER's trial ``trial`` at ``point``."""
         return self.store.tables.get(self.task("blender", point, trial).row_key(self.data_id, "blender"))
+
+
+def _append(path: Path, data: bytes) -> None:
+    """Append whole lines in one write, flushed and fsynced (a kill can only cut the last line)."""
+    with path.open("ab") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 _INT_COLUMNS = {"head_list_size", "trial", "seed", "head_list_records", "head_list_queries",

@@ -10,8 +10,11 @@ import pytest
 from scipy import stats
 
 from hybriddp.curator import create_head_list
+from hybriddp.errors import ParameterError
 from hybriddp.noise import (
+    MAX_DENOMINATOR,
     DiscreteLaplaceNoise,
+    ceil_fraction,
     discrete_laplace_pmf,
     discrete_laplace_tail,
     discrete_laplace_variance,
@@ -34,6 +37,74 @@ class IntegerOnlyGenerator:
 
     def __getattr__(self, name: str):
         raise AssertionError(f"floating-point draw {name} used by the discrete sampler")
+
+
+# ----- rational_scale: the smallest bounded-denominator rational not below the float scale ------------
+
+def _brute_ceil_fraction(x: Fraction, n: int) -> Fraction:
+    """min over q ≤ n of ⌈x·q⌉/q: the smallest p/q ≥ x, by enumeration."""
+    return min(Fraction(-(-x.numerator * q // x.denominator), q) for q in range(1, n + 1))
+
+
+def _brute_rational_scale(scale: float, n: int) -> Fraction:
+    """min over q ≤ n of the smallest p/q whose float is ≥ scale, by enumeration."""
+    best = None
+    for q in range(1, n + 1):
+        p = math.floor(Fraction(math.nextafter(scale, 0.0)) * q)  # its float is below scale
+        while float(Fraction(p, q)) < scale:
+            p += 1
+        if best is None or Fraction(p, q) < best:
+            best = Fraction(p, q)
+    return best
+
+
+@pytest.mark.parametrize(("eps", "m_o", "expected"), [
+    (5.0, 1, Fraction(2, 5)), (2.5, 1, Fraction(4, 5)), (1.2, 1, Fraction(5, 3)), (4.0, 1, Fraction(1, 2)),
+    (5.0, 2, Fraction(4, 5)), (2.5, 2, Fraction(8, 5)), (1.2, 2, Fraction(10, 3)), (0.75, 1, Fraction(8, 3)),
+    (7.3, 1, Fraction(20, 73)),
+])
+def test_rational_scale_is_exact_when_the_scale_is_a_small_fraction(eps: float, m_o: int, expected: Fraction) -> None:
+    """2m_O/ε = 2/5 at ε = 5 gives t = 2/5 exactly (it was 3/5: 50% more curator noise)."""
+    assert rational_scale(2 * m_o / eps) == expected
+
+
+@pytest.mark.parametrize("m_o", [1, 2, 3, 7])
+def test_rational_scale_never_below_and_within_one_step(m_o: int) -> None:
+    for eps in [*np.round(np.arange(0.7, 12.0, 0.01), 2).tolist(), math.log(3), math.pi, 1 / 0.3]:
+        b = 2 * m_o / eps
+        t = rational_scale(b)
+        assert float(t) >= b and t.denominator <= MAX_DENOMINATOR
+        assert t - Fraction(b) <= Fraction(1, MAX_DENOMINATOR)
+
+
+def _scales(rng: np.random.Generator, n: int) -> list[float]:
+    """Floats of small fractions and their float neighbours, uniform and log-uniform floats."""
+    out = []
+    for _ in range(300):
+        f = float(Fraction(int(rng.integers(1, 40 * n)), int(rng.integers(1, 2 * n))))
+        out += [f, math.nextafter(f, 0.0), math.nextafter(f, math.inf)]
+    out += rng.uniform(0.01, 30.0, 300).tolist() + np.exp(rng.uniform(-8, 8, 300)).tolist()
+    return [*out, 2.0**53 + 2, 2.0**40, 1.0, 3.0]  # 2^53 + 2: the tie below it rounds down
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 97])
+def test_rational_scale_and_ceil_fraction_match_brute_force(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for scale in _scales(rng, n):
+        assert rational_scale(scale, n) == _brute_rational_scale(scale, n), scale
+        x = Fraction(scale) + Fraction(int(rng.integers(0, 3)), 10**30)
+        assert ceil_fraction(x, n) == _brute_ceil_fraction(x, n), x
+
+
+def test_rational_scale_tie_rounding_down_takes_the_next_fraction() -> None:
+    """Below 2^53 + 2 the real 2^53 + 1 rounds (to even) down, so t is the next fraction above it."""
+    assert rational_scale(2.0**53 + 2, 1000) == 2**53 + 1 + Fraction(1, 1000)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_rational_scale_rejects_bad_scales(bad: float) -> None:
+    with pytest.raises(ParameterError, match="noise scale"):
+        rational_scale(bad)
 
 
 @pytest.mark.parametrize("scale", [0.5, 2 / 1.5, 2.0, 8.0, 2 / 0.3])
@@ -70,7 +141,7 @@ def test_pmf_sums_to_one_and_tail_formula() -> None:
 def test_exact_dp_of_discrete_laplace_on_counts(eps: float, m_o: int) -> None:
     """Counts with L1 sensitivity 2m_O: the pmf ratio at every output is ≤ e^ε (exact, closed form)."""
     t = rational_scale(2 * m_o / eps)
-    assert t >= Fraction(2 * m_o / eps)  # never a smaller scale than asked: privacy holds
+    assert float(t) >= 2 * m_o / eps  # never a smaller scale than asked (to the float's precision)
     y = np.arange(-60, 61)
     for shift in range(1, 2 * m_o + 1):
         log_ratio = np.log(discrete_laplace_pmf(y, float(t))) - np.log(discrete_laplace_pmf(y - shift, float(t)))

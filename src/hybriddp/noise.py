@@ -7,9 +7,10 @@ distribution, P[Y = y] ∝ e^{−|y|/t} for integers y, sampled *exactly* from i
 NeurIPS 2020). No floating-point number is involved in a draw: Bernoulli(n/d) is
 ``integers(0, d) < n`` and everything else is integer arithmetic.
 
-The scale is a rational t = s/d ≥ 2m_O/ε (rounded up to a denominator ≤ 2^20), so counts with
-L1 sensitivity 2m_O get at least ε-DP (the ratio of neighbouring probabilities is at most
-e^{2m_O/t}). CreateHeadList's threshold is recomputed for this distribution: with m_O = 1 it is
+The scale is a rational t ≥ 2m_O/ε: the smallest fraction with denominator ≤ 2^20 that is not
+below the float 2m_O/ε (:func:`rational_scale`; exactly 2m_O/ε when that is such a fraction, e.g.
+2/5 at ε = 5), so counts with L1 sensitivity 2m_O get at least ε-DP (the ratio of neighbouring
+probabilities is at most e^{2m_O/t}). CreateHeadList's threshold is recomputed for this distribution: with m_O = 1 it is
 the smallest integer τ_d such that a record seen once survives (1 + Y > τ_d) with probability
 at most δ/2, exactly; with m_O > 1 it is ⌈τ⌉ of the continuous formula, whose guarantee carries
 over because the discrete tail P[Y ≥ k] = e^{−k/t}/(1 + e^{−1/t}) lies below the continuous
@@ -21,6 +22,7 @@ given for experiments.
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -29,12 +31,60 @@ import numpy as np
 MAX_DENOMINATOR = 1 << 20
 
 
-def rational_scale(scale: float) -> Fraction:
-    """The smallest-denominator-bounded rational t ≥ ``scale`` (never below: privacy holds)."""
-    f = Fraction(scale).limit_denominator(MAX_DENOMINATOR)
-    if f < Fraction(scale):
-        f += Fraction(1, f.denominator)
-    return f
+def ceil_fraction(x: Fraction, max_denominator: int = MAX_DENOMINATOR) -> Fraction:
+    """The smallest p/q ≥ ``x`` with 1 ≤ q ≤ ``max_denominator``, exactly.
+
+    Stern–Brocot search between Farey neighbours a/b < x < c/d (bc − ad = 1), moving each end
+    as many mediant steps at once as keeps it on its side of x: any fraction strictly between two
+    Farey neighbours has a denominator ≥ b + d, so once b + d > ``max_denominator`` the answer is
+    c/d. O(length of x's continued fraction) big-integer steps.
+    """
+    if x.denominator <= max_denominator:
+        return x
+    p, q = x.numerator, x.denominator
+    a, b, c, d = p // q, 1, p // q + 1, 1  # a/b < x < c/d (x is not an integer here)
+    while True:
+        # largest k with (a + kc)/(b + kd) < x, i.e. k·(qc − pd) < pb − qa
+        k = min((p * b - q * a - 1) // (q * c - p * d), (max_denominator - b) // d)
+        a, b = a + k * c, b + k * d
+        if b + d > max_denominator:
+            return Fraction(c, d)
+        # largest k with (c + ka)/(d + kb) > x, i.e. k·(pb − qa) < qc − pd
+        k = min((q * c - p * d - 1) // (p * b - q * a), (max_denominator - d) // b)
+        c, d = c + k * a, d + k * b
+        if b + d > max_denominator:
+            return Fraction(c, d)
+
+
+def _farey_successor(x: Fraction, max_denominator: int) -> Fraction:
+    """The smallest p/q > ``x`` with q ≤ ``max_denominator`` (x's right Farey neighbour)."""
+    a, b = x.numerator, x.denominator
+    d0 = -pow(a, -1, b) % b if b > 1 else 0  # bc − ad = 1 needs ad ≡ −1 (mod b)
+    d = d0 + (max_denominator - d0) // b * b
+    return Fraction((1 + a * d) // b, d)
+
+
+@functools.lru_cache(maxsize=4096)
+def rational_scale(scale: float, max_denominator: int = MAX_DENOMINATOR) -> Fraction:
+    """The exact rational scale t the discrete sampler uses for a nominal float ``scale``.
+
+    t is the smallest p/q with q ≤ ``max_denominator`` whose value, rounded to a float, is
+    ≥ ``scale``. So a scale that is the float of such a fraction is used exactly (2/5 for
+    ε = 5, 5/3 for ε = 1.2, m_O = 1), and t ≤ scale + 1/``max_denominator`` otherwise. Exactly
+    ≥ the float's own value is not asked for: b = 2m_O/ε is itself a rounded quotient (0.4 lies
+    2·10⁻¹⁷ above 2/5), and t ≥ b·(1 − 2⁻⁵³) keeps the ε attained within a factor 1 + 2⁻⁵² of
+    the ε asked for, which is the precision of ε itself.
+    """
+    if not (math.isfinite(scale) and scale > 0):
+        from hybriddp.errors import parameter_error
+
+        raise parameter_error("noise scale", scale, "a finite number > 0")
+    # every real number ≥ lo (> lo if the tie at lo rounds down) rounds to a float ≥ scale
+    lo = (Fraction(math.nextafter(scale, 0.0)) + Fraction(scale)) / 2
+    t = ceil_fraction(lo, max_denominator)
+    if float(t) < scale:  # t == lo and the tie rounded down (possible only for scale ≥ 2^32)
+        t = _farey_successor(t, max_denominator)
+    return t
 
 
 def _bernoulli_exp_frac(rng: np.random.Generator, num: np.ndarray, den: int) -> np.ndarray:

@@ -14,8 +14,8 @@ from hybriddp.blend import blend, project_to_simplex
 from hybriddp.client_estimates import estimate_client_probabilities
 from hybriddp.curator import estimate_optin_probabilities
 from hybriddp.headlist import WILDCARD, HeadList
+from hybriddp.noise import LaplaceNoise
 from hybriddp.randomizer import LocalAlgParams, randomize_batch
-from hybriddp.rng import LaplaceNoise
 
 # ----- helpers ---------------------------------------------------------------------------------
 

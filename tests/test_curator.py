@@ -17,9 +17,9 @@ from hybriddp import params as params_mod
 from hybriddp.curator import create_head_list, estimate_optin_probabilities, optin_variance
 from hybriddp.errors import ParameterError
 from hybriddp.headlist import WILDCARD, HeadList
+from hybriddp.noise import LaplaceNoise
 from hybriddp.params import check_head_list_params, head_list_scale, head_list_threshold
 from hybriddp.records import NO_URL
-from hybriddp.rng import LaplaceNoise
 
 # ----- helpers ---------------------------------------------------------------------------------
 

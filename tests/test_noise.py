@@ -13,7 +13,9 @@ from hybriddp.curator import create_head_list
 from hybriddp.errors import ParameterError
 from hybriddp.noise import (
     MAX_DENOMINATOR,
+    NOISE_LABELS,
     DiscreteLaplaceNoise,
+    LaplaceNoise,
     ceil_fraction,
     discrete_laplace_pmf,
     discrete_laplace_tail,
@@ -23,7 +25,6 @@ from hybriddp.noise import (
     sample_discrete_laplace,
 )
 from hybriddp.params import head_list_threshold
-from hybriddp.rng import LaplaceNoise
 
 
 class IntegerOnlyGenerator:
@@ -188,6 +189,7 @@ def test_m_o_above_one_uses_ceiling_of_continuous_threshold() -> None:
 def test_noise_factory_and_labels() -> None:
     assert noise_factory("discrete") is DiscreteLaplaceNoise
     assert noise_factory("laplace") is LaplaceNoise
+    assert NOISE_LABELS == {"discrete": DiscreteLaplaceNoise.label, "laplace": LaplaceNoise.label}
     with pytest.raises(ValueError, match="--noise"):
         noise_factory("gaussian")
 

@@ -14,8 +14,8 @@ import numpy as np
 from hybriddp.backends import CountingBackend, default_backend
 from hybriddp.errors import HeadListError
 from hybriddp.headlist import HeadList, record_keys, split_keys
+from hybriddp.noise import NoiseSource
 from hybriddp.params import check_head_list_params, check_positive_int, head_list_scale
-from hybriddp.rng import NoiseSource
 
 log = logging.getLogger(__name__)
 

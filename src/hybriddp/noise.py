@@ -25,8 +25,12 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
+from typing import Protocol
 
 import numpy as np
+
+from hybriddp.errors import parameter_error
+from hybriddp.params import check_head_list_params, head_list_threshold
 
 MAX_DENOMINATOR = 1 << 20
 
@@ -76,8 +80,6 @@ def rational_scale(scale: float, max_denominator: int = MAX_DENOMINATOR) -> Frac
     the ε asked for, which is the precision of ε itself.
     """
     if not (math.isfinite(scale) and scale > 0):
-        from hybriddp.errors import parameter_error
-
         raise parameter_error("noise scale", scale, "a finite number > 0")
     # every real number ≥ lo (> lo if the tie at lo rounds down) rounds to a float ≥ scale
     lo = (Fraction(math.nextafter(scale, 0.0)) + Fraction(scale)) / 2
@@ -162,6 +164,34 @@ def discrete_laplace_variance(scale: float) -> float:
     return 2 * q / (1 - q) ** 2
 
 
+class NoiseSource(Protocol):
+    """Noise added to counts by the curator (ALGORITHM.md §3, §4).
+
+    ``name`` labels outputs (``--noise name``) and ``label`` describes it; ``variance(scale)`` is
+    the variance of one draw, used by the variance formulas (ALGORITHM.md §4), and
+    ``survival(x, scale)`` is P[Y > x], used to check the head-list threshold.
+    """
+
+    name: str
+    label: str
+
+    def sample(self, scale: float, size: int) -> np.ndarray:
+        """``size`` independent draws with the given scale, as float64."""
+        ...
+
+    def variance(self, scale: float) -> float:
+        """Variance of one draw."""
+        ...
+
+    def survival(self, x: float, scale: float) -> float:
+        """P[Y > x] for one draw."""
+        ...
+
+    def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
+        """CreateHeadList's τ for this noise (ALGORITHM.md §3)."""
+        ...
+
+
 class DiscreteLaplaceNoise:
     """Exact discrete Laplace noise on integer counts (the default curator noise)."""
 
@@ -185,8 +215,6 @@ class DiscreteLaplaceNoise:
 
     def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
         """τ_d: keep a record iff N + Y > τ_d (see the module docstring)."""
-        from hybriddp.params import check_head_list_params
-
         tau = check_head_list_params(epsilon, delta, m_o)
         if m_o > 1:
             return float(math.ceil(tau))
@@ -200,25 +228,50 @@ class DiscreteLaplaceNoise:
         return float(k)
 
 
-NOISE_LABELS = {
-    "discrete": DiscreteLaplaceNoise.label,
-    "laplace": "laplace (continuous, floating point, paper-faithful)",
+class LaplaceNoise:
+    """Continuous Laplace(0, b) noise, as in the paper (floating point)."""
+
+    name = "laplace"
+    label = "laplace (continuous, floating point, paper-faithful)"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def sample(self, scale: float, size: int) -> np.ndarray:
+        """Laplace(0, scale) draws."""
+        return self.rng.laplace(0.0, scale, size)
+
+    def variance(self, scale: float) -> float:
+        """Var = 2b²."""
+        return 2.0 * scale * scale
+
+    def survival(self, x: float, scale: float) -> float:
+        """P[Y > x] = ½e^{−x/b} for x ≥ 0, 1 − ½e^{x/b} otherwise."""
+        if x >= 0:
+            return 0.5 * float(np.exp(-x / scale))
+        return 1.0 - 0.5 * float(np.exp(x / scale))
+
+    def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
+        """τ = b_S·(ln(e^{ε/2} + m_O − 1) − ln δ) (Fig. 3 line 2)."""
+        return head_list_threshold(epsilon, delta, m_o)
+
+
+NOISE_CLASSES: dict[str, type[DiscreteLaplaceNoise] | type[LaplaceNoise]] = {
+    cls.name: cls for cls in (DiscreteLaplaceNoise, LaplaceNoise)
 }
+"""``--noise`` name → noise class (the first is the default)."""
+
+NOISE_LABELS = {name: cls.label for name, cls in NOISE_CLASSES.items()}
 
 
 def effective_scale(name: str, scale: float) -> float:
     """The scale ``--noise name`` actually draws with for a nominal ``scale``: the rational
     t ≥ scale of :func:`rational_scale` for discrete noise, ``scale`` itself for Laplace."""
-    return float(rational_scale(scale)) if name == "discrete" else scale
+    return float(rational_scale(scale)) if name == DiscreteLaplaceNoise.name else scale
 
 
-def noise_factory(name: str) -> type:
+def noise_factory(name: str) -> type[DiscreteLaplaceNoise] | type[LaplaceNoise]:
     """The noise class for ``--noise discrete|laplace``."""
-    from hybriddp.errors import parameter_error
-    from hybriddp.rng import LaplaceNoise
-
-    if name == "discrete":
-        return DiscreteLaplaceNoise
-    if name == "laplace":
-        return LaplaceNoise
-    raise parameter_error("noise (--noise)", name, "'discrete' or 'laplace'")
+    if name not in NOISE_CLASSES:
+        raise parameter_error("noise (--noise)", name, " or ".join(f"'{n}'" for n in NOISE_CLASSES))
+    return NOISE_CLASSES[name]

@@ -20,11 +20,11 @@ from hybriddp.blend import Blended, blend, project_to_simplex
 from hybriddp.client_estimates import ClientEstimates, estimate_client_probabilities
 from hybriddp.curator import OptinEstimates, create_head_list, estimate_optin_probabilities, require_nonempty
 from hybriddp.headlist import HeadList
-from hybriddp.noise import DiscreteLaplaceNoise
+from hybriddp.noise import DiscreteLaplaceNoise, NoiseSource
 from hybriddp.params import BlenderParams
 from hybriddp.randomizer import LocalAlgParams, randomize_batch
 from hybriddp.records import RecordLog, SampledRecords, sample_records
-from hybriddp.rng import NoiseSource, stage_rng
+from hybriddp.rng import stage_rng
 
 NoiseFactory = Callable[[np.random.Generator], NoiseSource]
 

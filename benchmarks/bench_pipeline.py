@@ -27,9 +27,8 @@ import numpy as np
 from hybriddp import BlenderParams
 from hybriddp.device import DeviceHeadList, SeededSource, SystemSource, local_alg
 from hybriddp.io.synth import generate
-from hybriddp.pipeline import Stages, run_blender
+from hybriddp.pipeline import Stages, result_from_run, run_blender
 from hybriddp.randomizer import randomize_batch
-from hybriddp.result import result_from_run
 
 TARGETS = {"yandex": {"pipeline_seconds": 20.0, "peak_rss_gb": 4.0, "randomizer_reports_per_second": 1e7,
                       "randomizer_speedup": 50.0}}

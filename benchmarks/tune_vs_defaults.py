@@ -36,9 +36,8 @@ from hybriddp.io.exchange import curator_release, write_curator_files
 from hybriddp.io.synth import generate
 from hybriddp.noise import DiscreteLaplaceNoise
 from hybriddp.params import BlenderParams
-from hybriddp.pipeline import curator_side, run_blender, split_optin
+from hybriddp.pipeline import curator_side, result_from_run, run_blender, split_optin
 from hybriddp.records import RecordLog
-from hybriddp.result import result_from_run
 from hybriddp.tune import NDCG_TIE, PAPER_F_C, PAPER_F_O, Interval, load_privatized, tune
 
 logger = logging.getLogger("tune_vs_defaults")

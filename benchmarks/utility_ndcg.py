@@ -15,8 +15,7 @@ import numpy as np
 
 from hybriddp import BlenderParams
 from hybriddp.io.synth import generate
-from hybriddp.pipeline import run_blender
-from hybriddp.result import result_from_run
+from hybriddp.pipeline import result_from_run, run_blender
 
 
 def main(argv: list[str] | None = None) -> int:

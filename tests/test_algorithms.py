@@ -31,9 +31,8 @@ def test_family_is_paired_and_each_member_is_what_it_says(log) -> None:
     b, o, c = fam["blender"], fam["optin-only"], fam["client-only"]
     assert b.head_list is o.head_list is c.head_list  # one run: same head list and truth
     assert np.array_equal(b.truth_record, o.truth_record) and np.array_equal(b.truth_query, c.truth_query)
-    d = b.detail
-    assert np.array_equal(o.p_query, d.optin.p_query) and np.array_equal(c.p_query, d.client.p_query)
-    assert np.array_equal(b.p_query, d.blended.queries.p)
+    assert np.array_equal(o.p_query, b.optin.p_query) and np.array_equal(c.p_query, b.client.p_query)
+    assert np.array_equal(b.p_query, b.blended.queries.p)
     for r in fam.values():
         assert r.p_record.sum() == pytest.approx(1.0) and (r.p_record >= 0).all()  # projected
         assert 0 < r.metrics["ndcg"] <= 1

@@ -98,7 +98,7 @@ def test_estimate_rejects_reports_for_another_head_list(files, tmp_path) -> None
            tmp_path / "rb.jsonl")
     r = invoke("estimate", "--headlist", tmp_path / "a.json", "--optin-estimates", tmp_path / "a-est.json",
                "--reports", tmp_path / "rb.jsonl", ok=False)
-    assert_clean_error(r, "line 1", "head list")
+    assert_clean_error(r, "line 2", "head list")
     r = invoke("estimate", "--headlist", tmp_path / "a.json", "--optin-estimates", tmp_path / "b-est.json",
                "--reports", tmp_path / "rb.jsonl", ok=False)
     assert_clean_error(r, "b-est.json")

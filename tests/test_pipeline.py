@@ -7,8 +7,7 @@ import pytest
 
 from hybriddp import BlenderParams
 from hybriddp.errors import HeadListError
-from hybriddp.pipeline import run_blender, split_optin
-from hybriddp.result import result_from_run
+from hybriddp.pipeline import result_from_run, run_blender, split_optin
 from logdata import zipf_log
 
 

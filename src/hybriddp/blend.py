@@ -7,8 +7,13 @@ of w·p̂_O + (1−w)·p̂_C, giving w²σ²_O + (1−w)²σ²_C.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hybriddp.client_estimates import ClientEstimates
+    from hybriddp.curator import OptinEstimates
 
 VARIANCE_FLOOR = 1e-300
 """Variances are floored here so the weight is always defined (ALGORITHM.md §7)."""
@@ -50,3 +55,26 @@ def project_to_simplex(v: np.ndarray) -> np.ndarray:
     rho = np.flatnonzero(u + (1.0 - css) / j > 0)[-1]
     lam = (1.0 - css[rho]) / (rho + 1)
     return np.maximum(v + lam, 0.0)
+
+
+@dataclass
+class BlendOutput:
+    """Record- and query-level blends (Fig. 2 line 5), raw and projected."""
+
+    records: Blended
+    queries: Blended
+    records_projected: np.ndarray | None
+    queries_final: np.ndarray
+
+    @property
+    def records_final(self) -> np.ndarray:
+        """The record estimates a result reports: projected onto the simplex when asked."""
+        return self.records_projected if self.records_projected is not None else self.records.p
+
+
+def blend_estimates(optin: OptinEstimates, client: ClientEstimates, project: bool = True) -> BlendOutput:
+    """BlendProbabilities for records and for queries (ALGORITHM.md §7)."""
+    rec = blend(optin.p_record, optin.var_record, client.p_record, client.var_record)
+    qry = blend(optin.p_query, optin.var_query, client.p_query, client.var_query)
+    projected = project_to_simplex(rec.p) if project else None
+    return BlendOutput(rec, qry, projected, qry.p)

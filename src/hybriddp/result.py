@@ -1,7 +1,10 @@
-"""The output of a BLENDER run (ALGORITHM.md §8): per-entry and per-query tables, metrics, JSON.
+"""One result type for BLENDER and the baselines (ALGORITHM.md §8): tables, metrics, JSON.
 
-A :class:`BlenderResult` needs no raw data: ``hybriddp run`` builds it from a simulation
-(with ground truth, so it carries metrics), ``hybriddp estimate`` from files (without).
+A :class:`Result` needs no raw data. ``hybriddp run`` builds one from a simulation (with the
+ground truth, so it carries metrics), ``hybriddp estimate`` and the server from the release
+documents and report counts (without). BLENDER's results also carry their parts — the opt-in
+and client estimates and the blend (:class:`BlendParts`) — so they show all of paper Fig. 9;
+a baseline carries only its final estimates.
 """
 
 from __future__ import annotations
@@ -15,39 +18,91 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from hybriddp.blend import BlendOutput
 from hybriddp.client_estimates import ClientEstimates
 from hybriddp.curator import OptinEstimates
-from hybriddp.errors import DataError
-from hybriddp.evaluate import ground_truth, score, truth_vectors
 from hybriddp.headlist import HeadList
+from hybriddp.io.atomic import atomic_path, check_output_path, write_text
 from hybriddp.noise import NOISE_LABELS
 from hybriddp.params import BlenderParams
-from hybriddp.pipeline import BlenderRun, BlendOutput
+from hybriddp.privacy import Guarantee, blender_guarantees, describe
 from hybriddp.records import Vocabulary
 from hybriddp.rng import SEED_WARNING
 
 WILDCARD_NAME = "*"
+OUTPUT_SUFFIXES = (".json", ".csv", ".parquet")
 
 
 @dataclass
-class BlenderResult:
-    """Estimates over the final head list, with names, sizes, and (optionally) truth."""
+class BlendParts:
+    """BLENDER's intermediate estimates: opt-in (§4), client (§6) and their blend (§7)."""
 
+    optin: OptinEstimates
+    client: ClientEstimates
+    blended: BlendOutput
+    f_c_used: float
+    noise: str
+
+
+@dataclass
+class Result:
+    """Final estimates of one algorithm over its head list, with names, sizes, privacy and (in a
+    simulation) the truth and metrics.
+
+    ``p_record``/``p_query`` are the final estimates (BLENDER: the blended, projected values).
+    ``guarantees`` states the privacy numerically (:mod:`hybriddp.privacy`); ``parts`` is set
+    for BLENDER only.
+    """
+
+    algorithm: str
     params: BlenderParams
     head_list: HeadList
     queries: Vocabulary
     urls: Vocabulary
-    optin: OptinEstimates
-    client: ClientEstimates
-    blended: BlendOutput
-    sizes: dict[str, int]
-    noise: str
-    seed: int | None
+    p_record: np.ndarray
+    p_query: np.ndarray
     url_level: bool
-    f_c_used: float
+    sizes: dict[str, int]
+    guarantees: tuple[Guarantee, ...]
+    seed: int | None
+    parts: BlendParts | None = None
+    metrics: dict[str, float | None] = field(default_factory=dict)
     truth_query: np.ndarray | None = None  # p_q per listed query (ground truth, simulation only)
     truth_record: np.ndarray | None = None  # p_r per entry (0 for wildcards)
-    metrics: dict[str, float | None] = field(default_factory=dict)
+
+    @classmethod
+    def blender(cls, params: BlenderParams, hl: HeadList, queries: Vocabulary, urls: Vocabulary,
+                parts: BlendParts, sizes: dict[str, int], seed: int | None, url_level: bool) -> Result:
+        """BLENDER's result from its parts (final estimates = the blend)."""
+        g = blender_guarantees(params.epsilon, params.delta, parts.f_c_used, params.m_c)
+        return cls("blender", params, hl, queries, urls, parts.blended.records_final, parts.blended.queries_final,
+                   url_level, sizes, g, seed, parts)
+
+    # ----- BLENDER's parts (an AttributeError for a baseline) ---------------------------------
+    @property
+    def optin(self) -> OptinEstimates:
+        """The opt-in estimates (ALGORITHM.md §4)."""
+        return self._parts().optin
+
+    @property
+    def client(self) -> ClientEstimates:
+        """The client estimates (ALGORITHM.md §6)."""
+        return self._parts().client
+
+    @property
+    def blended(self) -> BlendOutput:
+        """The blend (ALGORITHM.md §7)."""
+        return self._parts().blended
+
+    @property
+    def noise(self) -> str | None:
+        """The curator's noise (``discrete`` or ``laplace``) for BLENDER, else None."""
+        return self.parts.noise if self.parts is not None else None
+
+    def _parts(self) -> BlendParts:
+        if self.parts is None:
+            raise AttributeError(f"the {self.algorithm} result has no BLENDER parts (opt-in/client/blend)")
+        return self.parts
 
     @property
     def n_records(self) -> int:
@@ -56,9 +111,11 @@ class BlenderResult:
 
     # ----- names --------------------------------------------------------------------------
     def query_names(self) -> list[str]:
+        """Name of every query position, ``*`` last."""
         return query_names(self.head_list, self.queries)
 
     def entry_names(self) -> tuple[list[str], list[str]]:
+        """(query, URL) name of every entry."""
         return entry_names(self.head_list, self.queries, self.urls)
 
     # ----- tables -------------------------------------------------------------------------
@@ -69,46 +126,56 @@ class BlenderResult:
     def records_table(self) -> pa.Table:
         """One row per head-list entry (wildcards included, marked)."""
         q, u = self.entry_names()
-        cols: dict[str, Any] = {
-            "query": q, "url": u, "wildcard": self.head_list.is_wildcard,
-            "p_blended": self.blended.records_final, "p_blended_raw": self.blended.records.p,
-            "var_blended": self.blended.records.var, "weight_optin": self.blended.records.weight_optin,
-            "p_optin": self.optin.p_record, "var_optin": self.optin.var_record,
-            "noise_draws": self.optin.draws_record,
-            "p_client": self.client.p_record, "var_client": self.client.var_record,
-        }
+        cols: dict[str, Any] = {"query": q, "url": u, "wildcard": self.head_list.is_wildcard}
+        if self.parts is None:
+            cols["p_estimate"] = self.p_record
+        else:
+            b, o, c = self.blended, self.optin, self.client
+            cols.update({
+                "p_blended": b.records_final, "p_blended_raw": b.records.p,
+                "var_blended": b.records.var, "weight_optin": b.records.weight_optin,
+                "p_optin": o.p_record, "var_optin": o.var_record, "noise_draws": o.draws_record,
+                "p_client": c.p_record, "var_client": c.var_record,
+            })
         if self.truth_record is not None:
             cols["p_true"] = self.truth_record
         return pa.table(cols)
 
     def queries_table(self) -> pa.Table:
-        """One row per head-list query, ``*`` last (the columns of paper Fig. 9)."""
-        cols: dict[str, Any] = {
-            "query": self.query_names(),
-            "p_blended": self.blended.queries.p, "var_blended": self.blended.queries.var,
-            "weight_optin": self.blended.queries.weight_optin,
-            "p_optin_sum": self.optin.p_query, "var_optin_sum": self.optin.var_query,
-            "p_client_direct": self.client.p_query, "var_client_direct": self.client.var_query,
-            "p_client_sum": self.client_record_sums(),
-        }
+        """One row per head-list query, ``*`` last (BLENDER: the columns of paper Fig. 9)."""
+        cols: dict[str, Any] = {"query": self.query_names()}
+        if self.parts is None:
+            cols["p_estimate"] = self.p_query
+        else:
+            b, o, c = self.blended, self.optin, self.client
+            cols.update({
+                "p_blended": b.queries.p, "var_blended": b.queries.var, "weight_optin": b.queries.weight_optin,
+                "p_optin_sum": o.p_query, "var_optin_sum": o.var_query,
+                "p_client_direct": c.p_query, "var_client_direct": c.var_query,
+                "p_client_sum": self.client_record_sums(),
+            })
         if self.truth_query is not None:
             cols["p_true"] = np.append(self.truth_query, np.nan)
         return pa.table(cols)
 
+    def _columns(self) -> dict[str, np.ndarray]:
+        if self.parts is None:
+            return {"p_estimate": self.p_query}
+        return {"p_blended": self.blended.queries.p, "p_optin_sum": self.optin.p_query,
+                "p_client_direct": self.client.p_query, "p_client_sum": self.client_record_sums()}
+
     def figure9(self, top: int = 10) -> list[dict[str, Any]]:
-        """Top queries sorted by true p_q (by blended p̂_q without truth), with regressions.
+        """Top queries sorted by true p_q (by the final estimate without truth), with regressions.
 
         A value is a *regression* when it is larger than the value one row above, i.e. out
-        of order relative to the true ranking (paper §5, Fig. 9).
+        of order relative to the true ranking (paper §5, Fig. 9). A baseline has one column,
+        ``p_estimate``.
         """
         k = self.head_list.n_queries
         names = self.query_names()
-        key = self.truth_query if self.truth_query is not None else self.blended.queries.p[:k]
+        key = self.truth_query if self.truth_query is not None else self.p_query[:k]
         order = np.argsort(-key, kind="stable")[:top]
-        cols = {
-            "p_blended": self.blended.queries.p, "p_optin_sum": self.optin.p_query,
-            "p_client_direct": self.client.p_query, "p_client_sum": self.client_record_sums(),
-        }
+        cols = self._columns()
         rows = []
         for pos, i in enumerate(order.tolist()):
             row: dict[str, Any] = {"query": names[i]}
@@ -122,23 +189,26 @@ class BlenderResult:
 
     # ----- JSON ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        """One JSON object: parameters, guarantee, sizes, metrics, Fig. 9 rows, full tables."""
+        """One JSON object: parameters, guarantee, sizes, metrics, Fig. 9 rows, full tables.
+
+        Never holds NaN or infinity (they become null).
+        """
         p = self.params
         out: dict[str, Any] = {
-            "algorithm": "blender",
-            "ndcg": self.metrics.get("ndcg"),
-            "l1": self.metrics.get("l1"),
+            "algorithm": self.algorithm,
+            "ndcg": _clean(self.metrics.get("ndcg")),
+            "l1": _clean(self.metrics.get("l1")),
             "head_list_records": self.n_records,
             "head_list_queries": self.head_list.n_queries,
             "epsilon": p.epsilon,
             "delta": p.delta,
-            "metrics": self.metrics,
+            "metrics": {k: _clean(v) for k, v in self.metrics.items()},
             "params": p.to_dict(),
             "privacy": self.guarantee(),
             "sizes": self.sizes,
             "noise": self.noise,
             "seed": self.seed,
-            "figure9": self.figure9(),
+            "figure9": [{k: _clean(v) for k, v in r.items()} for r in self.figure9()],
             "queries": _table_rows(self.queries_table()),
             "records": _table_rows(self.records_table()),
         }
@@ -147,16 +217,13 @@ class BlenderResult:
         return out
 
     def guarantee(self) -> dict[str, Any]:
-        """The privacy actually delivered (ALGORITHM.md §2, §5)."""
-        p = self.params
-        return {
-            "optin_users": f"({p.epsilon}, {p.delta})-DP, trusted-curator model "
-                           "(Theorems 1, 2)",
-            "clients": f"({p.epsilon}, {p.delta})-local DP (Theorem 3), f_C = {self.f_c_used}, m_C = {p.m_c}",
-            "noise": NOISE_LABELS.get(self.noise, self.noise),
-            "client_variances": "exact" if self.client.variance_exact
-            else "approximate (m_C > 1: one client's reports are dependent)",
-        }
+        """The privacy actually delivered, from :attr:`guarantees` (ALGORITHM.md §2, §5)."""
+        out = describe(self.guarantees)
+        if self.parts is not None:
+            out["noise"] = NOISE_LABELS.get(self.parts.noise, self.parts.noise)
+            out["client_variances"] = ("exact" if self.client.variance_exact
+                                       else "approximate (m_C > 1: one client's reports are dependent)")
+        return out
 
     def write(self, path: str | Path) -> None:
         """Write by extension: ``.json`` (everything), ``.csv`` or ``.parquet`` (records table)."""
@@ -164,19 +231,19 @@ class BlenderResult:
 
 
 def write_output(path: str | Path, obj: dict[str, Any], table: pa.Table) -> None:
-    """``.json`` → ``obj``; ``.csv`` / ``.parquet`` → ``table``; other extensions are refused."""
-    path = Path(path)
+    """``.json`` → ``obj``; ``.csv`` / ``.parquet`` → ``table``; written atomically (temp file + rename)."""
+    path = check_output_path(path, "--output", OUTPUT_SUFFIXES)
     suffix = path.suffix.lower()
     if suffix == ".json":
-        path.write_text(json.dumps(obj, indent=2, allow_nan=False, default=json_default))
-    elif suffix == ".csv":
-        import pyarrow.csv as pacsv
-        pacsv.write_csv(table, path)
-    elif suffix == ".parquet":
-        import pyarrow.parquet as pq
-        pq.write_table(table, path)
-    else:
-        raise DataError(f"--output {path}: unknown extension {suffix!r}; use .json, .csv or .parquet")
+        write_text(path, json.dumps(obj, indent=2, allow_nan=False, default=json_default))
+        return
+    with atomic_path(path) as tmp:
+        if suffix == ".csv":
+            import pyarrow.csv as pacsv
+            pacsv.write_csv(table, tmp)
+        else:
+            import pyarrow.parquet as pq
+            pq.write_table(table, tmp)
 
 
 def query_names(hl: HeadList, queries: Vocabulary) -> list[str]:
@@ -208,7 +275,7 @@ def decode_or_placeholder(vocab: Vocabulary, ids: np.ndarray) -> list[str]:
 
 
 def _clean(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
+    if isinstance(v, (float, np.floating)) and not math.isfinite(v):
         return None
     return v
 
@@ -224,21 +291,3 @@ def json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-def result_from_run(run: BlenderRun, *, with_metrics: bool = True) -> BlenderResult:
-    """Build the result of a simulation, with ground truth and metrics (ALGORITHM.md §9)."""
-    cur = run.curator
-    hl = run.head_list
-    sizes = {
-        "users": run.log.n_users, "records": run.log.n_records,
-        "optin_users": run.n_users_optin, "optin_users_s": cur.n_users_s, "optin_users_t": cur.n_users_t,
-        "clients": run.n_users_clients, "records_s": len(cur.sampled_s), "records_t": len(cur.sampled_t),
-        "reports": run.client.n, "head_list_s_records": cur.head_list_s.n_records,
-        "head_list_s_queries": cur.head_list_s.n_queries,
-    }
-    res = BlenderResult(run.params, hl, run.log.queries, run.log.urls, cur.optin, run.client, run.blended,
-                        sizes, cur.noise, run.seed, run.log.has_urls, run.f_c_used)
-    if with_metrics and run.sampled_c is not None:
-        truth, held = ground_truth(run.log, (cur.sampled_s, cur.sampled_t, run.sampled_c))
-        res.truth_query, res.truth_record = truth_vectors(hl, truth)
-        res.metrics = score(hl, run.blended.records_final, run.blended.queries_final, truth, run.log, held)
-    return res

@@ -60,10 +60,11 @@ from hybriddp.client_estimates import ClientEstimates, estimate_client_probabili
 from hybriddp.errors import parameter_error
 from hybriddp.headlist import HeadList, record_keys, split_keys
 from hybriddp.params import BlenderParams
-from hybriddp.pipeline import Stages, client_f_c
+from hybriddp.parties.curator import client_f_c
 from hybriddp.randomizer import LocalAlgParams, randomize_batch
 from hybriddp.records import NO_URL, RecordLog, SampledRecords, sample_records
 from hybriddp.rng import stage_rng
+from hybriddp.stages import Stages
 
 
 def mix64(x: np.ndarray) -> np.ndarray:

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hybriddp.algorithms import AlgorithmResult
-from hybriddp.result import BlenderResult, json_default
+from hybriddp.headlist import HeadList
+from hybriddp.result import Result, json_default
 from hybriddp.rng import SEED_WARNING
 
 out = Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
@@ -58,7 +58,7 @@ def _fmt(x: float) -> str:
     return f"{x:.4f}"
 
 
-def print_figure9(res: BlenderResult, top: int = 10) -> None:
+def print_figure9(res: Result, top: int = 10) -> None:
     """The paper's Fig. 9 table; values out of order relative to the truth are red with ↑."""
     rows = res.figure9(top)
     has_truth = res.truth_query is not None
@@ -92,7 +92,7 @@ def _print_metrics(m: dict[str, Any]) -> None:
               f"queries@10 {m['ndcg_queries_at_10']:.4f})")
 
 
-def print_summary(res: BlenderResult) -> None:
+def print_summary(res: Result) -> None:
     """Sizes, head list, metrics and the privacy guarantee, after the table."""
     s = res.sizes
     m = res.metrics
@@ -102,8 +102,7 @@ def print_summary(res: BlenderResult) -> None:
         if res.url_level:
             line += f", {m['top_url_rate']:.1%} click its top URL"
         out.print(line)
-    out.print(f"head list: {res.n_records} records over {res.head_list.n_queries} queries "
-              f"(M = {res.params.head_list_size})")
+    out.print(f"head list: {head_list_size(res.head_list, res.url_level)} (M = {res.params.head_list_size})")
     if "users" in s:
         out.print(f"users: {s['users']:,} ({s['optin_users']:,} opt-in: {s['optin_users_s']:,} in S, "
                   f"{s['optin_users_t']:,} in T; {s['clients']:,} clients)")
@@ -116,9 +115,9 @@ def print_summary(res: BlenderResult) -> None:
         err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
 
 
-def print_algorithm(alg: AlgorithmResult, top: int = 10) -> None:
+def print_algorithm(alg: Result, top: int = 10) -> None:
     """A baseline's result: top queries with its estimate, metrics, guarantee."""
-    rows = alg.top_queries(top)
+    rows = alg.figure9(top)
     has_truth = alg.truth_query is not None
     t = Table(title=f"Top queries — {alg.algorithm}", title_justify="left")
     t.add_column("query", overflow="fold", max_width=40)
@@ -134,11 +133,11 @@ def print_algorithm(alg: AlgorithmResult, top: int = 10) -> None:
     m = alg.metrics
     if m:
         _print_metrics(m)
-    out.print(f"head list: {alg.n_records} records over {alg.head_list.n_queries} queries "
-              f"(M = {alg.params.head_list_size})")
+    out.print(f"head list: {head_list_size(alg.head_list, alg.url_level)} (M = {alg.params.head_list_size})")
+    g = alg.guarantee()
     for who, label in (("optin_users", "opt-in users"), ("clients", "clients"), ("all_users", "all users")):
-        if who in alg.guarantee:
-            out.print(f"privacy, {label}: {alg.guarantee[who]}")
+        if who in g:
+            out.print(f"privacy, {label}: {g[who]}")
     if alg.seed is not None:
         err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
 
@@ -153,3 +152,18 @@ def warn_delta(delta: float, n_users: int) -> None:
 def print_json(obj: dict[str, Any]) -> None:
     """One JSON object on stdout."""
     sys.stdout.write(json.dumps(obj, allow_nan=False, default=json_default) + "\n")
+
+
+def head_list_size(hl: HeadList, url_level: bool) -> str:
+    """The head list's size in one phrase, the same in every command: records over queries, or
+    queries only for a log without URLs."""
+    if url_level:
+        return f"{hl.n_records} records over {hl.n_queries} queries"
+    return f"{hl.n_queries} records (queries; the log has no URLs)"
+
+
+def same_file(a: str, b: str) -> bool:
+    """True when two output paths name the same file."""
+    from pathlib import Path
+
+    return Path(a).resolve() == Path(b).resolve()

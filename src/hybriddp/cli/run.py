@@ -16,9 +16,8 @@ from hybriddp.cli.options import (
 )
 from hybriddp.cli.privacy import charge_round, ledger_options
 from hybriddp.noise import noise_factory
-from hybriddp.pipeline import Stages, ledger_charges, run_blender
+from hybriddp.pipeline import Stages, result_from_run, round_charges, run_blender
 from hybriddp.records import RecordLog
-from hybriddp.result import result_from_run
 
 
 def output_options(f):
@@ -38,6 +37,10 @@ def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, outp
                         ledger: tuple[str, str | None, float | None, float | None] | None = None,
                         **knobs: object) -> None:
     """Run BLENDER (or a baseline) on a loaded log and print/write the result."""
+    if output:  # fail before any work (and before a ledger is charged)
+        from hybriddp.io.atomic import check_output_path
+        from hybriddp.result import OUTPUT_SUFFIXES
+        check_output_path(output, "--output", OUTPUT_SUFFIXES)
     no_project = bool(knobs.pop("no_project", False))
     factory = noise_factory(noise)
     params = make_params(project=not no_project, **knobs)  # type: ignore[arg-type]
@@ -59,7 +62,7 @@ def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, outp
         run = run_blender(log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage))
         res = result_from_run(run)
     if ledger:  # simulation: every user is charged for the round before the result is shown
-        charged = charge_round(*ledger, ledger_charges(log, params, run.curator, run.client_users))
+        charged = charge_round(*ledger, round_charges(run))
         res.sizes["ledger_round"] = charged  # type: ignore[assignment]
     if output:
         res.write(output)

@@ -91,7 +91,7 @@ class Figure:
     title : what the paper's caption says.
     x_name : the swept :class:`Point` field, or ``None`` for the Fig. 9 table.
     x_values : the grid.
-    metrics : the metrics drawn (keys of :attr:`hybriddp.algorithms.AlgorithmResult.metrics`), one panel each.
+    metrics : the metrics drawn (keys of :attr:`hybriddp.result.Result.metrics`), one panel each.
     algorithms : the algorithms drawn.
     head_list_sizes : the sizes M drawn (one line each); empty means the dataset default.
     """

@@ -333,8 +333,8 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
         row = {**base, **extra, "algorithm": a, "head_list_records": int(res.n_records),
                "head_list_queries": int(res.head_list.n_queries), "seconds": seconds, "error": None}
         row.update({m: _num(res.metrics.get(m)) for m in METRICS})
-        if a == "blender" and res.detail is not None and res.detail.truth_query is not None:
-            table = res.detail.figure9()
+        if a == "blender" and res.parts is not None and res.truth_query is not None:
+            table = res.figure9()
             for c in FIG9_COLUMNS:
                 row[f"regressions_{c.removeprefix('p_')}"] = sum(bool(r[c + "_regression"]) for r in table)
         rows.append(row)

@@ -7,9 +7,9 @@ deployment:
 
 1. **Round 1 (pilot)** at the paper's defaults: an independent opt-in draw of the same users
    (seed ``blake2b(trial seed | "pilot")``) runs the curator (CreateHeadList and
-   EstimateOptinProbabilities, ALGORITHM.md §3–§4), and the two files ``hybriddp headlist`` writes — the
-   device head list and the opt-in estimates — are written to a temporary directory.
-2. **Tune** reads those two files only (:func:`hybriddp.tune.load_privatized`), fits its
+   EstimateOptinProbabilities, ALGORITHM.md §3–§4) and releases the two documents ``hybriddp headlist``
+   writes — the device head list and the opt-in estimates (:func:`hybriddp.parties.curate`).
+2. **Tune** reads those two documents only (:func:`hybriddp.tune.inputs.from_release`), fits its
    population model and picks (f_O, f_C) for the point's M (:func:`hybriddp.tune.tune` with
    ``head_list_size``; 3 simulated populations per candidate, in-process).
 3. **Round 2** runs BLENDER with the chosen knobs at the trial's own seed and is scored like
@@ -24,16 +24,14 @@ per-round guarantee, like every other line.
 from __future__ import annotations
 
 import dataclasses
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from hybriddp.errors import HybridDPError
 from hybriddp.experiments.figures import Point
 from hybriddp.experiments.runner import hash_seed
-from hybriddp.io.exchange import curator_release, write_curator_files
 from hybriddp.params import BlenderParams
-from hybriddp.pipeline import curator_side, split_optin
+from hybriddp.parties import curate
+from hybriddp.pipeline import split_optin
 from hybriddp.records import RecordLog
 
 TUNE_TRIALS = 3
@@ -46,21 +44,17 @@ def tuned_params(log: RecordLog, point: Point, seed: int) -> tuple[BlenderParams
     Raises :class:`~hybriddp.errors.HybridDPError` subclasses when round 1 forms no usable list
     or no f_O forms M (the point is then missing, as in the paper).
     """
-    from hybriddp.tune import load_privatized, tune
+    from hybriddp.tune import tune
+    from hybriddp.tune.inputs import from_release
 
     params = point.params()
     pilot_seed = hash_seed(seed, "pilot")
     optin_users, _ = split_optin(log.n_users, params.optin_fraction, pilot_seed)
-    cur = curator_side(log, optin_users, params, seed=pilot_seed)
-    doc, extra = curator_release(log, params, cur, len(optin_users), pilot_seed)
-    with tempfile.TemporaryDirectory(prefix="hybriddp-pilot-") as tmp:
-        hl_path, est_path = Path(tmp) / "headlist.json", Path(tmp) / "optin-estimates.json"
-        write_curator_files(hl_path, est_path, doc, cur.optin, extra)
-        try:
-            inputs = load_privatized(hl_path, est_path)
-        except HybridDPError as exc:  # name the round, not the temporary file
-            raise type(exc)("pilot round: " + str(exc).replace(f"{est_path}: ", "").replace(f"{hl_path}: ", "")) \
-                from exc
+    rel, _ = curate(log, params, optin_users=optin_users, seed=pilot_seed, with_charges=False)
+    try:
+        inputs = from_release(rel, ("pilot round", "pilot round"))
+    except HybridDPError as exc:  # name the round
+        raise type(exc)(str(exc) if str(exc).startswith("pilot round") else "pilot round: " + str(exc)) from exc
     res = tune(log.n_users, params.optin_fraction, params.epsilon, params.delta, inputs=inputs,
                trials=TUNE_TRIALS, seed=hash_seed(seed, "tune"), workers=1,
                head_list_size=point.head_list_size)

@@ -1,183 +1,151 @@
-"""Files that cross machines in the real workflow: curator → devices → server.
+"""Files that cross machines in the file workflow: curator → devices → server (docs/FORMATS.md).
 
-* head-list JSON (:mod:`hybriddp.headlist`): the lists devices randomize over;
-* opt-in estimates JSON (``hybriddp-optin-estimates`` v1): the curator's DP estimates over
-  the final head list, for the server that blends;
-* device reports, JSON Lines: one device message per line,
-  ``{"headlist": "sha256:…", "reports": [{"query": str|null, "url": str|null}, …]}``
-  (``null`` is the wildcard ``*``); ``.gz`` accepted.
+This module only reads and writes; what the documents mean is :mod:`hybriddp.parties`.
 
-Only differentially private outputs are written here: raw opt-in records never are.
+* the curator's release: the device head list and the opt-in estimates, two JSON files
+  (:func:`write_release_files`, :func:`read_release_files`);
+* device messages, a **reports file** (``hybriddp-reports`` v2, JSON Lines, ``.gz`` accepted)::
+
+      {"format": "hybriddp-reports", "version": 2, "headlist": "sha256:…"}      ← header
+      {"id": "…", "headlist": "sha256:…", "reports": [{"query": …, "url": …}]}  ← one line per device
+      {"end": true, "messages": N, "reports": R}                                  ← trailer
+
+  The trailer lets a reader tell a complete file from a truncated one; a file without it,
+  or whose counts disagree, is refused.
+
+Every file is written to a temporary file and renamed (:mod:`hybriddp.io.atomic`), so a failed
+or killed writer leaves earlier files as they were. Raw opt-in records are never written here.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, Any
 
-import numpy as np
-
-from hybriddp.curator import OptinEstimates, optin_variance
 from hybriddp.errors import DataError, HeadListError
-from hybriddp.headlist import HeadList
+from hybriddp.io.atomic import atomic_open, atomic_path
 from hybriddp.io.jsonfile import read_json
 
-if TYPE_CHECKING:
-    from hybriddp.params import BlenderParams
-    from hybriddp.pipeline import CuratorOutput
-    from hybriddp.records import RecordLog
-
-OPTIN_FORMAT = "hybriddp-optin-estimates"
-OPTIN_VERSION = 1
+REPORTS_FORMAT = "hybriddp-reports"
+REPORTS_VERSION = 2
 
 
-def _num(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None
+def _dump(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False)
 
 
-def write_optin_estimates(path: str | Path, optin: OptinEstimates, headlist_doc: dict[str, Any],
-                          extra: dict[str, Any]) -> None:
-    """Save the curator's estimates, tied to the head list by its content hash."""
-    doc = {
-        "format": OPTIN_FORMAT, "version": OPTIN_VERSION,
-        "headlist": headlist_doc["content_hash"],
-        "n": optin.n, "noise_variance": optin.noise_variance,
-        "p_record": optin.p_record.tolist(), "draws_record": optin.draws_record.tolist(),
-        "p_query": optin.p_query.tolist(), "draws_query": optin.draws_query.tolist(),
-        **extra,
-    }
-    Path(path).write_text(json.dumps(doc, indent=1, allow_nan=False))
+def write_release_files(headlist_path: str | Path, estimates_path: str | Path, headlist_doc: dict[str, Any],
+                        estimates_doc: dict[str, Any], commit: Callable[[], Any] | None = None) -> None:
+    """Write the curator's two documents so that both appear, or neither changes.
 
-
-def curator_release(log: RecordLog, params: BlenderParams, cur: CuratorOutput, n_optin: int,
-                    seed: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The two DP documents of a curator round (``hybriddp headlist``): the device head-list JSON
-    and the extra fields of the opt-in estimates file (:func:`write_optin_estimates`).
-
-    Everything in them is a function of the (ε, δ)-DP outputs and of public sizes; raw records
-    are not. ``n_optin`` is the number of opt-in users; ``seed`` is recorded (with a warning).
+    Both are written to temporary files first; then ``commit`` runs (e.g. the privacy ledger's
+    charge — if it raises, nothing is renamed and the earlier files stay as they were); then
+    both are renamed into place.
     """
-    from hybriddp.pipeline import client_f_c
-    from hybriddp.rng import SEED_WARNING
-
-    hl = cur.optin.head_list
-    doc = hl.to_device_json(log.queries, log.urls, epsilon=params.epsilon, delta=params.delta,
-                            f_c=client_f_c(params, log.has_urls), m_c=params.m_c, url_level=log.has_urls)
-    extra: dict[str, Any] = {
-        "params": params.to_dict(), "noise": cur.noise, "seed": seed,
-        "sizes": {"optin_users": int(n_optin), "optin_users_s": cur.n_users_s,
-                  "optin_users_t": cur.n_users_t, "records_s": len(cur.sampled_s),
-                  "records_t": len(cur.sampled_t), "head_list_s_records": cur.head_list_s.n_records,
-                  "head_list_s_queries": cur.head_list_s.n_queries},
-    }
-    if seed is not None:
-        extra["warning"] = SEED_WARNING
-    return doc, extra
+    with atomic_path(headlist_path) as tmp_h, atomic_path(estimates_path) as tmp_e:
+        tmp_h.write_text(_dump(headlist_doc), encoding="utf-8")
+        tmp_e.write_text(_dump(estimates_doc), encoding="utf-8")
+        if commit is not None:
+            commit()
 
 
-def write_curator_files(headlist_path: str | Path, estimates_path: str | Path, doc: dict[str, Any],
-                        optin: OptinEstimates, extra: dict[str, Any]) -> None:
-    """Write a curator round's two DP files (as ``hybriddp headlist`` does): the device head list
-    ``doc`` and the opt-in estimates tied to it (``doc``, ``extra`` from :func:`curator_release`)."""
-    Path(headlist_path).write_text(json.dumps(doc, indent=1, ensure_ascii=False), encoding="utf-8")
-    write_optin_estimates(estimates_path, optin, doc, extra)
+def read_release_files(headlist_path: str | Path, estimates_path: str | Path) -> tuple[Any, Any]:
+    """The two parsed JSON documents (validated by :func:`hybriddp.parties.release_from_documents`)."""
+    return (read_json(headlist_path, "head list", HeadListError),
+            read_json(estimates_path, "opt-in estimates", DataError))
 
 
-def read_optin_estimates(path: str | Path, hl: HeadList, headlist_doc: dict[str, Any]) -> tuple[
-        OptinEstimates, dict[str, Any]]:
-    """Load estimates saved by :func:`write_optin_estimates` for the given head list."""
-    p = Path(path)
-    doc = read_json(p, "opt-in estimates", DataError)
-    if not isinstance(doc, dict) or doc.get("format") != OPTIN_FORMAT or doc.get("version") != OPTIN_VERSION:
-        raise DataError(f"{p}: not a {OPTIN_FORMAT} v{OPTIN_VERSION} file (written by `hybriddp headlist`)")
-    if doc.get("headlist") != headlist_doc["content_hash"]:
-        raise HeadListError(f"{p}: made for head list {doc.get('headlist')}, but the head list given has "
-                            f"{headlist_doc['content_hash']}; pass the files `hybriddp headlist` wrote together")
-    p_rec = np.asarray(doc["p_record"], dtype=np.float64)
-    p_q = np.asarray(doc["p_query"], dtype=np.float64)
-    if len(p_rec) != hl.n_entries or len(p_q) != hl.k:
-        raise DataError(f"{p}: sizes do not match the head list ({len(p_rec)} entries vs {hl.n_entries})")
-    j_rec = np.asarray(doc["draws_record"], dtype=np.int64)
-    j_q = np.asarray(doc["draws_query"], dtype=np.int64)
-    n, var_y = int(doc["n"]), float(doc["noise_variance"])
-    est = OptinEstimates(hl, p_rec, optin_variance(p_rec, j_rec, n, var_y), j_rec,
-                         p_q, optin_variance(p_q, j_q, n, var_y), j_q, n, var_y)
-    return est, doc
+# ----- reports files -----------------------------------------------------------------------------
+def write_reports(path: str | Path, headlist_hash: str, messages: Iterable[dict[str, Any]],
+                  commit: Callable[[], Any] | None = None) -> tuple[int, int]:
+    """Write device messages as a reports file; returns (messages, reports).
 
-
-def _open_text(path: Path, mode: str):
-    if path.suffix == ".gz":
-        return gzip.open(path, mode + "t", encoding="utf-8")
-    return open(path, mode, encoding="utf-8")
-
-
-def write_reports(path: str | Path, messages: Iterable[dict[str, Any]]) -> int:
-    """Write device messages as JSON Lines; returns the number of reports written."""
-    n = 0
-    with _open_text(Path(path), "w") as fh:
+    The file appears only when every message was written (and ``commit``, if given, returned):
+    a device ledger that refuses, an error or a kill leaves an earlier file untouched.
+    """
+    n_msg = n_rep = 0
+    with atomic_open(path, "w") as fh:
+        fh.write(json.dumps({"format": REPORTS_FORMAT, "version": REPORTS_VERSION, "headlist": headlist_hash}) + "\n")
         for msg in messages:
-            fh.write(json.dumps(msg, ensure_ascii=False, separators=(",", ":")))
+            fh.write(json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
             fh.write("\n")
-            n += len(msg["reports"])
-    return n
+            n_msg += 1
+            n_rep += len(msg["reports"])
+        fh.write(json.dumps({"end": True, "messages": n_msg, "reports": n_rep}) + "\n")
+        if commit is not None:
+            commit()
+    return n_msg, n_rep
 
 
-def read_report_counts(path: str | Path, headlist_doc: dict[str, Any], hl: HeadList) -> np.ndarray:
-    """Count reports per head-list entry; every message must name this head list's hash.
+def _open_text(path: Path) -> IO[str]:
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
 
-    A malformed line raises :class:`DataError` with the file and line number.
+
+def read_messages(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """Yield ``(where, message)`` for each device message of a reports file.
+
+    ``where`` is ``"FILE, line N"`` for error messages. The header must name the format and
+    the trailer must close the file with the right counts; otherwise :class:`DataError` says
+    the file is truncated or not a reports file. Messages are yielded as parsed JSON, to be
+    checked by the server (:class:`hybriddp.parties.server.MessageCounter`).
     """
     p = Path(path)
     if not p.is_file():
         raise DataError(f"reports file not found: {p}")
-    queries = headlist_doc["queries"]
-    qindex = {q["query"]: i for i, q in enumerate(queries)}
-    uindex = [{u: j for j, u in enumerate(q["urls"])} for q in queries]
-    star = hl.k - 1
-    want = headlist_doc["content_hash"]
-    counts = np.zeros(hl.n_entries, dtype=np.int64)
-    cache: dict[tuple[Any, Any], int] = {}
-    with _open_text(p, "r") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                msg = json.loads(line)
-                if msg["headlist"] != want:
-                    raise HeadListError(
-                        f"{p}, line {lineno}: report made for head list {msg['headlist']}, expected {want}; "
-                        "devices must randomize over the head list being estimated")
-                for rep in msg["reports"]:
-                    key = (rep["query"], rep["url"])
-                    e = cache.get(key)
-                    if e is None:
-                        e = _entry_of(key, qindex, uindex, hl, star)
-                        cache[key] = e
-                    counts[e] += 1
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise DataError(f"{p}, line {lineno}: not a device message ({type(exc).__name__}: {exc}); "
-                                'expected {"headlist": ..., "reports": [{"query": ..., "url": ...}]}') from None
-            except DataError as exc:
-                raise DataError(f"{p}, line {lineno}: {exc}") from None
-    return counts
+    n_msg = n_rep = 0
+    end: dict[str, Any] | None = None
+    lineno = 0
+    try:
+        with _open_text(p) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                if end is not None:
+                    raise DataError(f"{p}, line {lineno}: data after the end line; the file was damaged or two "
+                                    "files were joined. Write one reports file per `hybriddp randomize` run")
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{p}, line {lineno}: not JSON ({exc.msg}); a reports file has one JSON "
+                                    "object per line (written by `hybriddp randomize`)") from None
+                if lineno == 1:
+                    _check_header(obj, p)
+                    continue
+                if isinstance(obj, dict) and obj.get("end") is True:
+                    end = obj
+                    continue
+                n_msg += 1
+                if isinstance(obj, dict) and isinstance(obj.get("reports"), list):
+                    n_rep += len(obj["reports"])
+                yield f"{p}, line {lineno}", obj
+    except UnicodeDecodeError:
+        raise DataError(f"{p}, line {lineno + 1}: not UTF-8 text; is this a reports file written by "
+                        "`hybriddp randomize`?") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise DataError(f"{p}: the gzip data is truncated or damaged ({exc}); the reports file is incomplete. "
+                        "Write it again with `hybriddp randomize`") from None
+    if lineno == 0:
+        raise DataError(f"{p}: empty file; a reports file starts with a header line (written by `hybriddp randomize`)")
+    if end is None:
+        raise DataError(f"{p}: no end line; the file is truncated (was the writer killed?). Write it again with "
+                        "`hybriddp randomize`")
+    if end.get("messages") != n_msg or end.get("reports") != n_rep:
+        raise DataError(f"{p}: the end line says {end.get('messages')} messages and {end.get('reports')} reports, "
+                        f"but the file holds {n_msg} and {n_rep}; the file was altered or damaged")
 
 
-def _entry_of(key: tuple[Any, Any], qindex: dict[str, int], uindex: list[dict[str, int]],
-              hl: HeadList, star: int) -> int:
-    q, u = key
-    if q is None:
-        if u is not None:
-            raise DataError("the wildcard query has only the wildcard URL")
-        return int(hl.url_offsets[star])
-    qi = qindex.get(q)
-    if qi is None:
-        raise DataError(f"query {q!r} is not in the head list")
-    if u is None:
-        return int(hl.url_offsets[qi + 1] - 1)
-    uj = uindex[qi].get(u)
-    if uj is None:
-        raise DataError(f"URL {u!r} is not in the head list for query {q!r}")
-    return int(hl.url_offsets[qi] + uj)
+def _check_header(obj: Any, p: Path) -> None:
+    if not isinstance(obj, dict) or obj.get("format") != REPORTS_FORMAT:
+        raise DataError(f"{p}, line 1: not a reports file (expected a header "
+                        f'{{"format": "{REPORTS_FORMAT}", ...}}); pass the file `hybriddp randomize` wrote')
+    if obj.get("version") != REPORTS_VERSION:
+        raise DataError(f"{p}, line 1: reports file version {obj.get('version')!r}; this hybriddp reads version "
+                        f"{REPORTS_VERSION}. Randomize again with this version")

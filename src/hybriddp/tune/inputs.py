@@ -8,8 +8,9 @@ from typing import Any
 
 from hybriddp.curator import OptinEstimates
 from hybriddp.errors import DataError
-from hybriddp.headlist import HeadList, from_device_json, read_device_json
-from hybriddp.io.exchange import read_optin_estimates
+from hybriddp.headlist import HeadList
+from hybriddp.io.exchange import read_release_files
+from hybriddp.parties.release import CuratorRelease, release_from_documents
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,15 @@ def load_privatized(headlist_path: str | Path, estimates_path: str | Path) -> Pr
         Unreadable or malformed files, files made for different head lists, or estimates too
         incomplete to fit (no parameters, fewer than 3 listed records, |D_T| < 2).
     """
-    doc = read_device_json(headlist_path)
-    hl, _, _ = from_device_json(doc)
-    optin, edoc = read_optin_estimates(estimates_path, hl, doc)
-    return _checked(PrivatizedInputs(doc, edoc, hl, optin, (str(headlist_path), str(estimates_path))))
+    hdoc, edoc = read_release_files(headlist_path, estimates_path)
+    rel = release_from_documents(hdoc, edoc, headlist_source=str(headlist_path), estimates_source=str(estimates_path))
+    return from_release(rel, (str(headlist_path), str(estimates_path)))
+
+
+def from_release(rel: CuratorRelease, paths: tuple[str, str] = ("curator release", "curator release")
+                 ) -> PrivatizedInputs:
+    """The privatized inputs of an in-memory curator release (its two documents, no files)."""
+    return _checked(PrivatizedInputs(rel.headlist, rel.estimates, rel.head_list, rel.optin, paths))
 
 
 def _checked(inputs: PrivatizedInputs) -> PrivatizedInputs:

@@ -1,0 +1,125 @@
+"""The trusted curator (paper Fig. 1, Fig. 2 lines 1–3; ALGORITHM.md §2–§4).
+
+:func:`curate` takes the opt-in users' raw records and the parameters and returns a
+:class:`~hybriddp.parties.release.CuratorRelease`: the device head list and the opt-in
+estimates documents (hash-bound), their in-memory form, and the ledger charges of the
+round. Raw records stay inside; only differentially private outputs leave.
+
+Randomness: with ``seed=None`` (production) the curator's noise comes from the OS CSPRNG
+(``noise_class(None)``, see :mod:`hybriddp.noise`) and the S/T split and the per-user sampling
+from a NumPy generator seeded from OS entropy; a ``seed`` makes every stage reproducible for
+experiments and gives no privacy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybriddp.backends import CountingBackend, default_backend
+from hybriddp.curator import OptinEstimates, create_head_list, estimate_optin_probabilities, require_nonempty
+from hybriddp.headlist import HeadList
+from hybriddp.noise import DiscreteLaplaceNoise, NoiseSource
+from hybriddp.params import BlenderParams
+from hybriddp.parties.release import CuratorRelease, estimates_document
+from hybriddp.privacy import charges, curator_guarantees
+from hybriddp.records import RecordLog, SampledRecords, sample_records
+from hybriddp.rng import stage_rng
+from hybriddp.stages import Stages
+
+NoiseFactory = Callable[[np.random.Generator | None], NoiseSource]
+"""A noise class: called with a seeded generator (experiments) or None (OS randomness)."""
+
+
+@dataclass
+class CuratorOutput:
+    """What the trusted curator computes from the opt-in group (Fig. 2 lines 1-3).
+
+    Working data of one round, raw samples included: it never leaves the curator (the release
+    documents are built from it) and simulations use it to score against the truth.
+    """
+
+    head_list_s: HeadList
+    optin: OptinEstimates
+    sampled_s: SampledRecords
+    sampled_t: SampledRecords
+    n_users_s: int
+    n_users_t: int
+    noise: str
+    tau: float
+    users_s: np.ndarray | None = None  # user indices of S and T (for the privacy ledger)
+    users_t: np.ndarray | None = None
+
+
+def noise_for(factory: NoiseFactory, seed: int | None, stream: str) -> NoiseSource:
+    """The curator's noise for one stream: OS randomness without a seed, else the seeded stream."""
+    return factory(None if seed is None else stage_rng(seed, stream))
+
+
+def client_f_c(params: BlenderParams, url_level: bool) -> float:
+    """f_C used by devices: a log without a URL level spends the whole budget on the query."""
+    return params.f_c if url_level else 1.0
+
+
+def curator_side(
+    log: RecordLog, optin_users: np.ndarray, params: BlenderParams, *, seed: int | None,
+    noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
+    stages: Stages | None = None,
+) -> CuratorOutput:
+    """Partition O into S and T (|S| = round(f_O·|O|)), CreateHeadList on S, estimates on T."""
+    stages = stages or Stages()
+    backend = backend or default_backend()
+    with stages.stage("sample opt-in records"):
+        perm = stage_rng(seed, "split").permutation(np.asarray(optin_users, dtype=np.int64))
+        n_s = round(params.f_o * len(perm))
+        users_s, users_t = np.sort(perm[:n_s]), np.sort(perm[n_s:])  # Fig. 2 line 1
+        rng = stage_rng(seed, "sample_optin")
+        d_s = sample_records(log, users_s, params.m_o, rng)
+        d_t = sample_records(log, users_t, params.m_o, rng)
+    with stages.stage("create head list"):  # Fig. 2 line 2
+        noise_s = noise_for(noise_factory, seed, "headlist_noise")
+        tau = noise_s.head_list_threshold(params.epsilon, params.delta, params.m_o)
+        hl_s = create_head_list(d_s.query, d_s.url, epsilon=params.epsilon, delta=params.delta,
+                                m_o=params.m_o, noise=noise_s, backend=backend)
+        require_nonempty(hl_s, n_records_s=len(d_s), tau=tau)
+    with stages.stage("estimate opt-in probabilities"):  # Fig. 2 line 3
+        optin = estimate_optin_probabilities(
+            d_t.query, d_t.url, hl_s, epsilon=params.epsilon, m_o=params.m_o,
+            head_list_size=params.head_list_size, noise=noise_for(noise_factory, seed, "optin_noise"),
+            url_level=log.has_urls, backend=backend)
+    return CuratorOutput(hl_s, optin, d_s, d_t, len(users_s), len(users_t), noise_s.name, tau, users_s, users_t)
+
+
+def release(log: RecordLog, params: BlenderParams, cur: CuratorOutput, seed: int | None, *,
+            with_charges: bool = True) -> CuratorRelease:
+    """Turn the curator's working output into its release (documents + ledger charges)."""
+    hl = cur.optin.head_list
+    hdoc = hl.to_device_json(log.queries, log.urls, epsilon=params.epsilon, delta=params.delta,
+                             f_c=client_f_c(params, log.has_urls), m_c=params.m_c, url_level=log.has_urls)
+    sizes = {"optin_users": cur.n_users_s + cur.n_users_t, "optin_users_s": cur.n_users_s,
+             "optin_users_t": cur.n_users_t, "records_s": len(cur.sampled_s), "records_t": len(cur.sampled_t),
+             "head_list_s_records": cur.head_list_s.n_records, "head_list_s_queries": cur.head_list_s.n_queries}
+    edoc = estimates_document(cur.optin, hdoc, params, cur.noise, seed, sizes)
+    users = {}
+    if with_charges and cur.users_s is not None and cur.users_t is not None:
+        users = {"optin-S": log.user_keys(cur.users_s), "optin-T": log.user_keys(cur.users_t)}
+    round_charges = charges(curator_guarantees(params.epsilon, params.delta), users) if users else []
+    return CuratorRelease(hdoc, edoc, hl, log.queries, log.urls, cur.optin, params, cur.noise, seed, round_charges)
+
+
+def curate(
+    log: RecordLog, params: BlenderParams, *, optin_users: np.ndarray | None = None, seed: int | None = None,
+    noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
+    stages: Stages | None = None, with_charges: bool = True,
+) -> tuple[CuratorRelease, CuratorOutput]:
+    """The curator's round: opt-in records + parameters → (release, working output).
+
+    ``optin_users``: indices of the opt-in users in ``log`` (default: every user of ``log``).
+    ``with_charges=False`` skips computing the ledger charges (simulations without a ledger).
+    The working output holds raw samples: keep it inside the curator (simulations score with it).
+    """
+    users = np.arange(log.n_users) if optin_users is None else np.asarray(optin_users, dtype=np.int64)
+    cur = curator_side(log, users, params, seed=seed, noise_factory=noise_factory, backend=backend, stages=stages)
+    return release(log, params, cur, seed, with_charges=with_charges), cur

@@ -1,0 +1,229 @@
+"""The curator's release: two documents that cross machines, bound to each other by hash.
+
+* the **device head list** (``hybriddp-headlist`` v1, :mod:`hybriddp.headlist`): the lists and
+  what a device needs to randomize (ε, δ, f_C, m_C), with a SHA-256 ``content_hash``. Devices
+  download only this.
+* the **opt-in estimates** (``hybriddp-optin-estimates`` v2): the curator's DP estimates over
+  that head list (p̂_O per entry and per query, the draw counts J, |D_T|, Var Y), the
+  parameters, the noise, public sizes; it names the head list's hash in ``headlist`` and has
+  its own ``content_hash``. Only the server that blends reads it.
+
+Everything in both is a function of the (ε, δ)-DP outputs and of public sizes (ALGORITHM.md
+§3, §4); raw records never are. :func:`release_from_documents` validates both field by field
+(the value, the field and the fix in every message) and rebuilds the in-memory release.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hybriddp.curator import OptinEstimates, optin_variance
+from hybriddp.device import content_hash
+from hybriddp.errors import DataError, HeadListError, HybridDPError
+from hybriddp.headlist import HeadList, from_device_json, validate_device_json
+from hybriddp.ledger import Charge
+from hybriddp.noise import NOISE_LABELS
+from hybriddp.params import BlenderParams
+from hybriddp.privacy import Guarantee, blender_guarantees, curator_guarantees
+from hybriddp.records import Vocabulary
+from hybriddp.rng import SEED_WARNING
+
+OPTIN_FORMAT = "hybriddp-optin-estimates"
+OPTIN_VERSION = 2
+
+
+@dataclass
+class CuratorRelease:
+    """A curator round's output (ALGORITHM.md §2 lines 1–3): documents plus their in-memory form.
+
+    ``headlist`` and ``estimates`` are the two JSON documents; ``head_list``, ``queries``,
+    ``urls`` and ``optin`` are the same content, integer-coded, for the server function.
+    ``guarantees`` states the round's privacy numerically; ``charges`` are the ledger charges of
+    the opt-in users (empty for a release read back from documents: the server never learns who
+    the opt-in users were).
+    """
+
+    headlist: dict[str, Any]
+    estimates: dict[str, Any]
+    head_list: HeadList
+    queries: Vocabulary
+    urls: Vocabulary
+    optin: OptinEstimates
+    params: BlenderParams
+    noise: str
+    seed: int | None
+    charges: list[Charge] = field(default_factory=list)
+
+    @property
+    def url_level(self) -> bool:
+        """False for a log without URLs (records are queries; devices spend f_C = 1)."""
+        return bool(self.headlist.get("url_level", True))
+
+    @property
+    def f_c(self) -> float:
+        """The f_C devices use (1 for a log without URLs)."""
+        return float(self.headlist["f_c"])
+
+    @property
+    def m_c(self) -> int:
+        """Reports per device."""
+        return int(self.headlist["m_c"])
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Public sizes of the curator's round (opt-in users, |S|, |T|, |D_S|, |D_T|, |HL_S|)."""
+        return dict(self.estimates.get("sizes", {}))
+
+    @property
+    def guarantees(self) -> tuple[Guarantee, ...]:
+        """The curator's two releases (S: Theorem 1, T: Theorem 2) — what the ledger charges."""
+        return curator_guarantees(float(self.headlist["epsilon"]), float(self.headlist["delta"]))
+
+    def round_guarantees(self) -> tuple[Guarantee, ...]:
+        """All three guarantees of the round, the devices' LocalAlg included."""
+        return blender_guarantees(float(self.headlist["epsilon"]), float(self.headlist["delta"]), self.f_c, self.m_c)
+
+    @property
+    def hash(self) -> str:
+        """The head list's content hash: the round's identity for devices and ledgers."""
+        return str(self.headlist["content_hash"])
+
+
+def estimates_document(optin: OptinEstimates, headlist_doc: dict[str, Any], params: BlenderParams, noise: str,
+                       seed: int | None, sizes: dict[str, int]) -> dict[str, Any]:
+    """The opt-in estimates document, bound to ``headlist_doc`` and content-hashed."""
+    if noise not in NOISE_LABELS:
+        raise DataError(f"noise = {noise!r}: unknown; use one of {', '.join(NOISE_LABELS)}")
+    doc: dict[str, Any] = {
+        "format": OPTIN_FORMAT, "version": OPTIN_VERSION,
+        "headlist": headlist_doc["content_hash"],
+        "n": int(optin.n), "noise_variance": float(optin.noise_variance),
+        "p_record": [float(x) for x in optin.p_record.tolist()],
+        "draws_record": [int(x) for x in optin.draws_record.tolist()],
+        "p_query": [float(x) for x in optin.p_query.tolist()],
+        "draws_query": [int(x) for x in optin.draws_query.tolist()],
+        "params": params.to_dict(), "noise": noise, "seed": seed,
+        "sizes": {k: int(v) for k, v in sizes.items()},
+    }
+    if seed is not None:
+        doc["warning"] = SEED_WARNING
+    for key in ("p_record", "p_query"):
+        if not all(math.isfinite(x) for x in doc[key]):
+            raise DataError(f"opt-in estimates: {key} holds NaN or infinity; this is a bug, please report it")
+    doc["content_hash"] = content_hash(doc)
+    return doc
+
+
+# ----- reading back ---------------------------------------------------------------------------
+def _fail(source: str, name: str, value: Any, fix: str) -> DataError:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return DataError(f"{source}: field {name!r} = {shown} is not valid: {fix}")
+
+
+def _int(doc: dict[str, Any], name: str, source: str, lo: int) -> int:
+    v = doc.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise _fail(source, name, v, f"it must be an integer ≥ {lo}; re-run `hybriddp headlist` to rewrite the file")
+    return v
+
+
+def _float(doc: dict[str, Any], name: str, source: str) -> float:
+    v = doc.get(name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise _fail(source, name, v, "it must be a finite number ≥ 0; re-run `hybriddp headlist` to rewrite the file")
+    return float(v)
+
+
+def _vector(doc: dict[str, Any], name: str, source: str, length: int, integer: bool) -> np.ndarray:
+    v = doc.get(name)
+    kind = "integers ≥ 1" if integer else "finite numbers"
+    ok = isinstance(v, list) and len(v) == length and all(
+        (isinstance(x, int) and not isinstance(x, bool) and x >= 1) if integer
+        else (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)) for x in v)
+    if not ok:
+        got = f"a list of {len(v)}" if isinstance(v, list) else type(v).__name__
+        raise _fail(source, name, v if not isinstance(v, list) else got,
+                    f"it must be a list of {length} {kind} (one per head-list "
+                    f"{'entry' if 'record' in name else 'query'}); pass the estimates file written with this "
+                    "head list")
+    return np.asarray(v, dtype=np.int64 if integer else np.float64)
+
+
+def check_estimates_document(doc: Any, headlist_doc: dict[str, Any], hl: HeadList,
+                             source: str = "opt-in estimates") -> dict[str, Any]:
+    """Validate an opt-in estimates document field by field against its head list."""
+    if not isinstance(doc, dict):
+        raise DataError(f"{source}: expected a JSON object, found {type(doc).__name__}; pass the file "
+                        "`hybriddp headlist --out-estimates` wrote")
+    if doc.get("format") != OPTIN_FORMAT:
+        raise _fail(source, "format", doc.get("format"), f"expected {OPTIN_FORMAT!r}; pass the file "
+                    "`hybriddp headlist --out-estimates` wrote")
+    if doc.get("version") != OPTIN_VERSION:
+        raise _fail(source, "version", doc.get("version"), f"this hybriddp reads version {OPTIN_VERSION}; re-run "
+                    "`hybriddp headlist` to write the estimates again")
+    if doc.get("content_hash") != content_hash(doc):
+        raise DataError(f"{source}: content_hash does not match the content; the file was altered or damaged. "
+                        "Use the file `hybriddp headlist` wrote")
+    if doc.get("headlist") != headlist_doc["content_hash"]:
+        raise HeadListError(f"{source}: made for head list {str(doc.get('headlist'))[:19]}…, but the head list given "
+                            f"is {headlist_doc['content_hash'][:19]}…; pass the two files `hybriddp headlist` wrote "
+                            "together")
+    _int(doc, "n", source, 0)
+    _float(doc, "noise_variance", source)
+    _vector(doc, "p_record", source, hl.n_entries, False)
+    _vector(doc, "draws_record", source, hl.n_entries, True)
+    _vector(doc, "p_query", source, hl.k, False)
+    _vector(doc, "draws_query", source, hl.k, True)
+    if doc.get("noise") not in NOISE_LABELS:
+        raise _fail(source, "noise", doc.get("noise"), f"use one of {', '.join(NOISE_LABELS)}")
+    seed = doc.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise _fail(source, "seed", seed, "it must be null or an integer ≥ 0")
+    sizes = doc.get("sizes", {})
+    if not isinstance(sizes, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                              for v in sizes.values()):
+        raise _fail(source, "sizes", sizes, "it must be an object of counts ≥ 0")
+    params = doc.get("params")
+    if not isinstance(params, dict):
+        raise _fail(source, "params", params, "it must be an object of BLENDER parameters")
+    return doc
+
+
+def _params(doc: dict[str, Any], source: str) -> BlenderParams:
+    known = set(BlenderParams.__dataclass_fields__)
+    unknown = sorted(set(doc["params"]) - known)
+    if unknown:
+        raise _fail(source, "params", unknown, f"unknown parameter(s); known: {', '.join(sorted(known))}")
+    try:
+        return BlenderParams(**doc["params"])
+    except HybridDPError as exc:
+        raise DataError(f"{source}: field 'params': {exc}") from None
+    except TypeError as exc:  # a wrongly typed field, e.g. a string ε
+        raise _fail(source, "params", doc["params"], f"a field has the wrong type ({exc})") from None
+
+
+def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_source: str = "head list",
+                           estimates_source: str = "opt-in estimates") -> CuratorRelease:
+    """Validate the two documents of a release and rebuild it (the server's view).
+
+    Raises :class:`HeadListError` / :class:`DataError` naming the file, the field, the value
+    and the fix.
+    """
+    hdoc = validate_device_json(headlist_doc, headlist_source)
+    hl, qv, uv = from_device_json(hdoc)
+    edoc = check_estimates_document(estimates_doc, hdoc, hl, estimates_source)
+    params = _params(edoc, estimates_source)
+    p_rec = np.asarray(edoc["p_record"], dtype=np.float64)
+    j_rec = np.asarray(edoc["draws_record"], dtype=np.int64)
+    p_q = np.asarray(edoc["p_query"], dtype=np.float64)
+    j_q = np.asarray(edoc["draws_query"], dtype=np.int64)
+    n, var_y = int(edoc["n"]), float(edoc["noise_variance"])
+    optin = OptinEstimates(hl, p_rec, optin_variance(p_rec, j_rec, n, var_y), j_rec,
+                           p_q, optin_variance(p_q, j_q, n, var_y), j_q, n, var_y)
+    return CuratorRelease(hdoc, edoc, hl, qv, uv, optin, params, str(edoc["noise"]), edoc.get("seed"))

@@ -1,0 +1,164 @@
+"""The server (paper Fig. 1, Fig. 2 lines 4–5; ALGORITHM.md §6, §7).
+
+* :func:`count_messages` checks device messages against the release's head list and counts
+  their reports per entry: a message must name the head list's hash, carry a valid random
+  message id and at most m_C reports over listed entries; a repeated message id is counted
+  once (devices may retry), so counting is idempotent.
+* :func:`server_side` turns report counts into client estimates and blends them with the
+  opt-in estimates; :func:`serve_estimates` wraps that into a :class:`~hybriddp.result.Result`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hybriddp.blend import BlendOutput, blend_estimates
+from hybriddp.client_estimates import ClientEstimates, estimate_client_probabilities
+from hybriddp.device import DeviceError, check_message_id
+from hybriddp.errors import DataError, HeadListError
+from hybriddp.parties.release import CuratorRelease
+from hybriddp.randomizer import LocalAlgParams
+from hybriddp.result import BlendParts, Result
+
+
+@dataclass
+class ReportCounts:
+    """Reports per head-list entry, and what counting saw."""
+
+    counts: np.ndarray
+    messages: int = 0
+    reports: int = 0
+    duplicates: int = 0  # messages dropped because their id was already counted
+
+
+class MessageCounter:
+    """Counts device messages for one release, dropping repeated message ids.
+
+    Feed messages with :meth:`add` (one at a time, e.g. while reading a file or a request body);
+    read :attr:`result`. ``source`` prefixes error messages (a file name and line, say).
+    """
+
+    def __init__(self, release: CuratorRelease) -> None:
+        doc = release.headlist
+        self.release = release
+        self.want = release.hash
+        self.m_c = release.m_c
+        queries = doc["queries"]
+        hl = release.head_list
+        self._entry: dict[tuple[Any, Any], int] = {(None, None): int(hl.url_offsets[hl.k - 1])}
+        for i, q in enumerate(queries):
+            base = int(hl.url_offsets[i])
+            for j, u in enumerate(q["urls"]):
+                self._entry[(q["query"], u)] = base + j
+            self._entry[(q["query"], None)] = int(hl.url_offsets[i + 1] - 1)
+        self._queries = {q["query"] for q in queries}
+        self._seen: set[str] = set()
+        self.result = ReportCounts(np.zeros(hl.n_entries, dtype=np.int64))
+
+    def add(self, msg: Any, source: str = "device message") -> bool:
+        """Count one message; returns False when its id was already counted (dropped)."""
+        if not isinstance(msg, dict):
+            raise DataError(f"{source}: expected a JSON object {{\"id\": ..., \"headlist\": ..., \"reports\": [...]}}, "
+                            f"found {type(msg).__name__}")
+        missing = [k for k in ("id", "headlist", "reports") if k not in msg]
+        if missing:
+            raise DataError(f"{source}: field {missing[0]!r} is missing; a device message is "
+                            '{"id": ..., "headlist": ..., "reports": [{"query": ..., "url": ...}]} '
+                            "(written by `hybriddp randomize` or hybriddp.device.randomize_records)")
+        try:
+            mid = check_message_id(msg["id"])
+        except DeviceError as exc:
+            raise DataError(f"{source}: {exc}") from None
+        if msg["headlist"] != self.want:
+            raise HeadListError(f"{source}: report made for head list {str(msg['headlist'])[:19]}…, expected "
+                                f"{self.want[:19]}…; devices must randomize over the head list being estimated")
+        reports = msg["reports"]
+        if not isinstance(reports, list):
+            raise DataError(f"{source}: field 'reports' must be a list, found {type(reports).__name__}")
+        if len(reports) > self.m_c:
+            raise DataError(f"{source}: message {mid} has {len(reports)} reports but the head list allows m_C = "
+                            f"{self.m_c} per device; a device sends at most m_C reports (refused: counting more "
+                            "would break the devices' privacy accounting)")
+        entries = [self._entry_of(rep, source) for rep in reports]
+        if mid in self._seen:
+            self.result.duplicates += 1
+            return False
+        self._seen.add(mid)
+        for e in entries:
+            self.result.counts[e] += 1
+        self.result.messages += 1
+        self.result.reports += len(entries)
+        return True
+
+    def _entry_of(self, rep: Any, source: str) -> int:
+        if not isinstance(rep, dict) or "query" not in rep or "url" not in rep:
+            raise DataError(f"{source}: a report must be {{\"query\": str or null, \"url\": str or null}}, "
+                            f"found {str(rep)[:60]}")
+        q, u = rep["query"], rep["url"]
+        if not (q is None or isinstance(q, str)) or not (u is None or isinstance(u, str)):
+            raise DataError(f"{source}: report fields must be strings or null, found query={q!r:.40}, url={u!r:.40}")
+        e = self._entry.get((q, u))
+        if e is None:
+            if q is None:
+                raise DataError(f"{source}: the wildcard query has only the wildcard URL (url null), found url={u!r}")
+            if q not in self._queries:
+                raise DataError(f"{source}: query {q!r} is not in the head list")
+            raise DataError(f"{source}: URL {u!r} is not in the head list for query {q!r}")
+        return e
+
+
+def count_messages(release: CuratorRelease, messages: Iterable[Any], source: str = "device messages") -> ReportCounts:
+    """Count an iterable of device messages (see :class:`MessageCounter`)."""
+    counter = MessageCounter(release)
+    for i, msg in enumerate(messages, 1):
+        counter.add(msg, f"{source}, message {i}")
+    return counter.result
+
+
+@dataclass
+class ServerOutput:
+    """The server's estimates: LocalAlg constants, client estimates, blend."""
+
+    lp: LocalAlgParams
+    client: ClientEstimates
+    blended: BlendOutput
+
+
+def server_side(release: CuratorRelease, counts: np.ndarray, project: bool) -> ServerOutput:
+    """EstimateClientProbabilities (ALGORITHM.md §6) and BlendProbabilities (§7) from report counts."""
+    hl = release.head_list
+    doc = release.headlist
+    lp = LocalAlgParams.build(hl, float(doc["epsilon"]), float(doc["delta"]), release.f_c, release.m_c)
+    client = estimate_client_probabilities(counts, hl, lp, release.m_c)
+    return ServerOutput(lp, client, blend_estimates(release.optin, client, project))
+
+
+def serve_estimates(release: CuratorRelease, counts: ReportCounts | np.ndarray, *,
+                    project: bool | None = None, sizes: dict[str, int] | None = None) -> Result:
+    """The server's result: client estimates from ``counts``, blended with the release's opt-in estimates.
+
+    ``project`` None uses the release's parameter. Raises :class:`DataError` when there are no
+    reports at all (nothing to estimate from the clients).
+    """
+    c = counts.counts if isinstance(counts, ReportCounts) else np.asarray(counts, dtype=np.int64)
+    if c.shape != (release.head_list.n_entries,):
+        raise DataError(f"report counts have shape {c.shape}; expected one count per head-list entry "
+                        f"({release.head_list.n_entries})")
+    if c.sum() == 0:
+        raise DataError("no reports; nothing to estimate from the clients. Collect device messages "
+                        "(`hybriddp randomize`) for this head list first")
+    params = release.params
+    if project is not None and project != params.project:
+        from dataclasses import replace
+        params = replace(params, project=project)
+    out = server_side(release, c, params.project)
+    all_sizes = {**release.sizes, **(sizes or {}), "reports": out.client.n}
+    if isinstance(counts, ReportCounts):
+        all_sizes.update(messages=counts.messages, duplicate_messages=counts.duplicates)
+    return Result.blender(params, release.head_list, release.queries, release.urls,
+                          BlendParts(release.optin, out.client, out.blended, release.f_c, release.noise),
+                          all_sizes, release.seed, release.url_level)

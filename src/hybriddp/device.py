@@ -22,6 +22,7 @@ A device's message is ``{"headlist": <content hash>, "reports": [report, ...]}``
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -117,6 +118,34 @@ def thresholds(
     """(t, [t_q for each query position]) of Fig. 6 lines 4-5 (ALGORITHM.md §5)."""
     eps_q, delta_q, eps_u, delta_u = budget_split(epsilon, delta, f_c, m_c)
     return keep_probability(eps_q, delta_q, k), [keep_probability(eps_u, delta_u, n) for n in kq]
+
+
+# ----- message ids ------------------------------------------------------------------------------
+MESSAGE_ID_BYTES = 16
+
+
+def new_message_id() -> str:
+    """A random message id: 16 bytes from the OS in URL-safe base64 without padding (22 chars).
+
+    The id links nothing to the device: it only lets the server count a retried message once.
+    """
+    return base64.urlsafe_b64encode(secrets.token_bytes(MESSAGE_ID_BYTES)).rstrip(b"=").decode("ascii")
+
+
+def check_message_id(value: Any) -> str:
+    """``value`` if it is 16 bytes in URL-safe base64 (22 characters, no padding), else DeviceError."""
+    ok = isinstance(value, str) and len(value) == 22 and all(c.isascii() and (c.isalnum() or c in "-_")
+                                                              for c in value)
+    if ok:
+        try:
+            ok = len(base64.urlsafe_b64decode(value + "==")) == MESSAGE_ID_BYTES
+        except ValueError:
+            ok = False
+    if not ok:
+        shown = repr(value)[:40]
+        raise DeviceError(f"message id {shown} is not valid: it must be 16 random bytes in URL-safe base64 without "
+                          "padding (22 characters of A-Z a-z 0-9 - _), e.g. from new_message_id()")
+    return value
 
 
 # ----- the head list as a device sees it ----------------------------------------------------
@@ -256,8 +285,21 @@ class DeviceLedger:
         rounds = self.state["rounds"].values()
         return sum(r["epsilon"] for r in rounds), sum(r["delta"] for r in rounds)
 
+    def check(self, round_id: str, epsilon: float, delta: float) -> None:
+        """Raise :class:`DeviceError` if :meth:`record` would refuse this round; change nothing."""
+        saved = self.state
+        self.state = json.loads(json.dumps(saved))
+        try:
+            self._charge(round_id, epsilon, delta)
+        finally:
+            self.state = saved
+
     def record(self, round_id: str, epsilon: float, delta: float) -> None:
         """Charge one round, or raise :class:`DeviceError` (already reported / over budget)."""
+        self._charge(round_id, epsilon, delta)
+        self._save()
+
+    def _charge(self, round_id: str, epsilon: float, delta: float) -> None:
         if round_id in self.state["rounds"]:
             raise DeviceError(f"this device already reported for head list {round_id[:19]}…; "
                               "a device reports at most once per round")
@@ -267,6 +309,8 @@ class DeviceLedger:
             raise DeviceError(f"reporting would exceed this device's lifetime budget (epsilon {life['epsilon']}, "
                               f"delta {life['delta']}; spent {e:.4g}, {d:.3g}); not reporting")
         self.state["rounds"][round_id] = {"epsilon": float(epsilon), "delta": float(delta)}
+
+    def _save(self) -> None:
         tmp = f"{self.path}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(self.state, fh)
@@ -279,6 +323,7 @@ def randomize_records(
     *,
     source: RandomSource | None = None,
     ledger: DeviceLedger | None = None,
+    message_id: str | None = None,
 ) -> dict[str, Any]:
     """One device's message: sample ≤ m_C records without replacement, randomize each.
 
@@ -288,12 +333,15 @@ def randomize_records(
     records : the device's own (query, url) records; url ``None`` when there is none.
     source : randomness; default :class:`SystemSource` (OS entropy).
     ledger : the device's :class:`DeviceLedger`; charged (ε, δ) for this round before reporting.
+    message_id : the message's id; default a fresh random one (:func:`new_message_id`). The
+        server counts a message id once, so a device may resend the same message safely.
 
     Returns
     -------
-    ``{"headlist": content_hash, "reports": [{"query": ..., "url": ...}, ...]}``
+    ``{"id": message id, "headlist": content_hash, "reports": [{"query": ..., "url": ...}, ...]}``
     """
     hl = headlist if isinstance(headlist, DeviceHeadList) else DeviceHeadList.from_json(headlist)
+    mid = check_message_id(message_id) if message_id is not None else new_message_id()
     src = source if source is not None else SystemSource()
     if ledger is not None:
         ledger.record(hl.doc["content_hash"], float(hl.doc["epsilon"]), float(hl.doc["delta"]))
@@ -304,4 +352,4 @@ def randomize_records(
     for _ in range(m):  # uniform sample without replacement
         chosen.append(pool.pop(src.below(len(pool))))
     reports = [hl.decode(*local_alg(*hl.encode(*records[i]), hl, src)) for i in chosen]
-    return {"headlist": hl.doc["content_hash"], "reports": reports}
+    return {"id": mid, "headlist": hl.doc["content_hash"], "reports": reports}

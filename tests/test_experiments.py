@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from clihelpers import assert_clean_error
 from hybriddp.cli import cli
 from hybriddp.experiments import DatasetSpec, run_experiment
 from hybriddp.experiments.aggregate import mean_ci, point_stat, t_quantile_975
 from hybriddp.experiments.codeversion import FAMILY_ROOTS, family_fingerprint, module_closure, normalized_code
 from hybriddp.experiments.figures import FIGURE_NAMES, Point, figures
-from hybriddp.experiments.runner import make_tasks, trial_seed
+from hybriddp.experiments.runner import TrialStore, make_tasks, trial_seed
 from hybriddp.tune import GRID_F_C, GRID_F_O
 from logdata import write_aol, zipf_log
 
@@ -50,6 +51,7 @@ def test_all_outputs_exist(quick_all: Path) -> None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for f in ("trials.csv", "summary.json", "report.md"):
         assert (quick_all / f).stat().st_size > 0
+    assert not list(quick_all.glob(".*")), "temporary files left behind"  # io.atomic renamed every one
 
 
 def test_summary_equals_figure_csvs(quick_all: Path) -> None:
@@ -132,6 +134,64 @@ def test_torn_last_row_is_run_again(tmp_path: Path) -> None:
     again = run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True)
     assert first.n_ran == 4 and again.n_ran == 1
     assert run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True).n_ran == 0
+
+
+def _small_store(src: Path, dst: Path, n_rows: int) -> bytes:
+    """Copy the header and the first ``n_rows`` lines of ``src``'s trials.csv (and its tables) to ``dst``."""
+    dst.mkdir()
+    lines = (src / "trials.csv").read_bytes().splitlines(keepends=True)
+    data = b"".join(lines[:1 + n_rows])
+    (dst / "trials.csv").write_bytes(data)
+    (dst / "fig9_tables.jsonl").write_bytes((src / "fig9_tables.jsonl").read_bytes())
+    return data
+
+
+def test_a_torn_last_row_is_dropped_at_every_cut_and_reported(quick_all: Path, tmp_path: Path, caplog) -> None:
+    """A kill can cut the last appended line anywhere: every cut leaves the earlier rows readable,
+    the cut row is dropped with a warning, and the file is repaired (rewritten) before any append."""
+    data = _small_store(quick_all, tmp_path / "o", 5)
+    path = tmp_path / "o" / "trials.csv"
+    whole = TrialStore(tmp_path / "o")
+    assert len(whole.rows) == 5 and whole.torn == []
+    keep = set(list(whole.rows)[:4])
+    last_start = data.rstrip(b"\r\n").rfind(b"\n") + 1
+    assert data.endswith(b"\r\n")
+    for cut in range(last_start + 1, len(data)):  # "\r" without its "\n" is a cut, too
+        path.write_bytes(data[:cut])
+        with caplog.at_level("WARNING"):
+            caplog.clear()
+            store = TrialStore(tmp_path / "o")
+        assert set(store.rows) == keep, cut
+        assert store.torn == [path] and "cut off" in caplog.text
+        assert path.read_bytes().endswith(b"\n")  # repaired: the next append starts on a line of its own
+        assert set(TrialStore(tmp_path / "o").rows) == keep
+
+
+def test_a_torn_fig9_table_line_is_dropped(quick_all: Path, tmp_path: Path) -> None:
+    _small_store(quick_all, tmp_path / "o", 5)
+    tables = tmp_path / "o" / "fig9_tables.jsonl"
+    lines = tables.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 2
+    tables.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    store = TrialStore(tmp_path / "o")
+    assert len(store.tables) == len(lines) - 1 and store.torn == [tables]
+    assert tables.read_bytes() == b"".join(lines[:-1])
+
+
+def test_out_dir_is_checked_before_the_data_is_loaded(tmp_path: Path, monkeypatch) -> None:
+    def no_load(self: DatasetSpec) -> None:
+        raise AssertionError("loaded the data before checking --out")
+
+    monkeypatch.setattr(DatasetSpec, "load", no_load)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for out, needle in ((a_file, "is a file"), (a_file / "sub", "cannot create")):
+        r = invoke("experiment", "fig11", "--dataset", "aol", "--out", out)
+        assert_clean_error(r, "--out", str(out), needle)
+    fresh = tmp_path / "new" / "dir"  # created when missing
+    with pytest.raises(AssertionError, match="loaded the data"):
+        run_experiment("fig11", DatasetSpec("aol"), out_dir=fresh, quick=True)
+    assert fresh.is_dir()
 
 
 def test_log_file_dataset_row_per_user(tmp_path: Path) -> None:

@@ -328,3 +328,65 @@ def test_aol_writer_refuses_a_tab_in_a_query(tmp_path) -> None:
                     ArrayVocabulary(["a\tb"]), ArrayVocabulary(["http://a.com"]))
     with pytest.raises(DataError, match="tab or line break"):
         write_log(log, tmp_path / "bad.tsv", format="aol", seed=0)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written, no temporary file left
+
+
+# --------------------------------------------------------------------------------------
+# Atomic output (io.atomic) and output-path checks
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "fmt"), [("log.tsv.gz", "aol"), ("log.parquet", "parquet")])
+def test_interrupted_write_keeps_the_earlier_file(tmp_path, small_aol: RecordLog, name: str, fmt: str) -> None:
+    """Interrupted after the records are written but before the file is finished (the gzip trailer,
+    the Parquet footer): the earlier file is untouched and no temporary file is left."""
+    path = tmp_path / name
+    path.write_bytes(b"the earlier file\n")
+
+    def interrupt(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_log(small_aol, path, format=fmt, seed=1, progress=interrupt)
+    assert path.read_bytes() == b"the earlier file\n"
+    assert list(tmp_path.iterdir()) == [path]
+    write_log(small_aol, path, format=fmt, seed=1)  # an uninterrupted write replaces it whole
+    if fmt == "parquet":
+        assert pq.read_table(path).num_rows == small_aol.n_records
+    else:
+        assert sum(r[4] != "" for r in _read_aol_lines(path)[1:]) == small_aol.n_records
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_write_log_refuses_an_unwritable_path(tmp_path, small_aol: RecordLog) -> None:
+    from hybriddp.errors import DataError
+
+    with pytest.raises(DataError, match="does not exist") as info:
+        write_log(small_aol, tmp_path / "no" / "such" / "log.parquet")
+    assert str(tmp_path / "no" / "such") in str(info.value)
+    with pytest.raises(DataError, match="is a directory"):
+        write_log(small_aol, tmp_path, format="parquet")
+
+
+def test_cli_checks_the_output_before_generating(tmp_path, monkeypatch) -> None:
+    from clihelpers import assert_clean_error, invoke
+
+    def no_generation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("generated before the output path was checked")
+
+    monkeypatch.setattr(synth, "generate", no_generation)
+    missing = tmp_path / "missing" / "log.tsv.gz"
+    assert_clean_error(invoke("synth", "--scale", "0.001", "-o", missing, ok=False), "--output", str(missing),
+                       "does not exist")
+    assert_clean_error(invoke("synth", "--scale", "0.001", "-o", tmp_path, ok=False), "--output", "directory")
+
+
+def test_cli_replaces_an_existing_file_whole(tmp_path) -> None:
+    from clihelpers import invoke
+
+    path = tmp_path / "log.parquet"
+    path.write_bytes(b"an earlier file")
+    invoke("synth", "--scale", "0.001", "--seed", "3", "-o", path)
+    log = generate("aol", seed=3, scale=0.001)
+    assert pq.read_table(path).num_rows == log.n_records
+    assert list(tmp_path.iterdir()) == [path]

@@ -219,6 +219,10 @@ def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_so
     hl, qv, uv = from_device_json(hdoc)
     edoc = check_estimates_document(estimates_doc, hdoc, hl, estimates_source)
     params = _params(edoc, estimates_source)
+    for name, want in (("epsilon", params.epsilon), ("delta", params.delta), ("m_c", params.m_c)):
+        if hdoc[name] != want:
+            raise HeadListError(f"{estimates_source}: params.{name} = {want!r} but the head list says {hdoc[name]!r}; "
+                                "pass the two files `hybriddp headlist` wrote together")
     p_rec = np.asarray(edoc["p_record"], dtype=np.float64)
     j_rec = np.asarray(edoc["draws_record"], dtype=np.int64)
     p_q = np.asarray(edoc["p_query"], dtype=np.float64)

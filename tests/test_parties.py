@@ -1,0 +1,182 @@
+"""The seam: curator / device / server as library functions, and their composition (issue: seam).
+
+* ``run_blender`` equals curate → device messages → count_messages → serve_estimates, exactly;
+* the release's two documents are hash-bound and validated field by field;
+* the server counts a repeated message id once and refuses a message with more than m_C reports;
+* the ledger's charges and the printed guarantee come from the same numbers;
+* a reports file without its end line (truncated) is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from hybriddp.device import DeviceHeadList, SeededSource, new_message_id
+from hybriddp.errors import DataError, HeadListError, HybridDPError
+from hybriddp.io.exchange import read_messages, write_reports
+from hybriddp.params import BlenderParams
+from hybriddp.parties import count_messages, curate, device_message, release_from_documents, serve_estimates
+from hybriddp.parties.device import log_messages
+from hybriddp.pipeline import round_charges, run_blender, split_optin
+from hybriddp.privacy import describe
+from logdata import zipf_log
+
+PARAMS = BlenderParams(optin_fraction=0.1, head_list_size=20)
+
+
+@pytest.fixture(scope="module")
+def log():
+    return zipf_log(n_users=6_000, n_queries=80, seed=5)
+
+
+@pytest.fixture(scope="module")
+def release(log):
+    rel, _ = curate(log, PARAMS, seed=3)
+    return rel
+
+
+def test_run_blender_is_the_composition_of_the_three_parties(log) -> None:
+    """Same seed: the simulation and the party functions (with the documents' JSON round trip and
+    the device code replaying the batch randomizer's draws) give bit-identical estimates."""
+    run = run_blender(log, PARAMS, seed=21)
+    optin, clients = split_optin(log.n_users, PARAMS.optin_fraction, 21)
+    rel, _ = curate(log, PARAMS, optin_users=optin, seed=21)
+    docs = json.loads(json.dumps([rel.headlist, rel.estimates]))
+    served = release_from_documents(*docs)
+    counts = count_messages(served, log_messages(log, clients, served.headlist, seed=21))
+    res = serve_estimates(served, counts)
+    assert np.array_equal(counts.counts, run.report_counts)
+    assert np.array_equal(res.p_record, run.blended.records_final)
+    assert np.array_equal(res.p_query, run.blended.queries_final)
+    assert np.array_equal(res.optin.var_record, run.curator.optin.var_record)
+
+
+def test_release_documents_are_bound_and_validated(release) -> None:
+    h, e = release.headlist, release.estimates
+    assert e["headlist"] == h["content_hash"] and e["content_hash"].startswith("sha256:")
+    back = release_from_documents(copy.deepcopy(h), copy.deepcopy(e))
+    assert np.array_equal(back.optin.p_record, release.optin.p_record)
+    assert np.array_equal(back.optin.var_query, release.optin.var_query)
+    assert back.charges == []  # the server never learns who the opt-in users were
+
+    def broken(field: str, value: object) -> dict:
+        d = copy.deepcopy(e)
+        d[field] = value
+        from hybriddp.device import content_hash
+        d["content_hash"] = content_hash(d)  # a well-formed but wrong document
+        return d
+
+    for field, value in [("n", -1), ("n", 1.5), ("n", True), ("noise_variance", -2.0), ("noise_variance", None),
+                         ("p_record", [None] * len(e["p_record"])), ("p_record", e["p_record"][:-1]),
+                         ("draws_record", [0] * len(e["draws_record"])), ("p_query", "x"), ("noise", "gauss"),
+                         ("seed", -4), ("params", {"epsilon": "4"}), ("params", {"bogus": 1}), ("sizes", {"a": -1})]:
+        with pytest.raises(DataError, match=field.split("_")[0]):
+            release_from_documents(h, broken(field, value))
+    tampered = copy.deepcopy(e)
+    tampered["p_record"][0] += 0.1
+    with pytest.raises(DataError, match="content_hash"):
+        release_from_documents(h, tampered)
+    other = copy.deepcopy(h)
+    other["m_c"] = 2
+    from hybriddp.device import content_hash
+    other["content_hash"] = content_hash(other)
+    with pytest.raises(HeadListError, match="head list"):
+        release_from_documents(other, e)
+
+
+def test_nan_never_reaches_a_document(release) -> None:
+    d = copy.deepcopy(release.estimates)
+    d["p_record"][0] = float("nan")
+    with pytest.raises(DataError):
+        release_from_documents(release.headlist, d)
+
+
+def _records(release, n: int = 1) -> list[tuple[str, str | None]]:
+    q = release.headlist["queries"][0]
+    return [(q["query"], q["urls"][0] if q["urls"] else None)] * n
+
+
+def test_server_counts_a_repeated_message_id_once(release) -> None:
+    m1 = device_message(release.headlist, _records(release), source=SeededSource(1))
+    m2 = device_message(release.headlist, _records(release), source=SeededSource(2))
+    assert m1["id"] != m2["id"] and len(m1["id"]) == 22
+    counts = count_messages(release, [m1, m2, dict(m1), m1])
+    assert counts.messages == 2 and counts.reports == 2 and counts.duplicates == 2
+    assert counts.counts.sum() == 2
+
+
+def test_server_refuses_more_than_m_c_reports_and_bad_messages(release) -> None:
+    m = device_message(release.headlist, _records(release), source=SeededSource(1))
+    over = dict(m, id=new_message_id(), reports=m["reports"] * (release.m_c + 1))
+    with pytest.raises(DataError, match="m_C"):
+        count_messages(release, [over])
+    for bad, needle in [(dict(m, id="short"), "message id"), ({k: v for k, v in m.items() if k != "id"}, "'id'"),
+                        (dict(m, headlist="sha256:00"), "head list"), ([1, 2], "JSON object"),
+                        (dict(m, reports=[{"query": "no such query", "url": None}]), "not in the head list"),
+                        (dict(m, reports=[{"query": None, "url": "x"}]), "wildcard"),
+                        (dict(m, reports=[{"query": 3, "url": None}]), "strings or null")]:
+        with pytest.raises(HybridDPError, match=needle):
+            count_messages(release, [bad])
+
+
+def test_device_messages_have_fresh_os_ids(release) -> None:
+    dhl = DeviceHeadList.from_json(release.headlist)
+    ids = {device_message(dhl, _records(release))["id"] for _ in range(200)}
+    assert len(ids) == 200
+
+
+def test_ledger_charges_and_printed_guarantee_share_the_numbers(log) -> None:
+    p = BlenderParams(epsilon=2.5, delta=1e-6, optin_fraction=0.1, head_list_size=20, m_c=2, f_c=0.7)
+    run = run_blender(log, p, seed=2, with_charges=True)
+    by_group = {c.group: c for c in round_charges(run)}
+    assert (by_group["optin-S"].epsilon, by_group["optin-S"].delta) == (2.5, 1e-6)
+    assert (by_group["optin-T"].epsilon, by_group["optin-T"].delta) == (2.5, 0.0)  # Theorem 2: pure ε
+    assert (by_group["clients"].epsilon, by_group["clients"].delta) == (2.5, 1e-6)
+    assert len(by_group["optin-S"].users) + len(by_group["optin-T"].users) == run.n_users_optin
+    assert len(by_group["clients"].users) == run.n_users_clients
+    res = run.result()
+    mech = {m["group"]: m for m in res.guarantee()["mechanisms"]}
+    for group, charge in by_group.items():
+        assert (mech[group]["epsilon"], mech[group]["delta"]) == (charge.epsilon, charge.delta)
+    assert run.release.charges and {c.group for c in run.release.charges} == {"optin-S", "optin-T"}
+    text = describe(res.guarantees)
+    assert text["clients"].startswith("(2.5, 1e-06)-local DP") and "m_C = 2" in text["clients"]
+
+
+def test_reports_file_tells_complete_from_truncated(release, tmp_path) -> None:
+    msgs = [device_message(release.headlist, _records(release), source=SeededSource(i)) for i in range(5)]
+    path = tmp_path / "r.jsonl"
+    assert write_reports(path, release.hash, msgs) == (5, 5)
+    assert [m for _, m in read_messages(path)] == msgs
+    lines = path.read_text().splitlines()
+    for cut, needle in [(lines[:-1], "no end line"), (lines[:-2] + lines[-1:], "end line says"),
+                        (lines[1:], "not a reports file"), (lines + lines[1:2], "after the end line")]:
+        path.write_text("\n".join(cut) + "\n")
+        with pytest.raises(DataError, match=needle):
+            list(read_messages(path))
+    gz = tmp_path / "r.jsonl.gz"
+    write_reports(gz, release.hash, msgs)
+    data = gz.read_bytes()
+    gz.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match="truncated"):
+        list(read_messages(gz))
+    assert gzip.decompress(data).decode().count("\n") == 7
+
+
+def test_refused_commit_leaves_earlier_reports_file(release, tmp_path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"earlier output\n")
+
+    def refuse() -> None:
+        raise HeadListError("the device ledger says no")
+
+    msgs = [device_message(release.headlist, _records(release))]
+    with pytest.raises(HeadListError):
+        write_reports(path, release.hash, msgs, commit=refuse)
+    assert path.read_bytes() == b"earlier output\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]  # no temporary file left

@@ -87,27 +87,117 @@ def _base_ext(path: str) -> str:
 
 def _open(path: str) -> tuple[pa.NativeFile, pa.NativeFile]:
     """Return ``(stream, raw)``: the decompressed stream and the raw file (for progress)."""
-    raw = pa.OSFile(path, "rb")
     codec = _compression(path)
-    return (pa.CompressedInputStream(raw, codec) if codec else raw), raw
+    try:
+        if codec is not None:
+            _check_compressed(path, codec)
+        raw = pa.OSFile(path, "rb")
+        return (pa.CompressedInputStream(raw, codec) if codec else raw), raw
+    except (OSError, pa.ArrowException) as e:
+        raise _read_error(path, e, "open") from e
 
 
-def _first_line(path: str) -> str:
-    """First line of the decompressed file, without line end and BOM (undecodable -> U+FFFD)."""
+_CODEC_MAGIC = {"gzip": (b"\x1f\x8b", "gzip-compressed"), "bz2": (b"BZh", "bzip2-compressed"),
+                "zstd": (b"\x28\xb5\x2f\xfd", "zstd-compressed")}
+_OTHER_MAGIC = ((b"PK\x03\x04", "a ZIP archive", "unpack it first"),
+                (b"PAR1", "a Parquet file", "name it .parquet or pass --format parquet"),
+                (b"SQLite format 3\x00", "an SQLite database", "it is not a log"),
+                (b"\xff\xfe", "UTF-16 text", "convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8"),
+                (b"\xfe\xff", "UTF-16 text", "convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8"))
+_SNIFF = 1 << 16  # bytes at the start of a text file checked for binary content
+
+
+def _compressed_as(data: bytes) -> tuple[str, str] | None:
+    """``(extension, description)`` of the compression format ``data`` starts with, if any."""
+    for ext, codec in _COMPRESSION.items():
+        magic, what = _CODEC_MAGIC[codec]
+        if data.startswith(magic) and (codec != "bz2" or (len(data) > 3 and 0x31 <= data[3] <= 0x39)):
+            return ext, what
+    return None
+
+
+def _check_compressed(path: str, codec: str) -> None:
+    """Refuse a file whose name says ``codec`` but whose first bytes are not that format."""
+    with open(path, "rb") as fh:
+        start = fh.read(16)
+    magic, what = _CODEC_MAGIC[codec]
+    if not start or start.startswith(magic):
+        return
+    ext = os.path.splitext(path)[1]
+    actual = _compressed_as(start)
+    fix = (f"it is {actual[1]}: rename it to end in {actual[0]}" if actual
+           else f"if it is plain text, rename it without {ext}")
+    raise DataError(f"{path}: the name ends in {ext} but the file is not {what} "
+                    f"(it starts with {_short(start, 16)}); {fix}")
+
+
+def _read_error(path: str, exc: BaseException, doing: str = "read") -> DataError:
+    """A one-line :class:`DataError` for a read/parse failure, with the fix for known causes."""
+    msg = " ".join(str(exc).split())
+    low = msg.lower()
+    if "truncated" in low or "unexpected end" in low or "premature end" in low:
+        return DataError(f"{path}: the compressed data ends early, so the file is truncated (was a download or "
+                         f"copy cut short?); get a complete copy of it ({msg})")
+    if "straddl" in low:
+        return DataError(f"{path}: a line is longer than {_BLOCK_SIZE:,} bytes, so this does not look like a "
+                         "line-by-line text log; check that it is the right file and that it is not compressed "
+                         "without a .gz/.bz2/.zst name")
+    if "inflate" in low or "decompress" in low or "corrupt" in low:
+        return DataError(f"{path}: the compressed data is damaged ({msg}); get a good copy of the file")
+    if isinstance(exc, OSError) and exc.strerror:
+        return DataError(f"cannot {doing} {path}: {exc.strerror}")
+    return DataError(f"cannot {doing} {path}: {msg}")
+
+
+def _head(path: str) -> bytes:
+    """The start of the decompressed file: at least 64 KiB, or up to the first line end (≤ 1 MiB)."""
     stream, raw = _open(path)
     try:
         data = b""
-        while b"\n" not in data and len(data) < (1 << 20):
+        while len(data) < _SNIFF or (b"\n" not in data and b"\r" not in data and len(data) < (1 << 20)):
             chunk = stream.read(1 << 16)
             if not chunk:
                 break
             data += chunk
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"cannot read {path}: {e}") from e
+        raise _read_error(path, e) from e
     finally:
         stream.close()
         raw.close()
-    line = data.split(b"\n", 1)[0].rstrip(b"\r")
+    return data
+
+
+def _check_text(path: str, data: bytes) -> None:
+    """Refuse binary content (compressed, Parquet, ZIP, UTF-16, NUL bytes) where text is expected.
+
+    ``data`` is the start of the file after any decompression its name asks for.
+    """
+    actual = _compressed_as(data)
+    if actual is not None and _compression(path):
+        raise DataError(f"{path} is still {actual[1]} after decompression (compressed twice?); "
+                        "decompress it once by hand and load the result")
+    if actual is not None:
+        raise DataError(f"{path} is {actual[1]} but its name does not end in {actual[0]}; rename it to "
+                        f"{os.path.basename(path)}{actual[0]} (compressed files are recognized by their name)")
+    for magic, what, fix in _OTHER_MAGIC:
+        if data.startswith(magic):
+            raise DataError(f"{path} is {what}, not a text log; {fix}")
+    nul = data.find(b"\x00", 0, _SNIFF)
+    if nul >= 0:
+        raise DataError(f"{path} is not a text file: byte {nul:,} (of the decompressed data) is NUL (0x00); a "
+                        "search or item log is UTF-8 text, so check that this is the right file")
+
+
+def _first_line(path: str) -> str:
+    """First line of the decompressed text file, without line end and BOM (undecodable -> U+FFFD).
+
+    Raises :class:`DataError` when the file is binary rather than text (see :func:`_check_text`).
+    A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r``, as for the parser.
+    """
+    data = _head(path)
+    _check_text(path, data)
+    ends = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+    line = data[:min(ends)] if ends else data
     return line.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "replace")
 
 
@@ -210,6 +300,14 @@ def _all_empty(batch: pa.RecordBatch) -> np.ndarray:
     return out
 
 
+def _runs_on(batch: pa.RecordBatch) -> np.ndarray:
+    """True for CSV rows with a line end inside a cell: an unclosed quote swallowed the lines after it."""
+    out = np.zeros(batch.num_rows, dtype=bool)
+    for col in batch.columns:
+        out |= _bool(pc.fill_null(pc.match_substring_regex(col, "[\r\n]"), False))
+    return out
+
+
 def _short(value: object, limit: int = 40) -> str:
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     return repr(text if len(text) <= limit else text[:limit] + "...")
@@ -228,10 +326,13 @@ def _as_binary(arr: pa.Array) -> pa.Array:
     if pa.types.is_dictionary(t):
         arr = arr.dictionary_decode()
         t = arr.type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
-            or pa.types.is_binary_view(t) or pa.types.is_string_view(t)):
-        arr = arr.cast(pa.string())
-    return arr.cast(pa.binary())
+    try:
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+                or pa.types.is_binary_view(t) or pa.types.is_string_view(t)):
+            arr = arr.cast(pa.string())
+        return arr.cast(pa.binary())
+    except pa.ArrowException as e:  # load_table checks the types first; this is a safety net
+        raise DataError(f"a column of type {t} cannot be read as text ({' '.join(str(e).split())})") from e
 
 
 class _Encoder:
@@ -276,6 +377,52 @@ def _vocabulary(codes: np.ndarray, values: pa.Array, path: str) -> tuple[np.ndar
 # --------------------------------------------------------------------------------------
 
 
+def _utf8_cut(data: bytes) -> int:
+    """Where to cut ``data`` so that no multi-byte UTF-8 character is split (its end, or
+    before a lead byte among the last four bytes)."""
+    n = len(data)
+    j = n - 1
+    while j >= 0 and n - j <= 4 and 0x80 <= data[j] <= 0xBF:
+        j -= 1
+    return j if j >= 0 and n - j <= 4 and data[j] >= 0xC0 else n
+
+
+class _Utf8Repair:
+    """Stream transform: bytes that are not valid UTF-8 become U+FFFD (with one warning).
+
+    pyarrow passes a malformed row's text to the invalid-row handler as ``str``; invalid UTF-8
+    there fails inside pyarrow and stops the load even with --skip-bad-rows, so the text is
+    repaired before it is parsed. Valid blocks pass through unchanged; line ends never change.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rest = b""  # an incomplete character carried to the next block
+        self.offset = 0
+        self.warned = False
+
+    def __call__(self, buf: pa.Buffer) -> bytes:
+        data = self.rest + buf.to_pybytes()
+        if len(buf):
+            cut = _utf8_cut(data)
+            data, self.rest = data[:cut], data[cut:]
+        else:  # end of the stream
+            self.rest = b""
+        start = self.offset
+        self.offset += len(data)
+        if data.isascii():
+            return data
+        try:
+            data.decode("utf-8")
+            return data
+        except UnicodeDecodeError as e:
+            if not self.warned:
+                logger.warning("%s: bytes that are not valid UTF-8 near byte %d (of the decompressed text) "
+                               "were replaced by U+FFFD", self.path, start + e.start)
+                self.warned = True
+            return data.decode("utf-8", "replace").encode("utf-8")
+
+
 def _read_delimited(
     path: str, *, delimiter: str, quoted: bool, columns: Sequence[str], bad: _BadRows,
     progress: ProgressFn | None,
@@ -283,10 +430,12 @@ def _read_delimited(
     """Yield ``(batch, k0)``: blocks of ``columns`` (all as binary) and their first row index.
 
     Parsing is single-threaded so that rows with the wrong number of fields come with their
-    line numbers; blank lines come through as rows of empty cells.
+    line numbers; blank lines come through as rows of empty cells. The text goes through
+    :class:`_Utf8Repair`. A file with a header line and nothing else yields nothing.
     """
     total = os.path.getsize(path)
     stream, raw = _open(path)
+    text = pa.TransformInputStream(stream, _Utf8Repair(path))
     read_opts = pacsv.ReadOptions(block_size=_BLOCK_SIZE, use_threads=False)
     parse_opts = pacsv.ParseOptions(
         delimiter=delimiter, quote_char='"' if quoted else False, double_quote=quoted,
@@ -297,7 +446,7 @@ def _read_delimited(
         strings_can_be_null=False, quoted_strings_can_be_null=False)
     k0 = 0
     try:
-        reader = pacsv.open_csv(stream, read_options=read_opts, parse_options=parse_opts,
+        reader = pacsv.open_csv(text, read_options=read_opts, parse_options=parse_opts,
                                 convert_options=conv_opts)
         while True:
             try:
@@ -309,10 +458,12 @@ def _read_delimited(
             if progress is not None:
                 progress(min(raw.tell(), total), total)
     except pa.ArrowInvalid as e:
-        raise DataError(f"cannot parse {path}: {e}") from e
+        if not (k0 == 0 and "Empty CSV file" in str(e)):  # the header line has no line end: no rows
+            raise _read_error(path, e, "parse") from e
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"cannot read {path}: {e}") from e
+        raise _read_error(path, e) from e
     finally:
+        text.close()
         stream.close()
         raw.close()
     if progress is not None:
@@ -326,7 +477,11 @@ def header_names(path: str, delimiter: str, quoted: bool) -> list[str]:
         return line.split(delimiter)
     import csv  # only the header line goes through the csv module
 
-    return next(csv.reader([line], delimiter=delimiter), [])
+    try:
+        return next(csv.reader([line], delimiter=delimiter, strict=False), [])
+    except csv.Error as e:
+        raise DataError(f"{path}: line 1 (the header) cannot be read as CSV ({e}); it must name the columns, "
+                        "separated by commas") from e
 
 
 # --------------------------------------------------------------------------------------
@@ -450,10 +605,15 @@ def _table_format(path: str) -> str:
 
 def _missing_column(path: str, name: str, role: str, present: Sequence[str]) -> DataError:
     if not any(present):
-        return DataError(f"{path} is empty: it needs a header line naming its columns")
+        return DataError(f"{path} is empty or its line 1 is blank: the first line must be a header naming "
+                         "its columns")
+    shown = ", ".join(_short(c) for c in present[:10]) + (f" and {len(present) - 10:,} more" if len(present) > 10
+                                                         else "")
+    hint = ("; the header is not valid UTF-8 text (is the file binary, or in another encoding? convert it to "
+            "UTF-8)" if any("\ufffd" in c for c in present) else "")
     return DataError(
-        f"{path} has no column {name!r} (the {role} column); its columns are "
-        f"{', '.join(repr(c) for c in present)}; use --user-col/--query-col/--url-col to name them")
+        f"{path} has no column {name!r} (the {role} column); its columns are {shown}; use "
+        f"--user-col/--query-col/--url-col to name them{hint}")
 
 
 def _parquet_batches(path: str, columns: Sequence[str], progress: ProgressFn | None
@@ -471,9 +631,32 @@ def _parquet_batches(path: str, columns: Sequence[str], progress: ProgressFn | N
             if progress is not None:
                 progress(int(total * min(k0, n_rows) / n_rows), total)
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"cannot read {path} as Parquet: {e}") from e
+        raise _parquet_error(path, e) from e
     if progress is not None:
         progress(total, total)
+
+
+def _parquet_error(path: str, exc: BaseException) -> DataError:
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    hint = ("; it does not start with the Parquet magic bytes PAR1; if it is a CSV or TSV text file, pass "
+            "--format csv or --format tsv" if magic != b"PAR1" else "; check that the file is complete")
+    return DataError(f"cannot read {path} as Parquet: {' '.join(str(exc).split())}{hint}")
+
+
+def _check_parquet_types(path: str, schema: pa.Schema, wanted: Sequence[tuple[str, str]]) -> None:
+    """Refuse a user/query/URL column that is not text or a number (a list, struct, map, ...)."""
+    for name, role in wanted:
+        idx = schema.get_all_field_indices(name)
+        if len(idx) > 1:
+            raise DataError(f"{path} has {len(idx)} columns named {name!r} (the {role} column); "
+                            "give the columns distinct names")
+        t = schema.field(idx[0]).type
+        value_type = t.value_type if pa.types.is_dictionary(t) else t
+        if pa.types.is_nested(value_type):
+            raise DataError(f"{path}: column {name!r} (the {role} column) has type {t}; a {role} must be a "
+                            "string or a number; name another column with --user-col/--query-col/--url-col, "
+                            "or flatten this one")
 
 
 def load_table(
@@ -524,14 +707,17 @@ def load_table(
         import pyarrow.parquet as pq
 
         try:
-            present = pq.read_schema(p).names
+            schema = pq.read_schema(p)
         except (OSError, pa.ArrowException) as e:
-            raise DataError(f"cannot read {p} as Parquet: {e}") from e
+            raise _parquet_error(p, e) from e
+        present = schema.names
     else:
         present = header_names(p, "," if fmt == "csv" else "\t", fmt == "csv")
     for c, role in wanted:
         if c not in present:
             raise _missing_column(p, c, role, present)
+    if fmt == "parquet":
+        _check_parquet_types(p, schema, wanted)
 
     bad = _BadRows(p, skip_bad_rows, "comma" if fmt == "csv" else "tab")
     if fmt == "parquet":
@@ -558,9 +744,13 @@ def load_table(
         u_empty = _bool(_empty(_as_binary(user))) if user is not None else np.zeros(n, bool)
         no_click = _bool(_empty(url)) if url is not None else np.zeros(n, bool)
         blank = np.zeros(n, bool) if fmt == "parquet" else _all_empty(batch)
-        is_bad = (q_empty | u_empty) & ~blank
+        run_on = _runs_on(batch) if fmt == "csv" else np.zeros(n, bool)
+        is_bad = (q_empty | u_empty | run_on) & ~blank
 
-        def describe(i: int, u_empty: np.ndarray = u_empty) -> str:
+        def describe(i: int, u_empty: np.ndarray = u_empty, run_on: np.ndarray = run_on) -> str:
+            if run_on[i]:
+                return ("a double quote opened in this row is never closed, so a field runs on over the "
+                        "following lines (each record must be on one line)")
             if u_empty[i]:
                 return f"empty user value in column {user_col!r}"
             return f"empty query in column {query_col!r}"
@@ -648,6 +838,7 @@ def load_items(
     """
     p = _check_file(path)
     del skip_bad_rows  # nothing can be malformed
+    _check_text(p, _head(p))
     total = os.path.getsize(p)
     stream, raw = _open(p)
     stats = LoadStats()
@@ -691,7 +882,7 @@ def load_items(
             if eof:
                 break
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"cannot read {p}: {e}") from e
+        raise _read_error(p, e) from e
     finally:
         stream.close()
         raw.close()
@@ -732,9 +923,12 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         return "parquet"
     if ext == ".csv":
         return "csv"
-    is_aol = _first_line(p) == AOL_HEADER
-    if is_aol:
+    first = _first_line(p)
+    if first == AOL_HEADER:
         return "aol"
+    if not first and not _head(p).strip():
+        raise DataError(f"{p} is empty: a log needs a header line naming its columns (or, for an item log "
+                        "named .dat, one line of items per user)")
     if ext in (".tsv", ".txt", ".tab"):
         return "tsv"
     raise DataError(f"cannot tell the format of {p} from its name or first line; "

@@ -180,7 +180,7 @@ def check_estimates_document(doc: Any, headlist_doc: dict[str, Any], hl: HeadLis
     _vector(doc, "draws_record", source, hl.n_entries, True)
     _vector(doc, "p_query", source, hl.k, False)
     _vector(doc, "draws_query", source, hl.k, True)
-    if doc.get("noise") not in NOISE_LABELS:
+    if not isinstance(doc.get("noise"), str) or doc["noise"] not in NOISE_LABELS:
         raise _fail(source, "noise", doc.get("noise"), f"use one of {', '.join(NOISE_LABELS)}")
     seed = doc.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):

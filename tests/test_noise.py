@@ -108,14 +108,12 @@ def test_rational_scale_rejects_bad_scales(bad: float) -> None:
         rational_scale(bad)
 
 
-@pytest.mark.parametrize("scale", [0.5, 2 / 1.5, 2.0, 8.0, 2 / 0.3])
-def test_sampler_matches_pmf_chi_square(scale: float) -> None:
-    t = rational_scale(scale)
-    x = sample_discrete_laplace(IntegerOnlyGenerator(int(scale * 100)), t, 200_000)
-    lim = max(3, int(6 * float(t)))
+def _chi_square_pvalue(x: np.ndarray, scale: float) -> float:
+    """Chi-square p-value of draws ``x`` against the exact pmf; cells with < 5 expected pooled."""
+    lim = max(3, int(6 * scale))
     values = np.arange(-lim, lim + 1)
     observed = np.array([(x == v).sum() for v in values] + [(np.abs(x) > lim).sum()])
-    p = discrete_laplace_pmf(values, float(t))
+    p = discrete_laplace_pmf(values, scale)
     expected = np.append(p, max(0.0, 1 - p.sum())) * len(x)
     keep = expected >= 5
     obs = np.append(observed[keep], observed[~keep].sum())
@@ -124,8 +122,79 @@ def test_sampler_matches_pmf_chi_square(scale: float) -> None:
         obs[-2] += obs[-1]
         exp[-2] += exp[-1]
         obs, exp = obs[:-1], exp[:-1]
-    assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-6
+    return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+@pytest.mark.parametrize("scale", [0.5, 2 / 1.5, 2.0, 8.0, 2 / 0.3])
+def test_sampler_matches_pmf_chi_square(scale: float) -> None:
+    t = rational_scale(scale)
+    x = sample_discrete_laplace(IntegerOnlyGenerator(int(scale * 100)), t, 200_000)
+    assert _chi_square_pvalue(x, float(t)) > 1e-6
     assert x.var() == pytest.approx(discrete_laplace_variance(float(t)), rel=0.05)
+
+
+# ----- production randomness: rng=None draws from the OS -----------------------------------------------
+
+@pytest.mark.parametrize(("scale", "wrong"), [(Fraction(5, 3), Fraction(2)), (Fraction(2), Fraction(5, 3))])
+def test_os_randomness_sampler_matches_pmf_chi_square(scale: Fraction, wrong: Fraction) -> None:
+    """rng=None: OS randomness, so not seeded; p > 1e-6 makes a false alarm a one-in-a-million event.
+
+    40 000 draws reject the neighbouring scale (5/3 vs 2: the old rounding at ε = 1.2) at p < 1e-6
+    essentially always (p is typically below 1e-100 there), so the test has power.
+    """
+    x = DiscreteLaplaceNoise(None).sample(float(scale), 40_000)
+    assert _chi_square_pvalue(x, float(scale)) > 1e-6
+    assert _chi_square_pvalue(x, float(wrong)) < 1e-6
+
+
+def _counting_randbelow(monkeypatch: pytest.MonkeyPatch, fake=None) -> list[int]:
+    """Replace :func:`secrets.randbelow`; returns the list of bounds it was called with."""
+    import secrets
+
+    calls: list[int] = []
+    real = secrets.randbelow
+
+    def randbelow(n: int) -> int:
+        calls.append(n)
+        return real(n) if fake is None else fake(n)
+
+    monkeypatch.setattr(secrets, "randbelow", randbelow)
+    return calls
+
+
+def test_discrete_noise_without_rng_draws_every_integer_from_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting_randbelow(monkeypatch)
+    x = DiscreteLaplaceNoise(None).sample(5 / 3, 200)
+    assert len(x) == 200 and len(calls) >= 4 * 200  # U, its acceptance, ≥ 1 geometric step, the sign
+    # with randbelow(n) = n − 1 the draw is fully determined: U = 4, accepted, V = 0, Y = ⌊4/3⌋ = 1, sign −
+    _counting_randbelow(monkeypatch, fake=lambda n: n - 1)
+    assert DiscreteLaplaceNoise().sample(5 / 3, 50).tolist() == [-1.0] * 50
+
+
+def test_laplace_noise_without_rng_is_seeded_from_the_os(monkeypatch: pytest.MonkeyPatch) -> None:
+    import secrets
+
+    calls: list[int] = []
+    real = secrets.randbits
+    monkeypatch.setattr(secrets, "randbits", lambda k: calls.append(k) or real(k))
+    a, b = LaplaceNoise(None), LaplaceNoise()
+    assert calls == [128, 128] and isinstance(a.rng, np.random.Generator)
+    assert not np.array_equal(a.sample(1.0, 8), b.sample(1.0, 8))
+
+
+def test_secrets_integers_bounds_shapes_and_uniformity() -> None:
+    from hybriddp.rng import SecretsIntegers
+
+    r = SecretsIntegers()
+    high = np.array([1, 2, 3, 1000])
+    draws = np.array([r.integers(0, high) for _ in range(300)])
+    assert draws.shape == (300, 4) and (draws >= 0).all() and (draws < high).all()
+    assert set(draws[:, 1].tolist()) == {0, 1} and set(draws[:, 2].tolist()) == {0, 1, 2}
+    assert r.integers(5, 6, (2, 3)).tolist() == [[5] * 3] * 2
+    x = r.integers(0, 7, 35_000)
+    assert x.dtype == np.int64 and stats.chisquare(np.bincount(x, minlength=7)).pvalue > 1e-6
+    with pytest.raises(ParameterError, match="high > low"):
+        r.integers(0, np.array([3, 0]))
 
 
 def test_pmf_sums_to_one_and_tail_formula() -> None:

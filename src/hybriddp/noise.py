@@ -16,8 +16,11 @@ at most δ/2, exactly; with m_O > 1 it is ⌈τ⌉ of the continuous formula, wh
 over because the discrete tail P[Y ≥ k] = e^{−k/t}/(1 + e^{−1/t}) lies below the continuous
 tail P[Y_cont > k − 1] = ½e^{−(k−1)/t} at every integer k.
 
-All samplers are vectorized over NumPy integer draws; the generator is OS-seeded unless a seed is
-given for experiments.
+Randomness: the samplers call only ``rng.integers(low, high, size)``. In production (``rng=None``,
+the default of both noise classes) :class:`DiscreteLaplaceNoise` draws every integer straight from
+the OS CSPRNG (:class:`hybriddp.rng.SecretsIntegers`, :func:`secrets.randbelow`) and
+:class:`LaplaceNoise` uses a NumPy generator seeded from OS entropy. A seeded generator
+(``stage_rng(seed, stream)``) makes experiments reproducible and gives no privacy.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ import numpy as np
 
 from hybriddp.errors import parameter_error
 from hybriddp.params import check_head_list_params, head_list_threshold
+from hybriddp.rng import SecretsIntegers, make_rng
+
+IntegerSource = np.random.Generator | SecretsIntegers
+"""Where the exact samplers get uniform integers: a NumPy generator or the OS CSPRNG."""
 
 MAX_DENOMINATOR = 1 << 20
 
@@ -89,7 +96,7 @@ def rational_scale(scale: float, max_denominator: int = MAX_DENOMINATOR) -> Frac
     return t
 
 
-def _bernoulli_exp_frac(rng: np.random.Generator, num: np.ndarray, den: int) -> np.ndarray:
+def _bernoulli_exp_frac(rng: IntegerSource, num: np.ndarray, den: int) -> np.ndarray:
     """Bernoulli(e^{−num/den}) for 0 ≤ num ≤ den, exactly (CKS20 Algorithm 1, γ ≤ 1).
 
     K = 1, 2, ...: draw A ~ Bernoulli(γ/K) = [integers(0, den·K) < num] until A = 0; the
@@ -106,12 +113,12 @@ def _bernoulli_exp_frac(rng: np.random.Generator, num: np.ndarray, den: int) -> 
     return k % 2 == 1
 
 
-def _bernoulli_exp_minus_one(rng: np.random.Generator, size: int) -> np.ndarray:
+def _bernoulli_exp_minus_one(rng: IntegerSource, size: int) -> np.ndarray:
     """Bernoulli(e^{−1}) exactly."""
     return _bernoulli_exp_frac(rng, np.ones(size, dtype=np.int64), 1)
 
 
-def sample_discrete_laplace(rng: np.random.Generator, scale: Fraction, size: int) -> np.ndarray:
+def sample_discrete_laplace(rng: IntegerSource, scale: Fraction, size: int) -> np.ndarray:
     """``size`` exact draws of the discrete Laplace with P[y] ∝ e^{−|y|/scale} (CKS20 Alg. 2).
 
     With scale = t/s (CKS20's notation): U ~ Unif{0..t−1}; accept with Bernoulli(e^{−U/t});
@@ -167,6 +174,9 @@ def discrete_laplace_variance(scale: float) -> float:
 class NoiseSource(Protocol):
     """Noise added to counts by the curator (ALGORITHM.md §3, §4).
 
+    A noise class is constructed with ``rng``: None for production OS randomness, or a seeded
+    NumPy generator for reproducible experiments.
+
     ``name`` labels outputs (``--noise name``) and ``label`` describes it; ``variance(scale)`` is
     the variance of one draw, used by the variance formulas (ALGORITHM.md §4), and
     ``survival(x, scale)`` is P[Y > x], used to check the head-list threshold.
@@ -193,13 +203,17 @@ class NoiseSource(Protocol):
 
 
 class DiscreteLaplaceNoise:
-    """Exact discrete Laplace noise on integer counts (the default curator noise)."""
+    """Exact discrete Laplace noise on integer counts (the default curator noise).
+
+    ``rng=None`` (production): every integer comes from the OS CSPRNG (:class:`SecretsIntegers`);
+    a seeded NumPy generator makes the draws reproducible (experiments only, no privacy).
+    """
 
     name = "discrete"
     label = "discrete (exact two-sided geometric, integer randomness)"
 
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
+    def __init__(self, rng: np.random.Generator | None = None) -> None:
+        self.rng: IntegerSource = SecretsIntegers() if rng is None else rng
 
     def sample(self, scale: float, size: int) -> np.ndarray:
         """Exact draws at the rational scale ≥ ``scale`` (returned as float64 of integers)."""
@@ -229,13 +243,17 @@ class DiscreteLaplaceNoise:
 
 
 class LaplaceNoise:
-    """Continuous Laplace(0, b) noise, as in the paper (floating point)."""
+    """Continuous Laplace(0, b) noise, as in the paper (floating point).
+
+    ``rng=None`` (production): a NumPy generator seeded from OS entropy (:func:`make_rng`); a
+    seeded generator makes the draws reproducible (experiments only, no privacy).
+    """
 
     name = "laplace"
     label = "laplace (continuous, floating point, paper-faithful)"
 
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
+    def __init__(self, rng: np.random.Generator | None = None) -> None:
+        self.rng = make_rng(None) if rng is None else rng
 
     def sample(self, scale: float, size: int) -> np.ndarray:
         """Laplace(0, scale) draws."""
@@ -271,7 +289,13 @@ def effective_scale(name: str, scale: float) -> float:
 
 
 def noise_factory(name: str) -> type[DiscreteLaplaceNoise] | type[LaplaceNoise]:
-    """The noise class for ``--noise discrete|laplace``."""
+    """The noise class for ``--noise discrete|laplace``.
+
+    Instantiate it with the randomness to use: ``noise_factory(name)(None)`` (or no argument)
+    for production, where the noise comes from the OS (the CSPRNG itself for ``discrete``, an
+    OS-seeded generator for ``laplace``); ``noise_factory(name)(stage_rng(seed, stream))`` for a
+    reproducible experiment, which gives no privacy.
+    """
     if name not in NOISE_CLASSES:
         raise parameter_error("noise (--noise)", name, " or ".join(f"'{n}'" for n in NOISE_CLASSES))
     return NOISE_CLASSES[name]

@@ -5,7 +5,9 @@ seeds NumPy's PCG64 from :mod:`secrets` (128 bits of OS entropy). A ``seed`` exi
 reproducible experiments only: a seeded run's noise is predictable by anyone who knows the
 seed, so it gives **no privacy**; outputs of seeded runs say so (:data:`SEED_WARNING`).
 
-The curator's noise classes (:class:`hybriddp.noise.NoiseSource`) live in :mod:`hybriddp.noise`.
+The curator's exact discrete noise needs only uniform integers: with no generator given it draws
+them straight from the OS CSPRNG through :class:`SecretsIntegers`. The noise classes themselves
+(:class:`hybriddp.noise.NoiseSource`) live in :mod:`hybriddp.noise`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import secrets
 
 import numpy as np
+
+from hybriddp.errors import parameter_error
 
 SEED_WARNING = (
     "seeded run: the randomness is reproducible, so this output is for experiments only "
@@ -45,3 +49,26 @@ def stage_rng(seed: int | None, stage: str) -> np.random.Generator:
         return make_rng(None)
     child = np.random.SeedSequence(seed).spawn(len(STREAMS))[STREAMS.index(stage)]
     return np.random.Generator(np.random.PCG64(child))
+
+
+class SecretsIntegers:
+    """Uniform integers straight from the OS CSPRNG, one :func:`secrets.randbelow` call per draw.
+
+    Offers the one call the exact samplers of :mod:`hybriddp.noise` make on a NumPy generator,
+    ``integers(low, high, size=None)``: independent uniform draws from {low, ..., high − 1} as
+    int64, where ``low`` and ``high`` may be arrays (broadcast together, then to ``size``). A
+    Python call per draw (about 2 µs): meant for the curator's noise, a few draws per noisy
+    count, not for bulk simulation.
+    """
+
+    def integers(self, low: int | np.ndarray, high: int | np.ndarray,
+                 size: int | tuple[int, ...] | None = None) -> np.ndarray:
+        """Uniform integers in [low, high), elementwise."""
+        lows, highs = np.broadcast_arrays(np.asarray(low, dtype=np.int64), np.asarray(high, dtype=np.int64))
+        if size is not None:
+            lows, highs = np.broadcast_to(lows, size), np.broadcast_to(highs, size)
+        if (highs <= lows).any():
+            raise parameter_error("integers(low, high)", (low, high), "high > low in every element")
+        pairs = zip(lows.ravel().tolist(), highs.ravel().tolist(), strict=True)
+        draws = [lo + secrets.randbelow(hi - lo) for lo, hi in pairs]
+        return np.array(draws, dtype=np.int64).reshape(lows.shape)

@@ -7,29 +7,62 @@ value and the allowed range, so the CLI and the library give the same message.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass
 
 from hybriddp.errors import parameter_error
 
 LN2 = math.log(2.0)
 
+LN_MAX = math.log(sys.float_info.max)
+"""≈ 709.78: the largest x whose e^x is a finite double. Every e^(a parameter) on the paths is checked
+against it up front, so a huge ε is refused with the largest value that works instead of overflowing."""
+
+MAX_EPSILON_HEAD_LIST = 2.0 * LN_MAX
+"""≈ 1419.57: τ of CreateHeadList uses e^{ε/2} (ALGORITHM.md §3, Fig. 3 line 2)."""
+
+MIN_DELTA = 1e-300
+"""Smallest δ accepted: the discrete-noise threshold uses ln(2/δ), and 2/δ overflows below ~1.1e-308."""
+
+MAX_RECORDS_PER_USER = 100
+"""Largest m_O and m_C: sampling costs O(m²) per user and memory m per user (ALGORITHM.md §1); at
+m = 100 the AOL-sized log (519,371 users) takes ~10 s and ~0.5 GB, the Yandex-sized one ten times that."""
+
+PRECISION_DIGITS = 3
+"""Significant digits LocalAlg's estimator denominator must keep (see :func:`min_report_epsilon`)."""
+
+MAX_SEED = 2**63 - 1
+"""Largest seed accepted (seeds are non-negative: NumPy's SeedSequence refuses negative ones)."""
+
 
 def check_epsilon_for_head_list(epsilon: float) -> None:
-    """Theorem 1 needs ε > ln 2 for CreateHeadList (ALGORITHM.md §3)."""
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > LN2):
+    """Theorem 1 needs ε > ln 2 for CreateHeadList (ALGORITHM.md §3); τ needs e^{ε/2} finite."""
+    if not (isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool) and math.isfinite(epsilon)
+            and LN2 < epsilon <= MAX_EPSILON_HEAD_LIST):
         raise parameter_error(
-            _label("epsilon"), epsilon, f"a finite number > ln 2 = {LN2:.4f} (Theorem 1 of the paper)",
-            "Use a larger --epsilon (the paper's default is 4).",
+            _label("epsilon"), epsilon, f"a finite number > ln 2 = {LN2:.4f} (Theorem 1 of the paper) and <= "
+            f"{MAX_EPSILON_HEAD_LIST:.2f} (the threshold tau uses e^(epsilon/2), which overflows beyond)",
+            "The paper's default is 4.",
         )
 
 
 def check_delta(delta: float) -> None:
-    """δ must lie strictly between 0 and 1."""
-    if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
+    """δ must lie in [1e-300, 1): strictly positive, and 2/δ finite (discrete-noise threshold)."""
+    if not (isinstance(delta, (int, float)) and not isinstance(delta, bool) and MIN_DELTA <= delta < 1.0):
         raise parameter_error(
-            _label("delta"), delta, "strictly between 0 and 1",
+            _label("delta"), delta, f"strictly between 0 and 1, and at least {MIN_DELTA:g} (smaller values "
+            "overflow the double-precision arithmetic of the head-list threshold)",
             "Typical values are below 1/number-of-users, e.g. 1e-5 or 1e-7.",
         )
+
+
+def check_seed(seed: int | None, name: str = "seed (--seed)") -> None:
+    """A seed is None (OS randomness) or an integer in [0, 2^63 − 1]."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise parameter_error(name, seed, f"an integer between 0 and 2^63 - 1 = {MAX_SEED}",
+                              "Seeds are for reproducible experiments; leave --seed out for OS randomness.")
 
 
 OPTION_NAMES = {
@@ -53,6 +86,63 @@ def check_positive_int(name: str, value: int) -> None:
     """Counts such as M, m_O, m_C must be integers ≥ 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise parameter_error(_label(name), value, "an integer >= 1")
+
+
+def check_records_per_user(name: str, value: int) -> None:
+    """m_O and m_C: integers in [1, :data:`MAX_RECORDS_PER_USER`] (sampling costs O(m²) per user)."""
+    check_positive_int(name, value)
+    if value > MAX_RECORDS_PER_USER:
+        raise parameter_error(_label(name), value, f"at most {MAX_RECORDS_PER_USER} (sampling m records per user costs "
+                              "O(m^2) time and m slots of memory per user)",
+                              "The paper uses 1; each record then gets the whole budget.")
+
+
+def min_report_epsilon(k: int) -> float:
+    """The smallest per-report budget ε' LocalAlg can use with k values: 10³·k·2⁻⁵² (ALGORITHM.md §5, §6).
+
+    The client estimator divides by a = (k·t − 1)/(k − 1) (and D_q, the same form in t_q, k_q),
+    where t = (e^ε' + (δ'/2)(k − 1))/(e^ε' + k − 1) is a double with rounding error ≤ 2⁻⁵³; k·t − 1
+    ≈ ε' for a small ε', so its relative error is ≈ k·2⁻⁵²/ε'. Keeping :data:`PRECISION_DIGITS`
+    significant digits needs ε' ≥ 10³·k·2⁻⁵² (1.1e-11 for k = 51).
+    """
+    return 10.0 ** PRECISION_DIGITS * k * 2.0 ** -52
+
+
+def max_client_epsilon(f_c: float, m_c: int, url_level: bool = True) -> float:
+    """The largest ε whose LocalAlg budgets ε'_Q = f_C·ε/m_C and ε'_U = (1 − f_C)·ε/m_C keep e^ε' finite.
+
+    A log without a URL level spends the whole budget on the query (f_C = 1).
+    """
+    share = max(f_c, 1.0 - f_c) if url_level else 1.0
+    return LN_MAX * m_c / share
+
+
+def check_local_budget(epsilon: float, f_c: float, m_c: int, k_max: int, url_level: bool = True) -> None:
+    """LocalAlg's arithmetic stays finite and meaningful (ALGORITHM.md §5, Fig. 6 lines 1-5).
+
+    ``k_max`` bounds the number of values a report chooses among (k and every k_q; a head list of
+    M records has k ≤ M + 1). Refuses an ε whose e^{ε'} overflows (with the largest ε that works) and
+    an f_C so close to 0 or 1 that a per-report budget falls below :func:`min_report_epsilon`
+    (with the range of f_C that works).
+    """
+    limit = max_client_epsilon(f_c, m_c, url_level)
+    if epsilon > limit:
+        why = (f"f_c = {f_c:g}" if url_level else "the whole budget on the query (no URL level)") + f", m_c = {m_c}"
+        raise parameter_error(
+            _label("epsilon"), epsilon, f"<= {limit:.2f} with {why}: LocalAlg's keep probabilities use "
+            "e^(f_C*epsilon/m_C) and e^((1-f_C)*epsilon/m_C), which overflow beyond",
+            "Values above ~20 already keep every report unchanged with probability ~1.")
+    if not url_level:
+        return
+    need = min_report_epsilon(k_max)
+    lo = need * m_c / epsilon
+    if min(f_c, 1.0 - f_c) < lo:
+        raise parameter_error(
+            _label("f_c"), f_c, f"between {lo:.3g} and 1 - {lo:.3g} at epsilon = {epsilon:g}, m_c = {m_c} and up to "
+            f"{k_max} values per choice: below, the query or URL budget f_C*epsilon/m_C or (1-f_C)*epsilon/m_C is "
+            f"under {need:.3g}, and LocalAlg's keep probability cannot be told from 1/k in double precision (the "
+            "client estimates would divide by rounding error)",
+            "Use --f-c between 0.5 and 0.95 (the paper's 0.85).")
 
 
 def head_list_scale(epsilon: float, m_o: int) -> float:
@@ -114,12 +204,15 @@ class BlenderParams:
     project: bool = True
 
     def __post_init__(self) -> None:
+        check_records_per_user("m_o", self.m_o)
         check_head_list_params(self.epsilon, self.delta, self.m_o)
         check_fraction("optin_fraction", self.optin_fraction)
         check_fraction("f_o", self.f_o)
         check_fraction("f_c", self.f_c)
         check_positive_int("head_list_size", self.head_list_size)
-        check_positive_int("m_c", self.m_c)
+        check_records_per_user("m_c", self.m_c)
+        # a head list of M records has at most M queries (+ <*,*>) and at most M URLs per query (+ <q,*>)
+        check_local_budget(self.epsilon, self.f_c, self.m_c, self.head_list_size + 1)
 
     @property
     def tau(self) -> float:

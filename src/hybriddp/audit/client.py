@@ -19,7 +19,7 @@ from hybriddp.baselines.olh import OLHReports, olh_g, olh_hash, olh_perturb
 from hybriddp.baselines.olh import keep_probability as olh_keep_probability
 from hybriddp.errors import parameter_error
 from hybriddp.headlist import HeadList
-from hybriddp.params import check_delta
+from hybriddp.params import check_delta, check_local_budget
 from hybriddp.randomizer import LocalAlgParams, output_distribution, randomize_batch
 
 
@@ -48,6 +48,7 @@ def localalg_audit(epsilon: float = 1.0, delta: float = 1e-5, *, f_c: float = 0.
         raise parameter_error("epsilon (--epsilon)", epsilon, "a finite number > 0")
     check_delta(delta)
     hl, names = _audit_head_list()
+    check_local_budget(epsilon, f_c, m_c, max(hl.k, int(hl.kq.max())))
     claimed = LocalAlgParams.build(hl, epsilon, delta, f_c, m_c)
     used = lp if lp is not None else claimed
     P = output_distribution(claimed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from hybriddp.audit.curator import headlist_audit, optin_estimate_audit
 from hybriddp.audit.result import AuditResult, EventTest
 from hybriddp.audit.scenario import MechanismAudit
 from hybriddp.errors import parameter_error
+from hybriddp.params import LN_MAX, check_seed
 from hybriddp.rng import make_rng
 
 log = logging.getLogger("hybriddp.audit")  # the former single module's logger name, kept
@@ -36,6 +38,20 @@ DEFAULTS: dict[str, tuple[float, float]] = {
 CHUNK = 1 << 20
 """Trials per adapter call: memory stays bounded whatever ``trials`` is."""
 
+MAX_TRIALS = 10**9
+"""Largest ``trials``: the slowest mechanism (headlist, two scenarios) runs ~0.5 million trials per second on
+one core, so 10⁹ trials take about an hour."""
+
+MAX_EPSILON = LN_MAX
+"""Largest claimed ε (≈ 709.78): δ_lb = p_lo − e^ε·p'_hi needs e^ε finite."""
+
+
+def check_trials(trials: int) -> None:
+    """``trials`` is an integer in [1, :data:`MAX_TRIALS`]."""
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or not 1 <= trials <= MAX_TRIALS:
+        raise parameter_error("trials (--trials)", trials, f"an integer from 1 to {MAX_TRIALS:,} (about an hour "
+                              "for the slowest mechanism on one core)", "The default 1,000,000 takes seconds.")
+
 
 def _point_estimate(k: int, kp: int, n: int, delta: float) -> float | None:
     """ln((k/n − δ)/(k'/n)): 0 when k/n ≤ δ, None (unbounded) when k' = 0."""
@@ -48,7 +64,8 @@ def _point_estimate(k: int, kp: int, n: int, delta: float) -> float | None:
 
 
 def run_audit(audit: MechanismAudit, trials: int, rng: np.random.Generator, *, confidence: float = 0.99,
-              seed: int | None = None, chunk: int = CHUNK) -> AuditResult:
+              seed: int | None = None, chunk: int = CHUNK,
+              progress: Callable[[int, int], object] | None = None) -> AuditResult:
     """Run every scenario ``trials`` times on x and on x', count the events, bound ε and δ.
 
     Parameters
@@ -59,9 +76,9 @@ def run_audit(audit: MechanismAudit, trials: int, rng: np.random.Generator, *, c
     confidence : joint confidence of all the Clopper–Pearson bounds (Bonferroni).
     seed : recorded in the result only.
     chunk : trials per adapter call (bounded memory).
+    progress : ``progress(done, trials)`` after every chunk.
     """
-    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
-        raise parameter_error("trials (--trials)", trials, "an integer >= 1")
+    check_trials(trials)
     if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
         raise parameter_error("confidence (--confidence)", confidence, "strictly between 0 and 1")
     trials = int(trials)
@@ -76,6 +93,8 @@ def run_audit(audit: MechanismAudit, trials: int, rng: np.random.Generator, *, c
                 counts[s_idx][e_idx][0] += int(np.count_nonzero(ev.indicator(out_x)))
                 counts[s_idx][e_idx][1] += int(np.count_nonzero(ev.indicator(out_xp)))
         done += n
+        if progress is not None:
+            progress(done, trials)
     n_tests = 4 * sum(len(s.events) for s in audit.scenarios)
     alpha = (1.0 - confidence) / (2 * n_tests)
     tests: list[EventTest] = []
@@ -108,6 +127,10 @@ def make_audit(mechanism: str, *, epsilon: float | None = None, delta: float | N
         raise parameter_error("mechanism (--mechanism)", mechanism, "one of " + ", ".join(MECHANISMS))
     eps0, delta0 = DEFAULTS[mechanism]
     eps = eps0 if epsilon is None else epsilon
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps)
+            and 0 < eps <= MAX_EPSILON):
+        raise parameter_error("epsilon (--epsilon)", eps, f"a finite number > 0 and <= {MAX_EPSILON:.2f} (the delta "
+                              "bound p_lo - e^epsilon * p'_hi needs e^epsilon finite)")
     dlt = delta0 if delta is None else delta
     if mechanism == "localalg":
         if not (isinstance(f_c, (int, float)) and 0.0 < f_c < 1.0):
@@ -122,7 +145,7 @@ def make_audit(mechanism: str, *, epsilon: float | None = None, delta: float | N
 
 def audit(mechanism: str, *, epsilon: float | None = None, delta: float | None = None, trials: int = 10**6,
           seed: int | None = None, confidence: float = 0.99, noise: str = "discrete", f_c: float = 0.85,
-          ) -> AuditResult:
+          progress: Callable[[int, int], object] | None = None) -> AuditResult:
     """Audit a named mechanism: ``hybriddp audit`` as a function.
 
     Parameters
@@ -134,8 +157,9 @@ def audit(mechanism: str, *, epsilon: float | None = None, delta: float | None =
     confidence : joint confidence of the bounds.
     noise : curator noise (``headlist``, ``optin-estimate``): ``discrete`` (default) or ``laplace``.
     f_c : LocalAlg's query share of the budget (``localalg``).
+    progress : ``progress(done, trials)`` while the mechanism runs.
     """
-    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
-        raise parameter_error("trials (--trials)", trials, "an integer >= 1")
+    check_trials(trials)
+    check_seed(seed)
     spec = make_audit(mechanism, epsilon=epsilon, delta=delta, trials=int(trials), noise=noise, f_c=f_c)
-    return run_audit(spec, int(trials), make_rng(seed), confidence=confidence, seed=seed)
+    return run_audit(spec, int(trials), make_rng(seed), confidence=confidence, seed=seed, progress=progress)

@@ -13,7 +13,9 @@ import click
 from rich.table import Table
 
 from hybriddp.audit import DEFAULTS, MECHANISMS, AuditResult, audit
+from hybriddp.audit.run import MAX_EPSILON, MAX_TRIALS
 from hybriddp.cli import render
+from hybriddp.cli.options import seed_option
 
 _DEFAULTS_HELP = "; ".join(f"{m} {e:g}" for m, (e, _) in DEFAULTS.items())
 _DELTA_HELP = "; ".join(f"{m} {d:g}" for m, (_, d) in DEFAULTS.items())
@@ -23,18 +25,20 @@ _DELTA_HELP = "; ".join(f"{m} {d:g}" for m, (_, d) in DEFAULTS.items())
 @click.option("--mechanism", type=click.Choice(MECHANISMS), required=True,
               help="localalg: the client randomizer (ALGORITHM.md §5); headlist: CreateHeadList (§3); optin-estimate: "
                    "the opt-in noisy counts (§4); local-only: the OLH report of the local-only baseline.")
-@click.option("--epsilon", type=float, default=None, help=f"Claimed ε to audit. Default: {_DEFAULTS_HELP}.")
+@click.option("--epsilon", type=float, default=None,
+              help=f"Claimed ε to audit, in (0, {MAX_EPSILON:.2f}]. Default: {_DEFAULTS_HELP}.")
 @click.option("--delta", type=float, default=None,
               help=f"Claimed δ (subtracted before bounding ε). Default: {_DELTA_HELP}.")
 @click.option("--trials", type=int, default=1_000_000, show_default=True,
-              help="Runs of the mechanism on each of the two neighbouring inputs.")
+              help=f"Runs of the mechanism on each of the two neighbouring inputs, 1 to {MAX_TRIALS:,} (about an "
+                   "hour for the slowest mechanism). Ctrl-C stops cleanly.")
 @click.option("--confidence", type=float, default=0.99, show_default=True,
               help="Joint confidence of all Clopper-Pearson bounds (Bonferroni over the tests).")
 @click.option("--noise", type=click.Choice(["discrete", "laplace"]), default="discrete", show_default=True,
               help="Curator noise (headlist, optin-estimate): exact discrete Laplace or floating-point Laplace.")
 @click.option("--f-c", "f_c", type=float, default=0.85, show_default=True,
               help="localalg: share of the client's budget spent on the query.")
-@click.option("--seed", type=int, default=None, help="Seed for a reproducible audit; default: OS randomness.")
+@seed_option(help="Seed for a reproducible audit; default: OS randomness.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def audit_cmd(mechanism: str, epsilon: float | None, delta: float | None, trials: int, confidence: float,
               noise: str, f_c: float, seed: int | None, as_json: bool) -> None:
@@ -44,13 +48,11 @@ def audit_cmd(mechanism: str, epsilon: float | None, delta: float | None, trials
     each, counts a likelihood-ratio-optimal output event, and prints the lower bound on ε
     (one-sided Clopper-Pearson) next to the claimed ε. Exit status 1 if the bound exceeds the
     claim."""
-    with render.stage_progress(not as_json) as on_stage:
-        if on_stage:
-            on_stage(f"auditing {mechanism} ({trials:,} trials per input)")
+    with render.interruptible(), render.count_progress(f"auditing {mechanism}", trials, not as_json) as progress:
         res = audit(mechanism, epsilon=epsilon, delta=delta, trials=trials, seed=seed, confidence=confidence,
-                    noise=noise, f_c=f_c)
+                    noise=noise, f_c=f_c, progress=progress)
     if as_json:
-        render.print_json(res.to_json())
+        render.print_json(render.json_safe(res.to_json()))
     else:
         print_audit(res)
     if res.violation:

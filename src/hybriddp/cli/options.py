@@ -7,11 +7,19 @@ from typing import Any
 
 import click
 
+from hybriddp.errors import HybridDPError, parameter_error
 from hybriddp.io.loaders import load_log
-from hybriddp.params import BlenderParams
+from hybriddp.params import LN_MAX, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams, check_seed
 from hybriddp.records import RecordLog
 
 FORMATS = ["aol", "csv", "tsv", "parquet", "items"]
+
+DEFAULT_USER_COL = "user"
+DEFAULT_URL_COL = "url"
+"""Column names used when --user-col / --url-col are not given and the file has them (as `synth` writes)."""
+
+MAX_SCALE = 10.0
+"""Largest --scale of the synthetic presets: 5.2 million AOL-like or 50 million Yandex-like users."""
 
 F = Callable[..., Any]
 
@@ -32,10 +40,13 @@ def input_options(required: bool = True) -> F:
                           "(.dat: one user per line)."),
         click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
                      help="Input format. Default: detected from the extension and the header."),
-        click.option("--user-col", default=None, help="CSV/TSV/Parquet: column with the user id."),
+        click.option("--user-col", default=None,
+                     help=f"CSV/TSV/Parquet: column with the user id. Default: {DEFAULT_USER_COL!r} if the file "
+                          "has it (as `hybriddp synth` writes)."),
         click.option("--query-col", default="query", show_default=True, help="CSV/TSV/Parquet: query column."),
         click.option("--url-col", default=None,
-                     help="CSV/TSV/Parquet: clicked-URL column. Without it the log has no URL level."),
+                     help=f"CSV/TSV/Parquet: clicked-URL column. Default: {DEFAULT_URL_COL!r} if the file has it; "
+                          "--url-col '' or a file without it: the log has no URL level."),
         click.option("--row-per-user", is_flag=True,
                      help="CSV/TSV/Parquet/AOL: every row is its own user (e.g. a small sample).",),
         click.option("--skip-bad-rows", is_flag=True,
@@ -52,6 +63,7 @@ def load_input(input_path: str, fmt: str | None, user_col: str | None, query_col
         from hybriddp.io.loaders import detect_format
         kind = detect_format(input_path)
     if kind in ("csv", "tsv", "parquet"):
+        user_col, url_col = default_columns(input_path, kind, user_col, url_col, row_per_user)
         opts.update(user_col=user_col, query_col=query_col, url_col=url_col, row_per_user=row_per_user)
     log = load_log(input_path, format=kind, **opts)
     if row_per_user and kind not in ("csv", "tsv", "parquet"):
@@ -59,13 +71,48 @@ def load_input(input_path: str, fmt: str | None, user_col: str | None, query_col
     return log
 
 
+def _column_names(path: str, kind: str) -> list[str]:
+    """The header of a CSV/TSV/Parquet file; [] when it cannot be read (the loader then says why)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hybriddp.io.loaders import header_names
+
+    try:
+        if kind == "parquet":
+            return list(pq.read_schema(path).names)
+        return header_names(path, "," if kind == "csv" else "\t", quoted=kind == "csv")
+    except (OSError, ValueError, HybridDPError, pa.ArrowException):
+        return []
+
+
+def default_columns(path: str, kind: str, user_col: str | None, url_col: str | None,
+                    row_per_user: bool) -> tuple[str | None, str | None]:
+    """--user-col / --url-col with their defaults: the columns named ``user`` / ``url`` when the file has them.
+
+    ``hybriddp synth`` writes Parquet with exactly these names, so ``run`` reads it with no flags.
+    ``--url-col ''`` means "no URL level" even when a ``url`` column exists.
+    """
+    no_url = url_col == ""
+    need_user = user_col is None and not row_per_user
+    need_url = url_col is None
+    if need_user or need_url:
+        names = _column_names(path, kind)
+        if need_user and DEFAULT_USER_COL in names:
+            user_col = DEFAULT_USER_COL
+        if need_url and DEFAULT_URL_COL in names:
+            url_col = DEFAULT_URL_COL
+    return user_col, (None if no_url else url_col)
+
+
 def privacy_options(with_optin: bool = True, with_curator: bool = True) -> F:
     """ε, δ and the BLENDER knobs (paper Fig. 10 defaults)."""
     opts = [
         click.option("--epsilon", type=float, default=4.0, show_default=True,
-                     help="Privacy loss ε per user (opt-in and client alike); must be > ln 2."),
+                     help="Privacy loss ε per user (opt-in and client alike); must be > ln 2 and at most "
+                          f"{LN_MAX:.2f}·m_C/max(f_C, 1 − f_C) (e^ε' must stay finite)."),
         click.option("--delta", type=float, default=1e-5, show_default=True,
-                     help="Privacy failure probability δ, in (0, 1); keep it below 1/number-of-users."),
+                     help=f"Privacy failure probability δ, in [{MIN_DELTA:g}, 1); keep it below 1/number-of-users."),
     ]
     if with_optin:
         opts.append(click.option("--optin-fraction", type=float, default=0.05, show_default=True,
@@ -77,13 +124,14 @@ def privacy_options(with_optin: bool = True, with_curator: bool = True) -> F:
             click.option("--head-list-size", "-M", "head_list_size", type=int, default=50, show_default=True,
                          help="M: number of (query, URL) records kept in the final head list."),
             click.option("--m-o", "m_o", type=int, default=1, show_default=True,
-                         help="Records sampled per opt-in user (without replacement)."),
+                         help=f"Records sampled per opt-in user (without replacement), 1 to {MAX_RECORDS_PER_USER}."),
         ]
     opts += [
         click.option("--f-c", "f_c", type=float, default=0.85, show_default=True,
-                     help="Share of a client's budget spent on the query; the rest on the URL."),
+                     help="Share of a client's budget spent on the query, in (0, 1); the rest on the URL. "
+                          "Values within ~1e-11 of 0 or 1 are refused (rounding would swamp the estimates)."),
         click.option("--m-c", "m_c", type=int, default=1, show_default=True,
-                     help="Records each client reports (without replacement)."),
+                     help=f"Records each client reports (without replacement), 1 to {MAX_RECORDS_PER_USER}."),
     ]
     return _stack(*opts)
 
@@ -95,10 +143,27 @@ def noise_option() -> F:
                              "paper's floating-point Laplace (paper-faithful experiments only).")
 
 
-def seed_option() -> F:
-    return click.option("--seed", type=int, default=None,
-                        help="Seed for reproducible experiments. Seeded output carries NO privacy; "
-                             "default: OS randomness.")
+SEED_HELP = "Seed for reproducible experiments. Seeded output carries NO privacy; default: OS randomness."
+
+
+def _check_seed(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """Click callback: a negative or huge seed is one `error:` line, not NumPy's traceback."""
+    check_seed(value)
+    return value
+
+
+def seed_option(help: str = SEED_HELP, default: int | None = None, show_default: bool = False) -> F:
+    """--seed: None (OS randomness) or an integer in [0, 2^63 - 1]."""
+    return click.option("--seed", type=int, default=default, show_default=show_default, callback=_check_seed,
+                        help=f"{help} An integer from 0 to {MAX_SEED}.")
+
+
+def check_scale(scale: float) -> None:
+    """--scale of a synthetic preset: in (0, :data:`MAX_SCALE`]."""
+    if not (0.0 < scale <= MAX_SCALE):
+        raise parameter_error("scale (--scale)", scale, f"> 0 and <= {MAX_SCALE:g} (the AOL preset has 519,371 "
+                              "users, the Yandex preset 4,970,073; larger logs take hours and many GB)",
+                              "Use e.g. --scale 0.1 for a quick look.")
 
 
 def make_params(epsilon: float, delta: float, optin_fraction: float = 0.05, f_o: float = 0.95,

@@ -167,3 +167,52 @@ def same_file(a: str, b: str) -> bool:
     from pathlib import Path
 
     return Path(a).resolve() == Path(b).resolve()
+
+
+# ----- long loops: progress, Ctrl-C, finite JSON (shared by the commands that run for long) ------------------
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Ctrl-C inside the block: one line ``interrupted`` on stderr and exit status 130, no traceback.
+
+    Commands write their outputs after the loop (through :mod:`hybriddp.io.atomic`), so an
+    interrupted command leaves earlier outputs as they were.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.file.flush()
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+
+
+@contextmanager
+def count_progress(label: str, total: int, enabled: bool = True) -> Iterator[Any]:
+    """A progress bar over ``total`` steps on stderr (terminals only); yields ``update(done, total)`` or None."""
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    from rich.progress import MofNCompleteColumn, TimeRemainingColumn
+
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task(label, total=total)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        yield update
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every NaN or ±Infinity replaced by None (JSON has no such numbers)."""
+    import math
+
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "dtype") and getattr(obj, "shape", None) == () and obj.dtype.kind == "f":
+        return float(obj) if math.isfinite(float(obj)) else None
+    return obj

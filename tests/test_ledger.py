@@ -75,11 +75,11 @@ def test_device_ledger_once_per_round_and_budget(tmp_path) -> None:
     msg = randomize_records(hl, [("google", "http://google.com")], ledger=led)
     assert len(msg["reports"]) == 1
     with pytest.raises(DeviceError, match="once per round"):
-        randomize_records(hl, [("google", None)], ledger=DeviceLedger(path))
+        randomize_records(hl, [("google", "http://google.com")], ledger=DeviceLedger(path))
     doc2 = dict(doc, epsilon=3.0)
     doc2["content_hash"] = content_hash(doc2)
     with pytest.raises(DeviceError, match="lifetime budget"):  # 4 + 3 > 6
-        randomize_records(DeviceHeadList.from_json(doc2), [("google", None)], ledger=DeviceLedger(path))
+        randomize_records(DeviceHeadList.from_json(doc2), [("bing", "http://bing.com")], ledger=DeviceLedger(path))
     assert json.load(open(path))["rounds"] == {doc["content_hash"]: {"epsilon": 4.0, "delta": 1e-5}}
 
 

@@ -382,7 +382,8 @@ def test_randomize_records_maps_onto_head_list() -> None:
     assert one("unknown query", "u0") == [{"query": None, "url": None}]  # q ∉ HL → ⟨*,*⟩
     assert one("q0", "u2") == [{"query": "q0", "url": None}]  # u ∉ HL[q0] → ⟨q0,*⟩
     assert one("q1", "unknown url") == [{"query": "q1", "url": None}]
-    assert one("q2", None) == [{"query": "q2", "url": None}]  # no URL → ⟨q,*⟩
+    dhl = DeviceHeadList.from_json(doc)  # a record without URL (randomize_records refuses a device of only those)
+    assert dhl.decode(*dhl.encode("q2", None)) == {"query": "q2", "url": None}  # no URL → ⟨q,*⟩
 
 
 def test_randomize_records_k1_always_wildcard() -> None:

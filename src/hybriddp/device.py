@@ -29,15 +29,23 @@ import math
 import os
 import random
 import secrets
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hybriddp.errors import HybridDPError
+from hybriddp.io.atomic import write_text
+
 HEADLIST_FORMAT = "hybriddp-headlist"
 HEADLIST_VERSION = 1
+LN_FLOAT_MAX = math.log(sys.float_info.max)
+"""≈ 709.78, the largest x whose e^x is a finite float: LocalAlg's ε'_Q and ε'_U must not exceed it."""
+M_C_MAX = 2**63 - 1
+"""The largest m_C a head list may carry (a 64-bit integer, as the server's arrays need)."""
 
 
-class DeviceError(ValueError):
+class DeviceError(HybridDPError, ValueError):
     """The head list or the records given to the device randomizer are unusable."""
 
 
@@ -150,39 +158,173 @@ def check_message_id(value: Any) -> str:
 
 # ----- the head list as a device sees it ----------------------------------------------------
 def content_hash(doc: dict[str, Any]) -> str:
-    """``sha256:<hex>`` of the canonical JSON of ``doc`` without its ``content_hash`` field."""
+    """``sha256:<hex>`` of the canonical JSON of ``doc`` without its ``content_hash`` field.
+
+    Lone surrogates (which no valid head list holds) are hashed as their code points, not refused.
+    """
     body = {k: v for k, v in doc.items() if k != "content_hash"}
     canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canon.encode("utf-8")).hexdigest()
+    return "sha256:" + hashlib.sha256(canon.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def max_epsilon(f_c: float, m_c: int) -> float:
+    """The largest ε for which LocalAlg's e^{ε'_Q} and e^{ε'_U} are finite floats.
+
+    ε'_Q = f_C·ε/m_C and ε'_U = (1 − f_C)·ε/m_C (Fig. 6 lines 1-3) must both be ≤ ln(largest float),
+    so ε ≤ m_C·ln(sys.float_info.max)/max(f_C, 1 − f_C), stepped down past any rounding.
+    """
+    def works(eps: float) -> bool:
+        eps_q, _, eps_u, _ = budget_split(eps, 0.0, f_c, m_c)
+        try:
+            math.exp(eps_q), math.exp(eps_u)
+        except OverflowError:
+            return False
+        return True
+
+    eps = m_c * LN_FLOAT_MAX / max(f_c, 1.0 - f_c)
+    while eps > 0 and not works(eps):
+        eps = math.nextafter(eps, 0.0)
+    return eps
+
+
+_REBUILD = "Use the head list exactly as `hybriddp headlist` wrote it, or rebuild it."
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, shortened for a one-line message."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<{type(value).__name__} nested too deeply>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _kind(value: Any) -> str:
+    """What a parsed JSON value is, in words."""
+    if value is None:
+        return "null"
+    for types, word in ((bool, "a boolean"), (str, "a string"), ((int, float), "a number"), (list, "a list"),
+                        (dict, "an object")):
+        if isinstance(value, types):
+            return word
+    return f"a {type(value).__name__}"
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond the float range
+        return math.inf if value > 0 else -math.inf
+
+
+def _check_number(where: str, value: Any, allowed: str, ok: Callable[[float], bool], fix: str,
+                  integer: bool = False) -> None:
+    """Raise :class:`DeviceError` unless ``value`` is a JSON number (an integer if ``integer``) with ``ok``."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        if integer and isinstance(value, float):
+            what = "not an integer"
+        elif isinstance(value, str):
+            what = "a string, not a number (numbers are written without quotes)"
+        else:
+            what = f"{_kind(value)}, not a number"
+        raise DeviceError(f"{where} = {_show(value)} is {what}; it must be {allowed}. {fix}")
+    if not ok(_as_float(value)):  # NaN fails every comparison
+        raise DeviceError(f"{where} = {_show(value)} is not allowed: it must be {allowed}. {fix}")
+
+
+def _check_text(where: str, value: Any, fix: str) -> str:
+    if not isinstance(value, str):
+        raise DeviceError(f"{where} = {_show(value)} is {_kind(value)}; it must be a string. {fix}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DeviceError(f"{where} = {_show(value)} holds a lone surrogate, which is not text. {fix}") from None
+    return value
+
+
+def _check_queries(queries: Any, source: str) -> None:
+    """The query list: ``[{"query": str, "urls": [str, ...]}, ...]``, no query or URL listed twice."""
+    shape = 'a list of objects {"query": "...", "urls": ["...", ...]}'
+    if not isinstance(queries, list):
+        raise DeviceError(f"{source}: field 'queries' = {_show(queries)} is {_kind(queries)}; it must be {shape}. "
+                          f"{_REBUILD}")
+    seen: dict[str, int] = {}
+    for i, item in enumerate(queries):
+        where = f"{source}: queries[{i}]"
+        if not isinstance(item, dict):
+            raise DeviceError(f"{where} = {_show(item)} is {_kind(item)}; it must be an object "
+                              f'{{"query": "...", "urls": ["...", ...]}}. {_REBUILD}')
+        for key in ("query", "urls"):
+            if key not in item:
+                raise DeviceError(f"{where} has no field {key!r}; each entry is "
+                                  f'{{"query": "...", "urls": ["...", ...]}}. {_REBUILD}')
+        q = _check_text(f"{where}.query", item["query"], _REBUILD)
+        if q in seen:
+            raise DeviceError(f"{source}: query {_show(q)} is listed twice (queries[{seen[q]}] and queries[{i}]); "
+                              f"a head list lists each query once. {_REBUILD}")
+        seen[q] = i
+        urls = item["urls"]
+        if not isinstance(urls, list):
+            raise DeviceError(f"{where}.urls = {_show(urls)} is {_kind(urls)}; it must be a list of strings "
+                              f"(empty when the query has no listed URL). {_REBUILD}")
+        url_seen: dict[str, int] = {}
+        for j, u in enumerate(urls):
+            _check_text(f"{where}.urls[{j}]", u, _REBUILD)
+            if u in url_seen:
+                raise DeviceError(f"{source}: URL {_show(u)} is listed twice under query {_show(q)} "
+                                  f"(queries[{i}].urls[{url_seen[u]}] and [{j}]). {_REBUILD}")
+            url_seen[u] = j
 
 
 def validate_headlist(doc: Any, source: str = "head list") -> dict[str, Any]:
-    """Check a head-list document; raise :class:`DeviceError` saying what is wrong."""
+    """Check a head-list document; raise :class:`DeviceError` naming the field, its value and the fix.
+
+    Checked: the format and version; every field present with the right JSON type and range
+    (ε > 0, δ in (0, 1), f_C in (0, 1], m_C an integer from 1 to :data:`M_C_MAX`, ``url_level``
+    a boolean if present); the query list (strings, no query or URL twice); the content hash; and
+    that ε is small enough for e^{ε'} to be a float (:func:`max_epsilon`).
+    """
     if not isinstance(doc, dict):
-        raise DeviceError(f"{source}: expected a JSON object, found {type(doc).__name__}")
+        raise DeviceError(f"{source}: expected a JSON object (a head list written by `hybriddp headlist`), found "
+                          f"{_kind(doc)}")
     if doc.get("format") != HEADLIST_FORMAT:
-        raise DeviceError(f"{source}: field 'format' = {doc.get('format')!r}, expected {HEADLIST_FORMAT!r}")
-    if doc.get("version") != HEADLIST_VERSION:
+        raise DeviceError(f"{source}: field 'format' = {_show(doc.get('format'))}, expected {HEADLIST_FORMAT!r}: "
+                          "this is not a head list written by `hybriddp headlist`")
+    version = doc.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version != HEADLIST_VERSION:
         raise DeviceError(
-            f"{source}: field 'version' = {doc.get('version')!r}; this reader understands version "
+            f"{source}: field 'version' = {_show(version)}; this reader understands version "
             f"{HEADLIST_VERSION}. Upgrade hybriddp or rebuild the head list."
         )
     for key in ("epsilon", "delta", "f_c", "m_c", "queries", "content_hash"):
         if key not in doc:
-            raise DeviceError(f"{source}: missing field {key!r}")
-    if content_hash(doc) != doc["content_hash"]:
-        raise DeviceError(f"{source}: content_hash does not match the content; the file was altered or damaged")
-    queries = doc["queries"]
-    if not isinstance(queries, list) or not all(
-        isinstance(q, dict) and isinstance(q.get("query"), str) and isinstance(q.get("urls"), list)
-        and all(isinstance(u, str) for u in q["urls"]) for q in queries
-    ):
-        raise DeviceError(f"{source}: 'queries' must be a list of {{'query': str, 'urls': [str, ...]}}")
-    eps, delta, f_c, m_c = doc["epsilon"], doc["delta"], doc["f_c"], doc["m_c"]
-    if not (isinstance(eps, (int, float)) and eps > 0 and 0 < delta < 1 and 0 < f_c <= 1
-            and isinstance(m_c, int) and m_c >= 1):
-        raise DeviceError(f"{source}: privacy fields out of range (epsilon={eps}, delta={delta}, "
-                          f"f_c={f_c}, m_c={m_c})")
+            raise DeviceError(f"{source}: missing field {key!r}. {_REBUILD}")
+    _check_number(f"{source}: field 'epsilon'", doc["epsilon"], "a number > 0", lambda x: x > 0, _REBUILD)
+    _check_number(f"{source}: field 'delta'", doc["delta"], "a number in (0, 1)", lambda x: 0 < x < 1, _REBUILD)
+    _check_number(f"{source}: field 'f_c'", doc["f_c"], "a number in (0, 1]", lambda x: 0 < x <= 1, _REBUILD)
+    _check_number(f"{source}: field 'm_c'", doc["m_c"], f"an integer from 1 to {M_C_MAX}",
+                  lambda x: 1 <= x <= M_C_MAX, _REBUILD, integer=True)
+    if "url_level" in doc and not isinstance(doc["url_level"], bool):
+        raise DeviceError(f"{source}: field 'url_level' = {_show(doc['url_level'])} is {_kind(doc['url_level'])}; "
+                          f"it must be true or false. {_REBUILD}")
+    _check_queries(doc["queries"], source)
+    declared = doc["content_hash"]
+    try:
+        actual = content_hash(doc)
+    except (RecursionError, TypeError, ValueError) as exc:  # nested too deeply, or not JSON data
+        raise DeviceError(f"{source}: the document cannot be hashed ({exc}). {_REBUILD}") from None
+    if declared != actual:
+        raise DeviceError(f"{source}: field 'content_hash' = {_show(declared)} does not match the content "
+                          f"({actual[:19]}…): the file was altered or damaged after it was written. Use the "
+                          "original file, or rebuild the head list.")
+    limit = max_epsilon(float(doc["f_c"]), int(doc["m_c"]))
+    if not _as_float(doc["epsilon"]) <= limit:
+        raise DeviceError(
+            f"{source}: field 'epsilon' = {_show(doc['epsilon'])} is too large: LocalAlg computes e^(f_C·ε/m_C) and "
+            f"e^((1−f_C)·ε/m_C), which overflow a float when the exponent passes ln(largest float) = "
+            f"{LN_FLOAT_MAX:.2f}; with f_c = {doc['f_c']!r} and m_c = {doc['m_c']} epsilon must be at most "
+            f"{limit!r}. Rebuild the head list with a smaller --epsilon (beyond about 50 per report LocalAlg "
+            "reports the true record anyway).")
     return doc
 
 
@@ -219,6 +361,11 @@ class DeviceHeadList:
     @property
     def m_c(self) -> int:
         return int(self.doc["m_c"])
+
+    @property
+    def url_level(self) -> bool:
+        """True when records are ⟨query, URL⟩ pairs (the default); False for query-level lists."""
+        return bool(self.doc.get("url_level", True))
 
     def encode(self, query: str, url: str | None) -> tuple[int, int]:
         """Map a record onto HL: q ∉ HL → ⟨*,*⟩, u ∉ HL[q] → ⟨q,*⟩ (Fig. 6 line 6)."""
@@ -262,28 +409,30 @@ class DeviceLedger:
     rewritten atomically (temporary file + rename) *before* any report leaves the device.
     """
 
-    def __init__(self, path: str, *, lifetime_epsilon: float | None = None,
+    def __init__(self, path: str | os.PathLike[str], *, lifetime_epsilon: float | None = None,
                  lifetime_delta: float | None = None) -> None:
-        self.path = path
+        self.path = os.fspath(path)
+        if os.path.isdir(self.path):
+            raise DeviceError(f"device ledger {self.path} is a directory; give a file name")
         try:
-            with open(path, encoding="utf-8") as fh:
-                self.state = json.load(fh)
+            with open(self.path, "rb") as fh:
+                data = fh.read()
         except FileNotFoundError:
-            if lifetime_epsilon is None or lifetime_delta is None:
-                raise DeviceError(f"device ledger {path} does not exist; give its lifetime epsilon and delta "
-                                  "to create it") from None
-            if not (lifetime_epsilon > 0 and 0 < lifetime_delta < 1):
-                raise DeviceError(
-                    f"lifetime budget out of range: epsilon={lifetime_epsilon}, delta={lifetime_delta}") from None
-            self.state = {"lifetime": {"epsilon": float(lifetime_epsilon), "delta": float(lifetime_delta)},
-                          "rounds": {}}
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DeviceError(f"device ledger {path} is damaged ({exc})") from None
+            self.state = _new_ledger_state(self.path, lifetime_epsilon, lifetime_delta)
+            return
+        except OSError as exc:
+            raise DeviceError(f"cannot read device ledger {self.path}: {exc.strerror or exc}") from None
+        self.state = _parse_ledger(data, self.path)
+        for name, given in (("epsilon", lifetime_epsilon), ("delta", lifetime_delta)):
+            if given is not None and _as_float(given) != self.state["lifetime"][name]:
+                raise DeviceError(f"device ledger {self.path} has lifetime {name} {self.state['lifetime'][name]!r}, "
+                                  f"not {given!r}: a device's lifetime budget is fixed when its ledger is created; "
+                                  f"leave out --lifetime-{name}")
 
     def spent(self) -> tuple[float, float]:
         """(Σε, Σδ) over the rounds reported so far (basic composition)."""
         rounds = self.state["rounds"].values()
-        return sum(r["epsilon"] for r in rounds), sum(r["delta"] for r in rounds)
+        return math.fsum(r["epsilon"] for r in rounds), math.fsum(r["delta"] for r in rounds)
 
     def check(self, round_id: str, epsilon: float, delta: float) -> None:
         """Raise :class:`DeviceError` if :meth:`record` would refuse this round; change nothing."""
@@ -295,9 +444,14 @@ class DeviceLedger:
             self.state = saved
 
     def record(self, round_id: str, epsilon: float, delta: float) -> None:
-        """Charge one round, or raise :class:`DeviceError` (already reported / over budget)."""
+        """Charge one round, or raise :class:`DeviceError` (already reported / over budget / not saved)."""
         self._charge(round_id, epsilon, delta)
-        self._save()
+        try:
+            self._save()
+        except OSError as exc:
+            del self.state["rounds"][round_id]
+            raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); nothing was "
+                              "charged, so nothing may be reported") from None
 
     def _charge(self, round_id: str, epsilon: float, delta: float) -> None:
         if round_id in self.state["rounds"]:
@@ -311,10 +465,78 @@ class DeviceLedger:
         self.state["rounds"][round_id] = {"epsilon": float(epsilon), "delta": float(delta)}
 
     def _save(self) -> None:
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(self.state, fh)
-        os.replace(tmp, self.path)
+        """Replace the file atomically (:mod:`hybriddp.io.atomic`): it is never half-written."""
+        write_text(self.path, json.dumps(self.state, allow_nan=False))
+
+
+_LEDGER_FIX = ("Restore it from a backup; do not delete it, since a new ledger would forget the budget this "
+               "device has already spent.")
+
+
+def _new_ledger_state(path: str, epsilon: float | None, delta: float | None) -> dict[str, Any]:
+    """The state of a new device ledger with lifetime budget (ε, δ), checked."""
+    if epsilon is None or delta is None:
+        raise DeviceError(f"device ledger {path} does not exist; to create it give the device's lifetime budget "
+                          "(--lifetime-epsilon and --lifetime-delta)")
+    _check_number("lifetime epsilon (--lifetime-epsilon)", epsilon, "a finite number > 0",
+                  lambda x: 0 < x < math.inf, "")
+    _check_number("lifetime delta (--lifetime-delta)", delta, "a number in (0, 1)", lambda x: 0 < x < 1, "")
+    return {"lifetime": {"epsilon": float(epsilon), "delta": float(delta)}, "rounds": {}}
+
+
+def _parse_ledger(data: bytes, path: str) -> dict[str, Any]:
+    """Parse and check a device ledger file's bytes; raise :class:`DeviceError` saying what is wrong."""
+    where = f"device ledger {path}"
+    if not data.strip():
+        raise DeviceError(f"{where} is empty. hybriddp writes it atomically, so it was never left empty by a "
+                          f"report: something else truncated it. {_LEDGER_FIX}")
+    try:
+        state = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DeviceError(f"{where} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}), so it is "
+                          f"damaged or not a device ledger. {_LEDGER_FIX}") from None
+    except (ValueError, RecursionError) as exc:
+        raise DeviceError(f"{where} is not valid JSON ({exc}), so it is damaged or not a device ledger. "
+                          f"{_LEDGER_FIX}") from None
+    shape = '{"lifetime": {"epsilon": E, "delta": D}, "rounds": {...}}'
+    if not isinstance(state, dict) or not isinstance(state.get("lifetime"), dict) \
+            or not isinstance(state.get("rounds"), dict):
+        found = (f"{_kind(state)} {_show(state, 40)}" if not isinstance(state, dict) else
+                 f"an object with {', '.join(_show(k, 20) for k in list(state)[:5]) or 'no fields'}")
+        raise DeviceError(f"{where}: expected a JSON object {shape}, found {found}; it is damaged or not a "
+                          f"device ledger. {_LEDGER_FIX}")
+    life = state["lifetime"]
+    for name, allowed, ok in (("epsilon", "a finite number > 0", lambda x: 0 < x < math.inf),
+                              ("delta", "a number in (0, 1)", lambda x: 0 < x < 1)):
+        if name not in life:
+            raise DeviceError(f"{where}: field 'lifetime' has no {name!r}. {_LEDGER_FIX}")
+        _check_number(f"{where}: field lifetime.{name}", life[name], allowed, ok, _LEDGER_FIX)
+    for key, charge in state["rounds"].items():
+        if not isinstance(charge, dict) or "epsilon" not in charge or "delta" not in charge:
+            raise DeviceError(f"{where}: round {_show(key, 30)} = {_show(charge, 40)}; it must be an object "
+                              f'{{"epsilon": e, "delta": d}}. {_LEDGER_FIX}')
+        _check_number(f"{where}: rounds[{_show(key, 30)}].epsilon", charge["epsilon"], "a finite number >= 0",
+                      lambda x: 0 <= x < math.inf, _LEDGER_FIX)
+        _check_number(f"{where}: rounds[{_show(key, 30)}].delta", charge["delta"], "a number in [0, 1]",
+                      lambda x: 0 <= x <= 1, _LEDGER_FIX)
+    return state
+
+
+def check_records(hl: DeviceHeadList, records: Sequence[Any]) -> None:
+    """Refuse records LocalAlg cannot use: not ``(query, url)`` string pairs, or, for a URL-level
+    head list, a device none of whose records has a URL."""
+    for i, rec in enumerate(records):
+        if not (isinstance(rec, (tuple, list)) and len(rec) == 2 and isinstance(rec[0], str)
+                and (rec[1] is None or isinstance(rec[1], str))):
+            raise DeviceError(f"record {i} = {_show(rec)} is not a (query, url) pair of strings; give each record "
+                              "as (query, clicked URL), with url None when the record has none")
+    if records and hl.url_level and all(url is None for _, url in records):
+        raise DeviceError(
+            f"this device's {len(records)} record(s) have no URL (they are (query, None)), but the head list "
+            f"{hl.doc['content_hash'][:19]}… is URL-level (url_level true): every record would be reported as "
+            "⟨q,*⟩, a click on an unlisted URL, which biases the estimate of every listed URL. Give the device its "
+            "(query, clicked URL) records (for a table, name the URL column with --url-col), or use a head list "
+            "built from a log without URLs (url_level false).")
 
 
 def randomize_records(
@@ -343,9 +565,10 @@ def randomize_records(
     hl = headlist if isinstance(headlist, DeviceHeadList) else DeviceHeadList.from_json(headlist)
     mid = check_message_id(message_id) if message_id is not None else new_message_id()
     src = source if source is not None else SystemSource()
+    records = list(records)
+    check_records(hl, records)  # before the ledger is charged
     if ledger is not None:
         ledger.record(hl.doc["content_hash"], float(hl.doc["epsilon"]), float(hl.doc["delta"]))
-    records = list(records)
     m = min(hl.m_c, len(records))
     chosen: list[int] = []
     pool = list(range(len(records)))

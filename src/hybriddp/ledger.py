@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hybriddp.errors import HybridDPError, parameter_error
+from hybriddp.io.atomic import atomic_path
 
 
 class BudgetExceededError(HybridDPError):
@@ -69,6 +70,68 @@ CREATE TABLE IF NOT EXISTS charges (
     epsilon REAL NOT NULL, delta REAL NOT NULL, PRIMARY KEY (user, round));
 CREATE INDEX IF NOT EXISTS charges_round ON charges(round);
 """
+_FORMAT = "hybriddp-ledger-1"
+_COLUMNS = {"meta": {"key", "value"}, "rounds": {"id", "name", "created"},
+            "charges": {"user", "round", "grp", "epsilon", "delta"}}
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_RESTORE = ("restore it from a backup; do not start a new ledger in its place, since that would forget what every "
+            "user has spent")
+
+
+def _check_lifetime(epsilon: float | None, delta: float | None) -> None:
+    if epsilon is None or isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) \
+            or not 0 < epsilon < math.inf:
+        raise parameter_error("lifetime_epsilon (--lifetime-epsilon)", epsilon, "a finite number > 0")
+    if delta is None or isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise parameter_error("lifetime_delta (--lifetime-delta)", delta, "in (0, 1)")
+
+
+def _create(path: Path, epsilon: float, delta: float) -> None:
+    """Write a new, empty ledger with its lifetime budget; atomically, so a failure leaves no file."""
+    with atomic_path(path) as tmp:
+        conn = sqlite3.connect(tmp)
+        try:
+            conn.executescript(_SCHEMA)
+            with conn:
+                conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+                    ("lifetime_epsilon", repr(float(epsilon))), ("lifetime_delta", repr(float(delta))),
+                    ("salt", secrets.token_hex(32)), ("format", _FORMAT)])
+        finally:
+            conn.close()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """Open an existing ledger after checking, without writing anything, that it is one."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise LedgerError(f"cannot read ledger {path}: {exc.strerror or exc}") from None
+    if not head:
+        raise LedgerError(
+            f"ledger {path} is an empty file (0 bytes), not a hybriddp ledger. If you meant to create a new ledger, "
+            "delete the empty file (or give a path that does not exist) and pass --lifetime-epsilon and "
+            f"--lifetime-delta; if it was a ledger in use, it was truncated: {_RESTORE}")
+    if head != _SQLITE_MAGIC:
+        raise LedgerError(f"{path} is not a hybriddp ledger: it is not an SQLite database (it starts with "
+                          f"{head[:16]!r}). Check the --ledger path; a new ledger is created at a path that does "
+                          "not exist yet")
+    conn = sqlite3.connect(path)
+    try:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        missing = [t for t in _COLUMNS if t not in tables or not _COLUMNS[t] <= {
+            row[1] for row in conn.execute(f"PRAGMA table_info({t})")}]
+        fmt = None if missing else conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+    except sqlite3.Error as exc:
+        conn.close()
+        raise LedgerError(f"{path} is damaged (SQLite: {exc}); {_RESTORE}") from None
+    if missing or fmt is None or fmt[0] != _FORMAT:
+        conn.close()
+        found = ", ".join(sorted(tables)[:8]) or "none"
+        raise LedgerError(f"{path} is an SQLite database but not a hybriddp ledger (its tables: {found}; a ledger "
+                          f"has meta, rounds and charges, format {_FORMAT!r}). Check the --ledger path; hybriddp "
+                          "does not write into other databases")
+    return conn
 
 
 class PrivacyLedger:
@@ -80,40 +143,55 @@ class PrivacyLedger:
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self.conn = conn
         self.path = path
-        meta = dict(conn.execute("SELECT key, value FROM meta"))
-        self.lifetime_epsilon = float(meta["lifetime_epsilon"])
-        self.lifetime_delta = float(meta["lifetime_delta"])
-        self._salt = bytes.fromhex(meta["salt"])
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta"))
+            self.lifetime_epsilon = float(meta["lifetime_epsilon"])
+            self.lifetime_delta = float(meta["lifetime_delta"])
+            self._salt = bytes.fromhex(meta["salt"])
+        except KeyError as exc:
+            raise LedgerError(f"{path}: ledger metadata is missing {exc}; {_RESTORE}") from None
+        except (sqlite3.Error, TypeError, ValueError) as exc:
+            raise LedgerError(f"{path}: ledger metadata is damaged ({exc}); {_RESTORE}") from None
+        if not (0 < self.lifetime_epsilon < math.inf and 0 < self.lifetime_delta < 1 and self._salt):
+            raise LedgerError(f"{path}: ledger metadata is damaged (lifetime epsilon {self.lifetime_epsilon!r}, "
+                              f"delta {self.lifetime_delta!r}, salt of {len(self._salt)} bytes); {_RESTORE}")
 
     @classmethod
     def open(cls, path: str | Path, *, lifetime_epsilon: float | None = None,
              lifetime_delta: float | None = None) -> PrivacyLedger:
-        """Open a ledger; a new one needs its lifetime budget (ε, δ)."""
+        """Open a ledger; a new one needs its lifetime budget (ε, δ).
+
+        An existing file is checked to be a hybriddp ledger before anything is written to it; a new
+        ledger is created atomically. Raises :class:`LedgerError` (or ``ParameterError`` for a bad
+        budget) naming the file and the fix.
+        """
         p = Path(path)
-        new = not p.exists()
-        if new and (lifetime_epsilon is None or lifetime_delta is None):
-            raise LedgerError(f"ledger {p} does not exist; to create it give --lifetime-epsilon and --lifetime-delta")
+        if p.is_dir():
+            raise LedgerError(f"ledger {p} is a directory; give a file name such as {p / 'privacy.db'}")
+        if not p.exists():
+            if lifetime_epsilon is None or lifetime_delta is None:
+                raise LedgerError(f"ledger {p} does not exist; to create it give --lifetime-epsilon and "
+                                  "--lifetime-delta")
+            _check_lifetime(lifetime_epsilon, lifetime_delta)
+            parent = p.parent if str(p.parent) else Path(".")
+            if not parent.is_dir():
+                raise LedgerError(f"cannot create ledger {p}: the directory {parent} does not exist; create it first")
+            try:
+                _create(p, lifetime_epsilon, lifetime_delta)
+            except (OSError, sqlite3.Error) as exc:
+                raise LedgerError(f"cannot create ledger {p}: {exc}") from None
+        conn = _connect(p)
         try:
-            conn = sqlite3.connect(p)
-            conn.executescript(_SCHEMA)
-            if new:
-                if not (lifetime_epsilon and lifetime_epsilon > 0 and math.isfinite(lifetime_epsilon)):
-                    raise parameter_error("lifetime_epsilon (--lifetime-epsilon)", lifetime_epsilon, "> 0")
-                if not (lifetime_delta is not None and 0 < lifetime_delta < 1):
-                    raise parameter_error("lifetime_delta (--lifetime-delta)", lifetime_delta, "in (0, 1)")
-                with conn:
-                    conn.executemany("INSERT INTO meta VALUES (?, ?)", [
-                        ("lifetime_epsilon", repr(float(lifetime_epsilon))),
-                        ("lifetime_delta", repr(float(lifetime_delta))),
-                        ("salt", secrets.token_hex(32)), ("format", "hybriddp-ledger-1")])
             ledger = cls(conn, p)
-        except sqlite3.DatabaseError as exc:
-            raise LedgerError(f"{p}: not a hybriddp ledger ({exc})") from None
-        except KeyError as exc:
-            raise LedgerError(f"{p}: ledger metadata is missing {exc}") from None
-        if not new and lifetime_epsilon is not None and float(lifetime_epsilon) != ledger.lifetime_epsilon:
-            raise LedgerError(f"{p} has lifetime epsilon {ledger.lifetime_epsilon}, not {lifetime_epsilon}; "
-                              "a ledger's budget is fixed when it is created")
+        except LedgerError:
+            conn.close()
+            raise
+        for name, given, have in (("epsilon", lifetime_epsilon, ledger.lifetime_epsilon),
+                                  ("delta", lifetime_delta, ledger.lifetime_delta)):
+            if given is not None and float(given) != have:
+                ledger.close()
+                raise LedgerError(f"{p} has lifetime {name} {have}, not {given}; a ledger's budget is fixed when "
+                                  f"it is created (leave out --lifetime-{name})")
         return ledger
 
     def close(self) -> None:
@@ -147,6 +225,15 @@ class PrivacyLedger:
                     raise LedgerError(f"user {user!r} appears twice in round {round_name!r} "
                                       f"(groups {rows[key][0]!r} and {c.group!r})")
                 rows[key] = (c.group, float(c.epsilon), float(c.delta))
+        try:
+            return self._charge(round_name, rows)
+        except sqlite3.Error as exc:
+            hint = ("another hybriddp command is using it; retry when that finishes" if "locked" in str(exc)
+                    else "check the file system, or " + _RESTORE)
+            raise LedgerError(f"ledger {self.path}: cannot record round {round_name!r} (SQLite: {exc}); nothing "
+                              f"was recorded: {hint}") from None
+
+    def _charge(self, round_name: str, rows: dict[str, tuple[str, float, float]]) -> int:
         with self.conn:  # one transaction: all or nothing
             self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS pending (user TEXT PRIMARY KEY, grp TEXT, "
                               "epsilon REAL, delta REAL)")
@@ -182,6 +269,12 @@ class PrivacyLedger:
 
     def report(self, delta_prime: float = 1e-6) -> dict[str, Any]:
         """Per-round groups and, per user, cumulative guarantees (basic and advanced)."""
+        try:
+            return self._report(delta_prime)
+        except (sqlite3.Error, ValueError) as exc:
+            raise LedgerError(f"ledger {self.path} cannot be read ({exc}); {_RESTORE}") from None
+
+    def _report(self, delta_prime: float) -> dict[str, Any]:
         rounds = []
         for rid, name, created in self.conn.execute("SELECT id, name, created FROM rounds ORDER BY id"):
             groups = [{"group": g, "users": n, "epsilon": e, "delta": d} for g, n, e, d in self.conn.execute(

@@ -10,11 +10,31 @@ from hybriddp.errors import HybridDPError
 
 
 def read_json(path: str | Path, what: str, error: type[HybridDPError]) -> Any:
-    """Parse ``path`` as JSON; a missing file or bad JSON raises ``error`` naming ``what``."""
+    """Parse ``path`` as JSON (UTF-8); any failure raises ``error`` naming ``what``, the file and the cause.
+
+    A missing file, a directory, an unreadable or empty file, bytes that are not UTF-8, text that
+    is not JSON, numbers too long to convert, and nesting too deep for the parser are all reported
+    the same way, on one line.
+    """
     p = Path(path)
+    if p.is_dir():
+        raise error(f"{what} file {p} is a directory; give the JSON file inside it")
     if not p.is_file():
         raise error(f"{what} file not found: {p}")
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{p}: not valid JSON ({exc})") from None
+        data = p.read_bytes()
+    except OSError as exc:
+        raise error(f"cannot read {what} file {p}: {exc.strerror or exc}") from None
+    if not data.strip():
+        raise error(f"{what} file {p} is empty; it must hold the JSON document hybriddp wrote")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{p}: not a {what} file: byte {exc.start} is 0x{data[exc.start]:02x}, which is not UTF-8 "
+                    "text (JSON files are UTF-8)") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise error(f"{p}: not valid JSON for a {what} file: it is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer with too many digits
+        raise error(f"{p}: not valid JSON ({' '.join(str(exc).split())})") from None

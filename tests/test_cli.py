@@ -80,12 +80,15 @@ def test_randomize_production_path_and_single_device(files, tmp_path) -> None:
     r = invoke("randomize", "--headlist", hl, "--input", files / "log.tsv", "--output", tmp_path / "r.jsonl")
     assert "experiments only" not in r.stderr
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
-    assert len(lines) == 12_000
-    msg = json.loads(lines[0])
+    assert len(lines) == 12_000 + 2  # header, one line per device, end line
+    assert json.loads(lines[0])["format"] == "hybriddp-reports"
+    assert json.loads(lines[-1]) == {"end": True, "messages": 12_000, "reports": 12_000}
+    msg = json.loads(lines[1])
     assert msg["headlist"] == json.loads(hl.read_text())["content_hash"] and len(msg["reports"]) == 1
+    assert len({json.loads(line)["id"] for line in lines[1:-1]}) == 12_000  # fresh random ids
     invoke("randomize", "--headlist", hl, "--input", files / "log.tsv", "--single-device", "--output",
            tmp_path / "one.jsonl")
-    assert len((tmp_path / "one.jsonl").read_text().splitlines()) == 1
+    assert len((tmp_path / "one.jsonl").read_text().splitlines()) == 3
     r = invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", tmp_path / "r.jsonl")
     assert "no ground truth" in r.stdout
 
@@ -110,7 +113,7 @@ def test_estimate_rejects_reports_for_another_head_list(files, tmp_path) -> None
     (("run", "--input", "{d}/log.tsv", "--epsilon", "0.6931"), ("--epsilon",)),
     (("run", "--input", "{d}/log.tsv", "--delta", "1"), ("delta (--delta) = 1.0", "between 0 and 1")),
     (("run", "--input", "{d}/log.tsv", "--delta", "2.5"), ("--delta",)),
-    (("run", "--input", "{d}/log.tsv", "--optin-fraction", "0.0005"), ("empty head list", "--optin-fraction")),
+    (("run", "--input", "{d}/log.tsv", "--optin-fraction", "0.0005"), ("6 opt-in users", "--optin-fraction 0.000917")),
     (("run", "--input", "{d}/log.csv", "--user-col", "nope", "--url-col", "clicked"), ("nope",)),
     (("run", "--input", "{d}/log.csv", "--user-col", "uid", "--query-col", "query_text"), ("query_text",)),
     (("run", "--input", "{d}/log.tsv", "--output", "{d}/x.xlsx"), (".xlsx",)),

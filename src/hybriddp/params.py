@@ -117,6 +117,28 @@ def max_client_epsilon(f_c: float, m_c: int, url_level: bool = True) -> float:
     return LN_MAX * m_c / share
 
 
+def max_blender_epsilon(f_c: float, m_c: int, url_level: bool = True) -> float:
+    """The largest ε BLENDER can run with: e^{ε/2} (τ) and LocalAlg's e^{ε'} must both be finite."""
+    return min(MAX_EPSILON_HEAD_LIST, max_client_epsilon(f_c, m_c, url_level))
+
+
+def check_client_epsilon(epsilon: float, f_c: float, m_c: int, url_level: bool = True,
+                         limit: float | None = None) -> None:
+    """ε must not overflow LocalAlg's e^{ε'} (ALGORITHM.md §5); the message gives the largest ε that works.
+
+    ``limit`` (default :func:`max_client_epsilon`) may be lowered by the caller (e.g. to
+    :func:`max_blender_epsilon`, which also covers τ).
+    """
+    limit = max_client_epsilon(f_c, m_c, url_level) if limit is None else limit
+    if epsilon > limit:
+        why = (f"f_c = {f_c:g}" if url_level else "the whole budget on the query (no URL level)") + f", m_c = {m_c}"
+        raise parameter_error(
+            _label("epsilon"), epsilon, f"<= {limit:.2f} with {why}: LocalAlg's keep probabilities use "
+            "e^(f_C*epsilon/m_C) and e^((1-f_C)*epsilon/m_C), and the head-list threshold e^(epsilon/2); "
+            "beyond, they overflow",
+            "Values above ~20 already keep every report unchanged with probability ~1.")
+
+
 def check_local_budget(epsilon: float, f_c: float, m_c: int, k_max: int, url_level: bool = True) -> None:
     """LocalAlg's arithmetic stays finite and meaningful (ALGORITHM.md §5, Fig. 6 lines 1-5).
 
@@ -125,13 +147,7 @@ def check_local_budget(epsilon: float, f_c: float, m_c: int, k_max: int, url_lev
     an f_C so close to 0 or 1 that a per-report budget falls below :func:`min_report_epsilon`
     (with the range of f_C that works).
     """
-    limit = max_client_epsilon(f_c, m_c, url_level)
-    if epsilon > limit:
-        why = (f"f_c = {f_c:g}" if url_level else "the whole budget on the query (no URL level)") + f", m_c = {m_c}"
-        raise parameter_error(
-            _label("epsilon"), epsilon, f"<= {limit:.2f} with {why}: LocalAlg's keep probabilities use "
-            "e^(f_C*epsilon/m_C) and e^((1-f_C)*epsilon/m_C), which overflow beyond",
-            "Values above ~20 already keep every report unchanged with probability ~1.")
+    check_client_epsilon(epsilon, f_c, m_c, url_level)
     if not url_level:
         return
     need = min_report_epsilon(k_max)
@@ -205,12 +221,14 @@ class BlenderParams:
 
     def __post_init__(self) -> None:
         check_records_per_user("m_o", self.m_o)
+        check_records_per_user("m_c", self.m_c)
+        check_fraction("f_c", self.f_c)
+        if isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon):  # the largest ε of the whole run
+            check_client_epsilon(self.epsilon, self.f_c, self.m_c, limit=max_blender_epsilon(self.f_c, self.m_c))
         check_head_list_params(self.epsilon, self.delta, self.m_o)
         check_fraction("optin_fraction", self.optin_fraction)
         check_fraction("f_o", self.f_o)
-        check_fraction("f_c", self.f_c)
         check_positive_int("head_list_size", self.head_list_size)
-        check_records_per_user("m_c", self.m_c)
         # a head list of M records has at most M queries (+ <*,*>) and at most M URLs per query (+ <q,*>)
         check_local_budget(self.epsilon, self.f_c, self.m_c, self.head_list_size + 1)
 

@@ -158,6 +158,16 @@ def seed_option(help: str = SEED_HELP, default: int | None = None, show_default:
                         help=f"{help} An integer from 0 to {MAX_SEED}.")
 
 
+def at_least(minimum: int) -> Callable[[click.Context, click.Parameter, int | None], int | None]:
+    """Click callback for an integer option that must be >= ``minimum`` (one `error:` line otherwise)."""
+    def check(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+        if value is not None and value < minimum:
+            flag = max(param.opts, key=len)
+            raise parameter_error(f"{param.name} ({flag})", value, f"an integer >= {minimum}")
+        return value
+    return check
+
+
 def check_scale(scale: float) -> None:
     """--scale of a synthetic preset: in (0, :data:`MAX_SCALE`]."""
     if not (0.0 < scale <= MAX_SCALE):

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import click
 
 from hybriddp.algorithms import ALGORITHMS, run_algorithm
 from hybriddp.cli import render
 from hybriddp.cli.options import (
+    MAX_SCALE,
+    at_least,
+    check_scale,
     input_options,
     load_input,
     make_params,
@@ -15,9 +22,14 @@ from hybriddp.cli.options import (
     seed_option,
 )
 from hybriddp.cli.privacy import charge_round, ledger_options
+from hybriddp.errors import DataError, HeadListError, parameter_error
 from hybriddp.noise import noise_factory
+from hybriddp.params import BlenderParams, check_local_budget
 from hybriddp.pipeline import Stages, result_from_run, round_charges, run_blender
 from hybriddp.records import RecordLog
+
+OLH_MAX_EPSILON = math.log(2**31 - 2)
+"""≈ 21.49: the local-only baselines' OLH hash range g = round(e^ε + 1) must stay below 2^31."""
 
 
 def output_options(f):
@@ -26,39 +38,122 @@ def output_options(f):
     f = click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
                      help="Also write the result: .json (everything), .csv or .parquet (one row per "
                           "head-list record).")(f)
-    f = click.option("--top", type=int, default=10, show_default=True, help="Rows of the Fig. 9 table.")(f)
+    f = click.option("--top", type=int, default=10, show_default=True, callback=at_least(1),
+                     help="Rows of the Fig. 9 table (>= 1).")(f)
     f = click.option("--no-project", is_flag=True,
                      help="Skip the projection of blended record estimates onto the probability simplex.")(f)
     return f
 
 
-def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, output: str | None, top: int,
-                        algorithm: str = "blender", noise: str = "discrete",
-                        ledger: tuple[str, str | None, float | None, float | None] | None = None,
-                        **knobs: object) -> None:
-    """Run BLENDER (or a baseline) on a loaded log and print/write the result."""
-    if output:  # fail before any work (and before a ledger is charged)
+def check_output(output: str | None) -> None:
+    """--output must be writable: checked before anything is loaded or computed."""
+    if output:
         from hybriddp.io.atomic import check_output_path
         from hybriddp.result import OUTPUT_SUFFIXES
         check_output_path(output, "--output", OUTPUT_SUFFIXES)
+
+
+def params_from_knobs(knobs: dict[str, object]) -> BlenderParams:
+    """Validated parameters from the command's knobs (``no_project`` is popped)."""
     no_project = bool(knobs.pop("no_project", False))
+    return make_params(project=not no_project, **knobs)  # type: ignore[arg-type]
+
+
+def check_algorithm_params(algorithm: str, params: BlenderParams, log: RecordLog) -> None:
+    """What depends on the log or the algorithm: LocalAlg on a log without URLs spends the whole budget
+    on the query (f_C = 1), and the local-only baselines' OLH needs e^ε + 1 < 2^31."""
+    if not log.has_urls:
+        check_local_budget(params.epsilon, 1.0, params.m_c, params.head_list_size + 1, url_level=False)
+    if algorithm.startswith("local-only") and params.epsilon > OLH_MAX_EPSILON:
+        raise parameter_error("epsilon (--epsilon)", params.epsilon,
+                              f"<= {OLH_MAX_EPSILON:.4f} with --algorithm {algorithm}: its OLH reports hash into "
+                              "g = round(e^epsilon + 1) values, which must stay below 2^31")
+
+
+def _min_users(c: float, f_o: float, need_s: int, need_t: int, need_clients: int) -> int:
+    """The smallest number of users whose opt-in group round(c·n) splits into |S| ≥ need_s, |T| ≥ need_t and
+    leaves ≥ need_clients clients (Python's round, as :func:`hybriddp.pipeline.split_optin`)."""
+    n_o_min = max((need_s - 0.5) / f_o, (need_t - 0.5) / (1.0 - f_o), 1.0) - 1.0
+    start = max(1, int(0.9 * (n_o_min - 0.5) / c) - 2)
+    for n in range(start, start + 10_000_000):
+        n_o = round(c * n)
+        n_s = round(f_o * n_o)
+        if n_s >= need_s and n_o - n_s >= need_t and n - n_o >= need_clients:
+            return n
+    return start
+
+
+def check_group_sizes(log: RecordLog, params: BlenderParams, algorithm: str, noise: str, source: str) -> None:
+    """Refuse a log too small for the hybrid model before any work, saying what would work.
+
+    CreateHeadList keeps a record when its count plus noise exceeds τ, so S must hold more than τ
+    sampled records (a record at count ⌊τ⌋ + 1 passes with probability ≥ 1/2); T and the clients
+    need a user each (``central``: S and T out of all users; the local-only baselines: no groups).
+    """
+    if algorithm.startswith("local-only"):
+        return
+    n = log.n_users
+    tau = noise_factory(noise)(None).head_list_threshold(params.epsilon, params.delta, params.m_o)
+    need_records = math.floor(tau) + 1
+    need_s = math.ceil(need_records / params.m_o)
+    if algorithm == "central":
+        n_o, need_clients = n, 0
+    else:
+        n_o, need_clients = round(params.optin_fraction * n), 1
+    n_s = round(params.f_o * n_o)
+    n_t, clients = n_o - n_s, n - n_o
+    if n_s >= need_s and n_t >= 1 and clients >= need_clients:
+        return
+    rows = f"; or --row-per-user if every row is its own user (the log has {log.n_records:,} rows)" \
+        if log.n_records >= 2 * n else ""
+    what = (f"{source} has {n:,} users: with --f-o {params.f_o:g} that is {n_s:,} in S and {n_t:,} in T"
+            if algorithm == "central" else
+            f"{source} has {n:,} users: with --optin-fraction {params.optin_fraction:g} that is {n_o:,} opt-in "
+            f"users ({n_s:,} in S, {n_t:,} in T) and {clients:,} clients")
+    need = (f"CreateHeadList needs at least {need_records} sampled records in S to pass tau = {tau:.2f} "
+            f"({need_s} users at --m-o {params.m_o}), and T{'' if algorithm == 'central' else ' and the clients'} "
+            "at least one user")
+    fixes = []
+    if algorithm != "central":
+        n_o_ok = next((k for k in range(1, n) if round(params.f_o * k) >= need_s and k - round(params.f_o * k) >= 1),
+                      None)
+        if n_o_ok is not None:
+            fixes.append(f"--optin-fraction {n_o_ok / n:.3g} or more ({n_o_ok} opt-in users of these {n:,})")
+        c = params.optin_fraction
+    else:
+        c = 1.0 - 1e-12
+    if n_t < 1 and n_s >= need_s:
+        fixes.append("a smaller --f-o (T gets the rest of the opt-in group)")
+    fixes.append(f"a log of at least {_min_users(c, params.f_o, need_s, 1, need_clients):,} users at these settings")
+    raise DataError(f"{what}. {need}. What would work: {'; or '.join(fixes)}{rows}.")
+
+
+def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | None, as_json: bool,
+                        output: str | None, top: int, algorithm: str = "blender", noise: str = "discrete",
+                        ledger: tuple[str, str | None, float | None, float | None] | None = None,
+                        source: str = "the log") -> None:
+    """Run BLENDER (or a baseline) on a loaded log and print/write the result."""
+    check_output(output)  # fail before any work (and before a ledger is charged)
+    check_algorithm_params(algorithm, params, log)
+    check_group_sizes(log, params, algorithm, noise, source)
+    render.warn_delta(params.delta, log.n_users)
     factory = noise_factory(noise)
-    params = make_params(project=not no_project, **knobs)  # type: ignore[arg-type]
     if algorithm != "blender":
         if ledger:
-            raise click.BadParameter("--ledger is supported with --algorithm blender", param_hint="--ledger")
-        with render.stage_progress(not as_json) as on_stage:
+            raise parameter_error("--ledger", ledger[0], f"unset with --algorithm {algorithm}",
+                                  "The privacy ledger is supported with --algorithm blender.")
+        with render.interruptible(), render.stage_progress(not as_json) as on_stage, _row_per_user_hint(log):
             alg = run_algorithm(algorithm, log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage))
         if output:
             alg.write(output)
         if as_json:
-            render.print_json(alg.to_json())
+            render.print_json(render.json_safe(alg.to_json()))
             return
         render.print_algorithm(alg, top)
         if output:
             render.out.print(f"wrote {output}")
         return
-    with render.stage_progress(not as_json) as on_stage:
+    with render.interruptible(), render.stage_progress(not as_json) as on_stage, _row_per_user_hint(log):
         run = run_blender(log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage))
         res = result_from_run(run)
     if ledger:  # simulation: every user is charged for the round before the result is shown
@@ -69,12 +164,24 @@ def simulate_and_report(log: RecordLog, *, seed: int | None, as_json: bool, outp
     if as_json:
         obj = res.to_json()
         obj["stage_seconds"] = run.stages.seconds
-        render.print_json(obj)
+        render.print_json(render.json_safe(obj))
         return
     render.print_figure9(res, top)
     render.print_summary(res)
     if output:
         render.out.print(f"wrote {output}")
+
+
+@contextmanager
+def _row_per_user_hint(log: RecordLog) -> Iterator[None]:
+    """An empty head list from a log with many rows per user: add the --row-per-user hint to the error."""
+    try:
+        yield
+    except HeadListError as exc:
+        if log.n_records < 2 * log.n_users:
+            raise
+        raise HeadListError(f"{exc} If every row of the log is its own user, pass --row-per-user (the log has "
+                            f"{log.n_records:,} rows for {log.n_users:,} users).") from exc
 
 
 algorithm_option = click.option(
@@ -96,31 +203,33 @@ algorithm_option = click.option(
 def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
             row_per_user: bool, skip_bad_rows: bool, seed: int | None, as_json: bool, output: str | None,
             top: int, ledger_path: str | None, round_name: str | None, lifetime_epsilon: float | None,
-            lifetime_delta: float | None, **knobs: object) -> None:
+            lifetime_delta: float | None, noise: str, **knobs: object) -> None:
     """Simulate BLENDER on your log (ALGORITHM.md §2): users are assigned to the opt-in group at random,
     clients run LocalAlg; prints the Fig. 9 table, L1 and NDCG against the non-private truth."""
-    with render.bytes_progress("loading", not as_json) as progress:
+    check_output(output)  # before loading: nothing is read or computed for an unwritable --output
+    params = params_from_knobs(knobs)
+    with render.interruptible(), render.bytes_progress("loading", not as_json) as progress:
         log = load_input(input_path, fmt, user_col, query_col, url_col, row_per_user, skip_bad_rows, progress)
     st = log.stats
     if st.rows_skipped_bad and not as_json:
         render.err.print(f"skipped {st.rows_skipped_bad:,} malformed rows of {input_path}")
     ledger = (ledger_path, round_name, lifetime_epsilon, lifetime_delta) if ledger_path else None
-    simulate_and_report(log, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm, ledger=ledger,
-                        **knobs)
+    simulate_and_report(log, params, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm,
+                        ledger=ledger, noise=noise, source=input_path)
 
 
 @click.command("demo")
 @click.option("--preset", type=click.Choice(["aol", "yandex"]), default="aol", show_default=True,
               help="Built-in synthetic log: aol (519,371 users) or yandex (4,970,073 users).")
 @click.option("--scale", type=float, default=1.0, show_default=True,
-              help="Multiply the preset's number of users (e.g. 0.1 for a quick look).")
+              help=f"Multiply the preset's number of users, in (0, {MAX_SCALE:g}] (e.g. 0.1 for a quick look).")
 @algorithm_option
 @privacy_options()
 @noise_option()
 @seed_option()
 @output_options
 def demo_cmd(preset: str, scale: float, algorithm: str, seed: int | None, as_json: bool, output: str | None, top: int,
-             **knobs: object) -> None:
+             noise: str, **knobs: object) -> None:
     """Run BLENDER on a built-in synthetic search log calibrated to AOL (paper defaults: ε = 4,
     δ = 1e-5, 5% opt-in, M = 50). Takes well under a minute."""
     from hybriddp.io.synth import generate
@@ -129,10 +238,12 @@ def demo_cmd(preset: str, scale: float, algorithm: str, seed: int | None, as_jso
         for name, value in (("delta", 1e-7), ("optin_fraction", 0.025), ("head_list_size", 500)):
             if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT:
                 knobs[name] = value
-    if scale <= 0:
-        raise click.BadParameter(f"--scale = {scale} must be > 0", param_hint="--scale")
-    with render.stage_progress(not as_json) as on_stage:
+    check_scale(scale)
+    check_output(output)
+    params = params_from_knobs(knobs)
+    with render.interruptible(), render.stage_progress(not as_json) as on_stage:
         if on_stage:
             on_stage(f"generating the {preset} preset")
         log = generate(preset, seed=seed, scale=scale)
-    simulate_and_report(log, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm, **knobs)
+    simulate_and_report(log, params, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm,
+                        noise=noise, source=f"the {preset} preset at --scale {scale:g}")

@@ -13,11 +13,12 @@ from click.testing import CliRunner
 
 from hybriddp import tune as T
 from hybriddp.cli import cli
-from hybriddp.io.exchange import write_optin_estimates
+from hybriddp.io.exchange import write_release_files
 from hybriddp.metrics import Truth, generalized_ndcg
 from hybriddp.noise import DiscreteLaplaceNoise
 from hybriddp.params import BlenderParams
-from hybriddp.pipeline import client_f_c, curator_side, run_blender, split_optin
+from hybriddp.parties import curate
+from hybriddp.pipeline import run_blender, split_optin
 from hybriddp.records import RecordLog, SampledRecords, SyntheticVocabulary
 
 
@@ -38,15 +39,9 @@ def law_log(n_users: int, law: T.RankFrequencyLaw, n_ranks: int, urls_per_query:
 def write_curator_files(log: RecordLog, params: BlenderParams, directory: Path, seed: int) -> tuple[Path, Path]:
     """What `hybriddp headlist --optin-fraction c --seed s` writes: the DP head list and estimates."""
     optin, _ = split_optin(log.n_users, params.optin_fraction, seed)
-    cur = curator_side(log, optin, params, seed=seed, noise_factory=DiscreteLaplaceNoise)
-    doc = cur.optin.head_list.to_device_json(log.queries, log.urls, epsilon=params.epsilon, delta=params.delta,
-                                             f_c=client_f_c(params, True), m_c=params.m_c)
+    rel, _ = curate(log, params, optin_users=optin, seed=seed, noise_factory=DiscreteLaplaceNoise, with_charges=False)
     hl_path, est_path = directory / "headlist.json", directory / "optin-estimates.json"
-    hl_path.write_text(json.dumps(doc))
-    sizes = {"optin_users": len(optin), "optin_users_s": cur.n_users_s, "optin_users_t": cur.n_users_t,
-             "records_s": len(cur.sampled_s), "records_t": len(cur.sampled_t),
-             "head_list_s_records": cur.head_list_s.n_records, "head_list_s_queries": cur.head_list_s.n_queries}
-    write_optin_estimates(est_path, cur.optin, doc, {"params": params.to_dict(), "noise": cur.noise, "sizes": sizes})
+    write_release_files(hl_path, est_path, rel.headlist, rel.estimates)
     return hl_path, est_path
 
 

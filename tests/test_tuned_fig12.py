@@ -74,7 +74,7 @@ def test_local_only_hashed_keeps_false_discoveries_as_zero_truth_records() -> No
     assert s["discovery_users"] + s["estimation_users"] == log.n_users
     fd = res.sizes["false_discoveries"]
     assert fd > 0  # at ε = 1 with 10k discovery users over 2^32 codes, noise wins some slots
-    names = [row["query"] for row in res.top_queries(top=50)]
+    names = [row["query"] for row in res.figure9(top=50)]
     assert sum(n.startswith("<no record") for n in names) == fd
     placeholders = res.head_list.query_ids >= len(log.queries)
     assert placeholders.sum() == fd and np.all(res.truth_query[placeholders] == 0)

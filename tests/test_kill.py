@@ -204,7 +204,7 @@ def _complete_output(name: str, earlier: bytes, trials: int) -> Callable[[bytes]
     """Whether ``data`` is a whole ``name`` of an experiment with ``trials`` trials (same figures as ``earlier``)."""
     def complete(data: bytes) -> bool:
         if name.endswith(".png"):
-            return data.startswith(PNG_SIGNATURE) and data.endswith(PNG_END)
+            return _whole_png(data)
         text = data.decode("utf-8")
         if name.endswith(".csv"):
             rows = list(csv.reader(io.StringIO(text, newline="")))
@@ -243,6 +243,26 @@ def test_experiment_killed_then_resumed(tmp_path: Path) -> None:
     for f in FIGURE_FILES:
         data = (out / f).read_bytes()
         assert _complete_output(f, earlier[f], 2)(data), f
+
+
+def _whole_png(data: bytes) -> bool:
+    return data.startswith(PNG_SIGNATURE) and data.endswith(PNG_END)
+
+
+def test_mean_plot_killed_keeps_or_completes_each_png(tmp_path: Path) -> None:
+    args = ("mean", "plot", "--epsilon", 1, "--optin-fraction", 0.05, "--out", tmp_path / "plots")
+    wall, _ = run_ok(args, tmp_path)
+    names = ("mean-mse-vs-n.png", "mean-improvement-vs-n.png")
+    earlier = b"an earlier image"
+    for i, plan in enumerate(kill_plans(wall, tmp_path / "plots")[:2]):
+        for name in names:
+            if i == 0:
+                (tmp_path / "plots" / name).write_bytes(earlier)
+            else:
+                (tmp_path / "plots" / name).unlink()
+        run_and_kill(args, tmp_path, **plan)  # type: ignore[arg-type]
+        for name in names:
+            assert_kept_or_complete(tmp_path / "plots" / name, earlier if i == 0 else None, _whole_png)
 
 
 # --------------------------------------------------------------------------------------

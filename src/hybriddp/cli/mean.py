@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import click
 import numpy as np
 
 from hybriddp.cli import render
+from hybriddp.cli.options import seed_option
 from hybriddp.errors import DataError, parameter_error
 from hybriddp.io.atomic import check_output_dir
 from hybriddp.mean import (
@@ -35,6 +34,8 @@ from hybriddp.mean import (
     simulate,
     simulate_on_data,
 )
+from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
+from hybriddp.mean.simulation import MAX_SIMULATED_VALUES, MAX_TRIALS
 from hybriddp.rng import SEED_WARNING
 
 logger = logging.getLogger(__name__)
@@ -231,27 +232,11 @@ def _distribution_option(f: Any) -> Any:
                         help="Value distribution on [lower, upper]: uniform, beta:A,B or bernoulli:P.")(f)
 
 
-def _seed_option(f: Any) -> Any:
-    return click.option("--seed", type=int, default=None,
-                        help="Seed for reproducible experiments. Seeded output carries NO privacy; "
-                             "default: OS randomness.")(f)
+_seed_option = seed_option()
 
 
 def _json_option(f: Any) -> Any:
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")(f)
-
-
-@contextmanager
-def _trial_progress(enabled: bool, total: int) -> Iterator[Any]:
-    if not enabled or not render.err.is_terminal:
-        yield None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=render.err, transient=True) as progress:
-        task = progress.add_task("trials", total=total)
-        yield lambda done, _total: progress.update(task, completed=done)
 
 
 def _g(x: float | None, digits: int = 4) -> str:
@@ -301,7 +286,7 @@ def estimate_cmd(input_path: str, column: str, fmt: str | None, lower: float, up
     if as_json:
         obj = run.to_json()
         obj.update({"input": input_path, "column": column})
-        render.print_json(obj)
+        render.print_json(render.json_safe(obj))
         return
     _print_data_run(run, input_path, column)
 
@@ -340,12 +325,14 @@ def _print_data_run(run: DataRun, path: str, column: str) -> None:
 
 
 @mean_group.command("simulate", short_help="Analytic vs Monte Carlo MSE of every mechanism, w* and R.")
-@click.option("--n", "n", type=int, required=True, help="Number of users n.")
+@click.option("--n", "n", type=int, required=True, help=f"Number of users n, 2 to {MAX_USERS:.0e}.")
 @_optin_option
 @_epsilon_option
 @_range_options(required=False)
 @_distribution_option
-@click.option("--trials", type=int, default=10_000, show_default=True, help="Monte Carlo trials.")
+@click.option("--trials", type=int, default=10_000, show_default=True,
+              help=f"Monte Carlo trials, 2 to {MAX_TRIALS:,}, and at most {MAX_SIMULATED_VALUES:.0e} simulated values "
+                   "in all (uniform: n_T per trial, beta: n; bernoulli: 1). Ctrl-C stops cleanly.")
 @_variance_share_option
 @_seed_option
 @_json_option
@@ -357,11 +344,11 @@ def simulate_cmd(n: int, optin_fraction: float, epsilon: float, lower: float, up
     users opt in; the error is measured against the sample mean of all n values.
     """
     group_sizes(n, optin_fraction)
-    with _trial_progress(not as_json, trials) as progress:
+    with render.interruptible(), render.count_progress("simulating", trials, not as_json) as progress:
         res = simulate(n, optin_fraction, epsilon, lower=lower, upper=upper, distribution=distribution,
                        trials=trials, seed=seed, variance_share=variance_share, progress=progress)
     if as_json:
-        render.print_json(res.to_json())
+        render.print_json(render.json_safe(res.to_json()))
         return
     _print_simulation(res)
 
@@ -399,7 +386,8 @@ def _print_simulation(res: SimulationResult) -> None:
 @click.option("--compare-fractions", default="0.01,0.02,0.05,0.1,0.2", show_default=True,
               help="Opt-in rates drawn in Fig. 2 (comma-separated; --optin-fraction is added and highlighted).")
 @click.option("--n-min", type=float, default=10.0, show_default=True, help="Smallest n on the x axis.")
-@click.option("--n-max", type=float, default=1e6, show_default=True, help="Largest n on the x axis.")
+@click.option("--n-max", type=float, default=1e6, show_default=True,
+              help=f"Largest n on the x axis (at most {MAX_USERS:.0e}).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Directory for mean-mse-vs-n.png (Fig. 1) and mean-improvement-vs-n.png (Fig. 2).")
 @_json_option
@@ -417,8 +405,15 @@ def plot_cmd(epsilon: float, optin_fraction: float, lower: float, upper: float, 
     except ValueError:
         raise parameter_error("--compare-fractions", compare_fractions,
                               "comma-separated numbers strictly between 0 and 1") from None
-    if not (0 < n_min < n_max and math.isfinite(n_max)):
-        raise parameter_error("--n-max", n_max, f"a finite number > --n-min = {n_min:g} > 0")
+    if not (0 < n_min < n_max <= MAX_USERS):
+        raise parameter_error("--n-max", n_max, f"a number > --n-min = {n_min:g} > 0 and <= {MAX_USERS:.0e}")
+    if s2 > width * width / 4.0:
+        raise parameter_error("sigma2 (--sigma2)", s2, f"<= (upper - lower)^2/4 = {width * width / 4.0:g}: no "
+                              "distribution on [lower, upper] has a larger variance (Popoviciu's inequality)")
+    for c in [*fractions, optin_fraction]:  # the noise at both ends of the x axis, for every drawn rate
+        if 0 < c < 1:
+            for n in (n_min, n_max):
+                check_noise_scales(epsilon, c * n, (1.0 - c) * n)
     out = check_output_dir(Path(out_dir), "--out", ("mean-mse-vs-n.png", "mean-improvement-vs-n.png"))
     fig1 = plot_mse_vs_n(out / "mean-mse-vs-n.png", epsilon=epsilon, optin_fraction=optin_fraction, sigma2=s2,
                          width=width, n_min=n_min, n_max=n_max, subtitle=f"σ² from {source}")
@@ -427,8 +422,8 @@ def plot_cmd(epsilon: float, optin_fraction: float, lower: float, upper: float, 
                                   n_min=n_min, n_max=n_max, highlight=optin_fraction, subtitle=f"σ² from {source}")
     fig2 = str(out / "mean-improvement-vs-n.png")
     if as_json:
-        render.print_json({"figure1": fig1, "figure2": {"path": fig2, "peaks": peaks}, "sigma2": s2,
-                           "epsilon": epsilon, "optin_fraction": optin_fraction})
+        render.print_json(render.json_safe({"figure1": fig1, "figure2": {"path": fig2, "peaks": peaks}, "sigma2": s2,
+                                            "epsilon": epsilon, "optin_fraction": optin_fraction}))
         return
     render.out.print(f"wrote {fig1['path']} (Fig. 1): R peaks at {fig1['r_max']:.3f} near n ≈ {fig1['n_at_r_max']:,.0f}"
                      + (f"; OnlyTCM beats FullLM from n ≈ {fig1['n_tcm_beats_lm']:,.0f}"

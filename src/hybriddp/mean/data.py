@@ -7,8 +7,18 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.mean.inputs import VARIANCE_SHARE, ClampCount, MeanSetting, _values, clamp_values, group_sizes
+from hybriddp.mean.inputs import (
+    VARIANCE_SHARE,
+    ClampCount,
+    MeanSetting,
+    _fraction,
+    _values,
+    check_noise_scales,
+    clamp_values,
+    group_sizes,
+)
 from hybriddp.mean.mechanisms import FullLM, Hybrid, HybridUnknownVariance, MeanEstimate, OnlyTCM
+from hybriddp.params import check_seed
 from hybriddp.rng import SEED_WARNING, make_rng
 
 
@@ -62,7 +72,9 @@ def simulate_on_data(values: Any, *, lower: float, upper: float, epsilon: float,
     """
     setting = MeanSetting(lower, upper, epsilon)
     raw = _values(values, "values")
-    n_t, _ = group_sizes(len(raw), optin_fraction)
+    n_t, n_l = group_sizes(len(raw), optin_fraction)
+    check_noise_scales(epsilon, n_t, n_l, float(_fraction(variance_share, "variance_share")))
+    check_seed(seed)
     x, clamped = clamp_values(raw, setting.lower, setting.upper, log=False)
     rng_split, rng_f, rng_t, rng_h, rng_u = make_rng(seed).spawn(5)
     optin = np.zeros(len(x), dtype=bool)

@@ -20,6 +20,17 @@ VARIANCE_SHARE = 0.2
 
 Real = float | np.ndarray
 
+MAX_USERS = 10**12
+"""Largest n of ``mean simulate`` and of the plots' x axis (more than the world's population)."""
+
+NOISE_SCALE_RANGE = (1e-75, 1e75)
+"""Allowed noise standard deviations in units of Δ (√2/(ε·n_T) for the opt-in mean, √2/(ε·√n_L) for the mean
+of the local reports): with Δ in :data:`WIDTH_RANGE` every squared error lies in [1e-300, 1e300], so the MSE
+formulas, w* and the Monte Carlo stay finite and non-zero."""
+
+WIDTH_RANGE = (1e-75, 1e75)
+"""Allowed Δ = upper − lower, and |lower|, |upper| ≤ the upper end (sums of n values stay finite)."""
+
 OPTION_NAMES = {
     "epsilon": "--epsilon", "optin_fraction": "--optin-fraction", "lower": "--lower", "upper": "--upper",
     "n": "--n", "trials": "--trials", "variance_share": "--variance-share", "distribution": "--distribution",
@@ -56,8 +67,12 @@ def _epsilon(value: Any, name: str = "epsilon") -> Real:
     return _real(name, value, lambda a: a > 0, "a finite number > 0")
 
 
+_FRACTION_HINTS = {"optin_fraction": " (0.05 = 5% of the users opt in)",
+                   "variance_share": " (0.2: a fifth of the opt-in budget buys the variance, the rest the mean)"}
+
+
 def _fraction(value: Any, name: str = "optin_fraction") -> Real:
-    return _real(name, value, lambda a: (a > 0) & (a < 1), "strictly between 0 and 1 (0.05 = 5%)")
+    return _real(name, value, lambda a: (a > 0) & (a < 1), "strictly between 0 and 1" + _FRACTION_HINTS.get(name, ""))
 
 
 def _positive(value: Any, name: str) -> Real:
@@ -85,12 +100,19 @@ class MeanSetting:
     epsilon: float
 
     def __post_init__(self) -> None:
+        lo_w, hi_w = WIDTH_RANGE
         for name in ("lower", "upper"):
-            _real(name, getattr(self, name), lambda a: a.ndim == 0, "a finite number")
+            _real(name, getattr(self, name), lambda a: (a.ndim == 0) & (np.abs(a) <= hi_w),
+                  f"a finite number in [-{hi_w:g}, {hi_w:g}]", "Rescale the values (e.g. to thousands) so that sums "
+                  "and squares of n of them stay finite.")
         if not self.lower < self.upper:
             raise parameter_error(_label("upper"), self.upper, f"> lower = {self.lower!r}",
                                   "Give the range [lower, upper] the values are known to lie in; values "
                                   "outside it are clamped.")
+        if not self.width >= lo_w:
+            raise parameter_error(_label("upper"), self.upper, f">= lower + {lo_w:g} (lower = {self.lower!r}): the "
+                                  "range is too narrow for squared errors to stay non-zero doubles",
+                                  "Rescale the values (e.g. to millionths).")
         _epsilon(self.epsilon)
 
     @property
@@ -120,6 +142,34 @@ def group_sizes(n: int, optin_fraction: float) -> tuple[int, int]:
                               "Use more users or a smaller --optin-fraction.")
     return n_t, n_l
 
+
+def check_noise_scales(epsilon: float, n_optin: float, n_local: float, variance_share: float | None = None) -> None:
+    """Refuse an ε (or ρ) whose noise is too large or too small for the arithmetic (ALGORITHM.md §11).
+
+    The noise standard deviations in units of Δ — √2/(ε·n_T) (opt-in mean), √2/(ε·√n_L) (mean of
+    the local reports), √2/(ε·√n) (FullLM) and, with ``variance_share`` ρ, √2/(ρε·n_T) and
+    √2/((1 − ρ)ε·n_T) — must lie in :data:`NOISE_SCALE_RANGE`. The message gives the range of ε
+    (or ρ) that works for these group sizes. ``n_optin`` and ``n_local`` may be real (the plots).
+    """
+    lo, hi = NOISE_SCALE_RANGE
+    eps = float(epsilon)
+    root2 = math.sqrt(2.0)
+    consts = (root2 / n_optin, root2 / math.sqrt(n_local), root2 / math.sqrt(n_optin + n_local))
+    eps_min, eps_max = max(consts) / hi, min(consts) / lo
+    if not eps_min <= eps <= eps_max:
+        raise parameter_error(_label("epsilon"), eps, f"between {eps_min:.3g} and {eps_max:.3g} for n_T = {n_optin:g} "
+                              f"opt-in and n_L = {n_local:g} local users: the Laplace noise's standard deviation "
+                              f"sqrt(2)*Delta/(epsilon*n_T) (and sqrt(2)*Delta/(epsilon*sqrt(n_L))) must stay between "
+                              f"{lo:g} and {hi:g} times Delta, or the squared errors overflow or vanish",
+                              "Typical values of epsilon are 0.1 to 10.")
+    if variance_share is not None:
+        rho = float(variance_share)
+        rho_min = root2 / (n_optin * eps * hi)
+        if min(rho, 1.0 - rho) < rho_min:
+            raise parameter_error(_label("variance_share"), rho, f"between {rho_min:.3g} and 1 - {rho_min:.3g} at "
+                                  f"epsilon = {eps:g} with n_T = {n_optin:g}: the private variance (budget "
+                                  "rho*epsilon) and the opt-in mean (budget (1 - rho)*epsilon) would get noise over "
+                                  f"{hi:g} times Delta", f"The default is {VARIANCE_SHARE:g}.")
 
 
 # ----- clamping -----------------------------------------------------------------------------

@@ -13,10 +13,27 @@ import numpy as np
 from hybriddp.errors import parameter_error
 from hybriddp.mean.analysis import improvement, mse_full_lm, mse_hybrid_optimal, mse_only_tcm, optimal_weight
 from hybriddp.mean.distributions import _BLOCK_ELEMENTS, Distribution
-from hybriddp.mean.inputs import VARIANCE_SHARE, MeanSetting, _fraction, _label, group_sizes, logger
+from hybriddp.mean.inputs import (
+    MAX_USERS,
+    VARIANCE_SHARE,
+    MeanSetting,
+    _fraction,
+    _label,
+    check_noise_scales,
+    group_sizes,
+    logger,
+)
+from hybriddp.params import check_seed
 from hybriddp.rng import SEED_WARNING, make_rng
 
 _MAX_JOB_TRIALS = 1 << 15
+
+MAX_TRIALS = 10**9
+"""Largest ``trials`` of :func:`simulate` (bernoulli values: ~15 minutes on one core)."""
+
+MAX_SIMULATED_VALUES = 10**11
+"""Largest number of values :func:`simulate` may draw in all (``trials`` × values per trial; ~100 ns each for
+beta, so about 3 hours on one core)."""
 
 
 # ----- Monte Carlo (drawn data) -------------------------------------------------------------
@@ -181,10 +198,15 @@ def simulate(n: int, optin_fraction: float, epsilon: float, *, lower: float = 0.
     progress : ``progress(done_trials, trials)`` after each job.
     """
     setting = MeanSetting(lower, upper, epsilon)
+    if not isinstance(n, bool) and isinstance(n, (int, np.integer)) and n > MAX_USERS:
+        raise parameter_error(_label("n"), n, f"at most {MAX_USERS:.0e} (number of users)")
     n_t, n_l = group_sizes(n, optin_fraction)
-    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 2:
-        raise parameter_error(_label("trials"), trials, "an integer >= 2")
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or not 2 <= trials <= MAX_TRIALS:
+        raise parameter_error(_label("trials"), trials, f"an integer from 2 to {MAX_TRIALS:,}",
+                              "10,000 trials give the MSEs to about 1-2%.")
     rho = float(_fraction(variance_share, "variance_share"))
+    check_noise_scales(epsilon, n_t, n_l, rho)
+    check_seed(seed)
     dist = Distribution.parse(distribution)
     eps, width = float(epsilon), setting.width
     c = n_t / n
@@ -192,6 +214,13 @@ def simulate(n: int, optin_fraction: float, epsilon: float, *, lower: float = 0.
     w_star = float(optimal_weight(n, c, epsilon=eps, sigma2=dist.variance))
     plan = _Plan(n_t, n_l, eps, rho, dist, w_star)
     per_trial = max(dist.elements_per_trial(n_t, True), dist.elements_per_trial(n_l, False))
+    values = int(trials) * (dist.elements_per_trial(n_t, True) + dist.elements_per_trial(n_l, False))
+    if values > MAX_SIMULATED_VALUES:
+        most = max(2, MAX_SIMULATED_VALUES // (values // int(trials)))
+        raise parameter_error(_label("trials"), int(trials), f"at most {most:,} with --n {n:,} and --distribution "
+                              f"{dist}: each trial draws {values // int(trials):,} values, and more than "
+                              f"{MAX_SIMULATED_VALUES:.0e} in all take hours",
+                              "Use fewer trials or a smaller --n (bernoulli values are O(1) per trial).")
     job = int(min(_MAX_JOB_TRIALS, max(1, _BLOCK_ELEMENTS // per_trial)))
     sizes = [min(job, trials - i) for i in range(0, trials, job)]
     rngs = make_rng(seed).spawn(len(sizes))

@@ -454,3 +454,127 @@ def test_load_log_dispatch(tmp_path: Path) -> None:
         load_log(tmp_path / "a.tsv", user_col="uid")
     with pytest.raises(DataError, match="file not found"):
         load_log(tmp_path / "missing.csv")
+
+
+# --------------------------------------------------------------------------------------
+# Files that are not what their name says, damaged files, awkward text
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "data", "needles"), [
+    ("png.csv", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ["is not a text file", "NUL"]),
+    ("log.csv", gzip.compress(b"uid,q\n1,a\n"), ["gzip-compressed", "rename it to log.csv.gz"]),
+    ("log.txt", gzip.compress(AOL_HEADER.encode() + b"\n"), ["gzip-compressed", "log.txt.gz"]),
+    ("t.csv", b"PAR1\x15\x04", ["Parquet file", "--format parquet"]),
+    ("t.csv", "uid,q\n1,a\n".encode("utf-16"), ["UTF-16", "UTF-8"]),
+    ("t.csv", b"PK\x03\x04\x14\x00", ["ZIP archive", "unpack"]),
+    ("k.dat", b"1 2\x00\x01\x02 3\n", ["is not a text file"]),
+    ("plain.csv.gz", b"uid,q\n1,a\n", ["not gzip-compressed", "rename it without .gz"]),
+    ("double.csv.gz", gzip.compress(gzip.compress(b"uid,q\n1,a\n")), ["compressed twice"]),
+    ("empty.txt", b"", ["is empty"]),
+])
+def test_binary_or_misnamed_files_are_refused_with_the_fix(tmp_path: Path, name: str, data: bytes,
+                                                          needles: list[str]) -> None:
+    path = tmp_path / name
+    path.write_bytes(data)
+    options = {"user_col": "uid", "query_col": "q"} if ".csv" in name else {}
+    with pytest.raises(DataError) as info:
+        load_log(path, **options)
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message
+    for needle in needles:
+        assert needle in message
+
+
+@pytest.mark.parametrize("name", ["a.txt.gz", "k.dat.gz", "t.csv.gz"])
+def test_truncated_gzip_says_truncated(tmp_path: Path, name: str) -> None:
+    text = AOL_HEADER + "\n" + "".join(f"{i}\tq{i % 7}\tt\t1\thttp://u{i % 5}\n" for i in range(3000))
+    if name.startswith("t.csv"):
+        text = "uid,q\n" + "".join(f"{i},q{i % 7}\n" for i in range(3000))
+    full = gzip.compress(text.encode())
+    for cut in (len(full) // 2, len(full) - 4, 12):
+        path = tmp_path / name
+        path.write_bytes(full[:cut])
+        with pytest.raises(DataError, match="truncated") as info:
+            load_log(path, **({"user_col": "uid", "query_col": "q"} if name.startswith("t.csv") else {}))
+        assert "complete copy" in str(info.value)
+
+
+def test_truncated_gzip_on_the_command_line_is_one_clean_error(tmp_path: Path) -> None:
+    from clihelpers import assert_clean_error, invoke
+
+    full = gzip.compress((AOL_HEADER + "\n" + "1\tq\tt\t1\thttp://a\n" * 5000).encode())
+    path = tmp_path / "log.txt.gz"
+    path.write_bytes(full[: len(full) // 2])
+    result = invoke("run", "--input", path, ok=False)
+    assert_clean_error(result, "truncated", str(path))
+    assert "Aborted" not in result.output
+
+
+def test_bad_row_with_invalid_utf8_is_skipped_like_any_bad_row(tmp_path: Path, monkeypatch) -> None:
+    unraisable: list[object] = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)  # pyarrow reported failures here before
+    path = tmp_path / "a.txt"
+    path.write_bytes(AOL_HEADER.encode() + b"\n1\tq\tt\t1\thttp://a\n\xff\xfe bad row\n2\tq\xc3\tt\t1\thttp://b\n")
+    with pytest.raises(DataError, match=r"line 3: expected 5 tab-separated fields, found 1; .*--skip-bad-rows"):
+        load_aol(path)
+    log = load_aol(path, skip_bad_rows=True)
+    assert log.n_records == 2 and log.stats.rows_skipped_bad == 1
+    assert sorted(log.queries.strings.tolist()) == ["q", "q\ufffd"]
+    assert unraisable == []
+
+
+def test_multibyte_characters_split_between_reads_survive(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(loaders, "_BLOCK_SIZE", 64)  # many small reads: characters straddle them
+    rows = [(str(i), f"café ☕ {'é' * (i % 5)} 𝄞", "t", "1", f"http://ü{i % 3}") for i in range(200)]
+    log = load_aol(write_aol(tmp_path / "a.txt", rows=rows))
+    assert log.n_records == 200
+    assert all("\ufffd" not in s for s in log.queries.strings.tolist() + log.urls.strings.tolist())
+    assert set(log.queries.decode(log.query)) == {r[1] for r in rows}
+
+
+def test_line_longer_than_a_block_names_the_limit(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(loaders, "_BLOCK_SIZE", 256)
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"uid,q\n1,a\n2," + b"y" * 1000 + b"\n")
+    with pytest.raises(DataError, match="a line is longer than 256 bytes"):
+        load_table(path, user_col="uid", query_col="q")
+
+
+def test_unclosed_quote_is_a_bad_row_not_a_swallowed_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes(b'uid,q\n1,a\n2,"never closed\n3,b\n4,c\n')
+    with pytest.raises(DataError, match=r"line 3: a double quote opened in this row is never closed"):
+        load_table(path, user_col="uid", query_col="q")
+    log = load_table(path, user_col="uid", query_col="q", skip_bad_rows=True)
+    assert log.queries.decode(log.query) == ["a"] and log.stats.rows_skipped_bad == 1
+
+
+def test_old_mac_line_ends_and_header_without_line_end(tmp_path: Path) -> None:
+    cr = tmp_path / "cr.csv"
+    cr.write_bytes(b"uid,q\r1,a\r2,b\r")
+    assert load_table(cr, user_col="uid", query_col="q").queries.decode([0, 1]) == ["a", "b"]
+    header_only = tmp_path / "h.csv"
+    header_only.write_bytes(b"uid,q")
+    log = load_table(header_only, user_col="uid", query_col="q")
+    assert log.n_records == 0 and log.stats.rows_read == 0
+
+
+def test_nested_parquet_column_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"uid": ["a", "b"], "q": pa.array([[1, 2], [3]])}), path)
+    with pytest.raises(DataError, match=r"column 'q' \(the query column\) has type list<.*string or a number"):
+        load_table(path, user_col="uid", query_col="q")
+
+
+def test_text_file_named_parquet_suggests_the_format(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "t.parquet")
+    with pytest.raises(DataError, match=r"cannot read .* as Parquet: .*PAR1; if it is a CSV or TSV text file, pass"):
+        load_log(path, user_col="uid", query_col="q")
+
+
+def test_header_that_is_not_utf8_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"uid,q\xe9ry\n1,a\n")
+    with pytest.raises(DataError, match=r"no column 'query'.*header is not valid UTF-8"):
+        load_table(path, user_col="uid", query_col="query")

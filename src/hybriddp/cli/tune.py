@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from hybriddp.cli import render
-from hybriddp.cli.options import noise_option
+from hybriddp.cli.options import noise_option, seed_option
 from hybriddp.errors import ParameterError
 from hybriddp.tune import (
     PrivatizedInputs,
@@ -19,6 +19,8 @@ from hybriddp.tune import (
     load_privatized,
     tune,
 )
+from hybriddp.tune.constants import MAX_POPULATION, MAX_POPULATION_TRIALS
+from hybriddp.tune.search import MAX_EPSILON
 
 
 def _interval(iv: dict[str, float | None], digits: int = 4) -> str:
@@ -67,10 +69,12 @@ def print_tune(res: TuneResult) -> None:
 
 
 @click.command("tune")
-@click.option("--population", "-N", type=int, required=True, help="Number of users of your deployment (>= 1,000).")
+@click.option("--population", "-N", type=int, required=True,
+              help=f"Number of users of your deployment, 1,000 to {MAX_POPULATION:,}.")
 @click.option("--optin-fraction", type=float, required=True,
               help="Share of them in the opt-in group, in (0, 1) (0.05 = 5%).")
-@click.option("--epsilon", type=float, required=True, help="Privacy loss ε per user; must be > ln 2.")
+@click.option("--epsilon", type=float, required=True,
+              help=f"Privacy loss ε per user; must be > ln 2 and <= {MAX_EPSILON:.2f}.")
 @click.option("--delta", type=float, default=None,
               help="δ in (0, 1). Default: the curator's δ from --optin-estimates, else 1e-5 below a million "
                    "users and 1e-7 above (the paper's choices).")
@@ -85,10 +89,10 @@ def print_tune(res: TuneResult) -> None:
               help="Fix M, the number of (query, URL) records in the final list (e.g. what a device can hold), "
                    "and choose only f_O and f_C for it. Default: search the largest M that reaches the target.")
 @click.option("--trials", type=int, default=3, show_default=True,
-              help="Simulated populations per candidate (and as many fresh ones for the reported intervals).")
-@click.option("--seed", type=int, default=None,
-              help="Seed of the fit and the simulations (tuning reads DP outputs only, so seeding costs no "
-                   "privacy). Default: OS randomness.")
+              help="Simulated populations per candidate (and as many fresh ones for the reported intervals), 2 to "
+                   f"100, with trials × population <= {MAX_POPULATION_TRIALS:,} (the populations are held in memory).")
+@seed_option(help="Seed of the fit and the simulations (tuning reads DP outputs only, so seeding costs no "
+                  "privacy). Default: OS randomness.")
 @noise_option()
 @click.option("--workers", type=int, default=None, help="Worker processes for the simulations (default: CPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
@@ -115,10 +119,11 @@ def tune_cmd(population: int, optin_fraction: float, epsilon: float, delta: floa
         file_delta = inputs.params.get("delta") if inputs is not None else None
         delta = float(file_delta) if isinstance(file_delta, (int, float)) and math.isfinite(file_delta) \
             else default_delta(population)
-    with render.stage_progress(not as_json) as on_stage:
+    render.warn_delta(delta, population)
+    with render.interruptible(), render.stage_progress(not as_json) as on_stage:
         res = tune(population, optin_fraction, epsilon, delta, target_ndcg=target_ndcg, inputs=inputs, trials=trials,
                    seed=seed, noise=noise, workers=workers, progress=on_stage, head_list_size=head_list_size)
     if as_json:
-        render.print_json(res.to_json())
+        render.print_json(render.json_safe(res.to_json()))
         return
     print_tune(res)

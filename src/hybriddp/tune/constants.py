@@ -15,6 +15,10 @@ M_RATIO = 1.35
 M_FLOOR = 5
 """Smallest M of the grid (unless fewer records can form)."""
 MIN_POPULATION = 1000
+MAX_POPULATION = 25_000_000
+"""Largest --population: 2 × trials synthetic populations of this size are held in memory."""
+MAX_POPULATION_TRIALS = 50_000_000
+"""Largest trials × population (~45 bytes per simulated user, 2 × trials populations: ~4.5 GB)."""
 PRIOR_PRESET = "aol"
 PRIVACY_NOTE = ("fitted only to differentially private outputs (head list, noisy opt-in estimates, |D_T|, "
                 "|HL_S|): post-processing, no extra privacy cost")

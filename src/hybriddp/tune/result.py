@@ -93,6 +93,10 @@ class TuneResult:
 
     @property
     def recommendation(self) -> str:
+        return self._recommendation() + ("" if self.model.url_level else " f_C = 1: the head list has no URLs, "
+                                         "so a client spends its whole budget on the query.")
+
+    def _recommendation(self) -> str:
         c = self.chosen
         caveat = ""
         if self.search.get("fixed_head_list_size_forms_99pct") is False:

@@ -6,6 +6,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,11 +15,13 @@ from hybriddp.errors import HeadListError, parameter_error
 from hybriddp.metrics import Truth
 from hybriddp.noise import noise_factory
 from hybriddp.params import (
+    LN_MAX,
     check_delta,
     check_epsilon_for_head_list,
     check_fraction,
     check_head_list_params,
     check_positive_int,
+    check_seed,
 )
 from hybriddp.tune.constants import (
     COARSE_F_C,
@@ -27,6 +30,8 @@ from hybriddp.tune.constants import (
     L1_TOLERANCE,
     M_FLOOR,
     M_RATIO,
+    MAX_POPULATION,
+    MAX_POPULATION_TRIALS,
     MIN_POPULATION,
     NDCG_TIE,
     PAPER_F_C,
@@ -38,6 +43,10 @@ from hybriddp.tune.result import CandidateScore, Interval, TuneResult
 from hybriddp.tune.simulate import _POPULATIONS, _SETTINGS, _Population, _Simulator
 
 ProgressFn = Callable[[str], None]
+
+MAX_EPSILON = LN_MAX - 1.0
+"""≈ 708.78: the simulations run LocalAlg with f_C up to 1 (a log without URLs) and, when the target is out of
+reach, at ε + 1; e^{ε'} must stay finite."""
 
 
 def m_grid(m_max: int, ratio: float = M_RATIO, floor: int = M_FLOOR) -> list[int]:
@@ -62,10 +71,17 @@ def check_tune_inputs(population: int, optin_fraction: float, epsilon: float, de
     """Validate the knobs of :func:`tune`; errors name the option, the value and the fix."""
     if head_list_size is not None:
         check_positive_int("head_list_size", head_list_size)
-    if isinstance(population, bool) or not isinstance(population, int) or population < MIN_POPULATION:
-        raise parameter_error("population (--population)", population, f"an integer >= {MIN_POPULATION:,}",
-                              "Give the number of users of your deployment.")
+    if (isinstance(population, bool) or not isinstance(population, int)
+            or not MIN_POPULATION <= population <= MAX_POPULATION):
+        raise parameter_error("population (--population)", population,
+                              f"an integer from {MIN_POPULATION:,} to {MAX_POPULATION:,}",
+                              "Give the number of users of your deployment; beyond, the simulated populations do "
+                              "not fit in memory.")
     check_fraction("optin_fraction", optin_fraction)
+    if isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > MAX_EPSILON:
+        raise parameter_error("epsilon (--epsilon)", epsilon, f"<= {MAX_EPSILON:.2f}: tune simulates LocalAlg with "
+                              "f_C up to 1 and at epsilon + 1, and e^(epsilon + 1) must stay finite",
+                              "Values above ~20 keep every report unchanged with probability ~1 anyway.")
     check_epsilon_for_head_list(epsilon)
     check_delta(delta)
     check_head_list_params(epsilon, delta, 1)
@@ -75,6 +91,11 @@ def check_tune_inputs(population: int, optin_fraction: float, epsilon: float, de
     if isinstance(trials, bool) or not isinstance(trials, int) or not 2 <= trials <= 100:
         raise parameter_error("trials (--trials)", trials, "an integer between 2 and 100",
                               "A 95% interval needs at least 2 trials; 3 is the default.")
+    if trials * population > MAX_POPULATION_TRIALS:
+        raise parameter_error("trials (--trials)", trials, f"at most {MAX_POPULATION_TRIALS // population:,} with "
+                              f"--population {population:,}: 2 x trials synthetic populations are held in memory "
+                              f"(~45 bytes per user), and trials x population must stay <= {MAX_POPULATION_TRIALS:,}",
+                              "3 trials (the default) give 95% intervals.")
 
 
 def check_inputs_consistent(inputs: PrivatizedInputs, population: int) -> None:
@@ -130,6 +151,7 @@ def tune(
     """
     delta = default_delta(population) if delta is None else delta
     check_tune_inputs(population, optin_fraction, epsilon, delta, target_ndcg, trials, head_list_size)
+    check_seed(seed)
     noise_factory(noise)  # validates the name
     say = progress or (lambda msg: None)
     started = time.perf_counter()
@@ -195,6 +217,7 @@ def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, 
     path: list[dict[str, Any]] = []
     probes: dict[int, tuple[CandidateScore, tuple[CandidateScore, CandidateScore] | None]] = {}
     fc_cur = PAPER_F_C
+    url_level = model.url_level  # without URLs f_C does not matter: LocalAlg spends the whole budget on the query
 
     def probe(i: int) -> bool:
         """Best (f_O, f_C) at M = grid[i]; True when it reaches the target on fresh populations too."""
@@ -203,11 +226,12 @@ def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, 
         say(f"M = {m}: scanning f_O and f_C")
         fos = [fo for fo in sorted(GRID_F_O, reverse=True) if formable[fo] >= m]  # the default 0.95 first
         best = _best(sim.score("search", [(fo, fc_cur, m) for fo in fos]), target)
-        if not probes:  # first probe: a coarse f_C scan before the local climb
-            best = _best([best, *sim.score("search", [(best.f_o, fc, m) for fc in COARSE_F_C])], target)
-        best = _climb_f_c(sim, best, target)
+        if url_level:
+            if not probes:  # first probe: a coarse f_C scan before the local climb
+                best = _best([best, *sim.score("search", [(best.f_o, fc, m) for fc in COARSE_F_C])], target)
+            best = _climb_f_c(sim, best, target)
         fc_cur = best.f_c
-        row: dict[str, Any] = {"head_list_size": m, "f_o": best.f_o, "f_c": best.f_c,
+        row: dict[str, Any] = {"head_list_size": m, "f_o": best.f_o, "f_c": best.f_c if url_level else 1.0,
                                "ndcg_search": round(best.ndcg.mean, 5)}
         path.append(row)
         accepted = None
@@ -251,8 +275,10 @@ def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, 
         s = sim.score("fresh", cand, epsilon=epsilon + 1.0)[0]
         knobs["epsilon"] = {"option": "--epsilon", "label": f"--epsilon {epsilon + 1:g}", "value": epsilon + 1.0,
                             "ndcg": s.ndcg.to_json()}
+    if not url_level:  # simulated at the paper's f_C, which the pipeline replaces by 1 for a log without URLs
+        chosen = (replace(chosen[0], f_c=1.0), replace(chosen[1], f_c=1.0))
     search = {
-        "f_o_grid": list(GRID_F_O), "f_c_grid": list(GRID_F_C), "m_grid": grid,
+        "f_o_grid": list(GRID_F_O), "f_c_grid": list(GRID_F_C) if url_level else [1.0], "m_grid": grid,
         "max_formable_m": {f"{fo:g}": int(v) for fo, v in formable.items()},
         "head_list_s_99pct": {f"{fo:g}": int(v) for fo, v in safe.items()}, "path": path,
         "fixed_head_list_size": fixed_m, "fixed_head_list_size_forms_99pct": fixed_safe,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,11 @@ def _simulate(task: tuple[str, str, int, float, float, int, float, float]) -> tu
     return (hl.n_records if log.has_urls else hl.n_queries), ndcg, l1
 
 
+def _ignore_interrupt() -> None:
+    """Workers ignore Ctrl-C: the parent gets it, terminates the pool and prints one line (no worker tracebacks)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class _Simulator:
     """Runs candidates over the trial populations, in parallel, with a cache."""
 
@@ -70,7 +76,7 @@ class _Simulator:
 
     def __enter__(self) -> _Simulator:
         if self.workers > 1 and "fork" in mp.get_all_start_methods():
-            self.pool = mp.get_context("fork").Pool(self.workers)
+            self.pool = mp.get_context("fork").Pool(self.workers, initializer=_ignore_interrupt)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -16,6 +16,7 @@ from hybriddp.headlist import (
     read_device_json,
     record_keys,
     split_keys,
+    validate_device_json,
 )
 from hybriddp.records import NO_URL, ArrayVocabulary
 
@@ -141,3 +142,99 @@ def test_map_records_dense_and_search_paths_agree_with_reference(big_ids: bool) 
     # a second call with larger ids rebuilds the cached table
     got2 = hl.map_records(np.array([3 + offset, 10**6 + offset]), np.array([9, 9]))
     assert got2.tolist() == [1, int(hl.wildcard_entry[-1])]
+
+
+# ----- bad head lists: each refusal names the field, the value and the fix -----------------------
+
+
+def _rehashed(doc: dict, **changes: object) -> dict:
+    """``doc`` with ``changes`` and a matching content hash (SHA-256 of the canonical JSON, written
+    out here rather than taken from the code under test)."""
+    import hashlib
+
+    out = {**json.loads(json.dumps(doc)), **changes}
+    body = {k: v for k, v in out.items() if k != "content_hash"}
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    out["content_hash"] = "sha256:" + hashlib.sha256(canon.encode("utf-8")).hexdigest()
+    return out
+
+
+@pytest.mark.parametrize(("changes", "needles"), [
+    ({"epsilon": "4.0"}, ["'epsilon' = '4.0' is a string, not a number", "without quotes", "rebuild"]),
+    ({"epsilon": float("nan")}, ["'epsilon' = nan is not allowed", "> 0"]),
+    ({"epsilon": -1.0}, ["'epsilon' = -1.0 is not allowed"]),
+    ({"epsilon": True}, ["'epsilon' = True is a boolean, not a number"]),
+    ({"delta": 1.0}, ["'delta' = 1.0 is not allowed", "(0, 1)"]),
+    ({"f_c": 0.0}, ["'f_c' = 0.0 is not allowed", "(0, 1]"]),
+    ({"f_c": 1.5}, ["'f_c' = 1.5 is not allowed"]),
+    ({"m_c": -3}, ["'m_c' = -3 is not allowed", "an integer from 1 to"]),
+    ({"m_c": 2.0}, ["'m_c' = 2.0 is not an integer"]),
+    ({"m_c": 2**63}, ["'m_c' = 9223372036854775808 is not allowed"]),
+    ({"url_level": "yes"}, ["'url_level' = 'yes' is a string", "true or false"]),
+    ({"queries": {"google": []}}, ["'queries' = {'google': []} is an object", "a list of objects"]),
+    ({"queries": [{"query": "a", "urls": []}, {"query": "a", "urls": []}]},
+     ["query 'a' is listed twice (queries[0] and queries[1])"]),
+    ({"queries": [{"query": "a", "urls": ["u", "v", "u"]}]},
+     ["URL 'u' is listed twice under query 'a'", "[0] and [2]"]),
+    ({"queries": [{"query": "a", "urls": [["nested", {"junk": 1}]]}]}, ["queries[0].urls[0] = [", "is a list"]),
+    ({"queries": [{"query": 7, "urls": []}]}, ["queries[0].query = 7 is a number; it must be a string"]),
+    ({"queries": [{"query": "a"}]}, ["queries[0] has no field 'urls'"]),
+    ({"queries": ["a"]}, ["queries[0] = 'a' is a string; it must be an object"]),
+    ({"version": True}, ["'version' = True", "understands version 1"]),
+])
+def test_bad_field_is_named_with_value_and_fix(changes: dict, needles: list[str]) -> None:
+    doc = _rehashed(_doc(), **changes)
+    with pytest.raises(HeadListError) as info:
+        validate_device_json(doc, "hl.json")
+    message = str(info.value)
+    assert message.startswith("hl.json: ") and "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+    assert "out of range" not in message  # the old catch-all that printed '4.0' like a number
+
+
+def test_missing_field_and_wrong_hash() -> None:
+    doc = _doc()
+    del doc["m_c"]
+    with pytest.raises(HeadListError, match="missing field 'm_c'"):
+        validate_device_json(doc)
+    doc = _rehashed(_doc())
+    doc["content_hash"] = "sha256:" + "0" * 64
+    with pytest.raises(HeadListError, match=r"'content_hash' = 'sha256:0000.*does not match the content"):
+        validate_device_json(doc)
+
+
+@pytest.mark.parametrize(("f_c", "m_c"), [(0.85, 1), (0.5, 1), (1.0, 3), (0.1, 2)])
+def test_epsilon_so_large_that_exp_overflows_is_refused_with_the_largest_that_works(f_c: float, m_c: int) -> None:
+    import math
+    import sys
+
+    # LocalAlg computes e^(f_C·ε/m_C) and e^((1−f_C)·ε/m_C): both exponents must stay ≤ ln(max float)
+    expected = m_c * math.log(sys.float_info.max) / max(f_c, 1 - f_c)
+    with pytest.raises(HeadListError, match="too large") as info:
+        validate_device_json(_rehashed(_doc(), epsilon=1e308, f_c=f_c, m_c=m_c))
+    message = str(info.value)
+    assert "e^(f_C·ε/m_C)" in message and "--epsilon" in message
+    largest = float(message.split("epsilon must be at most ")[1].split(". ")[0])
+    assert largest == pytest.approx(expected, rel=1e-12)
+    dhl = DeviceHeadList.from_json(_rehashed(_doc(), epsilon=largest, f_c=f_c, m_c=m_c))
+    assert dhl.one_minus_t == 0.0  # works, and at this ε LocalAlg keeps every record
+    with pytest.raises(HeadListError, match="too large"):
+        validate_device_json(_rehashed(_doc(), epsilon=largest * (1 + 1e-12), f_c=f_c, m_c=m_c))
+    with pytest.raises(HeadListError, match="too large"):
+        validate_device_json(_rehashed(_doc(), epsilon=10**400, f_c=f_c, m_c=m_c))
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    (b"", "is empty"),
+    (b"\xff\xfe{}", "byte 0 is 0xff, which is not UTF-8"),
+    (b"[]", "expected a JSON object"),
+    (b'{"format": "hybriddp-headlist", "version": 1, "epsilon": ', "not valid JSON"),
+])
+def test_head_list_file_problems(tmp_path, data: bytes, needle: str) -> None:
+    path = tmp_path / "hl.json"
+    path.write_bytes(data)
+    with pytest.raises(HeadListError, match=needle):
+        read_device_json(path)
+    with pytest.raises(HeadListError, match="is a directory"):
+        read_device_json(tmp_path)

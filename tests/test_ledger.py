@@ -105,3 +105,146 @@ def test_cli_headlist_ledger_refuses_second_round_before_release(tmp_path) -> No
     assert "Cumulative per user" in r.stdout and "advanced" in r.stdout
     r = CliRunner().invoke(cli, ["privacy", "report", str(tmp_path / "missing.db")])
     assert r.exit_code == 2 and "not found" in r.stderr
+
+
+# ----- files that are not ledgers, damaged ledgers, atomic writes ---------------------------------
+
+
+def test_empty_ledger_file_says_what_it_is_and_is_left_alone(tmp_path) -> None:
+    path = tmp_path / "l.db"
+    path.write_bytes(b"")
+    for budget in ({}, {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-4}):
+        with pytest.raises(LedgerError) as info:
+            PrivacyLedger.open(path, **budget)
+        message = str(info.value)
+        assert "empty file (0 bytes)" in message and "delete the empty file" in message
+        assert "restore it from a backup" in message and "metadata" not in message
+    assert path.read_bytes() == b""
+
+
+def test_other_sqlite_database_is_refused_and_not_written(tmp_path) -> None:
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE meta (a, b)")
+    conn.execute("INSERT INTO meta VALUES (1, 2)")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(LedgerError, match=r"SQLite database but not a hybriddp ledger \(its tables: meta;"):
+        PrivacyLedger.open(path, lifetime_epsilon=10.0, lifetime_delta=1e-4)
+    assert path.read_bytes() == before  # before the fix, the ledger's tables were added to it
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    (b"not a database at all" * 10, "not an SQLite database"),
+    (b"SQLite format 3\x00" + b"\x07" * 200, "is damaged"),
+])
+def test_random_bytes_are_not_a_ledger(tmp_path, data: bytes, needle: str) -> None:
+    path = tmp_path / "l.db"
+    path.write_bytes(data)
+    with pytest.raises(LedgerError, match=needle):
+        PrivacyLedger.open(path)
+    assert path.read_bytes() == data
+
+
+def test_bad_budget_or_place_leaves_no_ledger_behind(tmp_path) -> None:
+    from hybriddp.errors import ParameterError
+
+    path = tmp_path / "l.db"
+    with pytest.raises(ParameterError, match="lifetime_epsilon"):
+        PrivacyLedger.open(path, lifetime_epsilon=float("nan"), lifetime_delta=1e-4)
+    with pytest.raises(ParameterError, match="lifetime_delta"):
+        PrivacyLedger.open(path, lifetime_epsilon=1.0, lifetime_delta=2.0)
+    assert list(tmp_path.iterdir()) == []  # before the fix an empty, metadata-less file stayed
+    with pytest.raises(LedgerError, match=r"directory .* does not exist"):
+        PrivacyLedger.open(tmp_path / "no" / "l.db", lifetime_epsilon=1.0, lifetime_delta=1e-4)
+    with pytest.raises(LedgerError, match="is a directory"):
+        PrivacyLedger.open(tmp_path, lifetime_epsilon=1.0, lifetime_delta=1e-4)
+    PrivacyLedger.open(path, lifetime_epsilon=1.0, lifetime_delta=1e-4).close()
+    with pytest.raises(LedgerError, match="lifetime delta"):
+        PrivacyLedger.open(path, lifetime_delta=1e-3)
+
+
+def _write_device_state(path, text: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(text)
+
+
+@pytest.mark.parametrize(("data", "needles"), [
+    (b"", ["is empty", "something else truncated it", "do not delete it"]),
+    (b"[]", ["expected a JSON object", "found a list []", "Restore it from a backup"]),
+    (b"{}", ["expected a JSON object", "found an object with no fields"]),
+    (b'{"lifetime": {"epsilon": NaN, "delta": 0.001}, "rounds": {}}', ["lifetime.epsilon = nan is not allowed"]),
+    (b'{"lifetime": {"epsilon": "6", "delta": 0.001}, "rounds": {}}', ["lifetime.epsilon = '6' is a string"]),
+    (b'{"lifetime": {"epsilon": 6, "delta": 0.001}, "rounds": {"h": 4}}', ["round 'h' = 4"]),
+    (b'\xff{"lifetime"', ["is not UTF-8 text (byte 0 is 0xff)"]),
+    (b'{"lifetime": {"epsilon": 6', ["is not valid JSON"]),
+])
+def test_damaged_device_ledger_is_refused_with_the_fix(tmp_path, data: bytes, needles: list[str]) -> None:
+    path = tmp_path / "device.json"
+    _write_device_state(path, data)
+    with pytest.raises(DeviceError) as info:
+        DeviceLedger(path, lifetime_epsilon=6.0, lifetime_delta=1e-3)
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+    assert path.read_bytes() == data
+
+
+def test_device_ledger_new_budget_checked_and_fixed(tmp_path) -> None:
+    path = tmp_path / "device.json"
+    with pytest.raises(DeviceError, match=r"lifetime epsilon .* = inf is not allowed"):
+        DeviceLedger(path, lifetime_epsilon=float("inf"), lifetime_delta=1e-3)
+    led = DeviceLedger(path, lifetime_epsilon=6.0, lifetime_delta=1e-3)
+    led.record("sha256:aa", 1.0, 1e-6)
+    with pytest.raises(DeviceError, match=r"has lifetime epsilon 6\.0, not 7\.0"):
+        DeviceLedger(path, lifetime_epsilon=7.0)
+    assert DeviceLedger(path, lifetime_epsilon=6.0).spent() == (1.0, 1e-6)
+
+
+def test_device_ledger_is_never_half_written(tmp_path, monkeypatch) -> None:
+    from hybriddp.io import atomic
+
+    path = tmp_path / "device.json"
+    led = DeviceLedger(path, lifetime_epsilon=6.0, lifetime_delta=1e-3)
+    led.record("sha256:aa", 1.0, 1e-6)
+    before = path.read_bytes()
+
+    def crash(src, dst):  # the rename never happens, as if the device died while writing
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "replace", crash)
+    with pytest.raises(DeviceError, match=r"cannot write device ledger .* nothing was charged, so nothing may be"):
+        led.record("sha256:bb", 1.0, 1e-6)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["device.json"]  # no stray temporary file
+    assert "sha256:bb" not in led.state["rounds"]
+    monkeypatch.undo()
+    led.record("sha256:bb", 1.0, 1e-6)
+    assert set(json.loads(path.read_text())["rounds"]) == {"sha256:aa", "sha256:bb"}
+
+
+def _url_level_doc(url_level: bool) -> dict:
+    from hybriddp.device import content_hash
+
+    doc = {"format": "hybriddp-headlist", "version": 1, "epsilon": 4.0, "delta": 1e-5, "f_c": 0.85, "m_c": 2,
+           "url_level": url_level, "queries": [{"query": "google", "urls": ["http://google.com"] if url_level else []}]}
+    doc["content_hash"] = content_hash(doc)
+    return doc
+
+
+def test_device_without_urls_refused_by_a_url_level_head_list(tmp_path) -> None:
+    path = tmp_path / "device.json"
+    records = [("google", None), ("bing", None)]
+    with pytest.raises(DeviceError) as info:
+        randomize_records(_url_level_doc(True), records,
+                          ledger=DeviceLedger(path, lifetime_epsilon=6.0, lifetime_delta=1e-3))
+    message = str(info.value)
+    assert "have no URL" in message and "url_level" in message and "--url-col" in message
+    assert not path.exists()  # refused before the ledger was charged
+    # a query-level head list takes such records; a device with some URLs is fine for a URL-level one
+    assert len(randomize_records(_url_level_doc(False), records)["reports"]) == 2
+    assert len(randomize_records(_url_level_doc(True), [("google", None), ("google", "http://x")])["reports"]) == 2
+    with pytest.raises(DeviceError, match=r"record 1 = \('google',\) is not a \(query, url\) pair"):
+        randomize_records(_url_level_doc(True), [("google", "u"), ("google",)])

@@ -14,7 +14,12 @@ Conventions shared by the text loaders
 * Line numbers in messages are 1-based physical lines of the (decompressed) file; the header
   is line 1.
 * Text is UTF-8. Bytes that are not valid UTF-8 do not stop the load: they are replaced by
-  U+FFFD and a warning is logged.
+  U+FFFD (before parsing, so a malformed row holding them is skipped like any other) and a
+  warning is logged.
+* A file that is not text where text is expected -- compressed without the matching
+  ``.gz``/``.bz2``/``.zst`` name (or named so without being it), Parquet, ZIP, UTF-16, or with a NUL
+  byte in its first 64 KiB -- is refused with the fix, as is a truncated or damaged compressed
+  file or a line longer than a parse block.
 * Blank lines (and lines whose used fields are all empty, e.g. only tabs) are ignored: they
   are neither data rows nor bad rows, but they still count for line numbers.
 * ``stats.rows_read`` counts the data rows read (blank lines excluded; bad rows and rows

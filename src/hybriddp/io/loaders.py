@@ -43,6 +43,17 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from hybriddp.errors import DataError, parameter_error
+from hybriddp.io.textfiles import (
+    Utf8Repair,
+    base_ext,
+    check_file,
+    check_text,
+    first_line,
+    head,
+    open_stream,
+    read_error,
+    short,
+)
 from hybriddp.records import NO_URL, ArrayVocabulary, LoadStats, RecordLog
 
 logger = logging.getLogger(__name__)
@@ -61,149 +72,6 @@ _MAX_EXAMPLES = 5
 _SKIP_FIX = "or pass --skip-bad-rows to skip such rows"
 _INT_RE = r"^[0-9]+$"
 _ANON_RE = r"^[0-9]{1,18}$"  # fits in int64
-_COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
-
-
-# --------------------------------------------------------------------------------------
-# Files
-# --------------------------------------------------------------------------------------
-
-
-def _check_file(path: str | os.PathLike[str]) -> str:
-    p = os.fspath(path)
-    if not os.path.exists(p):
-        raise DataError(f"file not found: {p}")
-    if not os.path.isfile(p):
-        raise DataError(f"not a regular file: {p}")
-    return p
-
-
-def _compression(path: str) -> str | None:
-    return _COMPRESSION.get(os.path.splitext(path)[1].lower())
-
-
-def _base_ext(path: str) -> str:
-    """Extension without a compression suffix: ``a.tsv.gz`` -> ``.tsv``."""
-    root, ext = os.path.splitext(path.lower())
-    if ext in _COMPRESSION:
-        root, ext = os.path.splitext(root)
-    return ext
-
-
-def _open(path: str) -> tuple[pa.NativeFile, pa.NativeFile]:
-    """Return ``(stream, raw)``: the decompressed stream and the raw file (for progress)."""
-    codec = _compression(path)
-    try:
-        if codec is not None:
-            _check_compressed(path, codec)
-        raw = pa.OSFile(path, "rb")
-        return (pa.CompressedInputStream(raw, codec) if codec else raw), raw
-    except (OSError, pa.ArrowException) as e:
-        raise _read_error(path, e, "open") from e
-
-
-_CODEC_MAGIC = {"gzip": (b"\x1f\x8b", "gzip-compressed"), "bz2": (b"BZh", "bzip2-compressed"),
-                "zstd": (b"\x28\xb5\x2f\xfd", "zstd-compressed")}
-_OTHER_MAGIC = ((b"PK\x03\x04", "a ZIP archive", "unpack it first"),
-                (b"PAR1", "a Parquet file", "name it .parquet or pass --format parquet"),
-                (b"SQLite format 3\x00", "an SQLite database", "it is not a log"),
-                (b"\xff\xfe", "UTF-16 text", "convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8"),
-                (b"\xfe\xff", "UTF-16 text", "convert it to UTF-8, e.g. with iconv -f UTF-16 -t UTF-8"))
-_SNIFF = 1 << 16  # bytes at the start of a text file checked for binary content
-
-
-def _compressed_as(data: bytes) -> tuple[str, str] | None:
-    """``(extension, description)`` of the compression format ``data`` starts with, if any."""
-    for ext, codec in _COMPRESSION.items():
-        magic, what = _CODEC_MAGIC[codec]
-        if data.startswith(magic) and (codec != "bz2" or (len(data) > 3 and 0x31 <= data[3] <= 0x39)):
-            return ext, what
-    return None
-
-
-def _check_compressed(path: str, codec: str) -> None:
-    """Refuse a file whose name says ``codec`` but whose first bytes are not that format."""
-    with open(path, "rb") as fh:
-        start = fh.read(16)
-    magic, what = _CODEC_MAGIC[codec]
-    if not start or start.startswith(magic):
-        return
-    ext = os.path.splitext(path)[1]
-    actual = _compressed_as(start)
-    fix = (f"it is {actual[1]}: rename it to end in {actual[0]}" if actual
-           else f"if it is plain text, rename it without {ext}")
-    raise DataError(f"{path}: the name ends in {ext} but the file is not {what} "
-                    f"(it starts with {_short(start, 16)}); {fix}")
-
-
-def _read_error(path: str, exc: BaseException, doing: str = "read") -> DataError:
-    """A one-line :class:`DataError` for a read/parse failure, with the fix for known causes."""
-    msg = " ".join(str(exc).split())
-    low = msg.lower()
-    if "truncated" in low or "unexpected end" in low or "premature end" in low:
-        return DataError(f"{path}: the compressed data ends early, so the file is truncated (was a download or "
-                         f"copy cut short?); get a complete copy of it ({msg})")
-    if "straddl" in low:
-        return DataError(f"{path}: a line is longer than {_BLOCK_SIZE:,} bytes, so this does not look like a "
-                         "line-by-line text log; check that it is the right file and that it is not compressed "
-                         "without a .gz/.bz2/.zst name")
-    if "inflate" in low or "decompress" in low or "corrupt" in low:
-        return DataError(f"{path}: the compressed data is damaged ({msg}); get a good copy of the file")
-    if isinstance(exc, OSError) and exc.strerror:
-        return DataError(f"cannot {doing} {path}: {exc.strerror}")
-    return DataError(f"cannot {doing} {path}: {msg}")
-
-
-def _head(path: str) -> bytes:
-    """The start of the decompressed file: at least 64 KiB, or up to the first line end (≤ 1 MiB)."""
-    stream, raw = _open(path)
-    try:
-        data = b""
-        while len(data) < _SNIFF or (b"\n" not in data and b"\r" not in data and len(data) < (1 << 20)):
-            chunk = stream.read(1 << 16)
-            if not chunk:
-                break
-            data += chunk
-    except (OSError, pa.ArrowException) as e:
-        raise _read_error(path, e) from e
-    finally:
-        stream.close()
-        raw.close()
-    return data
-
-
-def _check_text(path: str, data: bytes) -> None:
-    """Refuse binary content (compressed, Parquet, ZIP, UTF-16, NUL bytes) where text is expected.
-
-    ``data`` is the start of the file after any decompression its name asks for.
-    """
-    actual = _compressed_as(data)
-    if actual is not None and _compression(path):
-        raise DataError(f"{path} is still {actual[1]} after decompression (compressed twice?); "
-                        "decompress it once by hand and load the result")
-    if actual is not None:
-        raise DataError(f"{path} is {actual[1]} but its name does not end in {actual[0]}; rename it to "
-                        f"{os.path.basename(path)}{actual[0]} (compressed files are recognized by their name)")
-    for magic, what, fix in _OTHER_MAGIC:
-        if data.startswith(magic):
-            raise DataError(f"{path} is {what}, not a text log; {fix}")
-    nul = data.find(b"\x00", 0, _SNIFF)
-    if nul >= 0:
-        raise DataError(f"{path} is not a text file: byte {nul:,} (of the decompressed data) is NUL (0x00); a "
-                        "search or item log is UTF-8 text, so check that this is the right file")
-
-
-def _first_line(path: str) -> str:
-    """First line of the decompressed text file, without line end and BOM (undecodable -> U+FFFD).
-
-    Raises :class:`DataError` when the file is binary rather than text (see :func:`_check_text`).
-    A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r``, as for the parser.
-    """
-    data = _head(path)
-    _check_text(path, data)
-    ends = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
-    line = data[:min(ends)] if ends else data
-    return line.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "replace")
 
 
 # --------------------------------------------------------------------------------------
@@ -277,9 +145,9 @@ class _BadRows:
         need = 1 if not self.skip else max(0, _MAX_EXAMPLES - len(self.examples))
         problems = list(pending[:need])
         if need and len(bad_idx):
-            head = np.asarray(bad_idx[:need], dtype=np.int64)
-            lines = self.line_numbers(head + k0)
-            problems += [(int(ln), describe(int(i))) for ln, i in zip(lines, head, strict=True)]
+            first_bad = np.asarray(bad_idx[:need], dtype=np.int64)
+            lines = self.line_numbers(first_bad + k0)
+            problems += [(int(ln), describe(int(i))) for ln, i in zip(lines, first_bad, strict=True)]
         problems.sort()
         if not self.skip:
             line, msg = problems[0]
@@ -311,11 +179,6 @@ def _runs_on(batch: pa.RecordBatch) -> np.ndarray:
     for col in batch.columns:
         out |= _bool(pc.fill_null(pc.match_substring_regex(col, "[\r\n]"), False))
     return out
-
-
-def _short(value: object, limit: int = 40) -> str:
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 # --------------------------------------------------------------------------------------
@@ -382,52 +245,6 @@ def _vocabulary(codes: np.ndarray, values: pa.Array, path: str) -> tuple[np.ndar
 # --------------------------------------------------------------------------------------
 
 
-def _utf8_cut(data: bytes) -> int:
-    """Where to cut ``data`` so that no multi-byte UTF-8 character is split (its end, or
-    before a lead byte among the last four bytes)."""
-    n = len(data)
-    j = n - 1
-    while j >= 0 and n - j <= 4 and 0x80 <= data[j] <= 0xBF:
-        j -= 1
-    return j if j >= 0 and n - j <= 4 and data[j] >= 0xC0 else n
-
-
-class _Utf8Repair:
-    """Stream transform: bytes that are not valid UTF-8 become U+FFFD (with one warning).
-
-    pyarrow passes a malformed row's text to the invalid-row handler as ``str``; invalid UTF-8
-    there fails inside pyarrow and stops the load even with --skip-bad-rows, so the text is
-    repaired before it is parsed. Valid blocks pass through unchanged; line ends never change.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.rest = b""  # an incomplete character carried to the next block
-        self.offset = 0
-        self.warned = False
-
-    def __call__(self, buf: pa.Buffer) -> bytes:
-        data = self.rest + buf.to_pybytes()
-        if len(buf):
-            cut = _utf8_cut(data)
-            data, self.rest = data[:cut], data[cut:]
-        else:  # end of the stream
-            self.rest = b""
-        start = self.offset
-        self.offset += len(data)
-        if data.isascii():
-            return data
-        try:
-            data.decode("utf-8")
-            return data
-        except UnicodeDecodeError as e:
-            if not self.warned:
-                logger.warning("%s: bytes that are not valid UTF-8 near byte %d (of the decompressed text) "
-                               "were replaced by U+FFFD", self.path, start + e.start)
-                self.warned = True
-            return data.decode("utf-8", "replace").encode("utf-8")
-
-
 def _read_delimited(
     path: str, *, delimiter: str, quoted: bool, columns: Sequence[str], bad: _BadRows,
     progress: ProgressFn | None,
@@ -436,11 +253,11 @@ def _read_delimited(
 
     Parsing is single-threaded so that rows with the wrong number of fields come with their
     line numbers; blank lines come through as rows of empty cells. The text goes through
-    :class:`_Utf8Repair`. A file with a header line and nothing else yields nothing.
+    :class:`Utf8Repair`. A file with a header line and nothing else yields nothing.
     """
     total = os.path.getsize(path)
-    stream, raw = _open(path)
-    text = pa.TransformInputStream(stream, _Utf8Repair(path))
+    stream, raw = open_stream(path)
+    text = pa.TransformInputStream(stream, Utf8Repair(path))
     read_opts = pacsv.ReadOptions(block_size=_BLOCK_SIZE, use_threads=False)
     parse_opts = pacsv.ParseOptions(
         delimiter=delimiter, quote_char='"' if quoted else False, double_quote=quoted,
@@ -464,9 +281,9 @@ def _read_delimited(
                 progress(min(raw.tell(), total), total)
     except pa.ArrowInvalid as e:
         if not (k0 == 0 and "Empty CSV file" in str(e)):  # the header line has no line end: no rows
-            raise _read_error(path, e, "parse") from e
+            raise read_error(path, e, "parse", _BLOCK_SIZE) from e
     except (OSError, pa.ArrowException) as e:
-        raise _read_error(path, e) from e
+        raise read_error(path, e) from e
     finally:
         text.close()
         stream.close()
@@ -477,7 +294,7 @@ def _read_delimited(
 
 def header_names(path: str, delimiter: str, quoted: bool) -> list[str]:
     """Column names of a delimited file's header line (``.gz`` ok; quoted CSV when ``quoted``)."""
-    line = _first_line(path)
+    line = first_line(path)
     if not quoted:
         return line.split(delimiter)
     import csv  # only the header line goes through the csv module
@@ -524,12 +341,12 @@ def load_aol(
     DataError
         Missing file, wrong header, or a malformed row (message names file and line).
     """
-    p = _check_file(path)
-    first = _first_line(p)
+    p = check_file(path)
+    first = first_line(p)
     if first != AOL_HEADER:
         raise DataError(
             f"{p}: line 1 is not the AOL header: expected the tab-separated columns "
-            f"{' '.join(AOL_COLUMNS)!r}, found {_short(first, 80)}; "
+            f"{' '.join(AOL_COLUMNS)!r}, found {short(first, 80)}; "
             "for another table layout use --format csv/tsv with --user-col/--query-col/--url-col")
     bad = _BadRows(p, skip_bad_rows, "tab")
     stats = LoadStats()
@@ -550,8 +367,8 @@ def load_aol(
         def describe(i: int, anon: pa.Array = anon, rank: pa.Array = rank,
                      bad_anon: np.ndarray = bad_anon) -> str:
             if bad_anon[i]:
-                return f"AnonID {_short(anon[i].as_py())} is not an integer"
-            return f"ItemRank {_short(rank[i].as_py())} of a row with a click is not an integer"
+                return f"AnonID {short(anon[i].as_py())} is not an integer"
+            return f"ItemRank {short(rank[i].as_py())} of a row with a click is not an integer"
 
         bad.check_block(k0, n, np.flatnonzero(is_bad), describe)
         good = ~blank & ~is_bad
@@ -597,7 +414,7 @@ def _log_summary(path: str, log: RecordLog) -> None:
 
 
 def _table_format(path: str) -> str:
-    ext = _base_ext(path)
+    ext = base_ext(path)
     if ext == ".csv":
         return "csv"
     if ext in (".tsv", ".tab", ".txt"):
@@ -612,7 +429,7 @@ def _missing_column(path: str, name: str, role: str, present: Sequence[str]) -> 
     if not any(present):
         return DataError(f"{path} is empty or its line 1 is blank: the first line must be a header naming "
                          "its columns")
-    shown = ", ".join(_short(c) for c in present[:10]) + (f" and {len(present) - 10:,} more" if len(present) > 10
+    shown = ", ".join(short(c) for c in present[:10]) + (f" and {len(present) - 10:,} more" if len(present) > 10
                                                          else "")
     hint = ("; the header is not valid UTF-8 text (is the file binary, or in another encoding? convert it to "
             "UTF-8)" if any("\ufffd" in c for c in present) else "")
@@ -695,7 +512,7 @@ def load_table(
     ParameterError
         Neither or both of ``user_col`` and ``row_per_user``.
     """
-    p = _check_file(path)
+    p = check_file(path)
     fmt = (format or _table_format(p)).lower()
     if fmt not in ("csv", "tsv", "parquet"):
         raise DataError(f"unknown table format {format!r}: allowed are 'csv', 'tsv', 'parquet'")
@@ -841,11 +658,11 @@ def load_items(
         (bytes that are not UTF-8 are replaced by U+FFFD with a warning), so nothing is skipped.
     progress : optional ``progress(bytes_read, total_bytes)``, called per chunk.
     """
-    p = _check_file(path)
+    p = check_file(path)
     del skip_bad_rows  # nothing can be malformed
-    _check_text(p, _head(p))
+    check_text(p, head(p))
     total = os.path.getsize(p)
-    stream, raw = _open(p)
+    stream, raw = open_stream(p)
     stats = LoadStats()
     items = _Encoder()
     user_blocks: list[np.ndarray] = []
@@ -887,7 +704,7 @@ def load_items(
             if eof:
                 break
     except (OSError, pa.ArrowException) as e:
-        raise _read_error(p, e) from e
+        raise read_error(p, e) from e
     finally:
         stream.close()
         raw.close()
@@ -920,18 +737,18 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     known extension -> aol if the first line is the AOL header, else tsv (for ``.tsv``/``.txt``).
     A compression suffix (``.gz`` ...) is looked through.
     """
-    p = _check_file(path)
-    ext = _base_ext(p)
+    p = check_file(path)
+    ext = base_ext(p)
     if ext == ".dat":
         return "items"
     if ext in (".parquet", ".pq"):
         return "parquet"
     if ext == ".csv":
         return "csv"
-    first = _first_line(p)
+    first = first_line(p)
     if first == AOL_HEADER:
         return "aol"
-    if not first and not _head(p).strip():
+    if not first and not head(p).strip():
         raise DataError(f"{p} is empty: a log needs a header line naming its columns (or, for an item log "
                         "named .dat, one line of items per user)")
     if ext in (".tsv", ".txt", ".tab"):
@@ -947,7 +764,7 @@ def load_log(path: str | os.PathLike[str], *, format: str | None = None, **optio
     format does not take are ignored when they are None / False / their default, and refused
     otherwise (e.g. ``user_col='x'`` with ``format='aol'``).
     """
-    p = _check_file(path)
+    p = check_file(path)
     fmt = detect_format(p) if format is None else str(format).lower()
     if fmt not in FORMATS:
         raise DataError(f"unknown format {format!r}: allowed formats are {', '.join(FORMATS)}")

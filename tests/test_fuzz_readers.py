@@ -290,7 +290,7 @@ def sqlite_recipe(draw: st.DrawFn) -> list[tuple[str, list[str], list[tuple]]]:
             st.lists(st.sampled_from(["a", "key", "value", "b"]), min_size=1, max_size=3, unique=True))
         rows: list[tuple] = []
         if t == "meta" and cols == ["key", "value"]:
-            value = st.one_of(st.text(max_size=5), st.integers(), st.floats(), st.binary(max_size=4))
+            value = st.one_of(st.text(max_size=5), st.integers(-(2**63), 2**63 - 1), st.floats(), st.binary(max_size=4))
             rows = draw(st.lists(st.one_of(st.sampled_from(META_ROWS),
                                            st.tuples(st.sampled_from([k for k, _ in META_ROWS]), value)),
                                  max_size=5, unique_by=lambda r: r[0]))

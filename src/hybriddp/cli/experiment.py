@@ -11,6 +11,12 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from hybriddp.cli import render
+from hybriddp.cli.options import MAX_SCALE, check_scale, int_range, seed_option
+
+MAX_TRIALS = 100
+"""Largest --trials: `all` on the AOL preset is ~76 points × trials runs of ~0.7 s (about 1.5 hours at 100 on 2
+cores); the Yandex preset takes ~10 times longer per run."""
+MAX_JOBS = 256
 
 
 @contextmanager
@@ -34,14 +40,18 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
 @click.option("--dataset", required=True, metavar="aol|yandex|PATH",
               help="Synthetic preset (aol: 519,371 users; yandex: 4,970,073 users) or a log file (AOL TSV, "
                    "items .dat, CSV/TSV/Parquet with columns user, query[, url]).")
-@click.option("--trials", type=int, default=5, show_default=True, help="Trials per parameter point.")
+@click.option("--trials", type=int, default=5, show_default=True, callback=int_range(1, MAX_TRIALS),
+              help=f"Trials per parameter point, 1 to {MAX_TRIALS}. Ctrl-C stops cleanly (finished runs are kept "
+                   "in trials.csv and reused).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output directory. Default: experiments-out/<dataset>. Runs already in its trials.csv are reused.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the synthetic data and of every trial (simulation: no privacy).")
-@click.option("--jobs", type=int, default=None, help="Worker processes. Default: the number of cores.")
+@seed_option(help="Seed of the synthetic data and of every trial (simulation: no privacy).", default=0,
+             show_default=True)
+@click.option("--jobs", type=int, default=None, callback=int_range(1, MAX_JOBS),
+              help=f"Worker processes, 1 to {MAX_JOBS}. Default: the number of cores.")
 @click.option("--scale", type=float, default=1.0, show_default=True,
-              help="Synthetic datasets: multiply the number of users (e.g. 0.1 for a quick look).")
+              help=f"Synthetic datasets: multiply the number of users, in (0, {MAX_SCALE:g}] (e.g. 0.1 for a quick "
+                   "look).")
 @click.option("--row-per-user", is_flag=True, help="Log file: every record is its own user (small samples).")
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
@@ -66,7 +76,9 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     select(name)  # unknown NAME: one-line error before any work
     spec = DatasetSpec(dataset, seed=seed, scale=scale, row_per_user=row_per_user)
     spec.validate()
-    with _runs_progress(True) as progress:
+    if spec.is_preset:
+        check_scale(scale)
+    with render.interruptible(), _runs_progress(True) as progress:
         res = run_experiment(name, spec, trials=trials, out_dir=Path(out_dir) if out_dir else None,
                              jobs=jobs if jobs is not None else (os.cpu_count() or 1), quick=quick,
                              progress=progress)

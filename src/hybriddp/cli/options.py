@@ -158,12 +158,14 @@ def seed_option(help: str = SEED_HELP, default: int | None = None, show_default:
                         help=f"{help} An integer from 0 to {MAX_SEED}.")
 
 
-def at_least(minimum: int) -> Callable[[click.Context, click.Parameter, int | None], int | None]:
-    """Click callback for an integer option that must be >= ``minimum`` (one `error:` line otherwise)."""
+def int_range(minimum: int, maximum: int | None = None,
+            why: str = "") -> Callable[[click.Context, click.Parameter, int | None], int | None]:
+    """Click callback: an integer option in [``minimum``, ``maximum``] (one `error:` line otherwise)."""
     def check(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
-        if value is not None and value < minimum:
+        if value is not None and not (minimum <= value and (maximum is None or value <= maximum)):
             flag = max(param.opts, key=len)
-            raise parameter_error(f"{param.name} ({flag})", value, f"an integer >= {minimum}")
+            allowed = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum:,}"
+            raise parameter_error(f"{param.name} ({flag})", value, allowed + why)
         return value
     return check
 

@@ -12,9 +12,9 @@ from hybriddp.algorithms import ALGORITHMS, run_algorithm
 from hybriddp.cli import render
 from hybriddp.cli.options import (
     MAX_SCALE,
-    at_least,
     check_scale,
     input_options,
+    int_range,
     load_input,
     make_params,
     noise_option,
@@ -38,7 +38,7 @@ def output_options(f):
     f = click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
                      help="Also write the result: .json (everything), .csv or .parquet (one row per "
                           "head-list record).")(f)
-    f = click.option("--top", type=int, default=10, show_default=True, callback=at_least(1),
+    f = click.option("--top", type=int, default=10, show_default=True, callback=int_range(1),
                      help="Rows of the Fig. 9 table (>= 1).")(f)
     f = click.option("--no-project", is_flag=True,
                      help="Skip the projection of blended record estimates onto the probability simplex.")(f)

@@ -297,7 +297,8 @@ class PrivacyLedger:
             eps, dl = [e for e, _ in h], [d for _, d in h]
             be, bd = basic_composition(eps, dl)
             ae, ad = advanced_composition(eps, dl, delta_prime)
-            cumulative.append({"users": n, "releases": len(h), "basic": {"epsilon": be, "delta": bd},
+            cumulative.append({"users": n, "releases": len(h), "charges": [{"epsilon": e, "delta": d} for e, d in h],
+                               "basic": {"epsilon": be, "delta": bd},
                                "advanced": {"epsilon": ae, "delta": ad},
                                "best": {"epsilon": min(be, ae), "delta": bd if be <= ae else ad}})
         worst = max((c["basic"]["epsilon"] for c in cumulative), default=0.0)

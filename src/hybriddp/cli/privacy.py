@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from hybriddp.cli import render
+from hybriddp.errors import parameter_error
 from hybriddp.ledger import Charge, PrivacyLedger
 
 
@@ -55,11 +56,12 @@ def report_cmd(ledger: str, delta_prime: float, as_json: bool) -> None:
     if not Path(ledger).is_file():
         raise LedgerError(f"ledger file not found: {ledger}")
     if not 0 < delta_prime < 1:
-        raise click.BadParameter(f"--delta-prime = {delta_prime} must be in (0, 1)", param_hint="--delta-prime")
+        raise parameter_error("delta_prime (--delta-prime)", delta_prime, "strictly between 0 and 1",
+                              "The default 1e-6 is typical.")
     with PrivacyLedger.open(ledger) as led:
         rep = led.report(delta_prime)
     if as_json:
-        render.print_json(rep)
+        render.print_json(render.json_safe(rep))
         return
     life = rep["lifetime"]
     t = Table(title=f"Rounds in {ledger}", title_justify="left")
@@ -70,14 +72,29 @@ def report_cmd(ledger: str, delta_prime: float, as_json: bool) -> None:
             t.add_row(r["round"] if i == 0 else "", r["created"] if i == 0 else "", g["group"], f"{g['users']:,}",
                       f"{g['epsilon']:g}", f"{g['delta']:g}")
     render.out.print(t)
-    c = Table(title=f"Cumulative per user (lifetime budget ε = {life['epsilon']:g}, δ = {life['delta']:g}; "
+    c = Table(title=f"Cumulative per user: one row per charge history (the users charged the same (ε, δ) in the "
+                    f"same order share a row; lifetime budget ε = {life['epsilon']:g}, δ = {life['delta']:g}; "
                     f"advanced composition with δ' = {delta_prime:g})", title_justify="left")
-    for col in ("users", "releases", "basic ε", "basic δ", "advanced ε", "advanced δ", "best ε"):
-        c.add_column(col, justify="right")
+    for col in ("charged (ε, δ), oldest first", "users", "releases", "basic ε", "basic δ", "advanced ε",
+                "advanced δ", "best ε"):
+        c.add_column(col, justify="left" if col.startswith("charged") else "right")
     for row in rep["cumulative"]:
-        c.add_row(f"{row['users']:,}", str(row["releases"]), f"{row['basic']['epsilon']:.4g}",
-                  f"{row['basic']['delta']:.3g}", f"{row['advanced']['epsilon']:.4g}",
-                  f"{row['advanced']['delta']:.3g}", f"{row['best']['epsilon']:.4g}")
+        c.add_row(_history(row.get("charges", [])), f"{row['users']:,}", str(row["releases"]),
+                  f"{row['basic']['epsilon']:.4g}", f"{row['basic']['delta']:.3g}",
+                  f"{row['advanced']['epsilon']:.4g}", f"{row['advanced']['delta']:.3g}",
+                  f"{row['best']['epsilon']:.4g}")
     render.out.print(c)
     render.out.print(f"{rep['users']:,} users; the most-charged user has spent ε = {rep['worst_basic_epsilon']:.4g} "
                      f"(basic); {rep['remaining_epsilon']:.4g} of the lifetime ε remains for them")
+
+
+def _history(charges: list[dict[str, float]]) -> str:
+    """``(4, 1e-05) × 2, (4, 0)``: a user's releases, oldest first, repeats collapsed."""
+    runs: list[list[Any]] = []
+    for ch in charges:
+        label = f"({ch['epsilon']:g}, {ch['delta']:g})"
+        if runs and runs[-1][0] == label:
+            runs[-1][1] += 1
+        else:
+            runs.append([label, 1])
+    return ", ".join(label if k == 1 else f"{label} × {k}" for label, k in runs) or "—"

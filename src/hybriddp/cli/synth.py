@@ -5,13 +5,14 @@ from __future__ import annotations
 import click
 
 from hybriddp.cli import render
+from hybriddp.cli.options import check_scale, seed_option
 
 
 @click.command("synth")
 @click.option("--preset", type=click.Choice(["aol", "yandex"]), default="aol", show_default=True,
               help="aol: 519,371 users, ~4.8M queries, ~1.6M URLs; yandex: 4,970,073 users, ~13.2M queries.")
 @click.option("--scale", type=float, default=1.0, show_default=True, help="Multiply the number of users.")
-@click.option("--seed", type=int, default=None, help="Seed (reproducible); default: OS randomness.")
+@seed_option(help="Seed (reproducible); default: OS randomness.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), required=True,
               help="Output file: .parquet (columns user, query, url) or .tsv / .tsv.gz (AOL's own format).")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "aol"]), default=None,
@@ -24,8 +25,7 @@ def synth_cmd(preset: str, scale: float, seed: int | None, output: str, fmt: str
     """
     from hybriddp.io.atomic import check_output_path
     from hybriddp.io.synth import generate, write_log
-    if scale <= 0:
-        raise click.BadParameter(f"--scale = {scale} must be > 0", param_hint="--scale")
+    check_scale(scale)
     check_output_path(output, "--output")  # before generating: a bad path fails in a second
     if fmt is None:
         fmt = "parquet" if output.endswith(".parquet") else "aol"

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from hybriddp.errors import HybridDPError, parameter_error
+from hybriddp.errors import parameter_error
 from hybriddp.io.loaders import load_log
 from hybriddp.params import LN_MAX, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams, check_seed
 from hybriddp.records import RecordLog
@@ -72,17 +72,18 @@ def load_input(input_path: str, fmt: str | None, user_col: str | None, query_col
 
 
 def _column_names(path: str, kind: str) -> list[str]:
-    """The header of a CSV/TSV/Parquet file; [] when it cannot be read (the loader then says why)."""
+    """The header of a CSV/TSV/Parquet file. A text file that cannot be read (binary, not UTF-8) is refused
+    here, before any option is checked against it; an unreadable Parquet file gives [] (the loader says why)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from hybriddp.io.loaders import header_names
 
-    try:
-        if kind == "parquet":
-            return list(pq.read_schema(path).names)
+    if kind != "parquet":
         return header_names(path, "," if kind == "csv" else "\t", quoted=kind == "csv")
-    except (OSError, ValueError, HybridDPError, pa.ArrowException):
+    try:
+        return list(pq.read_schema(path).names)
+    except (OSError, ValueError, pa.ArrowException):
         return []
 
 

@@ -97,15 +97,16 @@ def check_records_per_user(name: str, value: int) -> None:
                               "The paper uses 1; each record then gets the whole budget.")
 
 
-def min_report_epsilon(k: int) -> float:
-    """The smallest per-report budget ε' LocalAlg can use with k values: 10³·k·2⁻⁵² (ALGORITHM.md §5, §6).
+def min_report_epsilon() -> float:
+    """The smallest per-report budget ε' LocalAlg can use: 10³·2⁻⁵⁰ ≈ 8.9e-13 (ALGORITHM.md §5, §6).
 
-    The client estimator divides by a = (k·t − 1)/(k − 1) (and D_q, the same form in t_q, k_q),
-    where t = (e^ε' + (δ'/2)(k − 1))/(e^ε' + k − 1) is a double with rounding error ≤ 2⁻⁵³; k·t − 1
-    ≈ ε' for a small ε', so its relative error is ≈ k·2⁻⁵²/ε'. Keeping :data:`PRECISION_DIGITS`
-    significant digits needs ε' ≥ 10³·k·2⁻⁵² (1.1e-11 for k = 51).
+    The client estimator divides by a = (k·t − 1)/(k − 1) (and by D_q, the same form in t_q, k_q),
+    where t = (e^ε' + (δ'/2)(k − 1))/(e^ε' + k − 1). For a small ε', k·t − 1 lies between ε'/2 and ε'
+    while e^ε', t and k·t each carry a rounding error of at most 2⁻⁵³ in absolute terms (t ≈ 1/k), so
+    the relative error of a is at most ≈ 2⁻⁵⁰/ε' whatever k is. Keeping :data:`PRECISION_DIGITS`
+    significant digits needs ε' ≥ 10³·2⁻⁵⁰. (Below 2⁻⁵³, e^ε' rounds to exactly 1 and a is pure error.)
     """
-    return 10.0 ** PRECISION_DIGITS * k * 2.0 ** -52
+    return 10.0 ** PRECISION_DIGITS * 2.0 ** -50
 
 
 def max_client_epsilon(f_c: float, m_c: int, url_level: bool = True) -> float:
@@ -139,25 +140,24 @@ def check_client_epsilon(epsilon: float, f_c: float, m_c: int, url_level: bool =
             "Values above ~20 already keep every report unchanged with probability ~1.")
 
 
-def check_local_budget(epsilon: float, f_c: float, m_c: int, k_max: int, url_level: bool = True) -> None:
+def check_local_budget(epsilon: float, f_c: float, m_c: int, url_level: bool = True) -> None:
     """LocalAlg's arithmetic stays finite and meaningful (ALGORITHM.md §5, Fig. 6 lines 1-5).
 
-    ``k_max`` bounds the number of values a report chooses among (k and every k_q; a head list of
-    M records has k ≤ M + 1). Refuses an ε whose e^{ε'} overflows (with the largest ε that works) and
-    an f_C so close to 0 or 1 that a per-report budget falls below :func:`min_report_epsilon`
-    (with the range of f_C that works).
+    Refuses an ε whose e^{ε'} overflows (with the largest ε that works) and an f_C so close to 0 or
+    1 that a per-report budget falls below :func:`min_report_epsilon` (with the range of f_C that
+    works). ``url_level`` False: the whole budget goes to the query (f_C = 1; no URL stage).
     """
     check_client_epsilon(epsilon, f_c, m_c, url_level)
     if not url_level:
         return
-    need = min_report_epsilon(k_max)
+    need = min_report_epsilon()
     lo = need * m_c / epsilon
     if min(f_c, 1.0 - f_c) < lo:
         raise parameter_error(
-            _label("f_c"), f_c, f"between {lo:.3g} and 1 - {lo:.3g} at epsilon = {epsilon:g}, m_c = {m_c} and up to "
-            f"{k_max} values per choice: below, the query or URL budget f_C*epsilon/m_C or (1-f_C)*epsilon/m_C is "
-            f"under {need:.3g}, and LocalAlg's keep probability cannot be told from 1/k in double precision (the "
-            "client estimates would divide by rounding error)",
+            _label("f_c"), f_c, f"between {lo:.3g} and 1 - {lo:.3g} at epsilon = {epsilon:g} and m_c = {m_c}: "
+            f"below, the query or URL budget f_C*epsilon/m_C or (1-f_C)*epsilon/m_C is under {need:.3g}, and "
+            "LocalAlg's keep probability cannot be told from 1/k in double precision (the client estimates would "
+            "divide by rounding error)",
             "Use --f-c between 0.5 and 0.95 (the paper's 0.85).")
 
 
@@ -229,8 +229,7 @@ class BlenderParams:
         check_fraction("optin_fraction", self.optin_fraction)
         check_fraction("f_o", self.f_o)
         check_positive_int("head_list_size", self.head_list_size)
-        # a head list of M records has at most M queries (+ <*,*>) and at most M URLs per query (+ <q,*>)
-        check_local_budget(self.epsilon, self.f_c, self.m_c, self.head_list_size + 1)
+        check_local_budget(self.epsilon, self.f_c, self.m_c)
 
     @property
     def tau(self) -> float:

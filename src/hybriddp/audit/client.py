@@ -48,7 +48,7 @@ def localalg_audit(epsilon: float = 1.0, delta: float = 1e-5, *, f_c: float = 0.
         raise parameter_error("epsilon (--epsilon)", epsilon, "a finite number > 0")
     check_delta(delta)
     hl, names = _audit_head_list()
-    check_local_budget(epsilon, f_c, m_c, max(hl.k, int(hl.kq.max())))
+    check_local_budget(epsilon, f_c, m_c)
     claimed = LocalAlgParams.build(hl, epsilon, delta, f_c, m_c)
     used = lp if lp is not None else claimed
     P = output_distribution(claimed)

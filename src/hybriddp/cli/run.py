@@ -63,7 +63,7 @@ def check_algorithm_params(algorithm: str, params: BlenderParams, log: RecordLog
     """What depends on the log or the algorithm: LocalAlg on a log without URLs spends the whole budget
     on the query (f_C = 1), and the local-only baselines' OLH needs e^ε + 1 < 2^31."""
     if not log.has_urls:
-        check_local_budget(params.epsilon, 1.0, params.m_c, params.head_list_size + 1, url_level=False)
+        check_local_budget(params.epsilon, 1.0, params.m_c, url_level=False)
     if algorithm.startswith("local-only") and params.epsilon > OLH_MAX_EPSILON:
         raise parameter_error("epsilon (--epsilon)", params.epsilon,
                               f"<= {OLH_MAX_EPSILON:.4f} with --algorithm {algorithm}: its OLH reports hash into "

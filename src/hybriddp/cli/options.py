@@ -111,7 +111,8 @@ def privacy_options(with_optin: bool = True, with_curator: bool = True) -> F:
     opts = [
         click.option("--epsilon", type=float, default=4.0, show_default=True,
                      help="Privacy loss ε per user (opt-in and client alike); must be > ln 2 and at most "
-                          f"{LN_MAX:.2f}·m_C/max(f_C, 1 − f_C) (e^ε' must stay finite)."),
+                          f"min({2 * LN_MAX:.2f}, {LN_MAX:.2f}·m_C/max(f_C, 1 − f_C)) (e^(ε/2) and e^ε' must stay "
+                          "finite)."),
         click.option("--delta", type=float, default=1e-5, show_default=True,
                      help=f"Privacy failure probability δ, in [{MIN_DELTA:g}, 1); keep it below 1/number-of-users."),
     ]
@@ -130,7 +131,8 @@ def privacy_options(with_optin: bool = True, with_curator: bool = True) -> F:
     opts += [
         click.option("--f-c", "f_c", type=float, default=0.85, show_default=True,
                      help="Share of a client's budget spent on the query, in (0, 1); the rest on the URL. "
-                          "Values within ~1e-11 of 0 or 1 are refused (rounding would swamp the estimates)."),
+                          "Values within 1000·2^-50·m_C/ε of 0 or 1 (2.2e-13 at ε = 4) are refused: rounding would "
+                          "swamp the client estimates."),
         click.option("--m-c", "m_c", type=int, default=1, show_default=True,
                      help=f"Records each client reports (without replacement), 1 to {MAX_RECORDS_PER_USER}."),
     ]

@@ -1,0 +1,565 @@
+"""Python SDK of the collection service (``hybriddp serve``), over HTTP with httpx.
+
+Three roles, one class each (paper Fig. 1; the API is in docs and ``/openapi.json``):
+
+* :class:`AdminClient` — the operator: create rounds, enrol opt-in users, publish the head list,
+  close, fetch results (bearer admin token).
+* :class:`OptinUploader` — one opt-in user: upload raw records (or values) with the token the
+  operator gave at enrolment. This is the only path raw data takes.
+* :class:`DeviceClient` — one device (a client in the paper): fetch and verify the head list
+  (cached by its ETag), randomize its own records on the device with
+  :func:`hybriddp.device.randomize_records` (charging its own :class:`~hybriddp.device.DeviceLedger`),
+  and submit the message.
+
+Retries. Submitting device messages is idempotent — every message carries a random 16-byte id and
+the server counts an id once — so submissions (and every GET) are retried on connection errors,
+timeouts, HTTP 429 and 5xx, with exponential backoff and full jitter (:class:`RetryPolicy`),
+never on another 4xx. Requests that are not idempotent (create, enrol, upload, publish, close)
+are retried only when the connection could not be opened at all (nothing was sent).
+
+Errors. A refusal by the server becomes a :class:`ServiceRequestError` subclass carrying the
+server's code and message (which names the field, the value and the fix); a server that stays
+unreachable becomes :class:`ServiceUnavailableError`. Both are
+:class:`~hybriddp.errors.HybridDPError`, so the CLI prints them as one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from hybriddp.device import DeviceLedger, check_message_id, randomize_records, validate_headlist
+from hybriddp.errors import HybridDPError, parameter_error
+
+log = logging.getLogger(__name__)
+
+API = "/api/v1"
+NDJSON = "application/x-ndjson"
+
+
+# ----- errors ---------------------------------------------------------------------------------
+class ServiceRequestError(HybridDPError):
+    """The server refused a request (HTTP 4xx): ``status``, ``code`` and the server's ``message``."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class UnauthorizedError(ServiceRequestError):
+    """HTTP 401/403: a missing or wrong token."""
+
+
+class NotFoundError(ServiceRequestError):
+    """HTTP 404: no such round (or endpoint)."""
+
+
+class ConflictError(ServiceRequestError):
+    """HTTP 409: the round's state does not allow the request (e.g. reports after close)."""
+
+
+class BodyTooLargeError(ServiceRequestError):
+    """HTTP 413: the body is over the server's size limit."""
+
+
+class ServiceUnavailableError(ServiceRequestError):
+    """The server could not be reached, timed out or kept failing (5xx/429) after every retry.
+
+    ``pending`` holds the device message that was not acknowledged, if any: it may be resent
+    as it is (same id) later; the device ledger has already been charged for it.
+    """
+
+    pending: dict[str, Any] | None = None
+
+
+_BY_STATUS: dict[int, type[ServiceRequestError]] = {
+    401: UnauthorizedError, 403: UnauthorizedError, 404: NotFoundError, 409: ConflictError, 413: BodyTooLargeError,
+}
+
+
+def _error_from_response(resp: httpx.Response, what: str) -> ServiceRequestError:
+    """The server's JSON error ``{"error": {"code", "message"}}`` as an exception naming the request."""
+    code, message = None, None
+    try:
+        body = resp.json()
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict):
+            code, message = err.get("code"), err.get("message")
+        elif isinstance(body, dict) and "detail" in body:
+            message = str(body["detail"])
+    except (ValueError, UnicodeDecodeError):
+        pass
+    if not message:
+        message = (resp.text or resp.reason_phrase or "no message").strip()[:300]
+    cls = _BY_STATUS.get(resp.status_code, ServiceUnavailableError if resp.status_code >= 500 else ServiceRequestError)
+    tag = f"HTTP {resp.status_code}" + (f" {code}" if code else "")
+    return cls(f"{what}: {message} ({tag})", status=resp.status_code, code=code)
+
+
+# ----- retries --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter: before retry n (1, 2, ...) wait a uniform time in
+    [0, min(max_delay, base_delay · 2^(n−1))] seconds (or the server's Retry-After, if larger and
+    at most ``max_delay``). ``attempts`` counts the first try; 1 means no retry."""
+
+    attempts: int = 6
+    base_delay: float = 0.2
+    max_delay: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+            raise parameter_error("attempts", self.attempts, "an integer >= 1 (1 = no retry)")
+        for name in ("base_delay", "max_delay"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 <= v < float("inf")):
+                raise parameter_error(name, v, "a finite number of seconds >= 0")
+
+    def delay(self, retry: int, retry_after: float | None = None, rng: random.Random | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based)."""
+        cap = min(self.max_delay, self.base_delay * 2.0 ** (retry - 1))
+        wait = (rng or _JITTER).uniform(0.0, cap)
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, self.max_delay))
+        return wait
+
+
+_JITTER = random.Random()  # jitter only spreads retries out in time: no secret depends on it
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+# ----- the HTTP core ----------------------------------------------------------------------------
+def check_base_url(base_url: Any) -> str:
+    """``http(s)://host[:port][/prefix]`` without a trailing slash, else a ParameterError."""
+    ok = isinstance(base_url, str)
+    if ok:
+        parts = urlsplit(base_url.strip())
+        ok = parts.scheme in ("http", "https") and bool(parts.netloc) and not parts.query and not parts.fragment
+    if not ok:
+        raise parameter_error("server URL (--server)", base_url, "an http:// or https:// URL such as "
+                              "http://127.0.0.1:8000 (where `hybriddp serve` listens)")
+    return base_url.strip().rstrip("/")
+
+
+class _Http:
+    """One httpx connection pool to one server, with error mapping and retries."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, retry: RetryPolicy | None = None,
+                 timeout: float = 60.0, client: httpx.Client | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.base_url = check_base_url(base_url)
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._own = client is None
+        self.http = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
+        self._headers = headers
+
+    def close(self) -> None:
+        """Close the connection pool (when this object created it)."""
+        if self._own:
+            self.http.close()
+
+    def __enter__(self):  # type: ignore[no-untyped-def]  # returns the subclass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, *, what: str, idempotent: bool, json_body: Any = None,
+                content: bytes | None = None, headers: dict[str, str] | None = None,
+                ok: Sequence[int] = (200, 201), params: dict[str, str] | None = None) -> httpx.Response:
+        """Send a request; return the response if its status is in ``ok``, else raise.
+
+        ``idempotent`` requests are retried on transport errors, timeouts, 429 and 5xx; the others
+        only when the connection could not be opened (nothing reached the server).
+        """
+        url = self.base_url + path
+        hdrs = {**self._headers, **(headers or {})}
+        if json_body is not None:
+            content = json.dumps(json_body, allow_nan=False, separators=(",", ":")).encode("utf-8")
+            hdrs.setdefault("Content-Type", "application/json")
+        last: str = ""
+        for attempt in range(1, self.retry.attempts + 1):
+            retry_after = None
+            try:
+                resp = self.http.request(method, url, content=content, headers=hdrs, params=params)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                last = f"cannot connect to {self.base_url} ({exc or type(exc).__name__})"
+            except httpx.TransportError as exc:  # sent (maybe partly): only idempotent requests may go again
+                last = f"{type(exc).__name__} talking to {self.base_url} ({exc or 'no detail'})"
+                if not idempotent:
+                    raise ServiceUnavailableError(f"{what}: {last}; the request may or may not have been "
+                                                  "applied: check the round's status before repeating it") from None
+            else:
+                if resp.status_code in ok:
+                    return resp
+                if not (resp.status_code == 429 or resp.status_code >= 500) or not idempotent:
+                    raise _error_from_response(resp, what)
+                last = str(_error_from_response(resp, what))
+                retry_after = _retry_after(resp)
+            if attempt < self.retry.attempts:
+                wait = self.retry.delay(attempt, retry_after)
+                log.info("%s: %s; retry %d of %d in %.2f s", what, last, attempt, self.retry.attempts - 1, wait)
+                self._sleep(wait)
+        tries = self.retry.attempts
+        raise ServiceUnavailableError(f"{what}: {last} (gave up after {tries} attempt{'s' * (tries > 1)}); "
+                                      "is `hybriddp serve` running there?")
+
+
+def _rid(round_id: Any) -> str:
+    if not isinstance(round_id, str) or not round_id or len(round_id) > 64:
+        raise parameter_error("round id (--round)", round_id, "the id `hybriddp round create` printed "
+                              "(22 characters of A-Z a-z 0-9 - _)")
+    return quote(round_id, safe="")
+
+
+def _json(resp: httpx.Response, what: str) -> Any:
+    try:
+        return resp.json()
+    except (ValueError, UnicodeDecodeError):
+        raise ServiceRequestError(f"{what}: the server answered HTTP {resp.status_code} with a body that is not "
+                                  f"JSON ({resp.text[:80]!r}); is this a hybriddp server?",
+                                  status=resp.status_code) from None
+
+
+# ----- the administrator ------------------------------------------------------------------------
+class AdminClient(_Http):
+    """The operator of the service (admin bearer token).
+
+    >>> admin = AdminClient("http://127.0.0.1:8000", token)            # doctest: +SKIP
+    >>> rnd = admin.create_round("blender", {"epsilon": 4, "delta": 1e-5})  # doctest: +SKIP
+    """
+
+    def __init__(self, base_url: str, token: str, **kw: Any) -> None:
+        if not isinstance(token, str) or not token.strip():
+            raise parameter_error("admin token", "<empty>", "the token `hybriddp serve` was started with "
+                                  "(--admin-token-file, or the HYBRIDDP_ADMIN_TOKEN environment variable)")
+        kw.setdefault("timeout", 600.0)  # closing a round of millions of reports takes seconds
+        super().__init__(base_url, token=token.strip(), **kw)
+
+    def create_round(self, kind: str = "blender", params: dict[str, Any] | None = None, *, name: str | None = None,
+                     seed: int | None = None) -> dict[str, Any]:
+        """Create a round (state collecting-optin). ``seed``: experiments only, no privacy."""
+        body: dict[str, Any] = {"kind": kind, "params": dict(params or {})}
+        if name is not None:
+            body["name"] = name
+        if seed is not None:
+            body["seed"] = seed
+        return _json(self.request("POST", f"{API}/rounds", what="create round", idempotent=False,
+                                  json_body=body, ok=(201, 200)), "create round")
+
+    def round(self, round_id: str) -> dict[str, Any]:
+        """One round's state, parameters and counts."""
+        what = f"round {round_id}"
+        return _json(self.request("GET", f"{API}/rounds/{_rid(round_id)}", what=what, idempotent=True), what)
+
+    def rounds(self) -> list[dict[str, Any]]:
+        """Every round, newest first as the server lists them."""
+        return _json(self.request("GET", f"{API}/rounds", what="list rounds", idempotent=True),
+                     "list rounds")["rounds"]
+
+    def enrol(self, round_id: str, user: str) -> str:
+        """Enrol one opt-in user; returns the user's upload token (shown once, never stored by the server)."""
+        what = f"enrol a user in round {round_id}"
+        resp = self.request("POST", f"{API}/rounds/{_rid(round_id)}/optin/enrol", what=what, idempotent=False,
+                            json_body={"user": user}, ok=(201, 200))
+        return _json(resp, what)["token"]
+
+    def enrol_many(self, round_id: str, users: Sequence[str], *, chunk: int = 10_000) -> list[str]:
+        """Enrol users in order (their order is the curator's user order); one token per user."""
+        what = f"enrol users in round {round_id}"
+        tokens: list[str] = []
+        for i in range(0, len(users), chunk):
+            part = list(users[i:i + chunk])
+            resp = self.request("POST", f"{API}/rounds/{_rid(round_id)}/optin/enrol", what=what,
+                                idempotent=False, json_body={"users": part}, ok=(201, 200))
+            got = _json(resp, what).get("tokens")
+            if not isinstance(got, list) or len(got) != len(part):
+                raise ServiceRequestError(f"{what}: the server answered without one token per user")
+            tokens.extend(got)
+        return tokens
+
+    def publish_headlist(self, round_id: str, *, vocabulary: dict[str, list[str]] | None = None) -> dict[str, Any]:
+        """Build the head list from the uploaded opt-in records, charge the ledger, publish, delete raw data.
+
+        ``vocabulary`` (seeded experiment rounds only): the order of the query and URL codes
+        ``{"queries": [...], "urls": [...]}``, so the build reproduces a seeded simulation.
+        """
+        what = f"publish the head list of round {round_id}"
+        body = {"vocabulary": vocabulary} if vocabulary is not None else None
+        return _json(self.request("POST", f"{API}/rounds/{_rid(round_id)}/headlist", what=what, idempotent=False,
+                                  json_body=body), what)
+
+    def close(self, round_id: str) -> dict[str, Any]:
+        """Close the round (reports are refused from now on) and compute its results."""
+        what = f"close round {round_id}"
+        return _json(self.request("POST", f"{API}/rounds/{_rid(round_id)}/close", what=what, idempotent=False),
+                     what)
+
+    def results(self, round_id: str, fmt: str = "json") -> Any:
+        """The results: a dict for ``json``, the bytes of the records table for ``csv`` / ``parquet``."""
+        if fmt not in ("json", "csv", "parquet"):
+            raise parameter_error("results format", fmt, "json, csv or parquet")
+        return _results(self, round_id, fmt)
+
+    def local_search(self, round_id: str) -> dict[str, Any]:
+        """The compact local-search document (queries, their URLs, blended probabilities)."""
+        return _local_search(self, round_id)
+
+    def release(self, round_id: str) -> dict[str, Any]:
+        """The published inputs of the result: head list, opt-in estimates, report counts per entry."""
+        what = f"release of round {round_id}"
+        return _json(self.request("GET", f"{API}/rounds/{_rid(round_id)}/release", what=what, idempotent=True),
+                     what)
+
+
+def _results(h: _Http, round_id: str, fmt: str) -> Any:
+    what = f"results of round {round_id}"
+    resp = h.request("GET", f"{API}/rounds/{_rid(round_id)}/results", what=what, idempotent=True,
+                     params={"format": fmt})
+    return _json(resp, what) if fmt == "json" else resp.content
+
+
+def _local_search(h: _Http, round_id: str) -> dict[str, Any]:
+    what = f"local-search document of round {round_id}"
+    return _json(h.request("GET", f"{API}/rounds/{_rid(round_id)}/local-search", what=what, idempotent=True), what)
+
+
+# ----- an opt-in user ---------------------------------------------------------------------------
+class OptinUploader(_Http):
+    """One opt-in user of one round: uploads raw records with the token from enrolment."""
+
+    def __init__(self, base_url: str, round_id: str, token: str, **kw: Any) -> None:
+        if not isinstance(token, str) or not token:
+            raise parameter_error("opt-in token", token, "the token the operator gave at enrolment")
+        super().__init__(base_url, token=token, **kw)
+        self.round_id = round_id
+
+    def upload(self, records: Iterable[tuple[str, str | None]], *, chunk: int = 50_000) -> int:
+        """Upload (query, url) records (url None when there is none), in order; returns how many were accepted.
+
+        Not retried once sent (a repeated upload would store the records twice).
+        """
+        what = f"upload opt-in records to round {self.round_id}"
+        path = f"{API}/rounds/{_rid(self.round_id)}/optin/records"
+        accepted = 0
+        for part in _chunks(({"query": q, "url": u} for q, u in records), chunk):
+            resp = self.request("POST", path, what=what, idempotent=False, json_body={"records": part})
+            accepted += int(_json(resp, what)["accepted"])
+        return accepted
+
+    def upload_values(self, values: Iterable[float]) -> int:
+        """Mean rounds: upload raw numeric values; returns how many were accepted."""
+        what = f"upload opt-in values to round {self.round_id}"
+        resp = self.request("POST", f"{API}/rounds/{_rid(self.round_id)}/optin/records", what=what,
+                            idempotent=False, json_body={"values": [float(v) for v in values]})
+        return int(_json(resp, what)["accepted"])
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    part: list[Any] = []
+    for x in items:
+        part.append(x)
+        if len(part) >= size:
+            yield part
+            part = []
+    if part:
+        yield part
+
+
+# ----- a device -----------------------------------------------------------------------------
+@dataclass
+class Acknowledgement:
+    """The server's answer to submitted messages: all acknowledged, ``counted`` new, ``duplicates`` seen before."""
+
+    acknowledged: int = 0
+    counted: int = 0
+    duplicates: int = 0
+
+    def __iadd__(self, other: Acknowledgement) -> Acknowledgement:
+        self.acknowledged += other.acknowledged
+        self.counted += other.counted
+        self.duplicates += other.duplicates
+        return self
+
+
+class DeviceClient(_Http):
+    """One device taking part in a round (LocalAlg on the device, ALGORITHM.md §5).
+
+    Parameters
+    ----------
+    base_url, round_id : the server and the round.
+    device_ledger : the device's own :class:`~hybriddp.device.DeviceLedger`; charged before a report leaves.
+    outbox : optional file holding the one message not yet acknowledged. :meth:`participate` writes it
+        (atomically) before sending and removes it once the server acknowledged; a later call for the
+        same head list resends it unchanged (same id: counted once) instead of randomizing again.
+    retry, timeout : see :class:`RetryPolicy` (device submissions are retried: they are idempotent).
+    """
+
+    def __init__(self, base_url: str, round_id: str, device_ledger: DeviceLedger | None = None, *,
+                 outbox: str | os.PathLike[str] | None = None, **kw: Any) -> None:
+        kw.setdefault("timeout", 60.0)
+        super().__init__(base_url, **kw)
+        self.round_id = round_id
+        self.ledger = device_ledger
+        self.outbox = os.fspath(outbox) if outbox is not None else None
+        self._etag: str | None = None
+        self._headlist: dict[str, Any] | None = None
+
+    # -- the head list --
+    def fetch_headlist(self) -> dict[str, Any]:
+        """The round's head list, verified (fields, ranges, content hash == ETag); cached by ETag.
+
+        A second call sends ``If-None-Match`` and reuses the cached document on 304 Not Modified.
+        """
+        what = f"head list of round {self.round_id}"
+        headers = {"If-None-Match": self._etag} if self._etag and self._headlist is not None else {}
+        resp = self.request("GET", f"{API}/rounds/{_rid(self.round_id)}/headlist", what=what, idempotent=True,
+                            headers=headers, ok=(200, 304))
+        if resp.status_code == 304 and self._headlist is not None:
+            return self._headlist
+        doc = validate_headlist(_json(resp, what), f"{what} from {self.base_url}")
+        etag = resp.headers.get("etag")
+        if etag is not None and etag.strip('W/"') != doc["content_hash"]:
+            raise ServiceRequestError(f"{what}: the ETag {etag} does not match the document's content hash "
+                                      f"{doc['content_hash'][:19]}…; a proxy or cache altered it. Retry later.")
+        self._etag, self._headlist = etag or f'"{doc["content_hash"]}"', doc
+        return doc
+
+    @property
+    def headlist_cached(self) -> dict[str, Any] | None:
+        """The last verified head list (None before :meth:`fetch_headlist`)."""
+        return self._headlist
+
+    # -- participating --
+    def participate(self, records: Sequence[tuple[str, str | None]]) -> Acknowledgement:
+        """Randomize this device's records over the round's head list and submit the message.
+
+        The device ledger (if any) is charged before the message leaves; a message the server did not
+        acknowledge raises :class:`ServiceUnavailableError` with ``pending`` set (and stays in the outbox).
+        """
+        doc = self.fetch_headlist()
+        msg = self._outbox_message(doc["content_hash"])
+        if msg is None:
+            msg = randomize_records(doc, records, ledger=self.ledger)
+            self._write_outbox(msg)
+        ack = self.submit(msg)
+        self._clear_outbox()
+        return ack
+
+    def submit(self, message: dict[str, Any]) -> Acknowledgement:
+        """Submit one message (retried: the id makes it idempotent)."""
+        try:
+            return self._post_messages(json.dumps(message, separators=(",", ":"), allow_nan=False).encode(),
+                                       "application/json", 1)
+        except ServiceUnavailableError as exc:
+            exc.pending = message
+            raise
+
+    def submit_batch(self, messages: Iterable[dict[str, Any]], *, chunk: int = 10_000,
+                     ndjson: bool = True) -> Acknowledgement:
+        """Submit many messages (a relay, or simulated devices): NDJSON (or JSON-array) bodies of at most
+        ``chunk`` messages, each retried; a body the server finds too large (413) is split in halves."""
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise parameter_error("chunk", chunk, "an integer >= 1 (messages per request)")
+        total = Acknowledgement()
+        for part in _chunks(messages, chunk):
+            total += self._submit_lines([json.dumps(m, separators=(",", ":"), allow_nan=False) for m in part],
+                                        ndjson)
+        return total
+
+    def _submit_lines(self, lines: list[str], ndjson: bool) -> Acknowledgement:
+        body = ("\n".join(lines) + "\n") if ndjson else "[" + ",".join(lines) + "]"
+        try:
+            return self._post_messages(body.encode("utf-8"), NDJSON if ndjson else "application/json", len(lines))
+        except BodyTooLargeError:
+            if len(lines) == 1:
+                raise
+            half = len(lines) // 2
+            ack = self._submit_lines(lines[:half], ndjson)
+            ack += self._submit_lines(lines[half:], ndjson)
+            return ack
+
+    def _post_messages(self, body: bytes, ctype: str, n: int) -> Acknowledgement:
+        what = f"submit {n:,} device message{'s' * (n != 1)} to round {self.round_id}"
+        resp = self.request("POST", f"{API}/rounds/{_rid(self.round_id)}/reports", what=what, idempotent=True,
+                            content=body, headers={"Content-Type": ctype})
+        got = _json(resp, what)
+        return Acknowledgement(int(got["acknowledged"]), int(got["counted"]), int(got["duplicates"]))
+
+    # -- mean rounds --
+    def participate_value(self, value: float) -> Acknowledgement:
+        """Mean rounds: clamp and randomize one value on the device (ALGORITHM.md §11) and submit it."""
+        from hybriddp.device import new_message_id
+        from hybriddp.mean_device import randomize_value
+
+        what = f"round {self.round_id}"
+        rnd = _json(self.request("GET", f"{API}/rounds/{_rid(self.round_id)}", what=what, idempotent=True), what)
+        p = rnd.get("params", {})
+        if rnd.get("kind") != "mean":
+            raise ServiceRequestError(f"round {self.round_id} is a {rnd.get('kind')} round, not a mean round; "
+                                      "use participate(records)")
+        eps, lo, hi = float(p["epsilon"]), float(p["lower"]), float(p["upper"])
+        if self.ledger is not None:
+            self.ledger.record(f"mean:{self.round_id}", eps, 0.0)
+        return self.submit({"id": new_message_id(), "value": randomize_value(value, lower=lo, upper=hi, epsilon=eps)})
+
+    # -- the outbox --
+    def _outbox_message(self, headlist_hash: str) -> dict[str, Any] | None:
+        if self.outbox is None or not os.path.exists(self.outbox):
+            return None
+        try:
+            with open(self.outbox, encoding="utf-8") as fh:
+                msg = json.load(fh)
+            check_message_id(msg.get("id"))
+        except (OSError, ValueError, AttributeError, HybridDPError) as exc:
+            raise ServiceRequestError(f"outbox {self.outbox} cannot be read ({exc}); it should hold one device "
+                                      "message. Move it away to participate again") from None
+        return msg if msg.get("headlist") == headlist_hash else None
+
+    def _write_outbox(self, msg: dict[str, Any]) -> None:
+        if self.outbox is not None:
+            from hybriddp.io.atomic import write_text
+            write_text(self.outbox, json.dumps(msg))
+
+    def _clear_outbox(self) -> None:
+        if self.outbox is not None:
+            try:
+                os.unlink(self.outbox)
+            except FileNotFoundError:
+                pass
+
+    def results(self, fmt: str = "json") -> Any:
+        """The round's published results (anyone may read them)."""
+        return _results(self, self.round_id, fmt)
+
+    def local_search(self) -> dict[str, Any]:
+        """The round's local-search document."""
+        return _local_search(self, self.round_id)
+
+
+__all__ = [
+    "Acknowledgement", "AdminClient", "BodyTooLargeError", "ConflictError", "DeviceClient", "NotFoundError",
+    "OptinUploader", "RetryPolicy", "ServiceRequestError", "ServiceUnavailableError", "UnauthorizedError",
+    "check_base_url",
+]

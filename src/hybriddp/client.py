@@ -513,8 +513,7 @@ class DeviceClient(_Http):
         from hybriddp.device import new_message_id
         from hybriddp.mean_device import randomize_value
 
-        what = f"round {self.round_id}"
-        rnd = _json(self.request("GET", f"{API}/rounds/{_rid(self.round_id)}", what=what, idempotent=True), what)
+        rnd = self.round()
         p = rnd.get("params", {})
         if rnd.get("kind") != "mean":
             raise ServiceRequestError(f"round {self.round_id} is a {rnd.get('kind')} round, not a mean round; "
@@ -548,6 +547,11 @@ class DeviceClient(_Http):
                 os.unlink(self.outbox)
             except FileNotFoundError:
                 pass
+
+    def round(self) -> dict[str, Any]:
+        """The round's state, parameters and counts (anyone may read them)."""
+        what = f"round {self.round_id}"
+        return _json(self.request("GET", f"{API}/rounds/{_rid(self.round_id)}", what=what, idempotent=True), what)
 
     def results(self, fmt: str = "json") -> Any:
         """The round's published results (anyone may read them)."""

@@ -18,6 +18,7 @@ from hybriddp.cli.experiment import experiment_cmd
 from hybriddp.cli.files import estimate_cmd, headlist_cmd, randomize_cmd
 from hybriddp.cli.mean import mean_group
 from hybriddp.cli.privacy import privacy_group
+from hybriddp.cli.rounds import participate_cmd, round_group
 from hybriddp.cli.run import demo_cmd, run_cmd
 from hybriddp.cli.synth import synth_cmd
 from hybriddp.cli.tune import tune_cmd
@@ -59,7 +60,7 @@ def cli(verbose: int) -> None:
 
 
 for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, experiment_cmd,
-             audit_cmd, mean_group, tune_cmd):
+             audit_cmd, mean_group, tune_cmd, round_group, participate_cmd):
     cli.add_command(_cmd)
 
 

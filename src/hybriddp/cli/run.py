@@ -228,8 +228,11 @@ def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | No
 @noise_option()
 @seed_option()
 @output_options
+@click.option("--service", is_flag=True, help="Run the round through a real local collection server (HTTP, a "
+              "temporary SQLite database): opt-in uploads, head list, device reports, close. With --seed the "
+              "estimates equal those without --service.")
 def demo_cmd(preset: str, scale: float, algorithm: str, seed: int | None, as_json: bool, output: str | None, top: int,
-             noise: str, **knobs: object) -> None:
+             noise: str, service: bool, **knobs: object) -> None:
     """Run BLENDER on a built-in synthetic search log calibrated to AOL (paper defaults: ε = 4,
     δ = 1e-5, 5% opt-in, M = 50). Takes well under a minute."""
     from hybriddp.io.synth import generate
@@ -245,5 +248,9 @@ def demo_cmd(preset: str, scale: float, algorithm: str, seed: int | None, as_jso
         if on_stage:
             on_stage(f"generating the {preset} preset")
         log = generate(preset, seed=seed, scale=scale)
+    if service:
+        from hybriddp.cli.rounds import demo_through_service
+        return demo_through_service(log, params, seed=seed, as_json=as_json, output=output, top=top, noise=noise,
+                                    algorithm=algorithm, source=f"the {preset} preset at --scale {scale:g}")
     simulate_and_report(log, params, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm,
                         noise=noise, source=f"the {preset} preset at --scale {scale:g}")

@@ -1,0 +1,271 @@
+"""The demo through the collection service: one BLENDER round over HTTP on a local server.
+
+:func:`service_round` plays every party of paper Fig. 1 against a running server with the SDK
+(:mod:`hybriddp.client`): the operator creates the round and enrols the opt-in users, each opt-in
+user uploads their raw records, the server builds and publishes the head list, every client
+device randomizes its records (the device randomizer, :func:`hybriddp.parties.device.log_messages`)
+and the messages are submitted in batches, the operator closes the round, and the result is
+fetched. :func:`service_demo` does that on a temporary SQLite database behind a server started on
+127.0.0.1 (:func:`local_server`); ``hybriddp demo --service`` and ``hybriddp serve --demo`` call it.
+
+Reproducing a seeded simulation. With a seed the round is created as an *experiment* (no privacy):
+the opt-in users are :func:`hybriddp.pipeline.split_optin`'s, enrolled in the simulation's order,
+each uploading their records in log order; the head-list build gets the seed and the order of the
+vocabulary codes (CreateHeadList draws one noise value per distinct record in code order), and the
+devices replay the batch randomizer's draws (``log_messages(..., seed=seed)``). The server then
+computes exactly what ``hybriddp demo --seed`` computes.
+
+Scoring. The server knows no truth. The demo rebuilds the server's result from the published
+release (head list, opt-in estimates, report counts: :func:`hybriddp.parties.serve_estimates`),
+checks it equals the result the server published, and scores it against the distribution of the
+records the parties sampled (ALGORITHM.md §9): with a seed the simulation replays the curator's and
+the devices' sampling; without one the parties' samples are secret and a fresh sample stands in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import secrets
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+
+from hybriddp.client import Acknowledgement, AdminClient, DeviceClient, OptinUploader
+from hybriddp.errors import DataError, HybridDPError
+from hybriddp.evaluate import ground_truth, score, truth_vectors
+from hybriddp.headlist import HeadList
+from hybriddp.noise import noise_factory
+from hybriddp.params import BlenderParams
+from hybriddp.parties import release_from_documents, serve_estimates
+from hybriddp.parties.curator import curator_side
+from hybriddp.parties.device import log_messages, sample_clients
+from hybriddp.pipeline import split_optin
+from hybriddp.records import NO_URL, RecordLog, SampledRecords, sample_records
+from hybriddp.result import Result
+from hybriddp.stages import Stages
+
+RUN_SIZES = ("users", "records", "optin_users", "optin_users_s", "optin_users_t", "clients", "records_s",
+             "records_t", "reports", "head_list_s_records", "head_list_s_queries")
+"""The sizes of a simulated run (:func:`hybriddp.pipeline.result_from_run`), in its order."""
+
+MESSAGES_PER_REQUEST = 20_000
+"""Device messages per batched submission (NDJSON)."""
+
+
+# ----- a server on 127.0.0.1 ----------------------------------------------------------------
+@contextlib.contextmanager
+def local_server(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve an ASGI app with Uvicorn in a background thread on a free port; yields its base URL.
+
+    The socket is bound before the thread starts, so the URL works as soon as it is yielded
+    (connections wait in the backlog until Uvicorn accepts them). The server is stopped on exit.
+    """
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(2048)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="auto"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="hybriddp-local-server",
+                              daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+# ----- one round through the service ----------------------------------------------------------
+@dataclass
+class ServiceRound:
+    """What the demo round produced."""
+
+    result: Result  # the server's result, scored against the truth (as `hybriddp demo` shows it)
+    round: dict[str, Any]  # the server's Round JSON after close
+    server_results: dict[str, Any]  # the result JSON the server published
+    reports: Acknowledgement  # what the server answered to the device submissions
+    base_url: str
+
+
+def round_params(params: BlenderParams, noise: str) -> dict[str, Any]:
+    """A round's ``params`` object for ``POST /api/v1/rounds``."""
+    return {"epsilon": params.epsilon, "delta": params.delta, "head_list_size": params.head_list_size,
+            "m_o": params.m_o, "m_c": params.m_c, "f_o": params.f_o, "f_c": params.f_c, "noise": noise,
+            "project": params.project, "optin_fraction": params.optin_fraction}
+
+
+def _optin_vocabulary(log: RecordLog, rows: np.ndarray) -> dict[str, list[str]]:
+    """The opt-in records' strings in the order of the log's integer codes (seeded experiments only)."""
+    q = np.unique(log.query[rows])
+    u = np.unique(log.url[rows])
+    return {"queries": log.queries.decode(q), "urls": log.urls.decode(u[u != NO_URL])}
+
+
+def _user_rows(log: RecordLog, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the given users (in their order) and the CSR offsets into them."""
+    off = log.user_offsets
+    counts = off[users + 1] - off[users]
+    starts = np.repeat(off[users] - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    rows = np.arange(int(counts.sum()), dtype=np.int64) + starts
+    return rows, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+def _records(log: RecordLog, rows: np.ndarray) -> list[tuple[str, str | None]]:
+    queries = log.queries.decode(log.query[rows])
+    if not log.has_urls:
+        return [(q, None) for q in queries]
+    url_ids = log.url[rows]
+    urls = log.urls.decode(np.where(url_ids == NO_URL, 0, url_ids)) if len(log.urls) else [""] * len(rows)
+    return [(q, None if uid == NO_URL else u) for q, u, uid in zip(queries, urls, url_ids.tolist(), strict=True)]
+
+
+def service_round(log: RecordLog, params: BlenderParams, *, base_url: str, admin_token: str, seed: int | None,
+                  noise: str = "discrete", name: str = "demo", stages: Stages | None = None) -> ServiceRound:
+    """Run one BLENDER round of the simulated population ``log`` through the server at ``base_url``."""
+    stages = stages or Stages()
+    with stages.stage("assign opt-in users"):
+        optin_users, client_users = split_optin(log.n_users, params.optin_fraction, seed)
+    with contextlib.ExitStack() as stack:
+        admin = stack.enter_context(AdminClient(base_url, admin_token))
+        http = stack.enter_context(httpx.Client(timeout=120.0))
+        with stages.stage("create the round and enrol the opt-in users"):
+            rnd = admin.create_round("blender", round_params(params, noise), name=name, seed=seed)
+            rid = rnd["id"]
+            tokens = admin.enrol_many(rid, log.user_keys(optin_users))
+        with stages.stage("opt-in users upload their records"):
+            rows, bounds = _user_rows(log, optin_users)
+            records = _records(log, rows)
+            for i, token in enumerate(tokens):
+                lo, hi = int(bounds[i]), int(bounds[i + 1])
+                if hi > lo:
+                    OptinUploader(base_url, rid, token, client=http).upload(records[lo:hi])
+            del records
+        with stages.stage("the server builds and publishes the head list"):
+            admin.publish_headlist(rid, vocabulary=_optin_vocabulary(log, rows) if seed is not None else None)
+        with stages.stage("devices randomize and submit their reports"):
+            device = DeviceClient(base_url, rid, client=http)
+            headlist = device.fetch_headlist()
+            ack = device.submit_batch(log_messages(log, client_users, headlist, seed=seed),
+                                      chunk=MESSAGES_PER_REQUEST)
+        with stages.stage("close the round and estimate"):
+            closed = admin.close(rid)
+            server_results = admin.results(rid)
+            release = admin.release(rid)
+        with stages.stage("score against the truth"):
+            res = scored_result(log, params, release, optin_users, client_users, seed=seed, noise=noise)
+            check_same_estimates(res, server_results)
+    return ServiceRound(res, closed, server_results, ack, base_url)
+
+
+def scored_result(log: RecordLog, params: BlenderParams, release: dict[str, Any], optin_users: np.ndarray,
+                  client_users: np.ndarray, *, seed: int | None, noise: str) -> Result:
+    """The server's result rebuilt from its release, named in the log's vocabulary, with truth and metrics
+    as :func:`hybriddp.pipeline.result_from_run` computes them."""
+    rel = release_from_documents(release["headlist"], release["estimates"], headlist_source="the round's head list",
+                                 estimates_source="the round's opt-in estimates")
+    counts = np.asarray(release["counts"], dtype=np.int64)
+    server = serve_estimates(rel, counts)
+    hl = _in_log_codes(release["headlist"], log)
+    n_optin = len(optin_users)
+    parts = _sampled_parts(log, params, optin_users, client_users, seed=seed, noise=noise)
+    sizes = {**server.sizes, "users": log.n_users, "records": log.n_records, "clients": log.n_users - n_optin}
+    res = Result.blender(server.params, hl, log.queries, log.urls, server.parts, {k: sizes[k] for k in RUN_SIZES},
+                         server.seed, server.url_level)
+    truth, held = ground_truth(log, parts)
+    res.truth_query, res.truth_record = truth_vectors(hl, truth)
+    res.metrics = score(hl, res.blended.records_final, res.blended.queries_final, truth, log, held)
+    return res
+
+
+def _in_log_codes(headlist: dict[str, Any], log: RecordLog) -> HeadList:
+    """The published head list coded in the log's vocabularies (to score it against the log)."""
+    names = [q["query"] for q in headlist["queries"]]
+    qids = log.queries.encode(names)
+    urls = [log.urls.encode(q["urls"]) if q["urls"] else np.zeros(0, dtype=np.int64) for q in headlist["queries"]]
+    if (qids < 0).any() or any((u < 0).any() for u in urls):
+        raise DataError("the server's head list names a query or URL the demo's log does not have; the round "
+                        "was not built from this log")
+    return HeadList.from_lists(qids.tolist(), [u.tolist() for u in urls])
+
+
+def _sampled_parts(log: RecordLog, params: BlenderParams, optin_users: np.ndarray, client_users: np.ndarray, *,
+                   seed: int | None, noise: str) -> tuple[SampledRecords, ...]:
+    """The records the parties sampled: replayed with a seed (the simulation's own streams), else a fresh sample."""
+    if seed is not None:
+        cur = curator_side(log, optin_users, params, seed=seed, noise_factory=noise_factory(noise))
+        return cur.sampled_s, cur.sampled_t, sample_clients(log, client_users, params.m_c, seed)
+    rng = np.random.default_rng()
+    return (sample_records(log, optin_users, params.m_o, rng), sample_records(log, client_users, params.m_c, rng))
+
+
+def check_same_estimates(res: Result, server_results: dict[str, Any]) -> None:
+    """The result rebuilt from the release must be the one the server published (else a bug)."""
+    mine = res.to_json()
+    for table in ("records", "queries"):
+        theirs = server_results.get(table)
+        ours = [{k: v for k, v in row.items() if k != "p_true"} for row in mine[table]]
+        if not isinstance(theirs, list) or len(theirs) != len(ours) or any(
+                not _same_row(a, b) for a, b in zip(ours, theirs, strict=True)):
+            raise HybridDPError(f"the server's published {table} differ from the result its release gives; this is "
+                                "a bug, please report it")
+
+
+def _same_row(a: dict[str, Any], b: Any) -> bool:
+    if not isinstance(b, dict) or set(a) != set(b):
+        return False
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, float) and isinstance(w, (int, float)):
+            if not (v == w or math.isclose(v, w, rel_tol=1e-12, abs_tol=1e-300)):
+                return False
+        elif v != w:
+            return False
+    return True
+
+
+# ----- on a temporary database ------------------------------------------------------------------
+def service_demo(log: RecordLog, params: BlenderParams, *, seed: int | None, noise: str = "discrete",
+                 db_url: str | None = None, stages: Stages | None = None, name: str = "demo",
+                 lifetime_epsilon: float | None = None, lifetime_delta: float | None = None) -> ServiceRound:
+    """Start a server on 127.0.0.1 (a temporary SQLite database unless ``db_url``) and run :func:`service_round`."""
+    from hybriddp.service import create_app
+
+    stages = stages or Stages()
+    token = secrets.token_urlsafe(32)
+    with contextlib.ExitStack() as stack:
+        if db_url is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="hybriddp-demo-"))
+            db_url = "sqlite:///" + os.path.join(tmp, "hybriddp.db")
+        with stages.stage("start the service"):
+            kw: dict[str, Any] = {}
+            if lifetime_epsilon is not None:
+                kw["lifetime_epsilon"] = lifetime_epsilon
+            if lifetime_delta is not None:
+                kw["lifetime_delta"] = lifetime_delta
+            app = create_app(db_url, admin_token=token, max_body_bytes=1 << 30, **kw)
+            base_url = stack.enter_context(local_server(app))
+        return service_round(log, params, base_url=base_url, admin_token=token, seed=seed, noise=noise,
+                             name=name, stages=stages)
+
+
+def populate_demo(db_url: str, *, preset: str = "aol", scale: float = 0.1, seed: int | None = None,
+                  lifetime_epsilon: float | None = None, lifetime_delta: float | None = None) -> ServiceRound:
+    """``hybriddp serve --demo``: run a demo round (paper defaults) into the database at ``db_url``."""
+    from hybriddp.io.synth import generate
+
+    params = BlenderParams.paper_defaults(preset)
+    log = generate(preset, seed=seed, scale=scale)
+    return service_demo(log, params, seed=seed, db_url=db_url, name=f"demo ({preset} preset, scale {scale:g})",
+                        lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta)

@@ -385,7 +385,7 @@ def _print_simulation(res: SimulationResult) -> None:
               help="Variance σ² of the values; default: that of --distribution on [lower, upper].")
 @click.option("--compare-fractions", default="0.01,0.02,0.05,0.1,0.2", show_default=True,
               help="Opt-in rates drawn in Fig. 2 (comma-separated; --optin-fraction is added and highlighted).")
-@click.option("--n-min", type=float, default=10.0, show_default=True, help="Smallest n on the x axis.")
+@click.option("--n-min", type=float, default=10.0, show_default=True, help="Smallest n on the x axis (>= 1).")
 @click.option("--n-max", type=float, default=1e6, show_default=True,
               help=f"Largest n on the x axis (at most {MAX_USERS:.0e}).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
@@ -405,15 +405,21 @@ def plot_cmd(epsilon: float, optin_fraction: float, lower: float, upper: float, 
     except ValueError:
         raise parameter_error("--compare-fractions", compare_fractions,
                               "comma-separated numbers strictly between 0 and 1") from None
-    if not (0 < n_min < n_max <= MAX_USERS):
-        raise parameter_error("--n-max", n_max, f"a number > --n-min = {n_min:g} > 0 and <= {MAX_USERS:.0e}")
+    bad = [c for c in fractions if not 0 < c < 1]
+    if bad:
+        raise parameter_error("--compare-fractions", compare_fractions,
+                              f"comma-separated numbers strictly between 0 and 1 ({bad[0]:g} is not)")
+    if not 1 <= n_min < MAX_USERS:
+        raise parameter_error("--n-min", n_min, f"a number of users from 1 to below {MAX_USERS:.0e}")
+    if not (n_min < n_max <= MAX_USERS):
+        raise parameter_error("--n-max", n_max, f"a number > --n-min = {n_min:g} and <= {MAX_USERS:.0e}")
     if s2 > width * width / 4.0:
         raise parameter_error("sigma2 (--sigma2)", s2, f"<= (upper - lower)^2/4 = {width * width / 4.0:g}: no "
                               "distribution on [lower, upper] has a larger variance (Popoviciu's inequality)")
-    for c in [*fractions, optin_fraction]:  # the noise at both ends of the x axis, for every drawn rate
-        if 0 < c < 1:
-            for n in (n_min, n_max):
-                check_noise_scales(epsilon, c * n, (1.0 - c) * n)
+    rates = [(c, "optin_fraction") for c in (optin_fraction,) if 0 < c < 1]  # (else refused by the plot, naming it)
+    for c, name in [*rates, *((c, "--compare-fractions") for c in fractions)]:
+        for n in (n_min, n_max):  # the noise at both ends of the x axis, for every drawn rate
+            check_noise_scales(epsilon, c * n, (1.0 - c) * n, fraction_name=name)
     out = check_output_dir(Path(out_dir), "--out", ("mean-mse-vs-n.png", "mean-improvement-vs-n.png"))
     fig1 = plot_mse_vs_n(out / "mean-mse-vs-n.png", epsilon=epsilon, optin_fraction=optin_fraction, sigma2=s2,
                          width=width, n_min=n_min, n_max=n_max, subtitle=f"σ² from {source}")

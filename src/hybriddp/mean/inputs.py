@@ -143,19 +143,26 @@ def group_sizes(n: int, optin_fraction: float) -> tuple[int, int]:
     return n_t, n_l
 
 
-def check_noise_scales(epsilon: float, n_optin: float, n_local: float, variance_share: float | None = None) -> None:
+def check_noise_scales(epsilon: float, n_optin: float, n_local: float, variance_share: float | None = None,
+                       fraction_name: str = "optin_fraction") -> None:
     """Refuse an ε (or ρ) whose noise is too large or too small for the arithmetic (ALGORITHM.md §11).
 
     The noise standard deviations in units of Δ — √2/(ε·n_T) (opt-in mean), √2/(ε·√n_L) (mean of
     the local reports), √2/(ε·√n) (FullLM) and, with ``variance_share`` ρ, √2/(ρε·n_T) and
     √2/((1 − ρ)ε·n_T) — must lie in :data:`NOISE_SCALE_RANGE`. The message gives the range of ε
-    (or ρ) that works for these group sizes. ``n_optin`` and ``n_local`` may be real (the plots).
+    (or ρ) that works for these group sizes. ``n_optin`` and ``n_local`` may be real (the plots);
+    ``fraction_name`` names the opt-in rate in the message when no ε can work.
     """
     lo, hi = NOISE_SCALE_RANGE
     eps = float(epsilon)
     root2 = math.sqrt(2.0)
     consts = (root2 / n_optin, root2 / math.sqrt(n_local), root2 / math.sqrt(n_optin + n_local))
     eps_min, eps_max = max(consts) / hi, min(consts) / lo
+    if eps_min > eps_max:
+        raise parameter_error(_label(fraction_name), n_optin / (n_optin + n_local),
+                              f"large enough that n_T = {n_optin:g} opt-in users are not {hi / lo:.0e} times fewer "
+                              f"than sqrt(n_L) = {math.sqrt(n_local):g}: no epsilon keeps both noises in range",
+                              "Use a larger opt-in fraction or more users.")
     if not eps_min <= eps <= eps_max:
         raise parameter_error(_label("epsilon"), eps, f"between {eps_min:.3g} and {eps_max:.3g} for n_T = {n_optin:g} "
                               f"opt-in and n_L = {n_local:g} local users: the Laplace noise's standard deviation "

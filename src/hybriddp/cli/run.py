@@ -70,17 +70,26 @@ def check_algorithm_params(algorithm: str, params: BlenderParams, log: RecordLog
                               "g = round(e^epsilon + 1) values, which must stay below 2^31")
 
 
+def _min_optin(f_o: float, need_s: int, need_t: int) -> int:
+    """The smallest opt-in group n_O that splits into |S| = round(f_O·n_O) ≥ need_s and |T| ≥ need_t."""
+    estimate = max((need_s - 0.5) / f_o, (need_t - 0.5) / (1.0 - f_o), 1.0)
+    start = max(1, math.floor(estimate) - 2)
+    for n_o in range(start, start + 1000):  # Python's round (banker's) moves the answer by a step or two
+        if round(f_o * n_o) >= need_s and n_o - round(f_o * n_o) >= need_t:
+            return n_o
+    return start + 1000
+
+
 def _min_users(c: float, f_o: float, need_s: int, need_t: int, need_clients: int) -> int:
     """The smallest number of users whose opt-in group round(c·n) splits into |S| ≥ need_s, |T| ≥ need_t and
     leaves ≥ need_clients clients (Python's round, as :func:`hybriddp.pipeline.split_optin`)."""
-    n_o_min = max((need_s - 0.5) / f_o, (need_t - 0.5) / (1.0 - f_o), 1.0) - 1.0
-    start = max(1, int(0.9 * (n_o_min - 0.5) / c) - 2)
-    for n in range(start, start + 10_000_000):
-        n_o = round(c * n)
-        n_s = round(f_o * n_o)
-        if n_s >= need_s and n_o - n_s >= need_t and n - n_o >= need_clients:
+    n_o = _min_optin(f_o, need_s, need_t)
+    start = max(1, math.floor((n_o - 0.5) / c) - 2)
+    for n in range(start, start + 1000):
+        k = round(c * n)
+        if round(f_o * k) >= need_s and k - round(f_o * k) >= need_t and n - k >= need_clients:
             return n
-    return start
+    return start + 1000
 
 
 def check_group_sizes(log: RecordLog, params: BlenderParams, algorithm: str, noise: str, source: str) -> None:
@@ -115,9 +124,8 @@ def check_group_sizes(log: RecordLog, params: BlenderParams, algorithm: str, noi
             "at least one user")
     fixes = []
     if algorithm != "central":
-        n_o_ok = next((k for k in range(1, n) if round(params.f_o * k) >= need_s and k - round(params.f_o * k) >= 1),
-                      None)
-        if n_o_ok is not None:
+        n_o_ok = _min_optin(params.f_o, need_s, 1)
+        if n_o_ok < n:
             fixes.append(f"--optin-fraction {n_o_ok / n:.3g} or more ({n_o_ok} opt-in users of these {n:,})")
         c = params.optin_fraction
     else:

@@ -174,12 +174,15 @@ def check_estimates_document(doc: Any, headlist_doc: dict[str, Any], hl: HeadLis
         raise HeadListError(f"{source}: made for head list {str(doc.get('headlist'))[:19]}…, but the head list given "
                             f"is {headlist_doc['content_hash'][:19]}…; pass the two files `hybriddp headlist` wrote "
                             "together")
-    _int(doc, "n", source, 0)
+    n = _int(doc, "n", source, 0)
     _float(doc, "noise_variance", source)
-    _vector(doc, "p_record", source, hl.n_entries, False)
+    p_rec = _vector(doc, "p_record", source, hl.n_entries, False)
     _vector(doc, "draws_record", source, hl.n_entries, True)
-    _vector(doc, "p_query", source, hl.k, False)
+    p_q = _vector(doc, "p_query", source, hl.k, False)
     _vector(doc, "draws_query", source, hl.k, True)
+    if n == 0 and (p_rec.any() or p_q.any()):  # an empty T gives all-zero estimates (ALGORITHM.md §4)
+        raise _fail(source, "n", n, "n = 0 (no opt-in records in T) goes with all-zero estimates, but this file's "
+                    "estimates are not zero; use the file `hybriddp headlist` wrote")
     if not isinstance(doc.get("noise"), str) or doc["noise"] not in NOISE_LABELS:
         raise _fail(source, "noise", doc.get("noise"), f"use one of {', '.join(NOISE_LABELS)}")
     seed = doc.get("seed")

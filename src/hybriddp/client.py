@@ -264,7 +264,7 @@ class AdminClient(_Http):
         if name is not None:
             body["name"] = name
         if seed is not None:
-            body["seed"] = seed
+            body["params"]["seed"] = seed
         return _json(self.request("POST", f"{API}/rounds", what="create round", idempotent=False,
                                   json_body=body, ok=(201, 200)), "create round")
 
@@ -388,6 +388,22 @@ def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 # ----- a device -----------------------------------------------------------------------------
+MEAN_ROUND_FORMAT = "hybriddp-mean-round"
+"""The ``format`` of a mean round's device document (bounds and ε instead of a head list)."""
+
+
+def _check_mean_document(doc: dict[str, Any], source: str) -> None:
+    """A mean round's device document: finite bounds lower < upper, ε > 0, and its content hash."""
+    from hybriddp.device import DeviceError, content_hash
+    from hybriddp.mean_device import NumericRandomizer
+
+    try:
+        NumericRandomizer(lower=doc["lower"], upper=doc["upper"], epsilon=doc["epsilon"])
+    except (KeyError, TypeError, HybridDPError) as exc:
+        raise DeviceError(f"{source}: the mean round's document is not usable ({exc})") from None
+    if doc.get("content_hash") != content_hash(doc):
+        raise DeviceError(f"{source}: field 'content_hash' = {str(doc.get('content_hash'))[:30]!r} does not match "
+                          "the content: the document was altered on the way. Retry later.")
 @dataclass
 class Acknowledgement:
     """The server's answer to submitted messages: all acknowledged, ``counted`` new, ``duplicates`` seen before."""
@@ -438,7 +454,11 @@ class DeviceClient(_Http):
                             headers=headers, ok=(200, 304))
         if resp.status_code == 304 and self._headlist is not None:
             return self._headlist
-        doc = validate_headlist(_json(resp, what), f"{what} from {self.base_url}")
+        doc = _json(resp, what)
+        if isinstance(doc, dict) and doc.get("format") == MEAN_ROUND_FORMAT:
+            _check_mean_document(doc, f"{what} from {self.base_url}")
+        else:
+            doc = validate_headlist(doc, f"{what} from {self.base_url}")
         etag = resp.headers.get("etag")
         if etag is not None and etag.strip('W/"') != doc["content_hash"]:
             raise ServiceRequestError(f"{what}: the ETag {etag} does not match the document's content hash "
@@ -509,19 +529,29 @@ class DeviceClient(_Http):
 
     # -- mean rounds --
     def participate_value(self, value: float) -> Acknowledgement:
-        """Mean rounds: clamp and randomize one value on the device (ALGORITHM.md §11) and submit it."""
-        from hybriddp.device import new_message_id
-        from hybriddp.mean_device import randomize_value
+        """Mean rounds: clamp and randomize one value on the device (ALGORITHM.md §11) and submit it.
 
-        rnd = self.round()
-        p = rnd.get("params", {})
-        if rnd.get("kind") != "mean":
-            raise ServiceRequestError(f"round {self.round_id} is a {rnd.get('kind')} round, not a mean round; "
-                                      "use participate(records)")
-        eps, lo, hi = float(p["epsilon"]), float(p["lower"]), float(p["upper"])
-        if self.ledger is not None:
-            self.ledger.record(f"mean:{self.round_id}", eps, 0.0)
-        return self.submit({"id": new_message_id(), "value": randomize_value(value, lower=lo, upper=hi, epsilon=eps)})
+        The round's document (bounds, ε, content hash) comes from the head-list endpoint; the device
+        ledger is charged (ε, 0) under its content hash before the value leaves.
+        """
+        from hybriddp.device import new_message_id
+        from hybriddp.mean_device import NumericRandomizer
+
+        doc = self.fetch_headlist()
+        if doc.get("format") != MEAN_ROUND_FORMAT:
+            raise ServiceRequestError(f"round {self.round_id} is a BLENDER round, not a mean round; a device takes "
+                                      "part with its records (participate(records), `hybriddp participate --input`)")
+        msg = self._outbox_message(doc["content_hash"])
+        if msg is None:
+            randomizer = NumericRandomizer(lower=doc["lower"], upper=doc["upper"], epsilon=doc["epsilon"])
+            report = randomizer.randomize(value)  # checks the value before the ledger is charged
+            if self.ledger is not None:
+                self.ledger.record(doc["content_hash"], float(doc["epsilon"]), 0.0)
+            msg = {"id": new_message_id(), "round": self.round_id, "value": report, "headlist": doc["content_hash"]}
+            self._write_outbox(msg)
+        ack = self.submit({k: v for k, v in msg.items() if k != "headlist"})
+        self._clear_outbox()
+        return ack
 
     # -- the outbox --
     def _outbox_message(self, headlist_hash: str) -> dict[str, Any] | None:

@@ -84,6 +84,7 @@ def d(tmp_path_factory) -> Path:
         (d / f"est_{name}.json").write_text(_resigned(est, **change))
     hl = json.loads((d / "hl.json").read_text())
     (d / "hl_string_epsilon.json").write_text(_resigned(hl, epsilon="4"))
+    (d / "hl_tiny_fc.json").write_text(_resigned(hl, f_c=1e-300))
     (d / "hl_huge_epsilon.json").write_text(_resigned(hl, epsilon=1e308))
     (d / "ledger_list.json").write_text("[]")
     (d / "ledger_empty.json").write_text("")
@@ -299,6 +300,16 @@ SEAM_CASES: list[tuple] = [
                                            "{d}/est.json", "--reports", "{d}/rep.jsonl"), ("'epsilon'", "'4'")),
     ("seam-headlist-huge-eps-randomize", ("randomize", "--headlist", "{d}/hl_huge_epsilon.json", "--input",
                                           "{d}/log.tsv", "--output", "{out:r.jsonl}"), ("'epsilon'", "1e+308")),
+    ("seam-headlist-tiny-fc-randomize", ("randomize", "--headlist", "{d}/hl_tiny_fc.json", "--input",
+                                         "{d}/log.tsv", "--output", "{out:r.jsonl}"), ("hl_tiny_fc.json", "f_c")),
+    ("seam-headlist-tiny-fc-estimate", ("estimate", "--headlist", "{d}/hl_tiny_fc.json", "--optin-estimates",
+                                        "{d}/est.json", "--reports", "{d}/rep.jsonl"), ("hl_tiny_fc.json", "f_c")),
+    # ----- Click's own usage errors are one line too ---------------------------------------------------------------
+    ("usage-not-a-number", (*RUN, "--epsilon", "abc", "--output", "{out:res.json}"),
+     ("'--epsilon'", "'abc'", "--help")),
+    ("usage-unknown-option", ("estimate", "--bogus", "1"), ("--bogus",)),
+    ("usage-missing-option", ("estimate", "--headlist", "{d}/hl.json"), ("--optin-estimates",)),
+    ("usage-unknown-command", ("estimat",), ("estimat",)),
     ("seam-headlist-huge-eps-estimate", ("estimate", "--headlist", "{d}/hl_huge_epsilon.json", "--optin-estimates",
                                          "{d}/est.json", "--reports", "{d}/rep.jsonl"), ("'epsilon'", "1e+308")),
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import click
 
@@ -27,7 +28,34 @@ from hybriddp.errors import HybridDPError
 
 
 class _Group(click.Group):
-    """Turns expected errors into a one-line message and exit status 2."""
+    """Turns expected errors into a one-line message and exit status 2.
+
+    Bad input — a :class:`HybridDPError`, an OS error on a file, or a usage error Click finds
+    (an unknown option, a value of the wrong type) — is printed as one ``error: ...`` line on
+    stderr, exit status 2. Ctrl-C prints ``interrupted``, exit status 130. Anything else is a bug
+    and keeps its traceback.
+    """
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:  # bare `hybriddp`: the help
+                click.echo(exc.ctx.get_help())
+                sys.exit(0)
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            click.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(2)
+        except click.exceptions.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context) -> object:
         try:

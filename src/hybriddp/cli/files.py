@@ -29,6 +29,7 @@ from hybriddp.io.exchange import read_messages, read_release_files, write_releas
 from hybriddp.noise import noise_factory
 from hybriddp.parties import curate, release_from_documents, serve_estimates
 from hybriddp.parties.device import log_messages
+from hybriddp.parties.release import check_headlist_budget
 from hybriddp.parties.server import MessageCounter
 from hybriddp.pipeline import Stages, split_optin
 from hybriddp.records import RecordLog
@@ -120,6 +121,7 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
     has reported (and the device ledger, if any, has been charged).
     """
     doc = read_device_json(headlist_path)
+    check_headlist_budget(doc, headlist_path)
     check_output_path(output, "--output", (".jsonl", ".jsonl.gz", ".json", ".ndjson", ".gz"))
     if device_ledger is not None and not single_device:
         raise click.BadParameter("--device-ledger needs --single-device (one device, one ledger)",

@@ -211,6 +211,20 @@ def _params(doc: dict[str, Any], source: str) -> BlenderParams:
         raise _fail(source, "params", doc["params"], f"a field has the wrong type ({exc})") from None
 
 
+def check_headlist_budget(headlist_doc: dict[str, Any], source: str = "head list") -> None:
+    """Refuse a (valid-looking) head list whose LocalAlg arithmetic would not stay finite and
+    meaningful: ε whose e^{ε'} overflows, or an f_C so close to 0 or 1 that a per-report budget
+    is lost in rounding (:func:`hybriddp.params.check_local_budget`, ALGORITHM.md §5)."""
+    from hybriddp.params import check_local_budget
+
+    try:
+        check_local_budget(float(headlist_doc["epsilon"]), float(headlist_doc["f_c"]), int(headlist_doc["m_c"]),
+                           bool(headlist_doc.get("url_level", True)))
+    except HybridDPError as exc:
+        raise HeadListError(f"{source}: {exc} (the head list's fields are what devices use; rebuild it with "
+                            "`hybriddp headlist`)") from None
+
+
 def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_source: str = "head list",
                            estimates_source: str = "opt-in estimates") -> CuratorRelease:
     """Validate the two documents of a release and rebuild it (the server's view).
@@ -219,6 +233,7 @@ def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_so
     and the fix.
     """
     hdoc = validate_device_json(headlist_doc, headlist_source)
+    check_headlist_budget(hdoc, headlist_source)
     hl, qv, uv = from_device_json(hdoc)
     edoc = check_estimates_document(estimates_doc, hdoc, hl, estimates_source)
     params = _params(edoc, estimates_source)

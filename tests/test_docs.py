@@ -23,6 +23,7 @@ FORBIDDEN = {
     "a section of the old specification": re.compile(r"\b" + "SP" + r"EC\b"),
     "the shared folder beside the repository": re.compile(re.escape("../" + "shared")),
     "the shared folder's absolute path": re.compile(re.escape("/work/" + "shared")),
+    "the data sets' provenance file outside the repository": re.compile(re.escape("PROVEN" + "ANCE.md")),
 }
 
 EXCLUDED = {

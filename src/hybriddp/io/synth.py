@@ -2,7 +2,7 @@
 
 The real logs cannot be shipped (AOL: research-only licence; Yandex: 16 GB), so experiments
 and tests run on synthetic logs whose statistics match the published ones
-(``data/PROVENANCE.md``; paper Figures 8 and 9). :func:`generate` builds a
+(docs/ALGORITHM.md §10; paper Figures 8 and 9). :func:`generate` builds a
 :class:`~hybriddp.records.RecordLog` directly as integer arrays — no Python loop and no
 string per record — and :func:`write_log` writes any log as Parquet or in the original AOL
 TSV format.
@@ -199,7 +199,7 @@ class SynthPreset:
     """Every calibration constant of one synthetic log, with where it comes from.
 
     Targets (``n_users``, ``distinct_queries``, ``distinct_urls``) are the published
-    statistics of the real log (paper Figure 8, ``data/PROVENANCE.md``); the generator solves
+    statistics of the real log (paper Figure 8, docs/ALGORITHM.md §10); the generator solves
     the pool sizes to hit the distinct counts. The shape constants are documented per preset
     in :data:`PRESETS`.
 
@@ -852,7 +852,7 @@ def _write_parquet(log: RecordLog, path: str, chunks: list[tuple[int, int]],
                 progress(hi, log.n_records)
 
 
-# Real-log shapes for the AOL writer (aggregates of data/aol, PROVENANCE.md): 16,946,938 of
+# Real-log shapes for the AOL writer (aggregates of the real AOL log, docs/ALGORITHM.md §10): 16,946,938 of
 # the 36,389,567 lines have no click; the click ranks 1..10 occur with these shares in the
 # 20k-line sample (ranks above 10, 6% of clicks, are folded in).
 _AOL_NO_CLICK_PER_CLICK = 16_946_938 / 19_442_629

@@ -1,0 +1,433 @@
+"""The collection service's HTTP API (FastAPI): rounds, opt-in uploads, head lists, reports, results.
+
+:func:`create_app` opens the database (running its migrations), finishes what a stopped server
+left mid-step, and returns the app. Every error a client can cause is a 4xx JSON body
+``{"error": {"code": ..., "message": ...}}``; a 5xx means a bug or an unusable database.
+Administrator endpoints need ``Authorization: Bearer <admin token>`` (constant-time comparison);
+opt-in uploads need the opt-in user's own token. Nothing identifying the sender (address, user
+agent, time) is stored with a report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import io
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Query, Request, Security
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hybriddp import __version__
+from hybriddp.errors import DataError, HeadListError, HybridDPError, ParameterError, parameter_error
+from hybriddp.ledger import BudgetExceededError, LedgerError
+from hybriddp.service import models as m
+from hybriddp.service import rounds
+from hybriddp.service.errors import (
+    BadBodyError,
+    BodyTooLargeError,
+    ConflictError,
+    NotFoundError,
+    ServiceError,
+    UnauthorizedError,
+    UnsupportedMediaTypeError,
+)
+from hybriddp.service.metrics import LatencyMiddleware, Metrics
+from hybriddp.service.schema import ROUND_STATES
+from hybriddp.service.store import RoundInfo, Store
+from hybriddp.service.writer import ReportWriter
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+"""Largest request body accepted (16 MiB); larger ones get 413."""
+MIN_ADMIN_TOKEN = 16
+INLINE_CHECK_BYTES = 64 * 1024
+"""Report bodies up to this size are checked on the event loop (no thread hop); larger ones in a thread."""
+NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/jsonlines")
+
+admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
+                          description="The administrator token (`hybriddp serve` prints where it is).")
+optin_bearer = HTTPBearer(auto_error=False, scheme_name="OptinToken",
+                          description="The opt-in user's token from POST /api/v1/rounds/{id}/optin/enrol.")
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {c: {"model": m.ErrorOut, "description": _ERROR_TEXT[c]} for c in codes}
+
+
+_ERROR_TEXT = {400: "Malformed request body.", 401: "Missing or wrong bearer token.", 404: "No such round.",
+               409: "The round's state does not allow this, or the privacy budget refuses it.",
+               413: "Request body over the size limit.", 415: "Unsupported content type.",
+               422: "Invalid parameters or data (the message names the field, the value and the fix).",
+               503: "The database is unavailable."}
+
+
+# ----- errors -----------------------------------------------------------------------------------
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The one error shape of the API."""
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def _classify(exc: HybridDPError) -> tuple[int, str]:
+    if isinstance(exc, ServiceError):
+        return exc.status, exc.code
+    if isinstance(exc, BudgetExceededError):
+        return 409, "budget_exceeded"
+    if isinstance(exc, LedgerError):
+        return 409, "ledger_refused"
+    if isinstance(exc, HeadListError):
+        return 422, "headlist_error"
+    if isinstance(exc, ParameterError):
+        return 422, "invalid_parameter"
+    if isinstance(exc, DataError):
+        return 422, "invalid_data"
+    return 422, "invalid_input"
+
+
+async def _hybriddp_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HybridDPError)
+    status, code = _classify(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return error_response(status, code, str(exc), headers)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errs = exc.errors()
+    if errs and errs[0].get("type") == "json_invalid":
+        where = errs[0].get("loc", ("body", "?"))[-1]
+        why = (errs[0].get("ctx") or {}).get("error", "JSON decode error")
+        return error_response(400, "malformed_body", f"the body is not valid JSON ({why} at position {where}); send "
+                                                     "a JSON object as the endpoint's schema in /openapi.json says")
+    parts = []
+    for e in errs[:5]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        got = "" if e.get("type") == "missing" else f" (got {json.dumps(e.get('input'), default=str)[:60]})"
+        parts.append(f"{loc}: {e.get('msg', 'invalid')}{got}")
+    more = f"; and {len(errs) - 5} more" if len(errs) > 5 else ""
+    return error_response(422, "invalid_request", "; ".join(parts) + more + ". See /openapi.json for the schema")
+
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 304:
+        return Response(status_code=304, headers=exc.headers)
+    detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail, default=str)
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = "no such endpoint; see /openapi.json or /docs for the API"
+    return error_response(exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), detail, exc.headers)
+
+
+async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unexpected error", exc_info=exc)
+    return error_response(500, "internal_error", "an unexpected server error; it was logged")
+
+
+# ----- bodies -----------------------------------------------------------------------------------
+class _BodyLimit:
+    """Pure ASGI middleware: 413 for a body over the limit, announced (Content-Length) or streamed."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            resp = error_response(413 if length.isdigit() else 400, "body_too_large" if length.isdigit()
+                                  else "bad_request", self._message() if length.isdigit()
+                                  else "Content-Length is not a number")
+            await resp(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            msg = await receive()
+            if msg.get("type") == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise StarletteHTTPException(413, self._message())
+            return msg
+        await self.app(scope, limited, send)
+
+    def _message(self) -> str:
+        return (f"request body over the limit of {self.limit:,} bytes; send reports in smaller batches "
+                "(hybriddp serve --max-body-bytes sets the limit)")
+
+
+def parse_messages(body: bytes, content_type: str | None) -> list[Any]:
+    """A reports body → its messages: one JSON object, a JSON array, or NDJSON (one object a line)."""
+    media = (content_type or "application/json").split(";")[0].strip().lower()
+    if media not in NDJSON_TYPES and media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaTypeError(f"Content-Type {media!r} is not taken; send application/json (one message "
+                                        "or an array) or application/x-ndjson (one message a line)")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadBodyError(f"the body is not UTF-8 text (byte {exc.start} is 0x{body[exc.start]:02x})") from None
+    if not text.strip():
+        raise BadBodyError("the body is empty; send one message object, a JSON array of messages, or NDJSON")
+    if media in NDJSON_TYPES:
+        out = [_loads(line, f"NDJSON line {i}") for i, line in enumerate(text.split("\n"), 1) if line.strip()]
+        return out
+    doc = _loads(text, "the body")
+    if isinstance(doc, list):
+        if not doc:
+            raise BadBodyError("the body is an empty array; send at least one message")
+        return doc
+    return [doc]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _loads(text: str, where: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        hint = " (for one message a line, send Content-Type: application/x-ndjson)" if "Extra data" in str(exc) else ""
+        raise BadBodyError(f"{where} is not valid JSON: {str(exc)[:200]}{hint}") from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused with 413 as soon as it passes ``limit`` bytes."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLargeError(f"request body over the limit of {limit:,} bytes; send reports in smaller "
+                                    "batches (hybriddp serve --max-body-bytes sets the limit)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ----- the app ----------------------------------------------------------------------------------
+def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               lifetime_epsilon: float | None = None, lifetime_delta: float | None = None) -> FastAPI:
+    """The service on the database at ``db_url`` (migrated to the newest schema on the way).
+
+    ``admin_token``: the administrators' bearer token (at least 16 characters).
+    ``lifetime_epsilon``/``lifetime_delta``: the opt-in users' lifetime budget of a new database
+    (an existing one keeps its own). ``app.state.store`` is the :class:`Store`; it is closed when
+    the app shuts down.
+    """
+    if not isinstance(admin_token, str) or len(admin_token.strip()) < MIN_ADMIN_TOKEN:
+        raise parameter_error("admin token", "<hidden>", f"at least {MIN_ADMIN_TOKEN} characters",
+                              "Leave out --admin-token-file and `hybriddp serve` generates a random one.")
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
+        raise parameter_error("max body bytes (--max-body-bytes)", max_body_bytes, "an integer >= 1024")
+    store = Store(db_url, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta)
+    try:
+        rounds.recover(store)
+    except BaseException:
+        store.close()
+        raise
+    token = admin_token.strip().encode("utf-8")
+    metrics = Metrics()
+    writer = ReportWriter(store)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        writer.close()
+        store.close()
+
+    app = FastAPI(title="hybriddp collection service", version=__version__, lifespan=lifespan,
+                  description="BLENDER (hybrid-model differential privacy) and hybrid mean-estimation rounds: "
+                              "opt-in uploads, head lists, device reports, results. Errors are "
+                              '`{"error": {"code", "message"}}`.')
+    app.state.store = store
+    app.state.metrics = metrics
+    app.state.writer = writer
+    app.add_exception_handler(HybridDPError, _hybriddp_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)
+    app.add_middleware(_BodyLimit, limit=max_body_bytes)
+    app.add_middleware(LatencyMiddleware, metrics=metrics)
+
+    def require_admin(creds: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)]) -> None:
+        given = creds.credentials.encode("utf-8", "surrogateescape") if creds is not None else b""
+        if not hmac.compare_digest(given, token):
+            raise UnauthorizedError("this endpoint needs the administrator token: Authorization: Bearer <token> "
+                                    "(hybriddp serve printed where the token file is)")
+
+    admin = [Depends(require_admin)]
+
+    def out(info: RoundInfo) -> dict[str, Any]:
+        return info.to_json()
+
+    @app.get("/health", response_model=m.HealthOut, tags=["service"])
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["service"],
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **_errors(503)})
+    def get_metrics() -> PlainTextResponse:
+        text = metrics.render(store.state_counts(), ROUND_STATES)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.post("/api/v1/rounds", status_code=201, response_model=m.RoundOut, dependencies=admin, tags=["rounds"],
+              responses=_errors(400, 401, 413, 422, 503))
+    def create_round(body: m.CreateRoundIn) -> dict[str, Any]:
+        params = rounds.validate_params(body.kind, body.params.model_dump(exclude_unset=True))
+        return out(store.create_round(body.kind, body.name, params))
+
+    @app.get("/api/v1/rounds", response_model=m.RoundListOut, dependencies=admin, tags=["rounds"],
+             responses=_errors(401, 503))
+    def list_rounds() -> dict[str, Any]:
+        return {"rounds": [out(r) for r in store.rounds()]}
+
+    @app.get("/api/v1/rounds/{round_id}", response_model=m.RoundOut, tags=["rounds"], responses=_errors(404, 503))
+    def get_round(round_id: str) -> dict[str, Any]:
+        return out(store.round(round_id))
+
+    @app.post("/api/v1/rounds/{round_id}/optin/enrol", status_code=201, response_model=m.TokenOut,
+              dependencies=admin, tags=["opt-in"], responses=_errors(400, 401, 404, 409, 413, 422, 503))
+    def enrol(round_id: str, body: m.EnrolIn) -> dict[str, str]:
+        return {"token": store.enrol(round_id, body.user)}
+
+    @app.post("/api/v1/rounds/{round_id}/optin/records", response_model=m.AcceptedOut, tags=["opt-in"],
+              responses=_errors(400, 401, 404, 409, 413, 422, 503))
+    def upload(round_id: str, body: m.OptinUploadIn,
+               creds: Annotated[HTTPAuthorizationCredentials | None, Security(optin_bearer)]) -> dict[str, int]:
+        if creds is None:
+            raise UnauthorizedError("opt-in uploads need the user's token: Authorization: Bearer <token from "
+                                    "POST /api/v1/rounds/{id}/optin/enrol>")
+        found = store.optin_user(round_id, creds.credentials)
+        if found is None:
+            raise UnauthorizedError(f"this token is not an opt-in token of round {round_id}; use the token "
+                                    "issued when the user enrolled in this round")
+        info, user = found
+        return {"accepted": _store_upload(store, info, user, body)}
+
+    @app.post("/api/v1/rounds/{round_id}/headlist", response_model=m.RoundOut, dependencies=admin,
+              tags=["curator"], responses=_errors(401, 404, 409, 422, 503))
+    def publish(round_id: str) -> dict[str, Any]:
+        return out(rounds.publish_headlist(store, round_id))
+
+    @app.get("/api/v1/rounds/{round_id}/headlist", response_model=m.HeadListOut, tags=["devices"],
+             responses={304: {"description": "Not modified (If-None-Match matched the ETag)."},
+                        **_errors(404, 409, 503)})
+    def get_headlist(round_id: str, request: Request) -> Response:
+        docs = store.documents(round_id)
+        if docs.headlist is None:
+            raise ConflictError(f"round {round_id} has no head list yet: it is {docs.info.state!r}; the "
+                                "administrator publishes it with POST /api/v1/rounds/{id}/headlist")
+        etag = f'"{docs.info.headlist_hash}"'
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        match = request.headers.get("if-none-match")
+        if match is not None and (match.strip() == "*" or etag in [t.strip().removeprefix("W/")
+                                                                  for t in match.split(",")]):
+            return Response(status_code=304, headers=headers)
+        return Response(docs.headlist, media_type="application/json", headers=headers)
+
+    @app.post("/api/v1/rounds/{round_id}/reports", response_model=m.ReportAckOut, tags=["devices"],
+              openapi_extra={"requestBody": m.REPORTS_BODY},
+              responses=_errors(400, 404, 409, 413, 415, 422, 503))
+    async def post_reports(round_id: str, request: Request) -> dict[str, int]:
+        body = await read_body(request, max_body_bytes)
+        ctype = request.headers.get("content-type")
+        target = rounds.report_target(store, round_id, cached_only=True)
+        if target is not None and len(body) <= INLINE_CHECK_BYTES:  # small and no database read: check right here
+            info, items = _check_reports(target, body, ctype, metrics)
+        else:
+            info, items = await run_in_threadpool(
+                lambda: _check_reports(rounds.report_target(store, round_id), body, ctype, metrics))
+        try:
+            ack = await asyncio.wrap_future(writer.submit(info, items))
+        except HybridDPError:
+            metrics.count_reports(refused=len(items))
+            raise
+        metrics.count_reports(accepted=ack.counted, duplicate=ack.duplicates)
+        return {"acknowledged": ack.acknowledged, "counted": ack.counted, "duplicates": ack.duplicates}
+
+    @app.post("/api/v1/rounds/{round_id}/close", response_model=m.RoundOut, dependencies=admin, tags=["rounds"],
+              responses=_errors(401, 404, 409, 422, 503))
+    def close(round_id: str) -> dict[str, Any]:
+        return out(rounds.close_round(store, round_id))
+
+    @app.get("/api/v1/rounds/{round_id}/results", tags=["results"],
+             responses={200: {"description": "The results: JSON (everything), or the records table as CSV or "
+                                             "Parquet.",
+                              "content": {"application/json": {"schema": {"type": "object"}},
+                                          "text/csv": {"schema": {"type": "string"}},
+                                          "application/vnd.apache.parquet": {
+                                              "schema": {"type": "string", "format": "binary"}}}},
+                        **_errors(404, 409, 422, 503)})
+    def get_results(round_id: str, format: Literal["json", "csv", "parquet"] = Query("json")) -> Response:
+        info, results, result = rounds.result_of(store, round_id)
+        if format == "json":
+            return JSONResponse(results)
+        table = rounds.results_table(results, result)
+        buf = io.BytesIO()
+        if format == "csv":
+            import pyarrow.csv as pacsv
+            pacsv.write_csv(table, buf)
+            media = "text/csv"
+        else:
+            import pyarrow.parquet as pq
+            pq.write_table(table, buf)
+            media = "application/vnd.apache.parquet"
+        name = f"hybriddp-round-{info.id}.{format}"
+        return Response(buf.getvalue(), media_type=media,
+                        headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+    @app.get("/api/v1/rounds/{round_id}/local-search", response_model=m.LocalSearchOut, tags=["results"],
+             responses=_errors(404, 409, 503))
+    def get_local_search(round_id: str) -> dict[str, Any]:
+        info, _, result = rounds.result_of(store, round_id)
+        if result is None:
+            raise NotFoundError(f"round {round_id} is a mean round; only BLENDER rounds have a local-search document")
+        return rounds.local_search(info, result)
+
+    return app
+
+
+def _store_upload(store: Store, info: RoundInfo, user: int, body: m.OptinUploadIn) -> int:
+    """Check an opt-in upload against the round's kind and URL level, then store it."""
+    if info.kind == "mean":
+        if body.values is None or body.records is not None:
+            raise DataError(f'round {info.id} is a mean round: upload {{"values": [numbers]}}')
+        return store.add_optin_values(info, user, body.values)
+    if body.records is None or body.values is not None:
+        raise DataError(f'round {info.id} is a BLENDER round: upload {{"records": [{{"query": ..., "url": ...}}]}}')
+    url_level = info.params["url_level"]
+    for i, r in enumerate(body.records):
+        if url_level and r.url is None:
+            raise DataError(f"records[{i}]: url is null, but round {info.id} has a URL level (url_level true): give "
+                            "each record as (query, clicked URL); a search without a click is not a record")
+        if not url_level and r.url is not None:
+            raise DataError(f"records[{i}]: url {r.url[:60]!r} given, but round {info.id} has no URL level "
+                            "(url_level false): send url null")
+    return store.add_optin_records(info, user, [(r.query, r.url) for r in body.records])
+
+
+def _check_reports(target: Any, body: bytes, content_type: str | None, metrics: Metrics
+                   ) -> tuple[RoundInfo, list[tuple[str, Any]]]:
+    """Parse a reports body and check every message (nothing is stored if one is refused)."""
+    info, checker = target
+    messages = parse_messages(body, content_type)
+    try:
+        return info, [checker.check(msg, f"message {i}") for i, msg in enumerate(messages, 1)]
+    except HybridDPError:
+        metrics.count_reports(refused=len(messages))
+        raise

@@ -1,0 +1,65 @@
+"""Errors of the collection service, each mapped to one HTTP status by :mod:`hybriddp.service.app`.
+
+All are :class:`~hybriddp.errors.HybridDPError` subclasses whose message names what was wrong and
+the fix, like the rest of hybriddp. Anything else escaping a request is a bug (HTTP 500).
+"""
+
+from __future__ import annotations
+
+from hybriddp.errors import HybridDPError
+
+
+class ServiceError(HybridDPError):
+    """Base class: ``status`` is the HTTP status, ``code`` the snake_case error code."""
+
+    status = 400
+    code = "bad_request"
+
+
+class NotFoundError(ServiceError):
+    """No round with that id."""
+
+    status = 404
+    code = "not_found"
+
+
+class ConflictError(ServiceError):
+    """The round is not in a state that allows the request (e.g. reports after close)."""
+
+    status = 409
+    code = "conflict"
+
+
+class UnauthorizedError(ServiceError):
+    """A missing or wrong bearer token."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class BadBodyError(ServiceError):
+    """A request body that is not the JSON (or NDJSON) the endpoint takes."""
+
+    status = 400
+    code = "malformed_body"
+
+
+class BodyTooLargeError(ServiceError):
+    """A request body over the size limit."""
+
+    status = 413
+    code = "body_too_large"
+
+
+class StoreError(ServiceError):
+    """The database cannot be used (wrong schema, unreachable, damaged): a server-side problem."""
+
+    status = 503
+    code = "database_unavailable"
+
+
+class UnsupportedMediaTypeError(ServiceError):
+    """A request body of a content type the endpoint does not take."""
+
+    status = 415
+    code = "unsupported_media_type"

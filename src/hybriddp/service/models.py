@@ -1,0 +1,185 @@
+"""Request and response models of the HTTP API (pydantic), so that /openapi.json states the real shapes.
+
+The models check types and ranges that a schema can express; the library's own checks
+(:class:`hybriddp.params.BlenderParams`, :mod:`hybriddp.mean`) run after them and give the
+last word, with the library's messages (HTTP 422).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hybriddp.mean import VARIANCE_SHARE
+from hybriddp.params import LN2, MAX_EPSILON_HEAD_LIST, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams
+
+_D = BlenderParams()
+MAX_TEXT = 10_000
+"""Longest query, URL, user name or round name accepted (characters)."""
+
+STATES = Literal["collecting-optin", "building-headlist", "headlist-published", "collecting-reports", "closed",
+                 "results-published"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class BlenderParamsIn(_Strict):
+    """BLENDER's parameters (ALGORITHM.md §2); every one has the library's default."""
+
+    epsilon: float = Field(_D.epsilon, gt=LN2, le=MAX_EPSILON_HEAD_LIST,
+                           description="ε of every user, opt-in and client (> ln 2).")
+    delta: float = Field(_D.delta, ge=MIN_DELTA, lt=1, description="δ of every user.")
+    head_list_size: int = Field(_D.head_list_size, ge=1, le=1_000_000, description="M: records kept in the head list.")
+    m_o: int = Field(_D.m_o, ge=1, le=MAX_RECORDS_PER_USER, description="m_O: records sampled per opt-in user.")
+    m_c: int = Field(_D.m_c, ge=1, le=MAX_RECORDS_PER_USER, description="m_C: reports per device.")
+    f_o: float = Field(_D.f_o, gt=0, lt=1, description="f_O: share of opt-in users that build the head list.")
+    f_c: float = Field(_D.f_c, gt=0, lt=1, description="f_C: share of a device's budget spent on the query.")
+    noise: Literal["discrete", "laplace"] = Field("discrete", description="The curator's noise.")
+    project: bool = Field(_D.project, description="Project the blended estimates onto the simplex.")
+    url_level: bool = Field(True, description="Records are (query, clicked URL); false: queries alone.")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED,
+                             description="Experiments only: reproducible randomness, no privacy. Leave out.")
+
+
+class MeanParamsIn(_Strict):
+    """A mean round's parameters (ALGORITHM.md §11)."""
+
+    epsilon: float = Field(gt=0, description="ε of every user.")
+    lower: float = Field(ge=-1e75, le=1e75, description="Public lower bound of a value.")
+    upper: float = Field(ge=-1e75, le=1e75, description="Public upper bound of a value (> lower).")
+    sigma2: float | None = Field(None, ge=0, description="Known variance σ² of the values; null: estimated "
+                                                         "privately from the opt-in group.")
+    variance_share: float = Field(VARIANCE_SHARE, gt=0, lt=1, description="Share of the opt-in budget spent on "
+                                                                          "σ² when it is not given.")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED,
+                             description="Experiments only: reproducible randomness, no privacy. Leave out.")
+
+
+class BlenderRoundIn(_Strict):
+    kind: Literal["blender"]
+    name: str | None = Field(None, max_length=200)
+    params: BlenderParamsIn = Field(default_factory=BlenderParamsIn)
+
+
+class MeanRoundIn(_Strict):
+    kind: Literal["mean"]
+    name: str | None = Field(None, max_length=200)
+    params: MeanParamsIn
+
+
+CreateRoundIn = Annotated[BlenderRoundIn | MeanRoundIn, Field(discriminator="kind")]
+
+
+class Counts(BaseModel):
+    optin_users: int = Field(description="Enrolled opt-in users.")
+    optin_records: int = Field(description="Opt-in records (or values) uploaded.")
+    messages: int = Field(description="Distinct device messages counted.")
+    reports: int = Field(description="Reports in them.")
+
+
+class RoundOut(BaseModel):
+    id: str
+    kind: Literal["blender", "mean"]
+    name: str | None
+    state: STATES
+    params: dict[str, Any]
+    created: str
+    headlist_hash: str | None
+    counts: Counts
+
+
+class RoundListOut(BaseModel):
+    rounds: list[RoundOut]
+
+
+class EnrolIn(_Strict):
+    user: str = Field(min_length=1, max_length=MAX_TEXT, description="The opt-in user's identifier (kept only "
+                                                                     "as a salted HMAC pseudonym).")
+
+
+class TokenOut(BaseModel):
+    token: str = Field(description="The opt-in user's bearer token for this round (shown once).")
+
+
+class OptinRecord(_Strict):
+    query: str = Field(min_length=1, max_length=MAX_TEXT)
+    url: str | None = Field(None, max_length=MAX_TEXT)
+
+
+class OptinUploadIn(_Strict):
+    """A BLENDER round takes ``records``; a mean round takes ``values``."""
+
+    records: list[OptinRecord] | None = None
+    values: list[Annotated[float, Field(ge=-1e300, le=1e300)]] | None = None
+
+
+class AcceptedOut(BaseModel):
+    accepted: int
+
+
+class ReportAckOut(BaseModel):
+    acknowledged: int = Field(description="Messages in the request, all stored (now or before).")
+    counted: int = Field(description="Messages new to the round.")
+    duplicates: int = Field(description="Messages whose id was already stored (retries): not counted again.")
+
+
+class HeadListOut(BaseModel):
+    """The device document: hybriddp-headlist (BLENDER) or hybriddp-mean-round."""
+
+    model_config = ConfigDict(extra="allow")
+    format: str
+    version: int
+    content_hash: str
+
+
+class LocalSearchUrl(BaseModel):
+    url: str
+    p: float
+
+
+class LocalSearchQuery(BaseModel):
+    query: str
+    p: float
+    urls: list[LocalSearchUrl]
+
+
+class LocalSearchOut(BaseModel):
+    round: str
+    headlist: str
+    queries: list[LocalSearchQuery]
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="snake_case error code.")
+    message: str = Field(description="What was wrong, the value, and the fix.")
+
+
+class ErrorOut(BaseModel):
+    error: ErrorDetail
+
+
+_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$", "description": "16 random bytes, URL-safe base64"}
+_REPORT = {"type": "object", "required": ["query", "url"],
+           "properties": {"query": {"type": ["string", "null"]}, "url": {"type": ["string", "null"]}}}
+DEVICE_MESSAGE = {"type": "object", "title": "DeviceMessage", "required": ["id", "headlist", "reports"],
+                  "properties": {"id": _ID, "headlist": {"type": "string"},
+                                 "reports": {"type": "array", "items": _REPORT}}}
+MEAN_MESSAGE = {"type": "object", "title": "MeanMessage", "required": ["id", "round", "value"],
+                "properties": {"id": _ID, "round": {"type": "string"}, "value": {"type": "number"}}}
+_ANY_MESSAGE = {"anyOf": [DEVICE_MESSAGE, MEAN_MESSAGE]}
+REPORTS_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"anyOf": [DEVICE_MESSAGE, MEAN_MESSAGE,
+                                                  {"type": "array", "items": _ANY_MESSAGE}]}},
+        "application/x-ndjson": {"schema": {"type": "string", "description": "one message per line"}},
+    },
+}
+

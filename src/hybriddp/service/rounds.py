@@ -1,0 +1,429 @@
+"""Round logic of the collection service, on top of the library's three parties.
+
+* **Parameters** (:func:`validate_params`): a BLENDER round takes everything
+  :class:`~hybriddp.params.BlenderParams` checks, plus the curator's noise and whether records
+  have URLs; a mean round takes ε and the public range [lower, upper] (ALGORITHM.md §11), and
+  optionally a known σ².
+* **Head list** (:func:`publish_headlist`): the opt-in records become a
+  :class:`~hybriddp.records.RecordLog` (one user per opt-in token, in enrolment order; records
+  in upload order), :func:`hybriddp.parties.curate` builds the head list and the opt-in
+  estimates (ALGORITHM.md §3, §4), the ledger is charged **before** anything is published
+  (a round over a user's lifetime budget is refused), and then one transaction stores the two
+  documents, deletes the raw records and moves the round on. A mean round does the same with
+  the curator's Laplace mean of the opt-in values.
+* **Reports** (:class:`BlenderReports`, :class:`MeanReports`): each device message is checked
+  (id, head-list hash or round, m_C, entries) before anything is stored.
+* **Close** (:func:`close_round`): reports per entry from the database →
+  :func:`hybriddp.parties.serve_estimates` (ALGORITHM.md §6, §7); a mean round blends the opt-in
+  and client means with the Hybrid weighting of :mod:`hybriddp.mean`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from hybriddp.device import DeviceError, check_message_id, content_hash
+from hybriddp.errors import DataError, HeadListError, HybridDPError, parameter_error
+from hybriddp.ledger import Charge
+from hybriddp.mean import VARIANCE_SHARE, Hybrid, HybridUnknownVariance
+from hybriddp.noise import NOISE_CLASSES, noise_factory
+from hybriddp.params import BlenderParams, check_seed
+from hybriddp.parties import CuratorRelease, ReportCounts, curate, release_from_documents, serve_estimates
+from hybriddp.parties.server import MessageCounter
+from hybriddp.records import NO_URL, ArrayVocabulary, RecordLog
+from hybriddp.result import Result
+from hybriddp.rng import SEED_WARNING, make_rng
+from hybriddp.service.errors import ConflictError
+from hybriddp.service.store import RoundInfo, Store
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("blender", "mean")
+MEAN_DEVICE_FORMAT = "hybriddp-mean-round"
+MEAN_OPTIN_FORMAT = "hybriddp-mean-optin"
+
+_BLENDER_FIELDS = [f.name for f in fields(BlenderParams) if f.name != "optin_fraction"]
+BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", "seed")
+MEAN_KEYS = ("epsilon", "lower", "upper", "sigma2", "variance_share", "seed")
+
+
+# ----- parameters -----------------------------------------------------------------------------
+def _check_keys(kind: str, params: dict[str, Any], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise parameter_error(f"params of a {kind} round", ", ".join(unknown), f"among {', '.join(known)}")
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise parameter_error(name, value, "true or false")
+    return value
+
+
+def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The round's parameters, checked and completed with defaults (stored with the round)."""
+    if kind == "blender":
+        _check_keys(kind, params, BLENDER_KEYS)
+        base = {k: v for k, v in BlenderParams().to_dict().items() if k != "optin_fraction"}
+        out = {**base, "noise": next(iter(NOISE_CLASSES)), "url_level": True, "seed": None, **params}
+        _flag("project", out["project"])
+        _flag("url_level", out["url_level"])
+        noise_factory(out["noise"]) if isinstance(out["noise"], str) else noise_factory(repr(out["noise"]))
+        check_seed(out["seed"])
+        blender_params(out)  # every range check of the library
+        return out
+    if kind == "mean":
+        _check_keys(kind, params, MEAN_KEYS)
+        for name in ("epsilon", "lower", "upper"):
+            if name not in params:
+                raise parameter_error(name, None, "given: a mean round needs epsilon, lower and upper")
+        out = {"sigma2": None, "variance_share": VARIANCE_SHARE, "seed": None, **params}
+        check_seed(out["seed"])
+        mean_mechanism(out)
+        return out
+    raise parameter_error("kind", kind, " or ".join(repr(k) for k in KINDS))
+
+
+def blender_params(params: dict[str, Any]) -> BlenderParams:
+    """The library parameters of a BLENDER round."""
+    try:
+        return BlenderParams(**{k: params[k] for k in _BLENDER_FIELDS})
+    except TypeError as exc:  # e.g. a string where a number belongs
+        raise parameter_error("params", {k: params[k] for k in _BLENDER_FIELDS}, f"numbers of the right type ({exc})"
+                              ) from None
+
+
+def mean_mechanism(params: dict[str, Any]) -> Hybrid:
+    """Hybrid (σ² given) or HybridUnknownVariance (σ² estimated privately from the opt-in group)."""
+    kw = {"lower": params["lower"], "upper": params["upper"], "epsilon": params["epsilon"]}
+    if params["sigma2"] is None:
+        return HybridUnknownVariance(**kw, variance_share=params["variance_share"])
+    return Hybrid(**kw, sigma2=params["sigma2"])
+
+
+# ----- the curator's step: build, charge, publish -----------------------------------------------
+def publish_headlist(store: Store, round_id: str) -> RoundInfo:
+    """Build the round's head list (or opt-in mean), charge the ledger, publish, delete the raw data.
+
+    Refused (ConflictError) unless the round is collecting-optin; while it runs the round is
+    ``building-headlist`` so a second request is refused too. If building or charging fails,
+    the round goes back to collecting-optin with nothing published or charged.
+    """
+    info = store.start_build(round_id)
+    try:
+        if info.kind == "blender":
+            headlist, estimates, charges = _curate_blender(store, info)
+        else:
+            headlist, estimates, charges = _curate_mean(store, info)
+        store.charge(info, charges)  # refuses the whole round over any user's lifetime budget
+    except BaseException:
+        store.abort_build(info.num)
+        raise
+    return store.publish(info, headlist, estimates)
+
+
+def _curate_blender(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
+    users, queries, urls, pseudonyms = store.optin_records(info.num)
+    if not users:
+        raise DataError(f"round {info.id} has no opt-in records; opt-in users upload them with their token "
+                        "(POST /api/v1/rounds/{id}/optin/records) before the head list is built")
+    p = info.params
+    log = optin_log(np.asarray(users, dtype=np.int64), queries, urls, pseudonyms, p["url_level"])
+    release, _ = curate(log, blender_params(p), seed=p["seed"], noise_factory=noise_factory(p["noise"]))
+    return release.headlist, release.estimates, list(release.charges)
+
+
+def optin_log(users: np.ndarray, queries: list[str], urls: list[str | None], pseudonyms: dict[int, str],
+              url_level: bool) -> RecordLog:
+    """The opt-in records as a :class:`RecordLog`: users coded in enrolment order, ids = ledger pseudonyms."""
+    seqs, user_code = np.unique(users, return_inverse=True)
+    qnames, qcode = np.unique(np.array(queries, dtype=object), return_inverse=True)
+    if url_level:
+        unames, ucode = np.unique(np.array(urls, dtype=object), return_inverse=True)
+    else:
+        unames, ucode = np.array([], dtype=object), np.full(len(queries), NO_URL)
+    ids = np.array([pseudonyms[int(s)] for s in seqs.tolist()], dtype=object)
+    return RecordLog.from_user_sorted(user_code, qcode.astype(np.int32), ucode.astype(np.int32),
+                                      ArrayVocabulary(qnames), ArrayVocabulary(unames), has_urls=url_level,
+                                      user_ids=ids)
+
+
+def _curate_mean(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
+    """The curator's opt-in mean (ALGORITHM.md §11): one clamped value per user, Laplace noise."""
+    users, values, pseudonyms = store.optin_values(info.num)
+    if len(values) == 0:
+        raise DataError(f"round {info.id} has no opt-in values; opt-in users upload them with their token "
+                        "(POST /api/v1/rounds/{id}/optin/records with {\"values\": [...]}) first")
+    p = info.params
+    mech = mean_mechanism(p)
+    seqs, code = np.unique(users, return_inverse=True)
+    # a user who uploaded several values contributes their mean: one value in [lower, upper] per user
+    clamped = np.clip(values, p["lower"], p["upper"])
+    per_user = np.bincount(code, weights=clamped) / np.bincount(code)
+    n_t = len(per_user)
+    rng = make_rng(p["seed"])
+    if isinstance(mech, HybridUnknownVariance):
+        sigma2, source = mech.private_variance(per_user, rng), "private estimate"
+        eps_mean = mech.mean_epsilon
+    else:
+        sigma2, source, eps_mean = float(mech.sigma2), "given", mech.epsilon
+    mu_t = float(per_user.mean() + rng.laplace(0.0, mech.width / (eps_mean * n_t)))
+    device = {"format": MEAN_DEVICE_FORMAT, "version": 1, "round": info.id, "lower": float(p["lower"]),
+              "upper": float(p["upper"]), "epsilon": float(p["epsilon"])}
+    device["content_hash"] = content_hash(device)
+    estimates = {"format": MEAN_OPTIN_FORMAT, "version": 1, "headlist": device["content_hash"], "n_optin": n_t,
+                 "mean": mu_t, "sigma2": float(sigma2), "sigma2_source": source}
+    charges = [Charge("optin", [pseudonyms[int(s)] for s in seqs.tolist()], float(p["epsilon"]), 0.0)]
+    return device, estimates, charges
+
+
+# ----- device messages --------------------------------------------------------------------------
+class BlenderReports:
+    """Checks BLENDER device messages against one published head list (ALGORITHM.md §5, §6).
+
+    The same checks as :class:`hybriddp.parties.server.MessageCounter`: the message's fields,
+    a valid random id, the head list's hash, at most m_C reports, every report a listed entry.
+    """
+
+    def __init__(self, release: CuratorRelease) -> None:
+        self.release = release
+        self._counter = MessageCounter(release)  # only its read-only entry map is used
+        self.want = release.hash
+        self.m_c = release.m_c
+
+    def check(self, msg: Any, source: str) -> tuple[str, list[int]]:
+        """(message id, entry index of each report), or a DataError/HeadListError naming the problem."""
+        if not isinstance(msg, dict):
+            raise DataError(f"{source}: expected a JSON object {{\"id\": ..., \"headlist\": ..., \"reports\": [...]}}, "
+                            f"found {_kind(msg)}")
+        missing = [k for k in ("id", "headlist", "reports") if k not in msg]
+        if missing:
+            raise DataError(f"{source}: field {missing[0]!r} is missing; a device message is "
+                            '{"id": ..., "headlist": ..., "reports": [{"query": ..., "url": ...}]} '
+                            "(made by hybriddp.device.randomize_records)")
+        mid = _message_id(msg["id"], source)
+        if msg["headlist"] != self.want:
+            raise HeadListError(f"{source}: report made for head list {str(msg['headlist'])[:19]}…, but this round's "
+                                f"head list is {self.want[:19]}…; fetch GET /api/v1/rounds/{{id}}/headlist and "
+                                "randomize over it")
+        reports = msg["reports"]
+        if not isinstance(reports, list):
+            raise DataError(f"{source}: field 'reports' must be a list, found {_kind(reports)}")
+        if len(reports) > self.m_c:
+            raise DataError(f"{source}: message {mid} has {len(reports)} reports but the head list allows m_C = "
+                            f"{self.m_c} per device (refused: counting more would break the devices' privacy "
+                            "accounting)")
+        return mid, [self._counter._entry_of(rep, source) for rep in reports]
+
+
+class MeanReports:
+    """Checks mean-round messages ``{"id": ..., "round": round id, "value": randomized number}``."""
+
+    def __init__(self, round_id: str) -> None:
+        self.round_id = round_id
+
+    def check(self, msg: Any, source: str) -> tuple[str, float]:
+        """(message id, value), or a DataError naming the problem."""
+        shape = '{"id": ..., "round": ..., "value": ...} (made with hybriddp.mean_device)'
+        if not isinstance(msg, dict):
+            raise DataError(f"{source}: expected a JSON object {shape}, found {_kind(msg)}")
+        missing = [k for k in ("id", "round", "value") if k not in msg]
+        if missing:
+            raise DataError(f"{source}: field {missing[0]!r} is missing; a mean-round message is {shape}")
+        mid = _message_id(msg["id"], source)
+        if msg["round"] != self.round_id:
+            raise DataError(f"{source}: message made for round {str(msg['round'])[:40]!r}, but this is round "
+                            f"{self.round_id}; send it to its own round")
+        v = msg["value"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or abs(v) > 1e300:
+            raise DataError(f"{source}: field 'value' = {str(v)[:40]} must be a finite number (the device's "
+                            "randomized value, hybriddp.mean_device.randomize_value)")
+        return mid, float(v)
+
+
+def _message_id(value: Any, source: str) -> str:
+    try:
+        return check_message_id(value)
+    except DeviceError as exc:
+        raise DataError(f"{source}: {exc}") from None
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+# ----- per-round caches (published documents and results never change) --------------------------
+class _Cache:
+    def __init__(self, size: int = 32) -> None:
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._size = size
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = make()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return value
+
+    def peek(self, key: Any) -> Any:
+        with self._lock:
+            return self._items.get(key)
+
+
+_results = _Cache()
+
+
+_targets = _Cache(256)
+
+
+def report_target(store: Store, round_id: str, *, cached_only: bool = False
+                  ) -> tuple[RoundInfo, BlenderReports | MeanReports] | None:
+    """(round, message checker) of a round whose head list is published; cached per round.
+
+    The cached round's state goes stale (the store checks the state when it stores reports);
+    its id, kind and head list never change once published. ``cached_only``: None on a miss
+    instead of reading the database.
+    """
+    key = (store.url, round_id)
+    if cached_only:
+        return _targets.peek(key)
+
+    def make() -> tuple[RoundInfo, BlenderReports | MeanReports]:
+        docs = store.documents(round_id)
+        info = docs.info
+        if docs.headlist is None:
+            raise ConflictError(f"reports refused: round {info.id} is {info.state!r}; its head list is not "
+                                "published yet (reports are taken after POST /api/v1/rounds/{id}/headlist)")
+        if info.kind == "mean":
+            return info, MeanReports(info.id)
+        return info, BlenderReports(release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates)))
+    return _targets.get(key, make)
+
+
+# ----- close --------------------------------------------------------------------------------
+def close_round(store: Store, round_id: str) -> RoundInfo:
+    """Close (one request wins; reports are refused from now), estimate, store the results."""
+    return finish_close(store, store.start_close(round_id))
+
+
+def finish_close(store: Store, info: RoundInfo) -> RoundInfo:
+    """closed → results-published: estimates from the stored reports."""
+    docs = store.documents(info.id)
+    if info.kind == "blender":
+        release = release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates))
+        counts = store.entry_counts(info.num, release.head_list.n_entries)
+        result = blender_result(release, counts, info)
+        return store.finish_close(info, result.to_json(), counts.tolist())
+    return store.finish_close(info, mean_results(store, info, json.loads(docs.estimates)), None)
+
+
+def blender_result(release: CuratorRelease, counts: np.ndarray, info: RoundInfo) -> Result:
+    """The round's :class:`Result` from the release and the reports per entry (deterministic)."""
+    rc = ReportCounts(np.asarray(counts, dtype=np.int64), messages=info.messages, reports=int(np.sum(counts)),
+                      duplicates=info.duplicates)
+    return serve_estimates(release, rc)
+
+
+def mean_results(store: Store, info: RoundInfo, estimates: dict[str, Any]) -> dict[str, Any]:
+    """Opt-in, client and hybrid means with their expected squared errors (ALGORITHM.md §11)."""
+    p = info.params
+    mech = mean_mechanism(p)
+    n_l, total = store.report_values(info.num)
+    n_t, mu_t, sigma2 = int(estimates["n_optin"]), float(estimates["mean"]), float(estimates["sigma2"])
+    mu_l = total / n_l
+    w = mech.weight_for(n_t, n_l, sigma2)
+
+    def row(name: str, estimate: float, n: int, weight: float) -> dict[str, Any]:
+        mse = mech.expected_squared_error(n_t, n_l, sigma2, weight=weight)
+        return {"estimator": name, "estimate": estimate, "variance": mse, "n": n, "weight_optin": weight}
+    rows = [row("optin", mu_t, n_t, 1.0), row("client", mu_l, n_l, 0.0),
+            row("hybrid", w * mu_t + (1.0 - w) * mu_l, n_t + n_l, w)]
+    out: dict[str, Any] = {
+        "algorithm": "hybrid-mean", "round": info.id, "params": p, "guarantee": mech.guarantee,
+        "sigma2": sigma2, "sigma2_source": estimates["sigma2_source"],
+        "variance_meaning": "expected squared error as an estimate of the mean of all n_optin + n_client users' "
+                            "clamped values (ALGORITHM.md §11), at sigma2",
+        "sizes": {"optin_users": n_t, "messages": n_l, "duplicate_messages": info.duplicates},
+        "optin": rows[0], "client": rows[1], "hybrid": rows[2], "estimates": rows,
+    }
+    if p["seed"] is not None:
+        out["warning"] = SEED_WARNING
+    return out
+
+
+def result_of(store: Store, round_id: str) -> tuple[RoundInfo, dict[str, Any], Result | None]:
+    """(round, result JSON, BLENDER Result rebuilt from the stored state or None for a mean round)."""
+    docs = store.documents(round_id)
+    info = docs.info
+    if info.state != "results-published" or docs.results is None:
+        raise ConflictError(f"round {round_id} has no results yet: it is {info.state!r}; results are published "
+                            "when an administrator closes it (POST /api/v1/rounds/{id}/close)")
+    results = json.loads(docs.results)
+    if info.kind != "blender":
+        return info, results, None
+
+    def make() -> Result:
+        release = release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates))
+        return blender_result(release, np.array(json.loads(docs.report_counts), dtype=np.int64), info)
+    return info, results, _results.get((store.url, info.num), make)
+
+
+def results_table(results: dict[str, Any], result: Result | None) -> pa.Table:
+    """The table served as CSV/Parquet: BLENDER's records table, or the mean round's three estimates."""
+    if result is not None:
+        return result.records_table()
+    return pa.Table.from_pylist(results["estimates"])
+
+
+def local_search(info: RoundInfo, result: Result) -> dict[str, Any]:
+    """The browser's document: listed queries and their URLs with blended probabilities, largest first."""
+    hl = result.head_list
+    names = result.query_names()
+    _, urls = result.entry_names()
+    p_q = np.asarray(result.blended.queries.p, dtype=np.float64)
+    p_r = np.asarray(result.p_record, dtype=np.float64)
+    per_query: dict[int, list[dict[str, Any]]] = {i: [] for i in range(hl.k - 1)}
+    for e in np.flatnonzero(~hl.is_wildcard).tolist():
+        q = int(hl.entry_query[e])
+        if q in per_query and math.isfinite(p_r[e]):
+            per_query[q].append({"url": urls[e], "p": float(p_r[e])})
+    queries = []
+    for i, entries in per_query.items():
+        if math.isfinite(p_q[i]):
+            entries.sort(key=lambda u: -u["p"])
+            queries.append({"query": names[i], "p": float(p_q[i]), "urls": entries})
+    queries.sort(key=lambda q: -q["p"])
+    return {"round": info.id, "headlist": info.headlist_hash, "queries": queries}
+
+
+# ----- start-up -------------------------------------------------------------------------------
+def recover(store: Store) -> None:
+    """Finish what a stopped server left mid-step: unbuilt head lists go back to collecting-optin
+    (their charge, if made, stays: the ledger only over-counts), closed rounds get their results."""
+    for info in store.unfinished():
+        if info.state == "building-headlist":
+            logger.warning("round %s: the head list was being built when the server stopped; back to "
+                           "collecting-optin", info.id)
+            store.abort_build(info.num)
+        else:
+            try:
+                finish_close(store, info)
+            except HybridDPError as exc:
+                logger.error("round %s is closed but its results could not be computed: %s", info.id, exc)

@@ -1,0 +1,129 @@
+"""The service's tables (SQLAlchemy Core). Every statement that uses them lives in :mod:`.store`.
+
+Raw opt-in data (``optin_records``, ``optin_values``) exists only until the round's head list
+(or opt-in mean) is published: the publishing transaction deletes it. Reports are stored as
+what the devices sent — a random message id and the head-list entries (or the randomized
+value) — and nothing else: no address, user agent, time or token. ``entry_counts`` holds the
+reports per head-list entry, updated in the same transaction that stores the messages, so
+closing a round reads a few hundred rows instead of scanning millions
+(:meth:`hybriddp.service.store.Store.recount` recounts from the messages, for audits). The migration that creates
+these tables is ``migrations/versions/0001_initial.py``; a test checks the two agree.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Double,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+Key = BigInteger().with_variant(Integer, "sqlite")
+"""An integer key: BIGINT on PostgreSQL, INTEGER on SQLite (so that it aliases the rowid)."""
+
+ROUND_STATES = ("collecting-optin", "building-headlist", "headlist-published", "collecting-reports", "closed",
+                "results-published")
+"""The lifecycle; ``building-headlist`` is the short step while the curator runs (see rounds.py)."""
+
+rounds = Table(
+    "rounds", metadata,
+    Column("num", Key, primary_key=True, autoincrement=True),  # internal key used by the big tables
+    Column("id", String(32), nullable=False, unique=True),  # public id: 16 random bytes, URL-safe base64
+    Column("kind", String(16), nullable=False),  # 'blender' | 'mean'
+    Column("name", Text),
+    Column("state", String(32), nullable=False),
+    Column("params", Text, nullable=False),  # JSON
+    Column("created", String(40), nullable=False),
+    Column("headlist", Text),  # the device document (JSON), once published
+    Column("headlist_hash", String(80)),
+    Column("estimates", Text),  # the opt-in estimates document (JSON), once published
+    Column("report_counts", Text),  # JSON list: reports per head-list entry, stored at close
+    Column("results", Text),  # the result JSON, once published
+    Column("closed", String(40)),
+    Column("optin_users", BigInteger, nullable=False, server_default="0"),  # enrolled opt-in users
+    Column("optin_records", BigInteger, nullable=False, server_default="0"),  # records/values uploaded
+    Column("n_messages", BigInteger, nullable=False, server_default="0"),  # distinct messages counted
+    Column("n_reports", BigInteger, nullable=False, server_default="0"),  # reports in them
+    Column("n_duplicates", BigInteger, nullable=False, server_default="0"),  # retried messages not counted again
+)
+
+optin_tokens = Table(
+    "optin_tokens", metadata,
+    Column("token_hash", String(64), primary_key=True),  # SHA-256 of the token; the token is never stored
+    Column("round_num", Key, nullable=False),
+    Column("user_pseudonym", String(64), nullable=False),  # HMAC-SHA256(ledger salt, user)
+    Column("seq", BigInteger, nullable=False),  # enrolment order within the round (the user's code)
+    UniqueConstraint("round_num", "user_pseudonym", name="optin_tokens_one_per_user"),
+)
+
+optin_records = Table(
+    "optin_records", metadata,
+    Column("id", Key, primary_key=True, autoincrement=True),  # upload order
+    Column("round_num", Key, nullable=False),
+    Column("user_seq", BigInteger, nullable=False),
+    Column("query", Text, nullable=False),
+    Column("url", Text),
+    Index("optin_records_round", "round_num"),
+)
+
+optin_values = Table(
+    "optin_values", metadata,
+    Column("id", Key, primary_key=True, autoincrement=True),
+    Column("round_num", Key, nullable=False),
+    Column("user_seq", BigInteger, nullable=False),
+    Column("value", Double, nullable=False),
+    Index("optin_values_round", "round_num"),
+)
+
+messages = Table(
+    "messages", metadata,
+    Column("round_num", Key, nullable=False),
+    Column("message_id", String(22), nullable=False),
+    Column("entry", Integer),  # BLENDER: head-list entry of the first report (NULL: no report)
+    Column("value", Double),  # mean rounds: the randomized value
+    PrimaryKeyConstraint("round_num", "message_id", name="messages_pk"),  # dedup: a retried id is stored once
+    sqlite_with_rowid=False,
+)
+
+extra_entries = Table(
+    "extra_entries", metadata,  # BLENDER with m_C > 1: the entries of a message's 2nd, 3rd, ... report
+    Column("round_num", Key, nullable=False),
+    Column("message_id", String(22), nullable=False),
+    Column("entry", Integer, nullable=False),
+    Index("extra_entries_round", "round_num"),
+)
+
+entry_counts = Table(
+    "entry_counts", metadata,  # reports per head-list entry, kept in the transaction that stores them
+    Column("round_num", Key, nullable=False),
+    Column("entry", Integer, nullable=False),
+    Column("n", BigInteger, nullable=False),
+    PrimaryKeyConstraint("round_num", "entry", name="entry_counts_pk"),
+)
+
+ledger_meta = Table(
+    "ledger_meta", metadata,
+    Column("key", String(64), primary_key=True),  # 'salt', 'lifetime_epsilon', 'lifetime_delta'
+    Column("value", Text, nullable=False),
+)
+
+ledger_charges = Table(
+    "ledger_charges", metadata,
+    Column("id", Key, primary_key=True, autoincrement=True),
+    Column("user_pseudonym", String(64), nullable=False),
+    Column("round_num", Key, nullable=False),
+    Column("grp", String(32), nullable=False),
+    Column("epsilon", Double, nullable=False),
+    Column("delta", Double, nullable=False),
+    Index("ledger_charges_user", "user_pseudonym"),
+)

@@ -1,0 +1,720 @@
+"""The service's storage: every SQL statement of the service, on SQLite or PostgreSQL (SQLAlchemy Core).
+
+:class:`Store` opens the database, brings its schema to the newest migration (Alembic ``upgrade
+head``, :func:`migrate`) and offers one method per operation of a round. Each method is one
+transaction; state changes are conditional ``UPDATE ... WHERE state = ...`` statements, so two
+requests racing for the same transition cannot both win.
+
+* **SQLite** (the embedded default): WAL journal, ``synchronous=FULL`` (an acknowledged write
+  survives a power cut), a busy timeout, and write transactions started with ``BEGIN
+  IMMEDIATE`` (writers queue for the lock instead of failing on upgrade).
+* **PostgreSQL** (``postgresql+psycopg://``): READ COMMITTED; the ledger charge and the
+  migration take transaction-level advisory locks. A batch's message ids are inserted in sorted
+  order so that two overlapping batches take their row locks in the same order (no deadlock).
+
+Reports are deduplicated by the database: ``messages`` has the primary key (round, message id)
+and a batch is inserted with ``ON CONFLICT DO NOTHING RETURNING message_id``; only the returned
+(new) messages have their report entries inserted and counted. Close counts reports per
+head-list entry with one ``GROUP BY``. One server process per database is assumed for the
+start-up recovery (:meth:`Store.unfinished`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from sqlalchemy import create_engine, delete, event, func, insert, inspect, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+
+from hybriddp.errors import parameter_error
+from hybriddp.ledger import BudgetExceededError, Charge, LedgerError
+from hybriddp.service import schema as s
+from hybriddp.service.errors import ConflictError, NotFoundError, StoreError
+
+DEFAULT_LIFETIME_EPSILON = 16.0
+"""Lifetime ε of every opt-in user in a new database (``hybriddp serve --lifetime-epsilon``)."""
+DEFAULT_LIFETIME_DELTA = 1e-4
+"""Lifetime δ of every opt-in user in a new database (``--lifetime-delta``)."""
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+ADVISORY_MIGRATE = 0x68796264_0001  # PostgreSQL advisory lock keys ("hybd")
+ADVISORY_LEDGER = 0x68796264_0002
+RETRIES = 5
+IN_CHUNK = 500  # parameters per IN (...) list
+
+REPORT_STATES = ("headlist-published", "collecting-reports")
+
+T = TypeVar("T")
+
+
+def now() -> str:
+    """UTC time, ISO 8601 to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_round_id() -> str:
+    """16 random bytes from the OS, URL-safe base64 without padding (22 characters)."""
+    return base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=").decode("ascii")
+
+
+def token_hash(token: str) -> str:
+    """SHA-256 (hex) of an opt-in token: what the database keeps instead of the token."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """A round's row without its large documents (what ``GET /rounds/{id}`` shows)."""
+
+    num: int
+    id: str
+    kind: str
+    name: str | None
+    state: str
+    params: dict[str, Any]
+    created: str
+    headlist_hash: str | None
+    closed: str | None
+    optin_users: int
+    optin_records: int
+    messages: int
+    reports: int
+    duplicates: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "name": self.name, "state": self.state, "params": self.params,
+                "created": self.created, "headlist_hash": self.headlist_hash,
+                "counts": {"optin_users": self.optin_users, "optin_records": self.optin_records,
+                           "messages": self.messages, "reports": self.reports}}
+
+
+@dataclass(frozen=True)
+class RoundDocuments:
+    """A round's published documents and stored results (JSON text as stored; None until made)."""
+
+    info: RoundInfo
+    headlist: str | None
+    estimates: str | None
+    report_counts: str | None
+    results: str | None
+
+
+@dataclass(frozen=True)
+class ReportAck:
+    """What one reports request did: every message acknowledged, ``counted`` of them new."""
+
+    acknowledged: int
+    counted: int
+    reports: int
+
+    @property
+    def duplicates(self) -> int:
+        return self.acknowledged - self.counted
+
+
+_INFO_COLUMNS = (s.rounds.c.num, s.rounds.c.id, s.rounds.c.kind, s.rounds.c.name, s.rounds.c.state,
+                 s.rounds.c.params, s.rounds.c.created, s.rounds.c.headlist_hash, s.rounds.c.closed,
+                 s.rounds.c.optin_users, s.rounds.c.optin_records, s.rounds.c.n_messages, s.rounds.c.n_reports,
+                 s.rounds.c.n_duplicates)
+
+
+def _info(row: Any) -> RoundInfo:
+    return RoundInfo(int(row.num), row.id, row.kind, row.name, row.state, json.loads(row.params), row.created,
+                     row.headlist_hash, row.closed, int(row.optin_users), int(row.optin_records),
+                     int(row.n_messages), int(row.n_reports), int(row.n_duplicates))
+
+
+# ----- engine ---------------------------------------------------------------------------------
+def _describe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url[:80]
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``sqlite:///path`` or ``postgresql+psycopg://...``, set up for the service."""
+    allowed = "sqlite:///path/to/hybriddp.db or postgresql+psycopg://user@host:port/database"
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise parameter_error("database URL (--db)", _describe_url(url), allowed) from None
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        if not u.database or u.database == ":memory:" or u.database.startswith("file:"):
+            raise parameter_error("database URL (--db)", url, "an SQLite file: " + allowed,
+                                  "An in-memory database would lose every report when the server stops.")
+        parent = Path(u.database).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise StoreError(f"database {u.database}: the directory {parent} does not exist; create it first "
+                             "(hybriddp serve --data-dir creates its data directory)")
+        engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+                               pool_size=8, max_overflow=8)
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    if backend == "postgresql":
+        if u.drivername == "postgresql":
+            u = u.set(drivername="postgresql+psycopg")
+        try:
+            return create_engine(u, pool_pre_ping=True, pool_size=8, max_overflow=8)
+        except (NoSuchModuleError, ImportError):
+            raise StoreError("PostgreSQL needs psycopg 3: pip install 'hybriddp[postgres]', and use a URL "
+                             "postgresql+psycopg://...") from None
+    raise parameter_error("database URL (--db)", _describe_url(url), allowed)
+
+
+def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # transactions are begun by _sqlite_begin, not by the driver
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA journal_mode = WAL")
+    cur.execute("PRAGMA synchronous = FULL")
+    cur.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    write = conn.get_execution_options().get("hybriddp_write", False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def migrate(conn: Connection) -> None:
+    """Alembic ``upgrade head`` on ``conn`` (inside the caller's transaction)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
+    cfg.attributes["connection"] = conn
+    command.upgrade(cfg, "head")
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    """A lock timeout (SQLite), deadlock or serialization failure (PostgreSQL): retry the transaction."""
+    code = getattr(exc.orig, "sqlstate", None)
+    return code in ("40001", "40P01") or "database is locked" in str(exc.orig)
+
+
+# ----- the store ------------------------------------------------------------------------------
+class Store:
+    """Every database operation of the collection service.
+
+    Parameters
+    ----------
+    url : ``sqlite:///path`` or ``postgresql+psycopg://...``.
+    lifetime_epsilon, lifetime_delta : the opt-in users' lifetime budget. A new database stores it;
+        an existing one keeps its own, and a different value given here is refused (None: keep).
+    """
+
+    def __init__(self, url: str, *, lifetime_epsilon: float | None = None,
+                 lifetime_delta: float | None = None) -> None:
+        for name, value, allowed in (("lifetime_epsilon (--lifetime-epsilon)", lifetime_epsilon, "a finite number > 0"),
+                                     ("lifetime_delta (--lifetime-delta)", lifetime_delta, "a number in (0, 1)")):
+            ok = value is None or (not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value
+                                   and (value < 1 if "delta" in name else math.isfinite(value)))
+            if not ok:
+                raise parameter_error(name, value, allowed)
+        self.url = url
+        self.engine = make_engine(url)
+        self.dialect = self.engine.dialect.name
+        try:
+            self._setup(lifetime_epsilon, lifetime_delta)
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    # ----- transactions ---------------------------------------------------------------------
+    def _run(self, fn: Callable[[Connection], T], *, write: bool) -> T:
+        """Run ``fn`` in one transaction; retry on lock timeouts/deadlocks; database failures → StoreError."""
+        for attempt in range(RETRIES):
+            try:
+                with self.engine.connect() as conn:
+                    if write:
+                        conn = conn.execution_options(hybriddp_write=True)
+                    with conn.begin():
+                        return fn(conn)
+            except DBAPIError as exc:
+                if attempt + 1 < RETRIES and _retryable(exc):
+                    time.sleep(0.01 * 2 ** attempt)
+                    continue
+                raise StoreError(f"database {_describe_url(self.url)}: {type(exc.orig).__name__}: "
+                                 f"{str(exc.orig).strip()[:300]}; check that the database is reachable and writable"
+                                 ) from None
+            except SQLAlchemyError as exc:
+                raise StoreError(f"database {_describe_url(self.url)}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def _write(self, fn: Callable[[Connection], T]) -> T:
+        return self._run(fn, write=True)
+
+    def _read(self, fn: Callable[[Connection], T]) -> T:
+        return self._run(fn, write=False)
+
+    def _insert(self, table: Any) -> Any:
+        return (sqlite.insert(table) if self.dialect == "sqlite" else postgresql.insert(table))
+
+    # ----- schema and ledger metadata ---------------------------------------------------------
+    def _setup(self, lifetime_epsilon: float | None, lifetime_delta: float | None) -> None:
+        def run(conn: Connection) -> tuple[bytes, float, float]:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADVISORY_MIGRATE})
+            tables = set(inspect(conn).get_table_names())
+            if tables and "alembic_version" not in tables:
+                raise StoreError(f"database {_describe_url(self.url)} holds other tables "
+                                 f"({', '.join(sorted(tables)[:6])}) and is not a hybriddp service database; give a "
+                                 "new or empty database (--db)")
+            migrate(conn)
+            meta = dict(conn.execute(select(s.ledger_meta.c.key, s.ledger_meta.c.value)).all())
+            if not meta:
+                meta = {"salt": secrets.token_hex(32),
+                        "lifetime_epsilon": repr(float(lifetime_epsilon or DEFAULT_LIFETIME_EPSILON)),
+                        "lifetime_delta": repr(float(lifetime_delta or DEFAULT_LIFETIME_DELTA))}
+                conn.execute(insert(s.ledger_meta), [{"key": k, "value": v} for k, v in meta.items()])
+            return bytes.fromhex(meta["salt"]), float(meta["lifetime_epsilon"]), float(meta["lifetime_delta"])
+
+        try:
+            self._salt, self.lifetime_epsilon, self.lifetime_delta = self._write(run)
+        except (KeyError, ValueError) as exc:
+            raise StoreError(f"database {_describe_url(self.url)}: the ledger metadata is damaged ({exc}); restore "
+                             "the database from a backup") from None
+        for name, given, have in (("epsilon", lifetime_epsilon, self.lifetime_epsilon),
+                                  ("delta", lifetime_delta, self.lifetime_delta)):
+            if given is not None and float(given) != have:
+                raise LedgerError(f"database {_describe_url(self.url)} has lifetime {name} {have!r}, not {given!r}: "
+                                  "the opt-in users' budget is fixed when the database is created (leave out "
+                                  f"--lifetime-{name})")
+
+    def pseudonym(self, user: str) -> str:
+        """HMAC-SHA256(per-database salt, user), hex, 128 bits: the ledger never names a user."""
+        return hmac.new(self._salt, user.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
+
+    # ----- rounds ---------------------------------------------------------------------------
+    def create_round(self, kind: str, name: str | None, params: dict[str, Any]) -> RoundInfo:
+        """A new round in state collecting-optin."""
+        rid = new_round_id()
+
+        def run(conn: Connection) -> None:
+            conn.execute(insert(s.rounds).values(id=rid, kind=kind, name=name, state="collecting-optin",
+                                                 params=json.dumps(params, allow_nan=False), created=now()))
+        self._write(run)
+        return self.round(rid)
+
+    def _get(self, conn: Connection, round_id: str) -> RoundInfo:
+        row = conn.execute(select(*_INFO_COLUMNS).where(s.rounds.c.id == round_id)).first()
+        if row is None:
+            raise NotFoundError(f"round {round_id[:40]!r} does not exist; list the rounds with GET /api/v1/rounds "
+                                "(administrator)")
+        return _info(row)
+
+    def round(self, round_id: str) -> RoundInfo:
+        """The round with this id, or :class:`NotFoundError`."""
+        return self._read(lambda conn: self._get(conn, round_id))
+
+    def rounds(self) -> list[RoundInfo]:
+        """Every round, oldest first."""
+        return self._read(lambda conn: [_info(r) for r in conn.execute(
+            select(*_INFO_COLUMNS).order_by(s.rounds.c.num)).all()])
+
+    def documents(self, round_id: str) -> RoundDocuments:
+        """The round with its documents and results."""
+        def run(conn: Connection) -> RoundDocuments:
+            info = self._get(conn, round_id)
+            row = conn.execute(select(s.rounds.c.headlist, s.rounds.c.estimates, s.rounds.c.report_counts,
+                                      s.rounds.c.results).where(s.rounds.c.num == info.num)).one()
+            return RoundDocuments(info, row.headlist, row.estimates, row.report_counts, row.results)
+        return self._read(run)
+
+    def state_counts(self) -> dict[str, int]:
+        """Rounds per state."""
+        return self._read(lambda conn: {st: int(n) for st, n in conn.execute(
+            select(s.rounds.c.state, func.count()).group_by(s.rounds.c.state)).all()})
+
+    def _transition(self, conn: Connection, round_id: str, from_states: Sequence[str], to_state: str,
+                    action: str, **values: Any) -> RoundInfo:
+        """Conditional UPDATE of the state; ConflictError (naming the state) when the round is elsewhere."""
+        res = conn.execute(update(s.rounds).where(s.rounds.c.id == round_id, s.rounds.c.state.in_(from_states))
+                           .values(state=to_state, **values))
+        info = self._get(conn, round_id)
+        if res.rowcount != 1:
+            raise ConflictError(f"cannot {action}: round {round_id} is {info.state!r}, it must be "
+                                f"{' or '.join(repr(x) for x in from_states)}")
+        return info
+
+    # ----- opt-in ---------------------------------------------------------------------------
+    def enrol(self, round_id: str, user: str) -> str:
+        """A new opt-in token for ``user`` in this round (only its hash is stored)."""
+        pseud = self.pseudonym(user)
+        token = secrets.token_urlsafe(32)
+
+        def run(conn: Connection) -> None:
+            info = self._get(conn, round_id)
+            if info.state != "collecting-optin":
+                raise ConflictError(f"cannot enrol: round {round_id} is {info.state!r}; opt-in users enrol while it "
+                                    "is 'collecting-optin'")
+            taken = conn.execute(select(s.optin_tokens.c.seq).where(
+                s.optin_tokens.c.round_num == info.num, s.optin_tokens.c.user_pseudonym == pseud)).first()
+            if taken is not None:
+                raise ConflictError(f"user {user[:60]!r} is already enrolled in round {round_id}; a user gets one "
+                                    "token per round (use the token issued before)")
+            seq = conn.execute(update(s.rounds).where(s.rounds.c.num == info.num,
+                                                      s.rounds.c.state == "collecting-optin")
+                               .values(optin_users=s.rounds.c.optin_users + 1)
+                               .returning(s.rounds.c.optin_users)).scalar_one()
+            conn.execute(insert(s.optin_tokens).values(token_hash=token_hash(token), round_num=info.num,
+                                                       user_pseudonym=pseud, seq=seq))
+        try:
+            self._write(run)
+        except StoreError:
+            if self._enrolled(round_id, pseud):  # lost a race with the same user's other request
+                raise ConflictError(f"user {user[:60]!r} is already enrolled in round {round_id}") from None
+            raise
+        return token
+
+    def _enrolled(self, round_id: str, pseud: str) -> bool:
+        return self._read(lambda conn: conn.execute(
+            select(s.optin_tokens.c.seq).join(s.rounds, s.rounds.c.num == s.optin_tokens.c.round_num)
+            .where(s.rounds.c.id == round_id, s.optin_tokens.c.user_pseudonym == pseud)).first() is not None)
+
+    def optin_user(self, round_id: str, token: str) -> tuple[RoundInfo, int] | None:
+        """(round, the user's code) for a valid opt-in token of this round, else None."""
+        def run(conn: Connection) -> tuple[RoundInfo, int] | None:
+            info = self._get(conn, round_id)
+            seq = conn.execute(select(s.optin_tokens.c.seq).where(s.optin_tokens.c.token_hash == token_hash(token),
+                                                                  s.optin_tokens.c.round_num == info.num)).scalar()
+            return None if seq is None else (info, int(seq))
+        return self._read(run)
+
+    def add_optin_records(self, info: RoundInfo, user_seq: int, records: Sequence[tuple[str, str | None]]) -> int:
+        """Store one opt-in user's raw records (only while collecting-optin)."""
+        rows = [{"round_num": info.num, "user_seq": user_seq, "query": q, "url": u} for q, u in records]
+        return self._add_optin(info, s.optin_records, rows)
+
+    def add_optin_values(self, info: RoundInfo, user_seq: int, values: Sequence[float]) -> int:
+        """Store one opt-in user's raw values (mean rounds; only while collecting-optin)."""
+        rows = [{"round_num": info.num, "user_seq": user_seq, "value": float(v)} for v in values]
+        return self._add_optin(info, s.optin_values, rows)
+
+    def _add_optin(self, info: RoundInfo, table: Any, rows: list[dict[str, Any]]) -> int:
+        def run(conn: Connection) -> None:
+            res = conn.execute(update(s.rounds).where(s.rounds.c.num == info.num,
+                                                      s.rounds.c.state == "collecting-optin")
+                               .values(optin_records=s.rounds.c.optin_records + len(rows)))
+            if res.rowcount != 1:
+                state = self._get(conn, info.id).state
+                raise ConflictError(f"cannot upload opt-in data: round {info.id} is {state!r}; uploads are taken "
+                                    "while it is 'collecting-optin' (the raw data was deleted when the head list "
+                                    "was published)")
+            if rows:
+                conn.execute(insert(table), rows)
+        self._write(run)
+        return len(rows)
+
+    def start_build(self, round_id: str) -> RoundInfo:
+        """collecting-optin → building-headlist (one builder wins)."""
+        return self._write(lambda conn: self._transition(conn, round_id, ["collecting-optin"], "building-headlist",
+                                                         "publish the head list"))
+
+    def abort_build(self, round_num: int) -> None:
+        """building-headlist → collecting-optin (the build was refused; nothing was published)."""
+        self._write(lambda conn: conn.execute(update(s.rounds).where(
+            s.rounds.c.num == round_num, s.rounds.c.state == "building-headlist").values(state="collecting-optin")))
+
+    def optin_records(self, round_num: int) -> tuple[list[int], list[str], list[str | None], dict[int, str]]:
+        """(user code per record, query, url, pseudonym per user code), records in upload order."""
+        def run(conn: Connection) -> tuple[list[int], list[str], list[str | None], dict[int, str]]:
+            rows = conn.execute(select(s.optin_records.c.user_seq, s.optin_records.c.query, s.optin_records.c.url)
+                                .where(s.optin_records.c.round_num == round_num).order_by(s.optin_records.c.id)).all()
+            users, queries, urls = (list(c) for c in zip(*rows, strict=True)) if rows else ([], [], [])
+            return users, queries, urls, self._pseudonyms(conn, round_num)
+        return self._read(run)
+
+    def optin_values(self, round_num: int) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+        """(user code per value, value, pseudonym per user code), values in upload order."""
+        def run(conn: Connection) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+            rows = conn.execute(select(s.optin_values.c.user_seq, s.optin_values.c.value)
+                                .where(s.optin_values.c.round_num == round_num).order_by(s.optin_values.c.id)).all()
+            users = np.array([r[0] for r in rows], dtype=np.int64)
+            values = np.array([r[1] for r in rows], dtype=np.float64)
+            return users, values, self._pseudonyms(conn, round_num)
+        return self._read(run)
+
+    def _pseudonyms(self, conn: Connection, round_num: int) -> dict[int, str]:
+        return {int(q): p for q, p in conn.execute(select(s.optin_tokens.c.seq, s.optin_tokens.c.user_pseudonym)
+                                                   .where(s.optin_tokens.c.round_num == round_num)).all()}
+
+    # ----- the privacy ledger ---------------------------------------------------------------
+    def charge(self, info: RoundInfo, charges: Sequence[Charge]) -> None:
+        """Record the round's charges, or refuse all of them (:class:`BudgetExceededError`).
+
+        Users are the pseudonyms of :meth:`pseudonym`. Basic composition (Σε, Σδ) against the
+        database's lifetime budget, like :class:`hybriddp.ledger.PrivacyLedger`.
+        """
+        rows: dict[str, tuple[str, float, float]] = {}
+        for c in charges:
+            for user in c.users:
+                if user in rows:
+                    raise LedgerError(f"a user appears twice in round {info.id} (groups {rows[user][0]!r} and "
+                                      f"{c.group!r})")
+                rows[user] = (c.group, float(c.epsilon), float(c.delta))
+
+        def run(conn: Connection) -> None:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADVISORY_LEDGER})
+            users = sorted(rows)
+            spent: dict[str, tuple[float, float]] = {}
+            lc = s.ledger_charges.c
+            for i in range(0, len(users), IN_CHUNK):
+                chunk = users[i:i + IN_CHUNK]
+                spent.update({u: (float(e), float(d)) for u, e, d in conn.execute(
+                    select(lc.user_pseudonym, func.sum(lc.epsilon), func.sum(lc.delta))
+                    .where(lc.user_pseudonym.in_(chunk)).group_by(lc.user_pseudonym)).all()})
+            over = []
+            for u, (_, e, d) in rows.items():
+                pe, pd = spent.get(u, (0.0, 0.0))
+                if pe + e > self.lifetime_epsilon * (1 + 1e-12) or pd + d > self.lifetime_delta * (1 + 1e-12):
+                    over.append((pe + e, pd + d))
+            if over:
+                e, d = max(over)
+                raise BudgetExceededError(
+                    f"round {info.id} refused: {len(over):,} opt-in user(s) would exceed the lifetime budget "
+                    f"(epsilon {self.lifetime_epsilon:g}, delta {self.lifetime_delta:g}); the worst would reach "
+                    f"epsilon {e:.4g}, delta {d:.3g}. Nothing was published or charged. Create the round with a "
+                    "smaller epsilon, or leave those users out of it")
+            if rows:
+                conn.execute(insert(s.ledger_charges), [
+                    {"user_pseudonym": u, "round_num": info.num, "grp": g, "epsilon": e, "delta": d}
+                    for u, (g, e, d) in rows.items()])
+        self._write(run)
+
+    def spent(self, user: str) -> tuple[float, float]:
+        """(Σε, Σδ) charged to ``user`` so far."""
+        lc = s.ledger_charges.c
+        row = self._read(lambda conn: conn.execute(select(func.sum(lc.epsilon), func.sum(lc.delta)).where(
+            lc.user_pseudonym == self.pseudonym(user))).one())
+        return float(row[0] or 0.0), float(row[1] or 0.0)
+
+    # ----- publishing -------------------------------------------------------------------------
+    def publish(self, info: RoundInfo, headlist: dict[str, Any], estimates: dict[str, Any]) -> RoundInfo:
+        """One transaction: store the documents, delete the raw opt-in data, → headlist-published."""
+        def run(conn: Connection) -> RoundInfo:
+            out = self._transition(conn, info.id, ["building-headlist"], "headlist-published", "publish",
+                                   headlist=json.dumps(headlist, allow_nan=False, ensure_ascii=False),
+                                   headlist_hash=headlist["content_hash"],
+                                   estimates=json.dumps(estimates, allow_nan=False, ensure_ascii=False))
+            conn.execute(delete(s.optin_records).where(s.optin_records.c.round_num == info.num))
+            conn.execute(delete(s.optin_values).where(s.optin_values.c.round_num == info.num))
+            return out
+        self._write(run)
+        return self.round(info.id)
+
+    # ----- reports ----------------------------------------------------------------------------
+    def add_reports(self, info: RoundInfo, items: Sequence[tuple[str, Sequence[int] | float]]) -> ReportAck:
+        """Store one request's validated messages (see :meth:`add_reports_many`); raises its error."""
+        (result,) = self.add_reports_many([(info, items)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def add_reports_many(self, requests: Sequence[tuple[RoundInfo, Sequence[tuple[str, Any]]]]
+                         ) -> list[ReportAck | ConflictError]:
+        """Store the validated messages of several requests in ONE transaction (group commit).
+
+        Each request is ``(round, [(message id, entries or value), ...])``. One commit (one fsync
+        with SQLite's synchronous=FULL) acknowledges them all, which is what lets single-message
+        requests go faster than the disk's fsync rate. Per round, the state is checked (and the
+        round moved to collecting-reports) first; a round that takes no reports gets a
+        :class:`ConflictError` for its requests, the others are stored. A message id already
+        stored (or earlier in the group) is acknowledged and not counted again: the primary key
+        decides (``ON CONFLICT DO NOTHING RETURNING``), so concurrent retries cannot double-count.
+        The new messages' reports are added to ``entry_counts`` in the same transaction.
+        """
+        def run(conn: Connection) -> list[ReportAck | ConflictError]:
+            open_rounds = set()
+            for num in sorted({info.num for info, _ in requests}):  # locks the round rows in one order
+                if conn.execute(update(s.rounds).where(s.rounds.c.num == num, s.rounds.c.state.in_(REPORT_STATES))
+                                .values(state="collecting-reports").returning(s.rounds.c.num)).first():
+                    open_rounds.add(num)
+            results: list[ReportAck | ConflictError] = []
+            firsts: dict[int, dict[str, tuple[int, Any]]] = {}  # round → message id → (request, payload)
+            kinds: dict[int, str] = {}
+            for i, (info, items) in enumerate(requests):
+                if info.num not in open_rounds:
+                    state = self._get(conn, info.id).state
+                    results.append(ConflictError(f"reports refused: round {info.id} is {state!r}; reports are taken "
+                                                 "while it is 'headlist-published' or 'collecting-reports'"))
+                    continue
+                results.append(ReportAck(len(items), 0, 0))
+                kinds[info.num] = info.kind
+                first = firsts.setdefault(info.num, {})
+                for mid, payload in items:
+                    if mid not in first:
+                        first[mid] = (i, payload)
+            counted = [0] * len(requests)
+            reports = [0] * len(requests)
+            for num, first in firsts.items():
+                self._store_round_reports(conn, num, kinds[num] == "mean", first, counted, reports)
+                acked = sum(len(items) for info, items in requests if info.num == num)
+                new = sum(counted[i] for i, (info, _) in enumerate(requests) if info.num == num)
+                n_rep = sum(reports[i] for i, (info, _) in enumerate(requests) if info.num == num)
+                conn.execute(update(s.rounds).where(s.rounds.c.num == num).values(
+                    n_messages=s.rounds.c.n_messages + new, n_reports=s.rounds.c.n_reports + n_rep,
+                    n_duplicates=s.rounds.c.n_duplicates + (acked - new)))
+            return [r if isinstance(r, ConflictError) else ReportAck(r.acknowledged, counted[i], reports[i])
+                    for i, r in enumerate(results)]
+        return self._write(run)
+
+    def _store_round_reports(self, conn: Connection, num: int, mean: bool, first: dict[str, tuple[int, Any]],
+                             counted: list[int], reports: list[int]) -> None:
+        """Insert one round's messages of a group; credit each new one to the request that sent it."""
+        ids = sorted(first)  # sorted: B-tree locality, and one lock order for every batch (PostgreSQL)
+        if mean:
+            rows = [(m, None, first[m][1]) for m in ids]
+        else:
+            rows = [(m, p[0] if p else None, None) for m in ids for p in (first[m][1],)]
+        new = self._insert_messages(conn, num, rows)
+        entries: list[int] = []
+        extra = []
+        for mid in new:
+            req, payload = first[mid]
+            counted[req] += 1
+            if mean:
+                reports[req] += 1
+                continue
+            reports[req] += len(payload)
+            entries.extend(payload)
+            extra.extend({"round_num": num, "message_id": mid, "entry": e} for e in payload[1:])
+        if extra:
+            conn.execute(insert(s.extra_entries), extra)
+        if entries:
+            self._add_counts(conn, num, np.bincount(np.asarray(entries, dtype=np.int64)))
+
+    def _insert_messages(self, conn: Connection, round_num: int, rows: list[tuple[str, int | None, Any]]) -> list[str]:
+        """INSERT ... ON CONFLICT DO NOTHING RETURNING message_id, many rows per statement; the new ids.
+
+        Written at the driver level: SQLAlchemy's generic executemany path costs three times as
+        much per row, and this is the service's hot path.
+        """
+        mark = "?" if self.dialect == "sqlite" else "%s"
+        chunk = 300 if self.dialect == "sqlite" else 1000  # SQLite: at most 999 parameters in old builds
+        new: list[str] = []
+        for i in range(0, len(rows), chunk):
+            part = rows[i:i + chunk]
+            values = ",".join([f"({int(round_num)},{mark},{mark},{mark})"] * len(part))
+            sql = (f"INSERT INTO messages (round_num, message_id, entry, value) VALUES {values} "
+                   "ON CONFLICT DO NOTHING RETURNING message_id")
+            new += conn.exec_driver_sql(sql, tuple(x for row in part for x in row)).scalars().all()
+        return new
+
+    def _add_counts(self, conn: Connection, round_num: int, counts: np.ndarray) -> None:
+        ec = s.entry_counts
+        stmt = self._insert(ec)
+        stmt = stmt.on_conflict_do_update(index_elements=[ec.c.round_num, ec.c.entry],
+                                          set_={"n": ec.c.n + stmt.excluded.n})
+        nz = np.flatnonzero(counts)  # ascending: one lock order (PostgreSQL)
+        conn.execute(stmt, [{"round_num": round_num, "entry": int(e), "n": int(counts[e])} for e in nz.tolist()])
+
+    # ----- close ------------------------------------------------------------------------------
+    def start_close(self, round_id: str) -> RoundInfo:
+        """headlist-published/collecting-reports → closed (one closer wins; reports are refused from now)."""
+        def run(conn: Connection) -> RoundInfo:
+            info = self._get(conn, round_id)
+            have = info.reports if info.kind == "blender" else info.messages
+            if info.state in REPORT_STATES and have == 0:
+                raise ConflictError(f"cannot close round {round_id}: no reports yet, so there is nothing to estimate "
+                                    "from the clients; close it once devices have reported")
+            return self._transition(conn, round_id, REPORT_STATES, "closed", "close", closed=now())
+        return self._write(run)
+
+    def entry_counts(self, round_num: int, n_entries: int) -> np.ndarray:
+        """Reports per head-list entry, as kept in ``entry_counts``."""
+        ec = s.entry_counts.c
+        rows = self._read(lambda conn: conn.execute(select(ec.entry, ec.n).where(ec.round_num == round_num)).all())
+        return _dense(rows, n_entries, round_num)
+
+    def recount(self, round_num: int, n_entries: int) -> np.ndarray:
+        """Reports per entry counted again from the stored messages (GROUP BY): an audit of entry_counts."""
+        m, x = s.messages.c, s.extra_entries.c
+
+        def run(conn: Connection) -> list[Any]:
+            first = conn.execute(select(m.entry, func.count()).where(m.round_num == round_num, m.entry.is_not(None))
+                                 .group_by(m.entry)).all()
+            more = conn.execute(select(x.entry, func.count()).where(x.round_num == round_num).group_by(x.entry)).all()
+            return [*first, *more]
+        return _dense(self._read(run), n_entries, round_num)
+
+    def report_values(self, round_num: int) -> tuple[int, float]:
+        """(number, sum) of a mean round's randomized values."""
+        m = s.messages.c
+        n, total = self._read(lambda conn: conn.execute(select(func.count(m.value), func.sum(m.value)).where(
+            m.round_num == round_num)).one())
+        return int(n), float(total or 0.0)
+
+    def finish_close(self, info: RoundInfo, results: dict[str, Any], counts: list[int] | None) -> RoundInfo:
+        """Store the results; closed → results-published."""
+        def run(conn: Connection) -> RoundInfo:
+            return self._transition(conn, info.id, ["closed"], "results-published", "publish results",
+                                    results=json.dumps(results, allow_nan=False, ensure_ascii=False),
+                                    report_counts=None if counts is None else json.dumps(counts))
+        self._write(run)
+        return self.round(info.id)
+
+    def unfinished(self) -> list[RoundInfo]:
+        """Rounds left mid-step by a stopped server: building-headlist or closed (see rounds.recover)."""
+        return self._read(lambda conn: [_info(r) for r in conn.execute(select(*_INFO_COLUMNS).where(
+            s.rounds.c.state.in_(["building-headlist", "closed"])).order_by(s.rounds.c.num)).all()])
+
+    def table_counts(self, round_num: int) -> dict[str, int]:
+        """Rows per table for one round (tests and operators: raw opt-in data must be 0 once published)."""
+        def run(conn: Connection) -> dict[str, int]:
+            out = {}
+            for t in (s.optin_records, s.optin_values, s.optin_tokens, s.messages, s.extra_entries,
+                      s.entry_counts):
+                out[t.name] = int(conn.execute(select(func.count()).select_from(t)
+                                               .where(t.c.round_num == round_num)).scalar_one())
+            return out
+        return self._read(run)
+
+
+def _dense(rows: Sequence[Any], n_entries: int, round_num: int) -> np.ndarray:
+    """(entry, count) rows → a count per entry; an entry out of range means a damaged database."""
+    counts = np.zeros(n_entries, dtype=np.int64)
+    if rows:
+        idx = np.array([r[0] for r in rows], dtype=np.int64)
+        if idx.min() < 0 or idx.max() >= n_entries:
+            raise StoreError(f"round {round_num}: stored report entries outside 0..{n_entries - 1}; the database "
+                             "is damaged")
+        np.add.at(counts, idx, np.array([r[1] for r in rows], dtype=np.int64))
+    return counts
+
+
+@contextmanager
+def open_store(url: str, **kw: Any) -> Iterator[Store]:
+    """A :class:`Store`, closed on exit."""
+    store = Store(url, **kw)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+__all__ = ["DEFAULT_LIFETIME_DELTA", "DEFAULT_LIFETIME_EPSILON", "ReportAck", "RoundDocuments", "RoundInfo", "Store",
+           "open_store"]

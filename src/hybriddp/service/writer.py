@@ -1,0 +1,97 @@
+"""Group commit of device reports: one writer thread, one transaction for many requests.
+
+With SQLite's ``synchronous=FULL`` every commit waits for an fsync (about 10 ms on a common
+disk), so committing each single-message request on its own would cap the service near 100
+requests/s. Requests instead hand their validated messages to :class:`ReportWriter`; its thread
+takes everything queued (up to :data:`MAX_GROUP_MESSAGES` messages), stores it with
+:meth:`hybriddp.service.store.Store.add_reports_many` in one transaction, and only after the
+commit answers each request. A request is therefore acknowledged only once its messages are
+durable, and a crash loses only requests that were never acknowledged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from hybriddp.service.errors import ServiceError
+from hybriddp.service.store import ReportAck, RoundInfo, Store
+
+logger = logging.getLogger(__name__)
+
+MAX_GROUP_MESSAGES = 100_000
+"""Most messages stored by one transaction (bounds the latency a big group adds)."""
+
+_STOP = object()
+
+
+class ReportWriter:
+    """Queues report requests and stores them in groups, one transaction per group."""
+
+    def __init__(self, store: Store, max_group_messages: int = MAX_GROUP_MESSAGES) -> None:
+        self.store = store
+        self.max_group = max_group_messages
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, info: RoundInfo, items: Sequence[tuple[str, Any]]) -> concurrent.futures.Future[ReportAck]:
+        """Queue one request's messages; the future resolves after the commit (or with its error)."""
+        fut: concurrent.futures.Future[ReportAck] = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise ServiceError("the server is shutting down; retry the request")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hybriddp-report-writer", daemon=True)
+                self._thread.start()
+            self._queue.put((info, items, fut))
+        return fut
+
+    def close(self) -> None:
+        """Store what is queued, then stop the thread."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join()
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            group = [first]
+            size = len(first[1])
+            while size < self.max_group:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                group.append(nxt)
+                size += len(nxt[1])
+            self._store(group)
+
+    def _store(self, group: list[tuple[RoundInfo, Sequence[tuple[str, Any]], concurrent.futures.Future[Any]]]) -> None:
+        try:
+            results = self.store.add_reports_many([(info, items) for info, items, _ in group])
+        except BaseException as exc:  # the whole group failed (database unavailable, or a bug): tell every request
+            if not isinstance(exc, ServiceError):
+                logger.exception("storing %d report requests failed", len(group))
+            for _, _, fut in group:
+                fut.set_exception(exc)
+            return
+        for (_, _, fut), result in zip(group, results, strict=True):
+            if isinstance(result, Exception):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)

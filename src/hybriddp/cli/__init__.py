@@ -21,6 +21,7 @@ from hybriddp.cli.mean import mean_group
 from hybriddp.cli.privacy import privacy_group
 from hybriddp.cli.rounds import participate_cmd, round_group
 from hybriddp.cli.run import demo_cmd, run_cmd
+from hybriddp.cli.serve import serve_cmd
 from hybriddp.cli.synth import synth_cmd
 from hybriddp.cli.tune import tune_cmd
 from hybriddp.device import DeviceError
@@ -88,7 +89,7 @@ def cli(verbose: int) -> None:
 
 
 for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, experiment_cmd,
-             audit_cmd, mean_group, tune_cmd, round_group, participate_cmd):
+             audit_cmd, mean_group, tune_cmd, round_group, participate_cmd, serve_cmd):
     cli.add_command(_cmd)
 
 

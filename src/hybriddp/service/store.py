@@ -22,14 +22,15 @@ start-up recovery (:meth:`Store.unfinished`).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import math
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -163,6 +164,8 @@ def make_engine(url: str) -> Engine:
         if not parent.is_dir():
             raise StoreError(f"database {u.database}: the directory {parent} does not exist; create it first "
                              "(hybriddp serve --data-dir creates its data directory)")
+        with contextlib.suppress(FileExistsError):  # a new database file is private (0600): it holds raw opt-in data
+            os.close(os.open(Path(u.database).expanduser(), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         engine = create_engine(u, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
                                pool_size=8, max_overflow=8)
         event.listen(engine, "connect", _sqlite_connect)
@@ -706,7 +709,7 @@ def _dense(rows: Sequence[Any], n_entries: int, round_num: int) -> np.ndarray:
     return counts
 
 
-@contextmanager
+@contextlib.contextmanager
 def open_store(url: str, **kw: Any) -> Iterator[Store]:
     """A :class:`Store`, closed on exit."""
     store = Store(url, **kw)

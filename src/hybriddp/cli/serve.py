@@ -1,0 +1,112 @@
+"""``hybriddp serve``: the collection service (FastAPI on Uvicorn) on SQLite or PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from hybriddp.errors import DataError
+from hybriddp.io.atomic import write_text
+
+DEFAULT_DATA_DIR = "hybriddp-data"
+TOKEN_NAME = "admin-token"
+DB_NAME = "hybriddp.db"
+
+
+@contextlib.contextmanager
+def _private_umask() -> Iterator[None]:
+    """New files readable by their owner only (0600) while the block runs (the CLI is single-threaded here)."""
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def admin_token(token_file: str | None, data_dir: Path) -> tuple[str, Path, bool]:
+    """(token, file, generated): read ``token_file``, or ``<data_dir>/admin-token`` (made if missing)."""
+    path = Path(token_file) if token_file is not None else data_dir / TOKEN_NAME
+    if token_file is not None and not path.is_file():
+        raise DataError(f"--admin-token-file {path}: no such file; write a token of at least 16 characters into it, "
+                        "or leave the option out and a random token is generated in the data directory")
+    generated = False
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with _private_umask():  # the temporary file and the result are 0600 from the start
+            write_text(path, secrets.token_urlsafe(32) + "\n")
+        generated = True
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read the admin token file {path}: {exc}") from None
+    if len(token) < 16:
+        raise DataError(f"the admin token in {path} has {len(token)} characters; use at least 16 (e.g. "
+                        "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        click.echo(f"warning: {path} is readable by other users (mode {stat.filemode(mode)}); chmod 600 it", err=True)
+    return token, path, generated
+
+
+@click.command("serve")
+@click.option("--db", "db_url", default=None, metavar="URL",
+              help="Database: sqlite:///PATH (embedded; WAL, every acknowledged write on disk) or "
+                   "postgresql+psycopg://USER[:PASSWORD]@HOST:PORT/DATABASE (needs hybriddp[postgres]). "
+                   f"Default: sqlite:///<data-dir>/{DB_NAME}. The schema is created or migrated at start-up.")
+@click.option("--data-dir", default=DEFAULT_DATA_DIR, show_default=True, type=click.Path(file_okay=False),
+              help="Directory for the default SQLite database and the generated admin token (created if missing).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 0.0.0.0 listens on every interface (put a TLS proxy in front).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
+@click.option("--admin-token-file", default=None, type=click.Path(dir_okay=False),
+              help=f"File holding the administrators' bearer token (at least 16 characters; surrounding whitespace "
+                   f"ignored). Default: <data-dir>/{TOKEN_NAME}, generated (random, mode 0600) if missing.")
+@click.option("--lifetime-epsilon", type=float, default=None,
+              help="Lifetime privacy budget ε of every opt-in user over all rounds (basic composition; a round "
+                   "that would exceed it is refused before anything is published). Fixed when the database is "
+                   "created. Default for a new database: 16.")
+@click.option("--lifetime-delta", type=float, default=None,
+              help="Lifetime δ of every opt-in user, in (0, 1). Fixed when the database is created. "
+                   "Default for a new database: 1e-4.")
+@click.option("--max-body-bytes", type=click.IntRange(1024), default=16 * 1024 * 1024, show_default=True,
+              help="Largest request body, in bytes (16 MiB); a larger one is refused with 413. Device batches "
+                   "must fit (about 100 bytes per one-report message).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True, help="Uvicorn's log level. Access logs (with client addresses) are never written.")
+def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_token_file: str | None,
+              lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
+              log_level: str) -> None:
+    """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
+
+    Opt-in users upload raw records with their own tokens; an administrator publishes the head list
+    (the privacy ledger is charged first, then the raw records are deleted); devices fetch it,
+    randomize and report; the administrator closes the round and the results are published
+    (JSON, CSV, Parquet, and a local-search document). API at /docs and /openapi.json,
+    /health, /metrics. No address or other identifier of a device is stored with its report.
+    """
+    import uvicorn
+
+    from hybriddp.service import create_app
+
+    data = Path(data_dir)
+    if db_url is None:
+        data.mkdir(parents=True, exist_ok=True)
+        db_url = f"sqlite:///{(data / DB_NAME).resolve()}"
+    token, token_path, generated = admin_token(admin_token_file, data)
+    app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
+                     lifetime_delta=lifetime_delta)
+    store = app.state.store
+    if generated:
+        click.echo(f"admin token generated: {token_path} (mode 0600); send it as 'Authorization: Bearer <token>'")
+    else:
+        click.echo(f"admin token: {token_path}")
+    click.echo(f"database: {store.engine.url.render_as_string(hide_password=True)} (opt-in lifetime budget "
+               f"epsilon {store.lifetime_epsilon:g}, delta {store.lifetime_delta:g})")
+    click.echo(f"serving on http://{host}:{port} (API docs at /docs); Ctrl-C stops")
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, server_header=False)

@@ -174,8 +174,8 @@ class _Http:
         self.http = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
         self._headers = headers
 
-    def close(self) -> None:
-        """Close the connection pool (when this object created it)."""
+    def close_connections(self) -> None:
+        """Close the connection pool (when this object created it); ``with`` does it on exit."""
         if self._own:
             self.http.close()
 
@@ -183,7 +183,7 @@ class _Http:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close_connections()
 
     def request(self, method: str, path: str, *, what: str, idempotent: bool, json_body: Any = None,
                 content: bytes | None = None, headers: dict[str, str] | None = None,

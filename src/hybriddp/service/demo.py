@@ -248,8 +248,9 @@ def service_demo(log: RecordLog, params: BlenderParams, *, seed: int | None, noi
     stages = stages or Stages()
     token = secrets.token_urlsafe(32)
     with contextlib.ExitStack() as stack:
-        if db_url is None:
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="hybriddp-demo-"))
+        if db_url is None:  # in memory (tmpfs) where there is one: a temporary database needs no fsync to disk
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="hybriddp-demo-", dir=shm))
             db_url = "sqlite:///" + os.path.join(tmp, "hybriddp.db")
         with stages.stage("start the service"):
             kw: dict[str, Any] = {}

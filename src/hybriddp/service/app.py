@@ -300,10 +300,14 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     def get_round(round_id: str) -> dict[str, Any]:
         return out(store.round(round_id))
 
-    @app.post("/api/v1/rounds/{round_id}/optin/enrol", status_code=201, response_model=m.TokenOut,
+    @app.post("/api/v1/rounds/{round_id}/optin/enrol", status_code=201, response_model=m.TokenOut | m.TokensOut,
               dependencies=admin, tags=["opt-in"], responses=_errors(400, 401, 404, 409, 413, 422, 503))
-    def enrol(round_id: str, body: m.EnrolIn) -> dict[str, str]:
-        return {"token": store.enrol(round_id, body.user)}
+    def enrol(round_id: str, body: m.EnrolIn) -> dict[str, Any]:
+        if (body.user is None) == (body.users is None):
+            raise DataError('give one user {"user": "..."} or several {"users": ["...", ...]}, not both or neither')
+        if body.user is not None:
+            return {"token": store.enrol(round_id, body.user)}
+        return {"tokens": store.enrol_many(round_id, body.users or [])}
 
     @app.post("/api/v1/rounds/{round_id}/optin/records", response_model=m.AcceptedOut, tags=["opt-in"],
               responses=_errors(400, 401, 404, 409, 413, 422, 503))
@@ -321,8 +325,9 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
 
     @app.post("/api/v1/rounds/{round_id}/headlist", response_model=m.RoundOut, dependencies=admin,
               tags=["curator"], responses=_errors(401, 404, 409, 422, 503))
-    def publish(round_id: str) -> dict[str, Any]:
-        return out(rounds.publish_headlist(store, round_id))
+    def publish(round_id: str, body: m.PublishIn | None = None) -> dict[str, Any]:
+        vocabulary = None if body is None or body.vocabulary is None else body.vocabulary.model_dump()
+        return out(rounds.publish_headlist(store, round_id, vocabulary))
 
     @app.get("/api/v1/rounds/{round_id}/headlist", response_model=m.HeadListOut, tags=["devices"],
              responses={304: {"description": "Not modified (If-None-Match matched the ETag)."},
@@ -390,6 +395,11 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         name = f"hybriddp-round-{info.id}.{format}"
         return Response(buf.getvalue(), media_type=media,
                         headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+    @app.get("/api/v1/rounds/{round_id}/release", response_model=m.ReleaseOut, tags=["results"],
+             responses=_errors(404, 409, 503))
+    def get_release(round_id: str) -> dict[str, Any]:
+        return rounds.release_of(store, round_id)
 
     @app.get("/api/v1/rounds/{round_id}/local-search", response_model=m.LocalSearchOut, tags=["results"],
              responses=_errors(404, 409, 503))

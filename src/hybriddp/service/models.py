@@ -39,6 +39,8 @@ class BlenderParamsIn(_Strict):
     f_c: float = Field(_D.f_c, gt=0, lt=1, description="f_C: share of a device's budget spent on the query.")
     noise: Literal["discrete", "laplace"] = Field("discrete", description="The curator's noise.")
     project: bool = Field(_D.project, description="Project the blended estimates onto the simplex.")
+    optin_fraction: float = Field(_D.optin_fraction, gt=0, lt=1, description="Not used by the service (whoever "
+                                  "enrols is opt-in); kept with the parameters, e.g. to reproduce a simulation.")
     url_level: bool = Field(True, description="Records are (query, clicked URL); false: queries alone.")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
@@ -89,6 +91,7 @@ class RoundOut(BaseModel):
     created: str
     headlist_hash: str | None
     counts: Counts
+    warning: str | None = Field(None, description="Set for seeded (experiment) rounds, which have no privacy.")
 
 
 class RoundListOut(BaseModel):
@@ -96,12 +99,38 @@ class RoundListOut(BaseModel):
 
 
 class EnrolIn(_Strict):
-    user: str = Field(min_length=1, max_length=MAX_TEXT, description="The opt-in user's identifier (kept only "
-                                                                     "as a salted HMAC pseudonym).")
+    """One user (``user``) or several in order (``users``)."""
+
+    user: str | None = Field(None, min_length=1, max_length=MAX_TEXT,
+                             description="The opt-in user's identifier (kept only as a salted HMAC pseudonym).")
+    users: list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]] | None = Field(
+        None, min_length=1, max_length=1_000_000, description="Several users, in order: one token each.")
 
 
 class TokenOut(BaseModel):
     token: str = Field(description="The opt-in user's bearer token for this round (shown once).")
+
+
+class TokensOut(BaseModel):
+    tokens: list[str] = Field(description="One token per user, in the order given.")
+
+
+class VocabularyIn(_Strict):
+    queries: list[str]
+    urls: list[str] = Field(default_factory=list)
+
+
+class PublishIn(_Strict):
+    vocabulary: VocabularyIn | None = Field(None, description="Seeded (experiment) rounds only: the order of the "
+                                                              "query and URL codes, to reproduce a simulation.")
+
+
+class ReleaseOut(BaseModel):
+    headlist: dict[str, Any]
+    estimates: dict[str, Any]
+    counts: list[int] | None = Field(description="Reports per head-list entry (null for a mean round).")
+    messages: int
+    duplicates: int
 
 
 class OptinRecord(_Strict):

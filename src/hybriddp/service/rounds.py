@@ -52,7 +52,7 @@ KINDS = ("blender", "mean")
 MEAN_DEVICE_FORMAT = "hybriddp-mean-round"
 MEAN_OPTIN_FORMAT = "hybriddp-mean-optin"
 
-_BLENDER_FIELDS = [f.name for f in fields(BlenderParams) if f.name != "optin_fraction"]
+_BLENDER_FIELDS = [f.name for f in fields(BlenderParams)]
 BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", "seed")
 MEAN_KEYS = ("epsilon", "lower", "upper", "sigma2", "variance_share", "seed")
 
@@ -74,11 +74,13 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """The round's parameters, checked and completed with defaults (stored with the round)."""
     if kind == "blender":
         _check_keys(kind, params, BLENDER_KEYS)
-        base = {k: v for k, v in BlenderParams().to_dict().items() if k != "optin_fraction"}
-        out = {**base, "noise": next(iter(NOISE_CLASSES)), "url_level": True, "seed": None, **params}
+        out = {**BlenderParams().to_dict(), "noise": next(iter(NOISE_CLASSES)), "url_level": True, "seed": None,
+               **params}
         _flag("project", out["project"])
         _flag("url_level", out["url_level"])
-        noise_factory(out["noise"]) if isinstance(out["noise"], str) else noise_factory(repr(out["noise"]))
+        if not isinstance(out["noise"], str):
+            raise parameter_error("noise", out["noise"], " or ".join(repr(n) for n in NOISE_CLASSES))
+        noise_factory(out["noise"])
         check_seed(out["seed"])
         blender_params(out)  # every range check of the library
         return out
@@ -112,17 +114,24 @@ def mean_mechanism(params: dict[str, Any]) -> Hybrid:
 
 
 # ----- the curator's step: build, charge, publish -----------------------------------------------
-def publish_headlist(store: Store, round_id: str) -> RoundInfo:
+def publish_headlist(store: Store, round_id: str, vocabulary: dict[str, list[str]] | None = None) -> RoundInfo:
     """Build the round's head list (or opt-in mean), charge the ledger, publish, delete the raw data.
 
     Refused (ConflictError) unless the round is collecting-optin; while it runs the round is
     ``building-headlist`` so a second request is refused too. If building or charging fails,
     the round goes back to collecting-optin with nothing published or charged.
+
+    ``vocabulary`` (seeded BLENDER rounds only, to reproduce a simulation exactly): the order of
+    the query and URL codes ``{"queries": [...], "urls": [...]}``; by default the codes follow the
+    sorted distinct strings.
     """
     info = store.start_build(round_id)
     try:
+        if vocabulary is not None and (info.kind != "blender" or info.params.get("seed") is None):
+            raise parameter_error("vocabulary", "<given>", "left out: it is for seeded (experiment) BLENDER rounds "
+                                  "only, which reproduce a simulation", "Publish without a body.")
         if info.kind == "blender":
-            headlist, estimates, charges = _curate_blender(store, info)
+            headlist, estimates, charges = _curate_blender(store, info, vocabulary)
         else:
             headlist, estimates, charges = _curate_mean(store, info)
         store.charge(info, charges)  # refuses the whole round over any user's lifetime budget
@@ -132,30 +141,51 @@ def publish_headlist(store: Store, round_id: str) -> RoundInfo:
     return store.publish(info, headlist, estimates)
 
 
-def _curate_blender(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
+def _curate_blender(store: Store, info: RoundInfo, vocabulary: dict[str, list[str]] | None
+                    ) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
     users, queries, urls, pseudonyms = store.optin_records(info.num)
     if not users:
         raise DataError(f"round {info.id} has no opt-in records; opt-in users upload them with their token "
                         "(POST /api/v1/rounds/{id}/optin/records) before the head list is built")
     p = info.params
-    log = optin_log(np.asarray(users, dtype=np.int64), queries, urls, pseudonyms, p["url_level"])
+    log = optin_log(np.asarray(users, dtype=np.int64), queries, urls, pseudonyms, p["url_level"], vocabulary)
     release, _ = curate(log, blender_params(p), seed=p["seed"], noise_factory=noise_factory(p["noise"]))
     return release.headlist, release.estimates, list(release.charges)
 
 
 def optin_log(users: np.ndarray, queries: list[str], urls: list[str | None], pseudonyms: dict[int, str],
-              url_level: bool) -> RecordLog:
-    """The opt-in records as a :class:`RecordLog`: users coded in enrolment order, ids = ledger pseudonyms."""
+              url_level: bool, vocabulary: dict[str, list[str]] | None = None) -> RecordLog:
+    """The opt-in records as a :class:`RecordLog`: users coded in enrolment order, ids = ledger pseudonyms.
+
+    Queries and URLs are coded by their sorted distinct strings, or by their position in
+    ``vocabulary["queries"]`` / ``vocabulary["urls"]`` when given.
+    """
     seqs, user_code = np.unique(users, return_inverse=True)
-    qnames, qcode = np.unique(np.array(queries, dtype=object), return_inverse=True)
+    qnames, qcode = _codes(queries, None if vocabulary is None else vocabulary.get("queries", []), "queries")
     if url_level:
-        unames, ucode = np.unique(np.array(urls, dtype=object), return_inverse=True)
+        unames, ucode = _codes(urls, None if vocabulary is None else vocabulary.get("urls", []), "urls")
     else:
         unames, ucode = np.array([], dtype=object), np.full(len(queries), NO_URL)
     ids = np.array([pseudonyms[int(s)] for s in seqs.tolist()], dtype=object)
     return RecordLog.from_user_sorted(user_code, qcode.astype(np.int32), ucode.astype(np.int32),
                                       ArrayVocabulary(qnames), ArrayVocabulary(unames), has_urls=url_level,
                                       user_ids=ids)
+
+
+def _codes(strings: list[Any], order: list[str] | None, field: str) -> tuple[np.ndarray, np.ndarray]:
+    """(vocabulary, code of each string): sorted distinct strings, or the given order."""
+    names, inverse = np.unique(np.array(strings, dtype=object), return_inverse=True)
+    if order is None:
+        return names, inverse
+    index = {s: i for i, s in enumerate(order)}
+    if len(index) != len(order):
+        raise DataError(f"vocabulary.{field} lists a string twice; give each distinct string once")
+    missing = [s for s in names.tolist() if s not in index]
+    if missing:
+        raise DataError(f"vocabulary.{field} lacks {missing[0]!r} (and {len(missing) - 1} more), which the uploaded "
+                        "opt-in records use; give every distinct string of the records")
+    mapped = np.array([index[s] for s in names.tolist()], dtype=np.int64)
+    return np.array(order, dtype=object), mapped[inverse]
 
 
 def _curate_mean(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
@@ -383,6 +413,18 @@ def result_of(store: Store, round_id: str) -> tuple[RoundInfo, dict[str, Any], R
         release = release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates))
         return blender_result(release, np.array(json.loads(docs.report_counts), dtype=np.int64), info)
     return info, results, _results.get((store.url, info.num), make)
+
+
+def release_of(store: Store, round_id: str) -> dict[str, Any]:
+    """The published inputs of a round's result, so anyone can recompute it with serve_estimates."""
+    docs = store.documents(round_id)
+    info = docs.info
+    if info.state != "results-published":
+        raise ConflictError(f"round {round_id} is {info.state!r}; its release is shown once its results are "
+                            "published")
+    return {"headlist": json.loads(docs.headlist), "estimates": json.loads(docs.estimates),
+            "counts": None if docs.report_counts is None else json.loads(docs.report_counts),
+            "messages": info.messages, "duplicates": info.duplicates}
 
 
 def results_table(results: dict[str, Any], result: Result | None) -> pa.Table:

@@ -42,8 +42,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
-from hybriddp.errors import parameter_error
+from hybriddp.errors import DataError, parameter_error
 from hybriddp.ledger import BudgetExceededError, Charge, LedgerError
+from hybriddp.rng import SEED_WARNING
 from hybriddp.service import schema as s
 from hybriddp.service.errors import ConflictError, NotFoundError, StoreError
 
@@ -98,10 +99,13 @@ class RoundInfo:
     duplicates: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "name": self.name, "state": self.state, "params": self.params,
-                "created": self.created, "headlist_hash": self.headlist_hash,
-                "counts": {"optin_users": self.optin_users, "optin_records": self.optin_records,
-                           "messages": self.messages, "reports": self.reports}}
+        out = {"id": self.id, "kind": self.kind, "name": self.name, "state": self.state, "params": self.params,
+               "created": self.created, "headlist_hash": self.headlist_hash,
+               "counts": {"optin_users": self.optin_users, "optin_records": self.optin_records,
+                          "messages": self.messages, "reports": self.reports}}
+        if self.params.get("seed") is not None:
+            out["warning"] = SEED_WARNING
+        return out
 
 
 @dataclass(frozen=True)
@@ -365,37 +369,50 @@ class Store:
     # ----- opt-in ---------------------------------------------------------------------------
     def enrol(self, round_id: str, user: str) -> str:
         """A new opt-in token for ``user`` in this round (only its hash is stored)."""
-        pseud = self.pseudonym(user)
-        token = secrets.token_urlsafe(32)
+        return self.enrol_many(round_id, [user])[0]
+
+    def enrol_many(self, round_id: str, users: Sequence[str]) -> list[str]:
+        """New opt-in tokens for ``users``, in order (their order is the curator's user order).
+
+        All or nothing: a user enrolled before (or twice in the list) refuses the whole request.
+        """
+        pseuds = [self.pseudonym(u) for u in users]
+        seen: set[str] = set()
+        for user, p in zip(users, pseuds, strict=True):
+            if p in seen:
+                raise DataError(f"user {user[:60]!r} appears twice in the request; a user gets one token per round")
+            seen.add(p)
+        tokens = [secrets.token_urlsafe(32) for _ in users]
+        ot = s.optin_tokens.c
 
         def run(conn: Connection) -> None:
             info = self._get(conn, round_id)
             if info.state != "collecting-optin":
                 raise ConflictError(f"cannot enrol: round {round_id} is {info.state!r}; opt-in users enrol while it "
                                     "is 'collecting-optin'")
-            taken = conn.execute(select(s.optin_tokens.c.seq).where(
-                s.optin_tokens.c.round_num == info.num, s.optin_tokens.c.user_pseudonym == pseud)).first()
-            if taken is not None:
-                raise ConflictError(f"user {user[:60]!r} is already enrolled in round {round_id}; a user gets one "
-                                    "token per round (use the token issued before)")
-            seq = conn.execute(update(s.rounds).where(s.rounds.c.num == info.num,
-                                                      s.rounds.c.state == "collecting-optin")
-                               .values(optin_users=s.rounds.c.optin_users + 1)
-                               .returning(s.rounds.c.optin_users)).scalar_one()
-            conn.execute(insert(s.optin_tokens).values(token_hash=token_hash(token), round_num=info.num,
-                                                       user_pseudonym=pseud, seq=seq))
+            for i in range(0, len(pseuds), IN_CHUNK):
+                taken = conn.execute(select(ot.user_pseudonym).where(
+                    ot.round_num == info.num, ot.user_pseudonym.in_(pseuds[i:i + IN_CHUNK]))).scalars().first()
+                if taken is not None:
+                    user = users[pseuds.index(taken)]
+                    raise ConflictError(f"user {user[:60]!r} is already enrolled in round {round_id}; a user gets one "
+                                        "token per round (use the token issued before); nobody in this request was "
+                                        "enrolled")
+            last = conn.execute(update(s.rounds).where(s.rounds.c.num == info.num,
+                                                       s.rounds.c.state == "collecting-optin")
+                                .values(optin_users=s.rounds.c.optin_users + len(users))
+                                .returning(s.rounds.c.optin_users)).scalar_one()
+            first = last - len(users) + 1
+            conn.execute(insert(s.optin_tokens), [
+                {"token_hash": token_hash(tok), "round_num": info.num, "user_pseudonym": p, "seq": first + i}
+                for i, (tok, p) in enumerate(zip(tokens, pseuds, strict=True))])
         try:
             self._write(run)
         except StoreError:
-            if self._enrolled(round_id, pseud):  # lost a race with the same user's other request
-                raise ConflictError(f"user {user[:60]!r} is already enrolled in round {round_id}") from None
+            if any(self._enrolled(round_id, p) for p in pseuds[:IN_CHUNK]):  # lost a race with another request
+                raise ConflictError(f"a user of this request is already enrolled in round {round_id}") from None
             raise
-        return token
-
-    def _enrolled(self, round_id: str, pseud: str) -> bool:
-        return self._read(lambda conn: conn.execute(
-            select(s.optin_tokens.c.seq).join(s.rounds, s.rounds.c.num == s.optin_tokens.c.round_num)
-            .where(s.rounds.c.id == round_id, s.optin_tokens.c.user_pseudonym == pseud)).first() is not None)
+        return tokens
 
     def optin_user(self, round_id: str, token: str) -> tuple[RoundInfo, int] | None:
         """(round, the user's code) for a valid opt-in token of this round, else None."""

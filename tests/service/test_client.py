@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 
 from hybriddp.client import (
@@ -256,3 +257,295 @@ def test_tampered_headlist_refused(scripted: Any) -> None:
     _, url2 = scripted([(200, other, {"ETag": '"sha256:' + "1" * 64 + '"'})])
     with pytest.raises(ServiceRequestError, match="ETag"):
         DeviceClient(url2, ROUND).fetch_headlist()
+
+
+# ----- the SDK against the service (create_app on the store_url database) ------------------------------------
+ADMIN = "admin-token-of-the-client-tests-0123"
+PARAMS = {"epsilon": 8.0, "delta": 1e-5, "head_list_size": 10, "m_c": 2}
+# one record per opt-in user; each listed record is seen >= 10 times in S, far above tau = 4 at epsilon 8
+OPTIN = ([("weather", "https://w.example/a")] * 16 + [("weather", "https://w.example/b")] * 12
+         + [("news", "https://n.example/a")] * 12 + [("maps", "https://m.example/a")] * 10)
+POOL = [("weather", "https://w.example/a"), ("weather", "https://w.example/b"), ("news", "https://n.example/a"),
+        ("maps", "https://m.example/a"), ("cats", "https://c.example/1")]
+
+
+@dataclass
+class Service:
+    url: str
+    store_url: str
+
+
+@pytest.fixture
+def service(store_url: str) -> Iterator[Service]:
+    """The real service on the test's database, served by Uvicorn on 127.0.0.1 (a free port)."""
+    from hybriddp.service import create_app
+
+    with local_server(create_app(store_url, ADMIN)) as url:
+        yield Service(url, store_url)
+
+
+def published_round(url: str, params: dict[str, Any] | None = None) -> tuple[str, AdminClient]:
+    """A round with the OPTIN users' records uploaded through the SDK and its head list published."""
+    admin = AdminClient(url, ADMIN)
+    rid = admin.create_round("blender", params or PARAMS, name="sdk test")["id"]
+    tokens = admin.enrol_many(rid, [f"user-{i}" for i in range(len(OPTIN))])
+    with httpx.Client() as http:
+        for token, rec in zip(tokens, OPTIN, strict=True):
+            assert OptinUploader(url, rid, token, client=http).upload([rec]) == 1
+    rnd = admin.publish_headlist(rid)
+    assert rnd["state"] == "headlist-published" and rnd["counts"]["optin_records"] == len(OPTIN)
+    return rid, admin
+
+
+def test_a_round_through_the_sdk(service: Service, tmp_path: Any) -> None:
+    import numpy as np
+
+    from hybriddp.device import DeviceLedger
+    rid, admin = published_round(service.url)
+    rng = np.random.default_rng(4)
+    devices = [[POOL[i] for i in rng.integers(0, len(POOL), rng.integers(1, 4))] for _ in range(40)]
+    total = 0
+    with httpx.Client() as http:
+        for i, records in enumerate(devices):  # every device on its own, with its own ledger
+            ledger = DeviceLedger(tmp_path / f"device-{i}.json", lifetime_epsilon=20.0, lifetime_delta=1e-3)
+            ack = DeviceClient(service.url, rid, ledger, client=http).participate(records)
+            assert (ack.acknowledged, ack.counted, ack.duplicates) == (1, 1, 0)
+            assert ledger.spent() == (8.0, 1e-5)
+            total += min(2, len(records))  # m_C = 2 reports per device
+        with pytest.raises(DeviceError, match="already reported"):  # the ledger allows one report per round
+            DeviceClient(service.url, rid, DeviceLedger(tmp_path / "device-0.json"), client=http).participate(
+                devices[0])
+    rnd = admin.round(rid)
+    assert rnd["state"] == "collecting-reports" and rnd["counts"]["messages"] == 40
+    assert rnd["counts"]["reports"] == total
+    closed = admin.close(rid)
+    assert closed["state"] == "results-published"
+    res = admin.results(rid)
+    assert res["sizes"]["reports"] == total and res["sizes"]["messages"] == 40
+    assert {q["query"] for q in res["queries"]} == {"weather", "news", "maps", "*"}
+    ls = admin.local_search(rid)
+    assert {q["query"] for q in ls["queries"]} == {"weather", "news", "maps"} and ls["round"] == rid
+    assert [q["p"] for q in ls["queries"]] == sorted((q["p"] for q in ls["queries"]), reverse=True)
+    import io
+
+    import pyarrow.parquet as pq
+    table = pq.read_table(io.BytesIO(admin.results(rid, "parquet")))
+    assert table.num_rows == len(res["records"]) and "p_blended" in table.column_names
+    assert admin.results(rid, "csv").decode().splitlines()[0].startswith('"query","url"')
+    assert rid in {r["id"] for r in admin.rounds()}
+    with pytest.raises(ConflictError, match=r"closed|results-published"):  # reports after close: 409, not retried
+        DeviceClient(service.url, rid, client=None, sleep=Sleeps()).participate(devices[1])
+
+
+def test_resubmission_is_acknowledged_and_counted_once(service: Service) -> None:
+    from hybriddp.device import randomize_records
+    rid, admin = published_round(service.url)
+    dev = DeviceClient(service.url, rid)
+    doc = dev.fetch_headlist()
+    msgs = [randomize_records(doc, [POOL[i % len(POOL)]]) for i in range(30)]
+    first = dev.submit_batch(msgs, chunk=7)  # 5 requests, NDJSON
+    assert (first.acknowledged, first.counted, first.duplicates) == (30, 30, 0)
+    again = dev.submit_batch(msgs[:10] + msgs[:3], chunk=50, ndjson=False)  # a retried batch, one id three times
+    assert (again.acknowledged, again.counted, again.duplicates) == (13, 0, 13)
+    one = dev.submit(msgs[5])
+    assert (one.counted, one.duplicates) == (0, 1)
+    assert admin.round(rid)["counts"]["messages"] == 30
+    assert admin.close(rid)["counts"]["reports"] == 30
+
+
+def test_headlist_cached_by_etag_on_the_real_server(service: Service) -> None:
+    rid, _ = published_round(service.url)
+    statuses: list[int] = []
+    with httpx.Client(event_hooks={"response": [lambda r: statuses.append(r.status_code)]}) as http:
+        dev = DeviceClient(service.url, rid, client=http)
+        doc = dev.fetch_headlist()
+        assert dev.fetch_headlist() is doc and dev.fetch_headlist() is doc
+    assert statuses == [200, 304, 304]
+    assert doc["content_hash"] == content_hash(doc)
+
+
+def test_a_message_for_another_head_list_is_refused_once(service: Service) -> None:
+    from hybriddp.device import randomize_records
+    rid1, _ = published_round(service.url)
+    rid2, _ = published_round(service.url, {**PARAMS, "epsilon": 6.0})
+    doc1 = DeviceClient(service.url, rid1).fetch_headlist()
+    sleeps = Sleeps()
+    with pytest.raises(ServiceRequestError, match="head list") as info:
+        DeviceClient(service.url, rid2, sleep=sleeps).submit(randomize_records(doc1, [POOL[0]]))
+    assert 400 <= info.value.status < 500 and sleeps.delays == []  # a refusal is not retried
+    with pytest.raises(NotFoundError):
+        DeviceClient(service.url, "nosuchroundnosuchround").fetch_headlist()
+    with pytest.raises(UnauthorizedError):
+        AdminClient(service.url, "wrong-token-wrong-token").rounds()
+
+
+def test_an_unacknowledged_message_is_resent_from_the_outbox(service: Service, tmp_path: Any) -> None:
+    """The server fails while the device submits: the message stays in the outbox; the next run resends the
+    same message (same id, counted once) instead of randomizing again, which the ledger would refuse."""
+    from hybriddp.device import DeviceLedger
+    rid, admin = published_round(service.url)
+    doc = DeviceClient(service.url, rid).fetch_headlist()
+    etag = f'"{doc["content_hash"]}"'
+    outbox = tmp_path / "outbox.json"
+    ledger_path = tmp_path / "ledger.json"
+    with contextlib.ExitStack() as stack:
+        down = Scripted([(200, doc, {"ETag": etag}), _error(503, "database_unavailable", "the database is locked")])
+        down_url = stack.enter_context(local_server(down))
+        ledger = DeviceLedger(ledger_path, lifetime_epsilon=20.0, lifetime_delta=1e-3)
+        with pytest.raises(ServiceUnavailableError) as info:
+            DeviceClient(down_url, rid, ledger, outbox=outbox, retry=RetryPolicy(attempts=3),
+                         sleep=Sleeps()).participate(POOL[:2])
+    pending = info.value.pending
+    assert pending is not None and json.loads(outbox.read_text()) == pending
+    assert ledger.spent()[0] == 8.0  # charged before the message left
+    again = DeviceClient(service.url, rid, DeviceLedger(ledger_path), outbox=outbox).participate(POOL[:2])
+    assert again.counted == 1 and not outbox.exists()
+    assert admin.round(rid)["counts"]["messages"] == 1
+    assert all(json.loads(body)["id"] == pending["id"] for m, _, _, body in down.seen if m == "POST")
+
+
+def test_a_mean_round_through_the_sdk(service: Service) -> None:
+    admin = AdminClient(service.url, ADMIN)
+    rid = admin.create_round("mean", {"epsilon": 2.0, "lower": 0.0, "upper": 10.0, "sigma2": 4.0})["id"]
+    tokens = admin.enrol_many(rid, [f"u{i}" for i in range(40)])
+    for i, token in enumerate(tokens):
+        assert OptinUploader(service.url, rid, token).upload_values([float(i % 10)]) == 1
+    admin.publish_headlist(rid)
+    with httpx.Client() as http:
+        for i in range(60):
+            assert DeviceClient(service.url, rid, client=http).participate_value(float(i % 10)).counted == 1
+        with pytest.raises(HybridDPError, match="not a mean round"):
+            brid, _ = published_round(service.url)
+            DeviceClient(service.url, brid, client=http).participate_value(1.0)
+    admin.close(rid)
+    res = admin.results(rid)
+    assert res["sizes"]["messages"] == 60 and res["sizes"]["optin_users"] == 40
+
+
+# ----- the CLI ----------------------------------------------------------------------------------------------
+def _cli(*args: Any, env: dict[str, str] | None = None, ok: bool = True) -> Any:
+    from click.testing import CliRunner
+
+    from hybriddp.cli import cli
+    result = CliRunner().invoke(cli, [str(a) for a in args], env={"HYBRIDDP_ADMIN_TOKEN": "", **(env or {})})
+    if ok:
+        assert result.exit_code == 0, result.output + result.stderr
+    return result
+
+
+def _clean_error(result: Any, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+def _csv(path: Any, records: list[tuple[str, str]]) -> Any:
+    path.write_text("query,url\n" + "".join(f"{q},{u}\n" for q, u in records), encoding="utf-8")
+    return path
+
+
+def test_round_commands_end_to_end(service: Service, tmp_path: Any) -> None:
+    import pyarrow.parquet as pq
+
+    url = service.url
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(ADMIN + "\n")
+    admin = ("--server", url, "--admin-token-file", token_file)
+    out = _cli("round", "create", *admin, "--epsilon", 8, "--head-list-size", 10, "--m-c", 2, "--name", "cli",
+               "--json")
+    rnd = json.loads(out.stdout)
+    rid = rnd["id"]
+    assert rnd["params"]["m_c"] == 2 and rnd["params"]["head_list_size"] == 10 and rnd["state"] == "collecting-optin"
+    users = tmp_path / "users.txt"
+    users.write_text("".join(f"user-{i}\n" for i in range(len(OPTIN))))
+    tokens = json.loads(_cli("round", "enrol", rid, *admin, "--users-file", users, "--json").stdout)["tokens"]
+    assert list(tokens) == [f"user-{i}" for i in range(len(OPTIN))]
+    for i, rec in enumerate(OPTIN):
+        if i < 3:  # a few opt-in users upload with the CLI, the rest with the SDK
+            tf = tmp_path / f"token-{i}"
+            tf.write_text(tokens[f"user-{i}"])
+            out = _cli("round", "upload", rid, "--server", url, "--token-file", tf, "--input",
+                       _csv(tmp_path / f"optin-{i}.csv", [rec]))
+            assert "uploaded 1 records" in out.stdout
+        else:
+            OptinUploader(url, rid, tokens[f"user-{i}"]).upload([rec])
+    assert "headlist-published" in _cli("round", "publish", rid, *admin).stdout
+    ledger = tmp_path / "device-ledger.json"
+    for i in range(6):
+        dev = _csv(tmp_path / f"device-{i}.csv", [POOL[i % len(POOL)], POOL[(i + 1) % len(POOL)]])
+        flags = ("--device-ledger", ledger, "--lifetime-epsilon", 20, "--lifetime-delta", 1e-3) if i == 0 else ()
+        got = json.loads(_cli("participate", "--server", url, "--round", rid, "--input", dev, *flags, "--json").stdout)
+        assert got == {"round": rid, "acknowledged": 1, "counted": 1, "duplicates": 0}
+    _clean_error(_cli("participate", "--server", url, "--round", rid, "--input", tmp_path / "device-0.csv",
+                      "--device-ledger", ledger, ok=False), "already reported")
+    status = json.loads(_cli("round", "status", rid, "--server", url, "--json").stdout)
+    assert status["state"] == "collecting-reports" and status["counts"]["messages"] == 6
+    assert rid in _cli("round", "list", *admin).stdout
+    _clean_error(_cli("round", "results", rid, "--server", url, ok=False), "HTTP 409")
+    closed = _cli("round", "close", rid, "--server", url, "--json", env={"HYBRIDDP_ADMIN_TOKEN": ADMIN})
+    assert json.loads(closed.stdout)["state"] == "results-published"
+    res = json.loads(_cli("round", "results", rid, "--server", url, "--json").stdout)
+    assert res["sizes"]["reports"] == 12 and res["sizes"]["messages"] == 6
+    table = _cli("round", "results", rid, "--server", url, "--output", tmp_path / "r.parquet").stdout
+    assert "Top queries" in table and "weather" in table and "wrote" in table
+    assert pq.read_table(tmp_path / "r.parquet").num_rows == len(res["records"])
+    _cli("round", "results", rid, "--server", url, "--output", tmp_path / "r.csv")
+    assert (tmp_path / "r.csv").read_text().splitlines()[0].startswith('"query","url"')
+    _cli("round", "results", rid, "--server", url, "--output", tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text()) == res
+    _clean_error(_cli("participate", "--server", url, "--round", rid, "--input", tmp_path / "device-1.csv",
+                      ok=False), "HTTP 409")  # reports after close
+
+
+def test_round_commands_refuse_cleanly(service: Service, tmp_path: Any) -> None:
+    url = service.url
+    _clean_error(_cli("round", "create", "--server", url, ok=False), "no admin token", "HYBRIDDP_ADMIN_TOKEN")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-admin-token-at-all\n")
+    _clean_error(_cli("round", "list", "--server", url, "--admin-token-file", wrong, ok=False), "HTTP 401")
+    _clean_error(_cli("round", "list", "--server", url, "--admin-token-file", tmp_path / "missing", ok=False),
+                 "no such file")
+    _clean_error(_cli("round", "status", "nosuchroundnosuchround", "--server", url, ok=False), "HTTP 404")
+    _clean_error(_cli("round", "status", "x", "--server", "localhost:1", ok=False), "--server")
+    _clean_error(_cli("round", "results", "x", "--server", url, "--output", tmp_path / "r.txt", ok=False),
+                 "unknown extension")
+    _clean_error(_cli("round", "create", "--server", url, "--kind", "mean", "--lower", 5, "--upper", 1,
+                      env={"HYBRIDDP_ADMIN_TOKEN": ADMIN}, ok=False), "lower")
+    _clean_error(_cli("round", "create", "--server", url, "--epsilon", 0.1, env={"HYBRIDDP_ADMIN_TOKEN": ADMIN},
+                      ok=False), "epsilon")
+    dev = _csv(tmp_path / "d.csv", [POOL[0]])
+    _clean_error(_cli("participate", "--server", "http://127.0.0.1:9", "--round", ROUND, "--input", dev,
+                      "--retries", 1, ok=False), "cannot connect")
+
+
+# ----- demo --service -------------------------------------------------------------------------------------
+def test_demo_through_the_service_reproduces_the_seeded_demo() -> None:
+    """Same seed: the round through HTTP and SQLite (opt-in uploads, the server's curator, device messages from
+    the device randomizer, batched) gives exactly the simulation's JSON, every estimate and metric."""
+    plain = json.loads(_cli("demo", "--scale", 0.02, "--seed", 11, "--json").stdout)
+    served = json.loads(_cli("demo", "--service", "--scale", 0.02, "--seed", 11, "--json").stdout)
+    service = served.pop("service")
+    plain.pop("stage_seconds")
+    served.pop("stage_seconds")
+    assert served == plain
+    assert service["state"] == "results-published" and service["messages_counted"] == plain["sizes"]["clients"]
+    assert service["duplicates"] == 0
+
+
+def test_demo_through_the_service_without_a_seed(tmp_path: Any, capsys: Any) -> None:
+    """OS randomness everywhere (no vocabulary order sent, devices randomize on their own, the truth is a fresh
+    sample); a small log whose top records are far above tau, so the curator's noise cannot empty the head list."""
+    from hybriddp.cli.rounds import demo_through_service
+    from hybriddp.params import BlenderParams
+    from logdata import zipf_log
+    log = zipf_log(n_users=3000, n_queries=6, urls_per_query=2, seed=3)
+    params = BlenderParams(epsilon=8.0, optin_fraction=0.1)
+    demo_through_service(log, params, seed=None, as_json=False, output=str(tmp_path / "demo.json"), top=5,
+                         algorithm="blender", noise="discrete", source="the test log")
+    out = capsys.readouterr().out
+    assert "Top queries (paper Fig. 9)" in out and "service: round" in out and "users: 3,000" in out
+    res = json.loads((tmp_path / "demo.json").read_text())
+    assert res["seed"] is None and "warning" not in res and 0 < res["metrics"]["ndcg"] <= 1
+    assert res["sizes"]["optin_users"] == 300 and res["sizes"]["reports"] == 2700
+    _clean_error(_cli("demo", "--service", "--scale", 0.01, "--algorithm", "optin-only", ok=False), "--service")

@@ -88,12 +88,14 @@ def print_round(rnd: dict[str, Any]) -> None:
 def print_rounds(rounds: list[dict[str, Any]]) -> None:
     """Every round, one row each."""
     t = Table(title=f"{len(rounds)} round{'s' * (len(rounds) != 1)}", title_justify="left")
-    for col in ("id", "name", "kind", "state", "created", "opt-in users", "reports"):
+    t.add_column("id", no_wrap=True)  # copied into other commands: never folded
+    for col in ("name", "kind", "state", "created (UTC)", "opt-in users", "reports"):
         t.add_column(col, justify="right" if col in ("opt-in users", "reports") else "left", overflow="fold")
     for r in rounds:
         c = r.get("counts") or {}
+        created = str(r.get("created") or "")[:16].replace("T", " ")
         t.add_row(str(r.get("id")), str(r.get("name") or ""), str(r.get("kind")), str(r.get("state")),
-                  str(r.get("created")), f"{c.get('optin_users', 0):,}", f"{c.get('reports', 0):,}")
+                  created, f"{c.get('optin_users', 0):,}", f"{c.get('reports', 0):,}")
     render.out.print(t)
 
 
@@ -405,7 +407,8 @@ def demo_through_service(log: Any, params: Any, *, seed: int | None, as_json: bo
                          algorithm: str, noise: str, source: str) -> None:
     """``hybriddp demo --service``: the same round as ``demo``, through a real local server
     (:func:`hybriddp.service.demo.service_demo`); prints the same tables (or JSON)."""
-    from hybriddp.cli.run import check_algorithm_params, check_group_sizes, check_output
+    from hybriddp.cli.run import check_output
+    from hybriddp.groups import check_algorithm_params, check_group_sizes
     from hybriddp.pipeline import Stages
     from hybriddp.service.demo import service_demo
 

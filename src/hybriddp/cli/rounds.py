@@ -440,3 +440,24 @@ def demo_through_service(log: Any, params: Any, *, seed: int | None, as_json: bo
                      f"{done.reports.acknowledged:,} device messages acknowledged ({done.reports.counted:,} counted)")
     if output:
         render.out.print(f"wrote {output}")
+
+
+# ----- hybriddp serve --demo -------------------------------------------------------------------------------
+DEMO_SCALE = 0.1
+"""`serve --demo`: the aol preset at this scale (52k users, 2.6k opt-in) runs in well under a minute."""
+
+
+def populate_demo_round(db_url: str, lifetime_epsilon: float | None, lifetime_delta: float | None) -> str:
+    """``hybriddp serve --demo``: run a demo round into the database before serving; returns its id."""
+    from hybriddp.pipeline import Stages
+    from hybriddp.service.demo import populate_demo
+
+    render.err.print(f"running a demo round (the aol preset at --scale {DEMO_SCALE:g}, paper defaults) through the "
+                     "service into the database …")
+    with render.interruptible(), render.stage_progress(True) as on_stage:
+        done = populate_demo(db_url, scale=DEMO_SCALE, lifetime_epsilon=lifetime_epsilon,
+                             lifetime_delta=lifetime_delta, stages=Stages(on_stage))
+    res = done.result
+    click.echo(f"demo round {done.round['id']}: {render.head_list_size(res.head_list, res.url_level)}, "
+               f"{done.reports.counted:,} device reports, results published")
+    return str(done.round["id"])

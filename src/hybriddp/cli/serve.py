@@ -77,10 +77,13 @@ def admin_token(token_file: str | None, data_dir: Path) -> tuple[str, Path, bool
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=16 * 1024 * 1024, show_default=True,
               help="Largest request body, in bytes (16 MiB); a larger one is refused with 413. Device batches "
                    "must fit (about 100 bytes per one-report message).")
+@click.option("--demo", is_flag=True, help="Before serving, run a demo round through the service into the database "
+              "(the aol preset at --scale 0.1: opt-in uploads, head list, device reports, close), so its results and "
+              "local-search document can be opened at once.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="Uvicorn's log level. Access logs (with client addresses) are never written.")
 def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_token_file: str | None,
-              lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
+              lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int, demo: bool,
               log_level: str) -> None:
     """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
 
@@ -99,6 +102,9 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         data.mkdir(parents=True, exist_ok=True)
         db_url = f"sqlite:///{(data / DB_NAME).resolve()}"
     token, token_path, generated = admin_token(admin_token_file, data)
+    if demo:
+        from hybriddp.cli.rounds import populate_demo_round
+        demo_round = populate_demo_round(db_url, lifetime_epsilon, lifetime_delta)
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
                      lifetime_delta=lifetime_delta)
     store = app.state.store
@@ -109,4 +115,6 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     click.echo(f"database: {store.engine.url.render_as_string(hide_password=True)} (opt-in lifetime budget "
                f"epsilon {store.lifetime_epsilon:g}, delta {store.lifetime_delta:g})")
     click.echo(f"serving on http://{host}:{port} (API docs at /docs); Ctrl-C stops")
+    if demo:
+        click.echo(f"demo round: http://{host}:{port}/api/v1/rounds/{demo_round}/local-search")
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, server_header=False)

@@ -265,11 +265,15 @@ def service_demo(log: RecordLog, params: BlenderParams, *, seed: int | None, noi
 
 
 def populate_demo(db_url: str, *, preset: str = "aol", scale: float = 0.1, seed: int | None = None,
-                  lifetime_epsilon: float | None = None, lifetime_delta: float | None = None) -> ServiceRound:
-    """``hybriddp serve --demo``: run a demo round (paper defaults) into the database at ``db_url``."""
+                  lifetime_epsilon: float | None = None, lifetime_delta: float | None = None,
+                  stages: Stages | None = None) -> ServiceRound:
+    """``hybriddp serve --demo``: run a demo round (paper defaults, OS randomness unless ``seed``) into the
+    database at ``db_url`` through a temporary server; the round stays there, results published."""
     from hybriddp.io.synth import generate
 
+    stages = stages or Stages()
     params = BlenderParams.paper_defaults(preset)
-    log = generate(preset, seed=seed, scale=scale)
+    with stages.stage(f"generating the {preset} preset"):
+        log = generate(preset, seed=seed, scale=scale)
     return service_demo(log, params, seed=seed, db_url=db_url, name=f"demo ({preset} preset, scale {scale:g})",
-                        lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta)
+                        lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta, stages=stages)

@@ -549,3 +549,29 @@ def test_demo_through_the_service_without_a_seed(tmp_path: Any, capsys: Any) -> 
     assert res["seed"] is None and "warning" not in res and 0 < res["metrics"]["ndcg"] <= 1
     assert res["sizes"]["optin_users"] == 300 and res["sizes"]["reports"] == 2700
     _clean_error(_cli("demo", "--service", "--scale", 0.01, "--algorithm", "optin-only", ok=False), "--service")
+
+
+def test_serve_demo_serves_a_finished_round(tmp_path: Any, monkeypatch: Any) -> None:
+    """`hybriddp serve --demo` runs a demo round into its database before serving (here at a small scale and
+    seeded, so the head list is known not to be empty; Uvicorn's serving loop is replaced by a check)."""
+    import functools
+
+    import uvicorn
+
+    import hybriddp.cli.rounds as rounds_cli
+    import hybriddp.service.demo as demo
+    monkeypatch.setattr(rounds_cli, "DEMO_SCALE", 0.02)
+    monkeypatch.setattr(demo, "populate_demo", functools.partial(demo.populate_demo, seed=5))
+    served: dict[str, Any] = {}
+
+    def fake_run(app: Any, **kw: Any) -> None:
+        (info,) = app.state.store.rounds()  # the demo round is in the database the server opened
+        with local_server(app) as url:
+            dev = DeviceClient(url, info.id)
+            served.update(round=info.id, state=dev.round()["state"], local_search=dev.local_search())
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: fake_run(app))
+    out = _cli("serve", "--demo", "--data-dir", tmp_path / "data", "--port", 8123, "--log-level", "warning")
+    assert f"demo round: http://127.0.0.1:8123/api/v1/rounds/{served['round']}/local-search" in out.stdout
+    assert served["state"] == "results-published"
+    assert [q["query"] for q in served["local_search"]["queries"]] == ["google"]  # seed 5: the one listed query

@@ -44,11 +44,13 @@ log = logging.getLogger(__name__)
 
 API = "/api/v1"
 NDJSON = "application/x-ndjson"
+USER_AGENT = "hybriddp"
 
 
 # ----- errors ---------------------------------------------------------------------------------
 class ServiceRequestError(HybridDPError):
-    """The server refused a request (HTTP 4xx): ``status``, ``code`` and the server's ``message``."""
+    """A request to the service failed: ``status`` and ``code`` as the server answered (None when there was no
+    answer); the message names the request and carries the server's own message."""
 
     def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -169,7 +171,8 @@ class _Http:
         self.base_url = check_base_url(base_url)
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # every SDK client sends the same User-Agent: nothing about the device's software reaches the server
+        headers = {"User-Agent": USER_AGENT, **({"Authorization": f"Bearer {token}"} if token else {})}
         self._own = client is None
         self.http = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
         self._headers = headers

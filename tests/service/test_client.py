@@ -120,6 +120,7 @@ def test_submission_retried_on_5xx_and_429_then_acknowledged(scripted: Any) -> N
     assert len(app.seen) == 4
     assert {body for *_, body in app.seen} == {app.seen[0][3]}  # the same message (same id) every time
     assert json.loads(app.seen[0][3]) == msg
+    assert app.seen[0][2]["user-agent"] == "hybriddp"  # the same for every device: says nothing about it
     # full jitter: retry n waits in [0, min(8, 0.5 * 2^(n-1))]; the 429's Retry-After (3 s) is honoured
     assert 0 <= sleeps.delays[0] <= 0.5 and sleeps.delays[1] >= 3.0 and 0 <= sleeps.delays[2] <= 2.0
     assert len(sleeps.delays) == 3

@@ -576,3 +576,30 @@ def test_serve_demo_serves_a_finished_round(tmp_path: Any, monkeypatch: Any) -> 
     assert f"demo round: http://127.0.0.1:8123/api/v1/rounds/{served['round']}/local-search" in out.stdout
     assert served["state"] == "results-published"
     assert [q["query"] for q in served["local_search"]["queries"]] == ["google"]  # seed 5: the one listed query
+
+
+def test_a_mean_round_with_the_cli(service: Service, tmp_path: Any) -> None:
+    env = {"HYBRIDDP_ADMIN_TOKEN": ADMIN, "HYBRIDDP_SERVER": service.url}
+    rnd = json.loads(_cli("round", "create", "--kind", "mean", "--epsilon", 2, "--lower", 0, "--upper", 10,
+                          "--sigma2", 4, "--json", env=env).stdout)
+    rid = rnd["id"]
+    assert rnd["kind"] == "mean" and rnd["params"]["sigma2"] == 4.0
+    tokens = json.loads(_cli("round", "enrol", rid, "--user", "a", "--user", "b", "--json", env=env).stdout)["tokens"]
+    for token in tokens.values():
+        assert "uploaded 2 values" in _cli("round", "upload", rid, "--value", 3, "--value", 4,
+                                           env={**env, "HYBRIDDP_OPTIN_TOKEN": token}).stdout
+    _cli("round", "publish", rid, env=env)
+    ledger = tmp_path / "ledger.json"
+    first = json.loads(_cli("participate", "--round", rid, "--value", 7, "--device-ledger", ledger,
+                            "--lifetime-epsilon", 5, "--lifetime-delta", 1e-6, "--json", env=env).stdout)
+    assert first["counted"] == 1 and json.loads(ledger.read_text())["rounds"]  # charged under the round's hash
+    _clean_error(_cli("participate", "--round", rid, "--value", 7, "--device-ledger", ledger, env=env, ok=False),
+                 "already reported")
+    for v in (1, 2, 9):
+        _cli("participate", "--round", rid, "--value", v, env=env)
+    _cli("round", "close", rid, env=env)
+    table = _cli("round", "results", rid, env=env).stdout
+    assert "hybrid" in table and "estimate" in table
+    res = json.loads(_cli("round", "results", rid, "--json", env=env).stdout)
+    assert res["sizes"]["messages"] == 4 and res["sizes"]["optin_users"] == 2
+    _clean_error(_cli("round", "create", "--kind", "blender", "--lower", 0, env=env, ok=False), "--kind blender")

@@ -78,8 +78,9 @@ def print_round(rnd: dict[str, Any]) -> None:
             ("created", rnd.get("created")), ("head list", rnd.get("headlist_hash") or "(not published)")]
     rows += [(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else str(v)) for k, v in counts.items()]
     rows += [("params", json.dumps(rnd.get("params"), sort_keys=True))]
-    if rnd.get("seed") is not None:
-        rows.append(("seed", f"{rnd['seed']} (experiments only: no privacy)"))
+    seed = (rnd.get("params") or {}).get("seed")
+    if seed is not None:
+        rows.append(("seed", f"{seed} — {rnd.get('warning') or SEED_WARNING}"))
     for k, v in rows:
         t.add_row(str(k), str(v))
     render.out.print(t)
@@ -160,16 +161,19 @@ def round_group() -> None:
 @click.option("--lower", type=float, default=None, help="--kind mean: lower bound of the values (values below are "
                                                         "clamped to it), in the values' unit.")
 @click.option("--upper", type=float, default=None, help="--kind mean: upper bound of the values, in their unit.")
+@click.option("--sigma2", type=float, default=None, help="--kind mean: the values' variance σ², if known (in the "
+              "unit squared). Default: estimated privately from the opt-in group with part of its budget.")
 @seed_option(help="EXPERIMENTS ONLY: the server's curator uses this seed, so the round has NO privacy.")
 @json_option
 def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str | None, noise: str, no_project: bool,
-               lower: float | None, upper: float | None, seed: int | None, as_json: bool, **knobs: Any) -> None:
+               lower: float | None, upper: float | None, sigma2: float | None, seed: int | None, as_json: bool,
+               **knobs: Any) -> None:
     """Create a round (state collecting-optin) with all BLENDER parameters (ALGORITHM.md §2), or a mean round
     (--kind mean --epsilon --lower --upper; ALGORITHM.md §11). Prints the round and its id."""
     if kind == "blender":
-        if lower is not None or upper is not None:
-            raise parameter_error("--lower/--upper", lower if lower is not None else upper, "unset with --kind "
-                                  "blender", "They bound the values of a --kind mean round.")
+        if lower is not None or upper is not None or sigma2 is not None:
+            raise parameter_error("--lower/--upper/--sigma2", next(v for v in (lower, upper, sigma2) if v is not None),
+                                  "unset with --kind blender", "They describe the values of a --kind mean round.")
         p = make_params(project=not no_project, **knobs)
         params: dict[str, Any] = {"epsilon": p.epsilon, "delta": p.delta, "head_list_size": p.head_list_size,
                                   "m_o": p.m_o, "m_c": p.m_c, "f_o": p.f_o, "f_c": p.f_c, "noise": noise,
@@ -181,6 +185,10 @@ def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str |
         from hybriddp.mean_device import NumericRandomizer
         NumericRandomizer(lower=lower, upper=upper, epsilon=knobs["epsilon"])  # refuses a bad range or ε
         params = {"epsilon": knobs["epsilon"], "lower": lower, "upper": upper}
+        if sigma2 is not None:
+            if not (0 <= sigma2 < float("inf")):
+                raise parameter_error("sigma2 (--sigma2)", sigma2, "a finite number >= 0 (the values' variance)")
+            params["sigma2"] = sigma2
     with _admin(server, admin_token_file) as admin:
         rnd = admin.create_round(kind, params, name=name, seed=seed)
     if as_json:

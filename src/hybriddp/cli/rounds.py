@@ -106,14 +106,19 @@ def _num(x: Any) -> str:
 
 def print_result_json(obj: dict[str, Any], top: int) -> None:
     """A round's results (the server's JSON): the top queries by blended estimate, then the guarantee."""
-    if obj.get("kind") == "mean" or "queries" not in obj:
-        t = Table(title="mean estimate", title_justify="left", show_header=False)
-        t.add_column("field")
-        t.add_column("value", overflow="fold")
-        for k, v in obj.items():
-            if not isinstance(v, (dict, list)):
-                t.add_row(str(k), _num(v) if isinstance(v, float) else str(v))
+    if "queries" not in obj:  # a mean round: the opt-in, client and hybrid estimates (ALGORITHM.md §11)
+        t = Table(title="mean estimates", title_justify="left")
+        for col in ("estimator", "estimate", "variance", "n", "weight opt-in"):
+            t.add_column(col, justify="left" if col == "estimator" else "right")
+        for key in ("optin", "client", "hybrid"):
+            e = obj.get(key) or {}
+            t.add_row(key, _num(e.get("estimate")), _num(e.get("variance")), f"{e.get('n', 0):,}",
+                      _num(e.get("weight_optin")))
         render.out.print(t)
+        render.out.print(f"variance of the values: {_num(obj.get('sigma2'))} ({obj.get('sigma2_source')}); "
+                         f"privacy: {obj.get('guarantee')}")
+        if obj.get("seed") is not None or (obj.get("params") or {}).get("seed") is not None:
+            render.err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
         return
     queries = [q for q in obj["queries"] if q.get("query") != "*"]
     queries.sort(key=lambda q: -(q.get("p_blended") if isinstance(q.get("p_blended"), (int, float)) else -1.0))

@@ -125,7 +125,21 @@ class PgCluster:
         except BaseException:
             self._remove()
             raise
+        self._watch()
         return self
+
+    def _watch(self) -> None:
+        """A detached shell that stops the server and removes its directory should this process die
+        without calling :meth:`stop` (a test run killed by a timeout): no server outlives its test run."""
+        assert self.root is not None
+        pg_ctl = [str(self.bindir / "pg_ctl"), "stop", "-m", "immediate", "-D", str(self.root / "data")]
+        if self._as_postgres:
+            pg_ctl = ["runuser", "-u", "postgres", "--", *pg_ctl]
+        script = ('while kill -0 "$0" 2>/dev/null && [ -d "$1" ]; do sleep 1; done; '
+                  'if [ -d "$1" ]; then shift; root="$1"; shift; "$@" >/dev/null 2>&1; rm -rf "$root"; fi')
+        subprocess.Popen(["sh", "-c", script, str(os.getpid()), str(self.root), str(self.root), *pg_ctl],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
 
     # -- use -----------------------------------------------------------------------------------
     def url(self, database: str = "postgres") -> str:

@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from hybriddp import __version__
 from hybriddp.errors import DataError, HeadListError, HybridDPError, ParameterError, parameter_error
@@ -129,6 +130,11 @@ async def _http_error(_request: Request, exc: Exception) -> Response:
     if exc.status_code == 404 and detail == "Not Found":
         detail = "no such endpoint; see /openapi.json or /docs for the API"
     return error_response(exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), detail, exc.headers)
+
+
+async def _disconnected(_request: Request, _exc: Exception) -> Response:
+    """The client went away mid-request: nothing to answer, nothing was stored, nothing to log."""
+    return Response(status_code=400)
 
 
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
@@ -260,6 +266,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     app.add_exception_handler(HybridDPError, _hybriddp_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _disconnected)
     app.add_exception_handler(Exception, _unexpected)
     app.add_middleware(_BodyLimit, limit=max_body_bytes)
     app.add_middleware(LatencyMiddleware, metrics=metrics)
@@ -437,7 +444,7 @@ def _check_reports(target: Any, body: bytes, content_type: str | None, metrics: 
     info, checker = target
     messages = parse_messages(body, content_type)
     try:
-        return info, [checker.check(msg, f"message {i}") for i, msg in enumerate(messages, 1)]
+        return info, [checker.check(msg, i) for i, msg in enumerate(messages, 1)]
     except HybridDPError:
         metrics.count_reports(refused=len(messages))
         raise

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -228,11 +229,29 @@ class BlenderReports:
     def __init__(self, release: CuratorRelease) -> None:
         self.release = release
         self._counter = MessageCounter(release)  # only its read-only entry map is used
+        self._entry = self._counter._entry
         self.want = release.hash
         self.m_c = release.m_c
 
-    def check(self, msg: Any, source: str) -> tuple[str, list[int]]:
-        """(message id, entry index of each report), or a DataError/HeadListError naming the problem."""
+    def check(self, msg: Any, index: int) -> tuple[str, list[int]]:
+        """(message id, entry index of each report) of the ``index``-th message of a request.
+
+        The common case (a well-formed message) takes a few dictionary lookups; anything else
+        goes through :meth:`explain`, which raises a DataError/HeadListError naming the problem.
+        """
+        try:
+            mid, reports = msg["id"], msg["reports"]
+            if (type(mid) is str and _ID.fullmatch(mid) and msg["headlist"] == self.want and type(reports) is list
+                    and len(reports) <= self.m_c):
+                entries = [self._entry[(rep["query"], rep["url"])] for rep in reports]
+                if all(type(r) is dict for r in reports):
+                    return mid, entries
+        except (TypeError, KeyError, IndexError):
+            pass
+        return self.explain(msg, f"message {index}")
+
+    def explain(self, msg: Any, source: str) -> tuple[str, list[int]]:
+        """The full checks, one by one, with the message of the first that fails."""
         if not isinstance(msg, dict):
             raise DataError(f"{source}: expected a JSON object {{\"id\": ..., \"headlist\": ..., \"reports\": [...]}}, "
                             f"found {_kind(msg)}")
@@ -262,8 +281,9 @@ class MeanReports:
     def __init__(self, round_id: str) -> None:
         self.round_id = round_id
 
-    def check(self, msg: Any, source: str) -> tuple[str, float]:
-        """(message id, value), or a DataError naming the problem."""
+    def check(self, msg: Any, index: int) -> tuple[str, float]:
+        """(message id, value) of the ``index``-th message of a request, or a DataError naming the problem."""
+        source = f"message {index}"
         shape = '{"id": ..., "round": ..., "value": ...} (made with hybriddp.mean_device)'
         if not isinstance(msg, dict):
             raise DataError(f"{source}: expected a JSON object {shape}, found {_kind(msg)}")
@@ -279,6 +299,10 @@ class MeanReports:
             raise DataError(f"{source}: field 'value' = {str(v)[:40]} must be a finite number (the device's "
                             "randomized value, hybriddp.mean_device.randomize_value)")
         return mid, float(v)
+
+
+_ID = re.compile(r"[A-Za-z0-9_-]{22}")
+"""What :func:`hybriddp.device.check_message_id` accepts: 22 URL-safe base64 characters (16 bytes)."""
 
 
 def _message_id(value: Any, source: str) -> str:

@@ -25,6 +25,7 @@ import base64
 import contextlib
 import hashlib
 import hmac
+import itertools
 import json
 import math
 import os
@@ -576,7 +577,7 @@ class Store:
             results: list[ReportAck | ConflictError] = []
             firsts: dict[int, dict[str, tuple[int, Any]]] = {}  # round → message id → (request, payload)
             kinds: dict[int, str] = {}
-            for i, (info, items) in enumerate(requests):
+            for info, items in requests:
                 if info.num not in open_rounds:
                     state = self._get(conn, info.id).state
                     results.append(ConflictError(f"reports refused: round {info.id} is {state!r}; reports are taken "
@@ -584,10 +585,11 @@ class Store:
                     continue
                 results.append(ReportAck(len(items), 0, 0))
                 kinds[info.num] = info.kind
-                first = firsts.setdefault(info.num, {})
-                for mid, payload in items:
-                    if mid not in first:
-                        first[mid] = (i, payload)
+                firsts.setdefault(info.num, {})
+            for i in reversed(range(len(requests))):  # later assignments win: iterate backwards so the first does
+                info, items = requests[i]
+                if info.num in open_rounds:
+                    firsts[info.num].update({mid: (i, payload) for mid, payload in reversed(items)})
             counted = [0] * len(requests)
             reports = [0] * len(requests)
             for num, first in firsts.items():
@@ -607,41 +609,50 @@ class Store:
         """Insert one round's messages of a group; credit each new one to the request that sent it."""
         ids = sorted(first)  # sorted: B-tree locality, and one lock order for every batch (PostgreSQL)
         if mean:
-            rows = [(m, None, first[m][1]) for m in ids]
+            params = [(m, first[m][1]) for m in ids]
         else:
-            rows = [(m, p[0] if p else None, None) for m in ids for p in (first[m][1],)]
-        new = self._insert_messages(conn, num, rows)
-        entries: list[int] = []
-        extra = []
-        for mid in new:
-            req, payload = first[mid]
-            counted[req] += 1
-            if mean:
-                reports[req] += 1
-                continue
-            reports[req] += len(payload)
-            entries.extend(payload)
-            extra.extend({"round_num": num, "message_id": mid, "entry": e} for e in payload[1:])
-        if extra:
-            conn.execute(insert(s.extra_entries), extra)
-        if entries:
-            self._add_counts(conn, num, np.bincount(np.asarray(entries, dtype=np.int64)))
+            params = [(m, p[0] if p else None) for m in ids for p in (first[m][1],)]
+        new = self._insert_messages(conn, num, mean, params)
+        if not new:
+            return
+        pairs = [first[m] for m in new]
+        req = np.fromiter((p[0] for p in pairs), dtype=np.int64, count=len(pairs))
+        n_req = len(counted)
+        if mean:
+            lens = np.ones(len(pairs), dtype=np.int64)
+        else:
+            lens = np.fromiter((len(p[1]) for p in pairs), dtype=np.int64, count=len(pairs))
+        for i, (c, r) in enumerate(zip(np.bincount(req, minlength=n_req).tolist(),
+                                       np.bincount(req, weights=lens, minlength=n_req).tolist(), strict=True)):
+            counted[i] += c
+            reports[i] += int(r)
+        if mean:
+            return
+        entries = np.fromiter(itertools.chain.from_iterable(p[1] for p in pairs), dtype=np.int64, count=int(lens.sum()))
+        if entries.size:
+            self._add_counts(conn, num, np.bincount(entries))
+        if lens.max() > 1:  # m_C > 1: the 2nd, 3rd, ... reports of the new messages
+            conn.execute(insert(s.extra_entries), [{"round_num": num, "message_id": mid, "entry": e}
+                                                   for mid, (_, payload) in zip(new, pairs, strict=True)
+                                                   for e in payload[1:]])
 
-    def _insert_messages(self, conn: Connection, round_num: int, rows: list[tuple[str, int | None, Any]]) -> list[str]:
+    def _insert_messages(self, conn: Connection, round_num: int, mean: bool, params: list[tuple[str, Any]]
+                         ) -> list[str]:
         """INSERT ... ON CONFLICT DO NOTHING RETURNING message_id, many rows per statement; the new ids.
 
-        Written at the driver level: SQLAlchemy's generic executemany path costs three times as
-        much per row, and this is the service's hot path.
+        ``params``: (message id, first entry) or, for a mean round, (message id, value). Written at
+        the driver level: SQLAlchemy's generic executemany path costs three times as much per
+        row, and this is the service's hot path.
         """
         mark = "?" if self.dialect == "sqlite" else "%s"
-        chunk = 300 if self.dialect == "sqlite" else 1000  # SQLite: at most 999 parameters in old builds
+        row = f"({int(round_num)},{mark},NULL,{mark})" if mean else f"({int(round_num)},{mark},{mark},NULL)"
+        chunk = 400 if self.dialect == "sqlite" else 2000  # SQLite: at most 999 parameters in old builds
         new: list[str] = []
-        for i in range(0, len(rows), chunk):
-            part = rows[i:i + chunk]
-            values = ",".join([f"({int(round_num)},{mark},{mark},{mark})"] * len(part))
-            sql = (f"INSERT INTO messages (round_num, message_id, entry, value) VALUES {values} "
+        for i in range(0, len(params), chunk):
+            part = params[i:i + chunk]
+            sql = (f"INSERT INTO messages (round_num, message_id, entry, value) VALUES {','.join([row] * len(part))} "
                    "ON CONFLICT DO NOTHING RETURNING message_id")
-            new += conn.exec_driver_sql(sql, tuple(x for row in part for x in row)).scalars().all()
+            new += conn.exec_driver_sql(sql, tuple(itertools.chain.from_iterable(part))).scalars().all()
         return new
 
     def _add_counts(self, conn: Connection, round_num: int, counts: np.ndarray) -> None:

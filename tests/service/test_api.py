@@ -11,8 +11,10 @@ from __future__ import annotations
 import io
 import json
 import math
+import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -507,3 +509,64 @@ def test_openapi_states_the_request_and_response_shapes(client: TestClient) -> N
     create_op = spec["paths"]["/api/v1/rounds"]["post"]
     assert create_op["security"] == [{"AdminToken": []}] and "201" in create_op["responses"]
     assert {"BlenderParamsIn", "MeanParamsIn", "RoundOut", "LocalSearchOut"} <= set(spec["components"]["schemas"])
+
+
+# ----- hybriddp serve -------------------------------------------------------------------------------
+def test_serve_refuses_bad_options_with_one_error_line(tmp_path: Path) -> None:
+    from clihelpers import assert_clean_error, invoke
+
+    data = tmp_path / "data"
+    assert_clean_error(invoke("serve", "--db", "mysql://x/y", "--data-dir", data, ok=False), "--db", "sqlite:///")
+    assert_clean_error(invoke("serve", "--db", "sqlite://", "--data-dir", data, ok=False), "in-memory")
+    assert_clean_error(invoke("serve", "--db", f"sqlite:///{tmp_path}/no/such/dir/x.db", "--data-dir", data, ok=False),
+                       "does not exist")
+    short = tmp_path / "short-token"
+    short.write_text("short\n")
+    assert_clean_error(invoke("serve", "--admin-token-file", short, "--data-dir", data, ok=False), "at least 16")
+    assert_clean_error(invoke("serve", "--admin-token-file", tmp_path / "missing", "--data-dir", data, ok=False),
+                       "no such file")
+    assert_clean_error(invoke("serve", "--lifetime-delta", "2", "--data-dir", data, ok=False), "--lifetime-delta")
+    assert_clean_error(invoke("serve", "--lifetime-epsilon", "inf", "--data-dir", data, ok=False), "lifetime_epsilon")
+    assert not data.exists()  # refused before anything was written
+
+
+def test_serve_generates_a_private_admin_token_and_serves(tmp_path: Path, store_url: str) -> None:
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-m", "hybriddp", "serve", "--db", store_url, "--data-dir", str(data),
+                             "--port", str(port), "--log-level", "warning"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=2).json() == {"status": "ok"}:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.2)
+        token_file = data / "admin-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        body = {"kind": "mean", "params": {"epsilon": 1, "lower": 0, "upper": 1}}
+        assert httpx.post(f"{base}{API}/rounds", json=body, timeout=10).status_code == 401
+        resp = httpx.post(f"{base}{API}/rounds", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert resp.status_code == 201 and resp.json()["kind"] == "mean"
+        assert "server" not in resp.headers  # no server banner
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert f"admin token generated: {token_file}" in out and f"serving on http://127.0.0.1:{port}" in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import stat
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from hybriddp.errors import DataError
+from hybriddp.errors import DataError, parameter_error
 from hybriddp.io.atomic import write_text
 
 DEFAULT_DATA_DIR = "hybriddp-data"
@@ -30,17 +31,14 @@ def _private_umask() -> Iterator[None]:
 
 
 def admin_token(token_file: str | None, data_dir: Path) -> tuple[str, Path, bool]:
-    """(token, file, generated): read ``token_file``, or ``<data_dir>/admin-token`` (made if missing)."""
+    """(token, file, new): the token in ``token_file`` or ``<data_dir>/admin-token``, or a new random one
+    (``new``; not written yet: :func:`save_token` writes it once the server could be set up)."""
     path = Path(token_file) if token_file is not None else data_dir / TOKEN_NAME
     if token_file is not None and not path.is_file():
         raise DataError(f"--admin-token-file {path}: no such file; write a token of at least 16 characters into it, "
                         "or leave the option out and a random token is generated in the data directory")
-    generated = False
     if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        with _private_umask():  # the temporary file and the result are 0600 from the start
-            write_text(path, secrets.token_urlsafe(32) + "\n")
-        generated = True
+        return secrets.token_urlsafe(32), path, True
     try:
         token = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
@@ -51,7 +49,14 @@ def admin_token(token_file: str | None, data_dir: Path) -> tuple[str, Path, bool
     mode = path.stat().st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         click.echo(f"warning: {path} is readable by other users (mode {stat.filemode(mode)}); chmod 600 it", err=True)
-    return token, path, generated
+    return token, path, False
+
+
+def save_token(path: Path, token: str) -> None:
+    """Write a generated token, readable by its owner only (0600 from the first byte on)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _private_umask():
+        write_text(path, token + "\n")
 
 
 @click.command("serve")
@@ -67,11 +72,11 @@ def admin_token(token_file: str | None, data_dir: Path) -> tuple[str, Path, bool
 @click.option("--admin-token-file", default=None, type=click.Path(dir_okay=False),
               help=f"File holding the administrators' bearer token (at least 16 characters; surrounding whitespace "
                    f"ignored). Default: <data-dir>/{TOKEN_NAME}, generated (random, mode 0600) if missing.")
-@click.option("--lifetime-epsilon", type=float, default=None,
+@click.option("--lifetime-epsilon", type=click.FloatRange(0, min_open=True), default=None,
               help="Lifetime privacy budget ε of every opt-in user over all rounds (basic composition; a round "
                    "that would exceed it is refused before anything is published). Fixed when the database is "
                    "created. Default for a new database: 16.")
-@click.option("--lifetime-delta", type=float, default=None,
+@click.option("--lifetime-delta", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Lifetime δ of every opt-in user, in (0, 1). Fixed when the database is created. "
                    "Default for a new database: 1e-4.")
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=16 * 1024 * 1024, show_default=True,
@@ -97,11 +102,13 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
 
     from hybriddp.service import create_app
 
+    if lifetime_epsilon is not None and not math.isfinite(lifetime_epsilon):
+        raise parameter_error("lifetime_epsilon (--lifetime-epsilon)", lifetime_epsilon, "a finite number > 0")
     data = Path(data_dir)
+    token, token_path, generated = admin_token(admin_token_file, data)
     if db_url is None:
         data.mkdir(parents=True, exist_ok=True)
         db_url = f"sqlite:///{(data / DB_NAME).resolve()}"
-    token, token_path, generated = admin_token(admin_token_file, data)
     if demo:
         from hybriddp.cli.rounds import populate_demo_round
         demo_round = populate_demo_round(db_url, lifetime_epsilon, lifetime_delta)
@@ -109,6 +116,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
                      lifetime_delta=lifetime_delta)
     store = app.state.store
     if generated:
+        save_token(token_path, token)
         click.echo(f"admin token generated: {token_path} (mode 0600); send it as 'Authorization: Bearer <token>'")
     else:
         click.echo(f"admin token: {token_path}")

@@ -264,9 +264,9 @@ class Store:
                 if attempt + 1 < RETRIES and _retryable(exc):
                     time.sleep(0.01 * 2 ** attempt)
                     continue
-                raise StoreError(f"database {_describe_url(self.url)}: {type(exc.orig).__name__}: "
-                                 f"{str(exc.orig).strip()[:300]}; check that the database is reachable and writable"
-                                 ) from None
+                why = " ".join(str(exc.orig).split())[:300]  # one line
+                raise StoreError(f"database {_describe_url(self.url)}: {type(exc.orig).__name__}: {why}; check that "
+                                 "the database is reachable and writable") from None
             except SQLAlchemyError as exc:
                 raise StoreError(f"database {_describe_url(self.url)}: {exc}") from None
         raise AssertionError("unreachable")

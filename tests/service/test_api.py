@@ -80,12 +80,18 @@ def upload(client: TestClient, rid: str, token: str, body: dict[str, Any]) -> An
     return client.post(f"{API}/rounds/{rid}/optin/records", json=body, headers={"Authorization": f"Bearer {token}"})
 
 
+def upload_ndjson(client: TestClient, rid: str, lines: list[dict[str, Any]]) -> Any:
+    body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    return client.post(f"{API}/rounds/{rid}/optin/records", content=body,
+                       headers={"Content-Type": "application/x-ndjson"})
+
+
 def optin_all(client: TestClient, rid: str, first_user: int = 0) -> None:
-    """Enrol len(OPTIN_RECORDS) users (one batch request) and upload one record each."""
+    """Enrol len(OPTIN_RECORDS) users and upload one record each (one batch request each)."""
     tokens = enrol_all(client, rid, [f"user-{first_user + i}" for i in range(len(OPTIN_RECORDS))])
-    for token, (q, u) in zip(tokens, OPTIN_RECORDS, strict=True):
-        resp = upload(client, rid, token, {"records": [{"query": q, "url": u}]})
-        assert resp.status_code == 200 and resp.json() == {"accepted": 1}, resp.text
+    lines = [{"token": t, "records": [{"query": q, "url": u}]} for t, (q, u) in zip(tokens, OPTIN_RECORDS, strict=True)]
+    resp = upload_ndjson(client, rid, lines)
+    assert resp.status_code == 200 and resp.json() == {"accepted": len(OPTIN_RECORDS)}, resp.text
 
 
 def blender_round(client: TestClient, params: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -322,9 +328,38 @@ def test_bad_round_parameters_and_unknown_rounds(client: TestClient) -> None:
     # LocalAlg's budget f_C·ε/m_C below what double precision resolves: the library refuses it
     error_of(client.post(f"{API}/rounds", json={"kind": "blender", "params": {"f_c": 1e-14}}, headers=AUTH), 422,
              "invalid_parameter", "f_c")
-    for path in ("", "/headlist", "/results", "/local-search", "/release"):
-        error_of(client.get(f"{API}/rounds/no-such-round{path}"), 404, "not_found", "does not exist")
+    error_of(client.post(f"{API}/rounds", json={"kind": "blender", "name": "a\u0000b"}, headers=AUTH), 422,
+             "invalid_request", "name")  # NUL is refused on every database (PostgreSQL cannot store it)
+    rid = create(client)
+    error_of(client.post(f"{API}/rounds/{rid}/optin/enrol", json={"user": "a\u0000b"}, headers=AUTH), 422,
+             "invalid_request", "user")
+    for round_id in ("no-such-round", "%00%ff", "A" * 22, rid + "x"):
+        for path in ("", "/headlist", "/results", "/local-search", "/release"):
+            error_of(client.get(f"{API}/rounds/{round_id}{path}"), 404, "not_found", "does not exist")
+        error_of(post_reports(client, round_id, {}), 404, "not_found")
     error_of(client.get("/no/such/path"), 404, "not_found")
+
+
+def test_opt_in_uploads_in_one_ndjson_request_all_or_nothing(client: TestClient, store_url: str) -> None:
+    rid = create(client)
+    tokens = enrol_all(client, rid, [f"user-{i}" for i in range(len(OPTIN_RECORDS))])
+    lines = [{"token": t, "records": [{"query": q, "url": u}]} for t, (q, u) in zip(tokens, OPTIN_RECORDS, strict=True)]
+    error_of(upload_ndjson(client, rid, [*lines[:3], {"token": "not-a-token", "records": []}]), 401, "unauthorized",
+             "NDJSON line 4")
+    error_of(upload_ndjson(client, rid, [lines[0], {"token": tokens[1], "records": [{"query": "q", "url": None}]}]),
+             422, "invalid_data", "NDJSON line 2", "url is null")
+    error_of(upload_ndjson(client, rid, [{"token": tokens[0], "records": [{"query": "a\u0000b", "url": "u"}]}]), 422,
+             "invalid_data", "NDJSON line 1", "records.0.query")
+    error_of(upload_ndjson(client, rid, [{"token": tokens[0], "values": [1.0]}]), 422, "invalid_data", "BLENDER round")
+    error_of(client.post(f"{API}/rounds/{rid}/optin/records", content=b"{\n",
+                         headers={"Content-Type": "application/x-ndjson"}), 400, "malformed_body", "NDJSON line 1")
+    error_of(client.post(f"{API}/rounds/{rid}/optin/records", content=b"q,u", headers={"Content-Type": "text/csv"}),
+             415, "unsupported_media_type")
+    assert rows_of(store_url, "optin_records", rid) == 0  # every refused request stored nothing
+    assert upload_ndjson(client, rid, lines).json() == {"accepted": 50}
+    assert rows_of(store_url, "optin_records", rid) == 50
+    assert client.post(f"{API}/rounds/{rid}/headlist", headers=AUTH).json()["state"] == "headlist-published"
+    assert rows_of(store_url, "optin_records", rid) == 0
 
 
 # ----- concurrency, authentication, the ledger ----------------------------------------------------

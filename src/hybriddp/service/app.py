@@ -24,6 +24,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -109,13 +110,18 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
         why = (errs[0].get("ctx") or {}).get("error", "JSON decode error")
         return error_response(400, "malformed_body", f"the body is not valid JSON ({why} at position {where}); send "
                                                      "a JSON object as the endpoint's schema in /openapi.json says")
+    return error_response(422, "invalid_request", _describe_errors(errs) + ". See /openapi.json for the schema")
+
+
+def _describe_errors(errs: Any) -> str:
+    """Pydantic's errors in one line: field, problem, the value given."""
     parts = []
-    for e in errs[:5]:
+    for e in list(errs)[:5]:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
         got = "" if e.get("type") == "missing" else f" (got {json.dumps(e.get('input'), default=str)[:60]})"
         parts.append(f"{loc}: {e.get('msg', 'invalid')}{got}")
     more = f"; and {len(errs) - 5} more" if len(errs) > 5 else ""
-    return error_response(422, "invalid_request", "; ".join(parts) + more + ". See /openapi.json for the schema")
+    return "; ".join(parts) + more
 
 
 _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
@@ -178,22 +184,31 @@ class _BodyLimit:
                 "(hybriddp serve --max-body-bytes sets the limit)")
 
 
+def _text(body: bytes) -> str:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadBodyError(f"the body is not UTF-8 text (byte {exc.start} is 0x{body[exc.start]:02x})") from None
+    if not text.strip():
+        raise BadBodyError("the body is empty; see /openapi.json for what this endpoint takes")
+    return text
+
+
+def _ndjson(body: bytes) -> list[tuple[int, Any]]:
+    """(line number, parsed JSON) of every non-blank line."""
+    return [(i, _loads(line, f"NDJSON line {i}")) for i, line in enumerate(_text(body).split("\n"), 1)
+            if line.strip()]
+
+
 def parse_messages(body: bytes, content_type: str | None) -> list[Any]:
     """A reports body → its messages: one JSON object, a JSON array, or NDJSON (one object a line)."""
     media = (content_type or "application/json").split(";")[0].strip().lower()
     if media not in NDJSON_TYPES and media != "application/json" and not media.endswith("+json"):
         raise UnsupportedMediaTypeError(f"Content-Type {media!r} is not taken; send application/json (one message "
                                         "or an array) or application/x-ndjson (one message a line)")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadBodyError(f"the body is not UTF-8 text (byte {exc.start} is 0x{body[exc.start]:02x})") from None
-    if not text.strip():
-        raise BadBodyError("the body is empty; send one message object, a JSON array of messages, or NDJSON")
     if media in NDJSON_TYPES:
-        out = [_loads(line, f"NDJSON line {i}") for i, line in enumerate(text.split("\n"), 1) if line.strip()]
-        return out
-    doc = _loads(text, "the body")
+        return [doc for _, doc in _ndjson(body)]
+    doc = _loads(_text(body), "the body")
     if isinstance(doc, list):
         if not doc:
             raise BadBodyError("the body is an empty array; send at least one message")
@@ -223,6 +238,18 @@ async def read_body(request: Request, limit: int) -> bytes:
                                     "batches (hybriddp serve --max-body-bytes sets the limit)")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, plus the models of the bodies that routes read themselves (opt-in uploads)."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (m.OptinUploadIn,):
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(js.pop("$defs", {}))
+            components[model.__name__] = js
+    return app.openapi_schema
 
 
 # ----- the app ----------------------------------------------------------------------------------
@@ -260,6 +287,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                   description="BLENDER (hybrid-model differential privacy) and hybrid mean-estimation rounds: "
                               "opt-in uploads, head lists, device reports, results. Errors are "
                               '`{"error": {"code", "message"}}`.')
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.state.store = store
     app.state.metrics = metrics
     app.state.writer = writer
@@ -317,21 +345,16 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         return {"tokens": store.enrol_many(round_id, body.users or [])}
 
     @app.post("/api/v1/rounds/{round_id}/optin/records", response_model=m.AcceptedOut, tags=["opt-in"],
-              responses=_errors(400, 401, 404, 409, 413, 422, 503))
-    def upload(round_id: str, body: m.OptinUploadIn,
-               creds: Annotated[HTTPAuthorizationCredentials | None, Security(optin_bearer)]) -> dict[str, int]:
-        if creds is None:
-            raise UnauthorizedError("opt-in uploads need the user's token: Authorization: Bearer <token from "
-                                    "POST /api/v1/rounds/{id}/optin/enrol>")
-        found = store.optin_user(round_id, creds.credentials)
-        if found is None:
-            raise UnauthorizedError(f"this token is not an opt-in token of round {round_id}; use the token "
-                                    "issued when the user enrolled in this round")
-        info, user = found
-        return {"accepted": _store_upload(store, info, user, body)}
+              openapi_extra={"requestBody": m.OPTIN_BODY}, responses=_errors(400, 401, 404, 409, 413, 415, 422, 503))
+    async def upload(round_id: str, request: Request,
+                     creds: Annotated[HTTPAuthorizationCredentials | None, Security(optin_bearer)]) -> dict[str, int]:
+        body = await read_body(request, max_body_bytes)
+        token = None if creds is None else creds.credentials
+        return {"accepted": await run_in_threadpool(_upload, store, round_id, body,
+                                                    request.headers.get("content-type"), token)}
 
     @app.post("/api/v1/rounds/{round_id}/headlist", response_model=m.RoundOut, dependencies=admin,
-              tags=["curator"], responses=_errors(401, 404, 409, 422, 503))
+              tags=["curator"], responses=_errors(400, 401, 404, 409, 413, 422, 503))
     def publish(round_id: str, body: m.PublishIn | None = None) -> dict[str, Any]:
         vocabulary = None if body is None or body.vocabulary is None else body.vocabulary.model_dump()
         return out(rounds.publish_headlist(store, round_id, vocabulary))
@@ -373,7 +396,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         return {"acknowledged": ack.acknowledged, "counted": ack.counted, "duplicates": ack.duplicates}
 
     @app.post("/api/v1/rounds/{round_id}/close", response_model=m.RoundOut, dependencies=admin, tags=["rounds"],
-              responses=_errors(401, 404, 409, 422, 503))
+              responses=_errors(401, 404, 409, 413, 422, 503))
     def close(round_id: str) -> dict[str, Any]:
         return out(rounds.close_round(store, round_id))
 
@@ -419,23 +442,64 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     return app
 
 
-def _store_upload(store: Store, info: RoundInfo, user: int, body: m.OptinUploadIn) -> int:
-    """Check an opt-in upload against the round's kind and URL level, then store it."""
+def _upload(store: Store, round_id: str, body: bytes, content_type: str | None, token: str | None) -> int:
+    """An opt-in upload: one user's JSON (token in the Authorization header) or NDJSON, one user a line."""
+    media = (content_type or "application/json").split(";")[0].strip().lower()
+    if media in NDJSON_TYPES:
+        lines = []
+        for i, doc in _ndjson(body):
+            line = _validated(m.OptinBatchLine, doc, f"NDJSON line {i}")
+            lines.append((i, line.token, line))
+        if not lines:
+            raise BadBodyError("the NDJSON body has no line; send one line per opt-in user")
+        info, users = store.optin_users(round_id, [t for _, t, _ in lines])
+        uploads = []
+        for (i, _, line), user in zip(lines, users, strict=True):
+            if user is None:
+                raise UnauthorizedError(f"NDJSON line {i}: the token is not an opt-in token of round {round_id}; "
+                                        "nothing was stored")
+            uploads.append((user, _upload_items(info, line, f"NDJSON line {i}: ")))
+        return store.add_optin_batch(info, uploads)
+    if media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaTypeError(f"Content-Type {media!r} is not taken; send application/json (one user, "
+                                        "token in the Authorization header) or application/x-ndjson (one user a line)")
+    upload = _validated(m.OptinUploadIn, _loads(_text(body), "the body"), "the body")
+    if token is None:
+        raise UnauthorizedError("opt-in uploads need the user's token: Authorization: Bearer <token from "
+                                "POST /api/v1/rounds/{id}/optin/enrol> (or an NDJSON body with a token on each line)")
+    info, (user,) = store.optin_users(round_id, [token])
+    if user is None:
+        raise UnauthorizedError(f"this token is not an opt-in token of round {round_id}; use the token issued when "
+                                "the user enrolled in this round")
+    return store.add_optin_batch(info, [(user, _upload_items(info, upload, ""))])
+
+
+def _upload_items(info: RoundInfo, body: m.OptinUploadIn, where: str) -> list[Any]:
+    """The records (query, url) or values of an upload, checked against the round's kind and URL level."""
     if info.kind == "mean":
         if body.values is None or body.records is not None:
-            raise DataError(f'round {info.id} is a mean round: upload {{"values": [numbers]}}')
-        return store.add_optin_values(info, user, body.values)
+            raise DataError(f'{where}round {info.id} is a mean round: upload {{"values": [numbers]}}')
+        return body.values
     if body.records is None or body.values is not None:
-        raise DataError(f'round {info.id} is a BLENDER round: upload {{"records": [{{"query": ..., "url": ...}}]}}')
+        raise DataError(f'{where}round {info.id} is a BLENDER round: upload {{"records": [{{"query": ..., '
+                        '"url": ...}]}')
     url_level = info.params["url_level"]
     for i, r in enumerate(body.records):
         if url_level and r.url is None:
-            raise DataError(f"records[{i}]: url is null, but round {info.id} has a URL level (url_level true): give "
-                            "each record as (query, clicked URL); a search without a click is not a record")
+            raise DataError(f"{where}records[{i}]: url is null, but round {info.id} has a URL level (url_level "
+                            "true): give each record as (query, clicked URL); a search without a click is not a record")
         if not url_level and r.url is not None:
-            raise DataError(f"records[{i}]: url {r.url[:60]!r} given, but round {info.id} has no URL level "
+            raise DataError(f"{where}records[{i}]: url {r.url[:60]!r} given, but round {info.id} has no URL level "
                             "(url_level false): send url null")
-    return store.add_optin_records(info, user, [(r.query, r.url) for r in body.records])
+    return [(r.query, r.url) for r in body.records]
+
+
+def _validated(model: type[Any], doc: Any, where: str) -> Any:
+    """``doc`` checked by a pydantic model; a DataError naming the place and the fields otherwise."""
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        raise DataError(f"{where}: {_describe_errors(exc.errors())}") from None
 
 
 def _check_reports(target: Any, body: bytes, content_type: str | None, metrics: Metrics

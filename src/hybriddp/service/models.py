@@ -15,6 +15,8 @@ from hybriddp.mean import VARIANCE_SHARE
 from hybriddp.params import LN2, MAX_EPSILON_HEAD_LIST, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams
 
 _D = BlenderParams()
+Text = Annotated[str, Field(pattern=r"^[^\x00]*$")]
+"""A string without NUL characters (PostgreSQL cannot store them; refused alike on every database)."""
 MAX_TEXT = 10_000
 """Longest query, URL, user name or round name accepted (characters)."""
 
@@ -62,13 +64,13 @@ class MeanParamsIn(_Strict):
 
 class BlenderRoundIn(_Strict):
     kind: Literal["blender"]
-    name: str | None = Field(None, max_length=200)
+    name: Text | None = Field(None, max_length=200)
     params: BlenderParamsIn = Field(default_factory=BlenderParamsIn)
 
 
 class MeanRoundIn(_Strict):
     kind: Literal["mean"]
-    name: str | None = Field(None, max_length=200)
+    name: Text | None = Field(None, max_length=200)
     params: MeanParamsIn
 
 
@@ -101,9 +103,9 @@ class RoundListOut(BaseModel):
 class EnrolIn(_Strict):
     """One user (``user``) or several in order (``users``)."""
 
-    user: str | None = Field(None, min_length=1, max_length=MAX_TEXT,
-                             description="The opt-in user's identifier (kept only as a salted HMAC pseudonym).")
-    users: list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]] | None = Field(
+    user: Text | None = Field(None, min_length=1, max_length=MAX_TEXT,
+                              description="The opt-in user's identifier (kept only as a salted HMAC pseudonym).")
+    users: list[Annotated[Text, Field(min_length=1, max_length=MAX_TEXT)]] | None = Field(
         None, min_length=1, max_length=1_000_000, description="Several users, in order: one token each.")
 
 
@@ -116,8 +118,8 @@ class TokensOut(BaseModel):
 
 
 class VocabularyIn(_Strict):
-    queries: list[str]
-    urls: list[str] = Field(default_factory=list)
+    queries: list[Text]
+    urls: list[Text] = Field(default_factory=list)
 
 
 class PublishIn(_Strict):
@@ -134,8 +136,8 @@ class ReleaseOut(BaseModel):
 
 
 class OptinRecord(_Strict):
-    query: str = Field(min_length=1, max_length=MAX_TEXT)
-    url: str | None = Field(None, max_length=MAX_TEXT)
+    query: Text = Field(min_length=1, max_length=MAX_TEXT)
+    url: Text | None = Field(None, max_length=MAX_TEXT)
 
 
 class OptinUploadIn(_Strict):
@@ -143,6 +145,24 @@ class OptinUploadIn(_Strict):
 
     records: list[OptinRecord] | None = None
     values: list[Annotated[float, Field(ge=-1e300, le=1e300)]] | None = None
+
+
+class OptinBatchLine(OptinUploadIn):
+    """One line of a batched (NDJSON) upload: a user's token and their records or values."""
+
+    token: str = Field(min_length=1, max_length=1000)
+
+
+OPTIN_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/OptinUploadIn"}},
+        "application/x-ndjson": {"schema": {"type": "string", "description": "one line per opt-in user: "
+                                            '{"token": ..., "records": [...]} or {"token": ..., "values": [...]}; '
+                                            "each line is authenticated by its token (no Authorization header "
+                                            "needed); all lines are stored in one transaction, or none"}},
+    },
+}
 
 
 class AcceptedOut(BaseModel):

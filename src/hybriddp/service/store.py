@@ -29,6 +29,7 @@ import itertools
 import json
 import math
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -61,6 +62,8 @@ RETRIES = 5
 IN_CHUNK = 500  # parameters per IN (...) list
 
 REPORT_STATES = ("headlist-published", "collecting-reports")
+ROUND_ID = re.compile(r"[A-Za-z0-9_-]{22}")
+"""A round id: 16 random bytes in URL-safe base64 without padding (:func:`new_round_id`)."""
 
 T = TypeVar("T")
 
@@ -327,10 +330,12 @@ class Store:
         return self.round(rid)
 
     def _get(self, conn: Connection, round_id: str) -> RoundInfo:
-        row = conn.execute(select(*_INFO_COLUMNS).where(s.rounds.c.id == round_id)).first()
+        row = None
+        if ROUND_ID.fullmatch(round_id):  # anything else cannot be a round (and never reaches the database)
+            row = conn.execute(select(*_INFO_COLUMNS).where(s.rounds.c.id == round_id)).first()
         if row is None:
-            raise NotFoundError(f"round {round_id[:40]!r} does not exist; list the rounds with GET /api/v1/rounds "
-                                "(administrator)")
+            raise NotFoundError(f"round {round_id[:40]!r} does not exist (a round id is 22 characters of URL-safe "
+                                "base64); list the rounds with GET /api/v1/rounds (administrator)")
         return _info(row)
 
     def round(self, round_id: str) -> RoundInfo:
@@ -415,24 +420,29 @@ class Store:
             raise
         return tokens
 
-    def optin_user(self, round_id: str, token: str) -> tuple[RoundInfo, int] | None:
-        """(round, the user's code) for a valid opt-in token of this round, else None."""
-        def run(conn: Connection) -> tuple[RoundInfo, int] | None:
+    def optin_users(self, round_id: str, tokens: Sequence[str]) -> tuple[RoundInfo, list[int | None]]:
+        """(round, each token's user code or None when it is not an opt-in token of this round)."""
+        hashes = [token_hash(t) for t in tokens]
+        ot = s.optin_tokens.c
+
+        def run(conn: Connection) -> tuple[RoundInfo, list[int | None]]:
             info = self._get(conn, round_id)
-            seq = conn.execute(select(s.optin_tokens.c.seq).where(s.optin_tokens.c.token_hash == token_hash(token),
-                                                                  s.optin_tokens.c.round_num == info.num)).scalar()
-            return None if seq is None else (info, int(seq))
+            found: dict[str, int] = {}
+            unique = sorted(set(hashes))
+            for i in range(0, len(unique), IN_CHUNK):
+                found.update({h: int(q) for h, q in conn.execute(select(ot.token_hash, ot.seq).where(
+                    ot.round_num == info.num, ot.token_hash.in_(unique[i:i + IN_CHUNK]))).all()})
+            return info, [found.get(h) for h in hashes]
         return self._read(run)
 
-    def add_optin_records(self, info: RoundInfo, user_seq: int, records: Sequence[tuple[str, str | None]]) -> int:
-        """Store one opt-in user's raw records (only while collecting-optin)."""
-        rows = [{"round_num": info.num, "user_seq": user_seq, "query": q, "url": u} for q, u in records]
+    def add_optin_batch(self, info: RoundInfo, uploads: Sequence[tuple[int, Sequence[Any]]]) -> int:
+        """Store several opt-in users' uploads in one transaction: (user code, records or values) each."""
+        if info.kind == "mean":
+            rows = [{"round_num": info.num, "user_seq": q, "value": float(v)} for q, values in uploads for v in values]
+            return self._add_optin(info, s.optin_values, rows)
+        rows = [{"round_num": info.num, "user_seq": q, "query": r[0], "url": r[1]} for q, records in uploads
+                for r in records]
         return self._add_optin(info, s.optin_records, rows)
-
-    def add_optin_values(self, info: RoundInfo, user_seq: int, values: Sequence[float]) -> int:
-        """Store one opt-in user's raw values (mean rounds; only while collecting-optin)."""
-        rows = [{"round_num": info.num, "user_seq": user_seq, "value": float(v)} for v in values]
-        return self._add_optin(info, s.optin_values, rows)
 
     def _add_optin(self, info: RoundInfo, table: Any, rows: list[dict[str, Any]]) -> int:
         def run(conn: Connection) -> None:

@@ -33,9 +33,18 @@ from hybriddp.errors import DataError, HeadListError, HybridDPError, ParameterEr
 from hybriddp.ledger import BudgetExceededError, LedgerError
 from hybriddp.service import models as m
 from hybriddp.service import rounds
+from hybriddp.service.bodies import (
+    NDJSON_TYPES,
+    BodyLimit,
+    body_text,
+    loads,
+    media_type,
+    ndjson_lines,
+    parse_messages,
+    read_body,
+)
 from hybriddp.service.errors import (
     BadBodyError,
-    BodyTooLargeError,
     ConflictError,
     NotFoundError,
     ServiceError,
@@ -54,7 +63,6 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 MIN_ADMIN_TOKEN = 16
 INLINE_CHECK_BYTES = 64 * 1024
 """Report bodies up to this size are checked on the event loop (no thread hop); larger ones in a thread."""
-NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/jsonlines")
 
 admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
                           description="The administrator token (`hybriddp serve` prints where it is).")
@@ -148,98 +156,6 @@ async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "internal_error", "an unexpected server error; it was logged")
 
 
-# ----- bodies -----------------------------------------------------------------------------------
-class _BodyLimit:
-    """Pure ASGI middleware: 413 for a body over the limit, announced (Content-Length) or streamed."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            resp = error_response(413 if length.isdigit() else 400, "body_too_large" if length.isdigit()
-                                  else "bad_request", self._message() if length.isdigit()
-                                  else "Content-Length is not a number")
-            await resp(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> Any:
-            nonlocal seen
-            msg = await receive()
-            if msg.get("type") == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise StarletteHTTPException(413, self._message())
-            return msg
-        await self.app(scope, limited, send)
-
-    def _message(self) -> str:
-        return (f"request body over the limit of {self.limit:,} bytes; send reports in smaller batches "
-                "(hybriddp serve --max-body-bytes sets the limit)")
-
-
-def _text(body: bytes) -> str:
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadBodyError(f"the body is not UTF-8 text (byte {exc.start} is 0x{body[exc.start]:02x})") from None
-    if not text.strip():
-        raise BadBodyError("the body is empty; see /openapi.json for what this endpoint takes")
-    return text
-
-
-def _ndjson(body: bytes) -> list[tuple[int, Any]]:
-    """(line number, parsed JSON) of every non-blank line."""
-    return [(i, _loads(line, f"NDJSON line {i}")) for i, line in enumerate(_text(body).split("\n"), 1)
-            if line.strip()]
-
-
-def parse_messages(body: bytes, content_type: str | None) -> list[Any]:
-    """A reports body → its messages: one JSON object, a JSON array, or NDJSON (one object a line)."""
-    media = (content_type or "application/json").split(";")[0].strip().lower()
-    if media not in NDJSON_TYPES and media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaTypeError(f"Content-Type {media!r} is not taken; send application/json (one message "
-                                        "or an array) or application/x-ndjson (one message a line)")
-    if media in NDJSON_TYPES:
-        return [doc for _, doc in _ndjson(body)]
-    doc = _loads(_text(body), "the body")
-    if isinstance(doc, list):
-        if not doc:
-            raise BadBodyError("the body is an empty array; send at least one message")
-        return doc
-    return [doc]
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _loads(text: str, where: str) -> Any:
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        hint = " (for one message a line, send Content-Type: application/x-ndjson)" if "Extra data" in str(exc) else ""
-        raise BadBodyError(f"{where} is not valid JSON: {str(exc)[:200]}{hint}") from None
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refused with 413 as soon as it passes ``limit`` bytes."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLargeError(f"request body over the limit of {limit:,} bytes; send reports in smaller "
-                                    "batches (hybriddp serve --max-body-bytes sets the limit)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema, plus the models of the bodies that routes read themselves (opt-in uploads)."""
     if app.openapi_schema is None:
@@ -296,7 +212,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _disconnected)
     app.add_exception_handler(Exception, _unexpected)
-    app.add_middleware(_BodyLimit, limit=max_body_bytes)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     app.add_middleware(LatencyMiddleware, metrics=metrics)
 
     def require_admin(creds: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)]) -> None:
@@ -444,10 +360,10 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
 
 def _upload(store: Store, round_id: str, body: bytes, content_type: str | None, token: str | None) -> int:
     """An opt-in upload: one user's JSON (token in the Authorization header) or NDJSON, one user a line."""
-    media = (content_type or "application/json").split(";")[0].strip().lower()
+    media = media_type(content_type)
     if media in NDJSON_TYPES:
         lines = []
-        for i, doc in _ndjson(body):
+        for i, doc in ndjson_lines(body):
             line = _validated(m.OptinBatchLine, doc, f"NDJSON line {i}")
             lines.append((i, line.token, line))
         if not lines:
@@ -463,7 +379,7 @@ def _upload(store: Store, round_id: str, body: bytes, content_type: str | None, 
     if media != "application/json" and not media.endswith("+json"):
         raise UnsupportedMediaTypeError(f"Content-Type {media!r} is not taken; send application/json (one user, "
                                         "token in the Authorization header) or application/x-ndjson (one user a line)")
-    upload = _validated(m.OptinUploadIn, _loads(_text(body), "the body"), "the body")
+    upload = _validated(m.OptinUploadIn, loads(body_text(body), "the body"), "the body")
     if token is None:
         raise UnauthorizedError("opt-in uploads need the user's token: Authorization: Bearer <token from "
                                 "POST /api/v1/rounds/{id}/optin/enrol> (or an NDJSON body with a token on each line)")

@@ -1,0 +1,115 @@
+"""Request bodies of the service: the size limit, and JSON / NDJSON parsing with 4xx errors.
+
+Every failure is a :class:`~hybriddp.service.errors.ServiceError` (or Starlette's 413
+HTTPException inside the ASGI receive channel), which the app turns into its JSON error shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hybriddp.service.errors import BadBodyError, BodyTooLargeError, UnsupportedMediaTypeError
+
+NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/jsonlines")
+
+
+def media_type(content_type: str | None) -> str:
+    """The media type of a Content-Type header (JSON when there is none)."""
+    return (content_type or "application/json").split(";")[0].strip().lower()
+
+
+class BodyLimit:
+    """Pure ASGI middleware: 413 for a body over the limit, announced (Content-Length) or streamed."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            too_large = length.isdigit()
+            message = self._message() if too_large else "Content-Length is not a number"
+            resp = JSONResponse({"error": {"code": "body_too_large" if too_large else "bad_request",
+                                           "message": message}}, status_code=413 if too_large else 400)
+            await resp(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            msg = await receive()
+            if msg.get("type") == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise StarletteHTTPException(413, self._message())
+            return msg
+        await self.app(scope, limited, send)
+
+    def _message(self) -> str:
+        return (f"request body over the limit of {self.limit:,} bytes; send reports in smaller batches "
+                "(hybriddp serve --max-body-bytes sets the limit)")
+
+
+def body_text(body: bytes) -> str:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadBodyError(f"the body is not UTF-8 text (byte {exc.start} is 0x{body[exc.start]:02x})") from None
+    if not text.strip():
+        raise BadBodyError("the body is empty; see /openapi.json for what this endpoint takes")
+    return text
+
+
+def ndjson_lines(body: bytes) -> list[tuple[int, Any]]:
+    """(line number, parsed JSON) of every non-blank line."""
+    return [(i, loads(line, f"NDJSON line {i}")) for i, line in enumerate(body_text(body).split("\n"), 1)
+            if line.strip()]
+
+
+def parse_messages(body: bytes, content_type: str | None) -> list[Any]:
+    """A reports body → its messages: one JSON object, a JSON array, or NDJSON (one object a line)."""
+    media = media_type(content_type)
+    if media not in NDJSON_TYPES and media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaTypeError(f"Content-Type {media!r} is not taken; send application/json (one message "
+                                        "or an array) or application/x-ndjson (one message a line)")
+    if media in NDJSON_TYPES:
+        return [doc for _, doc in ndjson_lines(body)]
+    doc = loads(body_text(body), "the body")
+    if isinstance(doc, list):
+        if not doc:
+            raise BadBodyError("the body is an empty array; send at least one message")
+        return doc
+    return [doc]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads(text: str, where: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        hint = " (for one message a line, send Content-Type: application/x-ndjson)" if "Extra data" in str(exc) else ""
+        raise BadBodyError(f"{where} is not valid JSON: {str(exc)[:200]}{hint}") from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused with 413 as soon as it passes ``limit`` bytes."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLargeError(f"request body over the limit of {limit:,} bytes; send reports in smaller "
+                                    "batches (hybriddp serve --max-body-bytes sets the limit)")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -5,7 +5,8 @@ Three roles, one class each (paper Fig. 1; the API is in docs and ``/openapi.jso
 * :class:`AdminClient` — the operator: create rounds, enrol opt-in users, publish the head list,
   close, fetch results (bearer admin token).
 * :class:`OptinUploader` — one opt-in user: upload raw records (or values) with the token the
-  operator gave at enrolment. This is the only path raw data takes.
+  operator gave at enrolment. This is the only path raw data takes (:class:`OptinRelay` forwards
+  many users' uploads in one request, each still authenticated by its own token).
 * :class:`DeviceClient` — one device (a client in the paper): fetch and verify the head list
   (cached by its ETag), randomize its own records on the device with
   :func:`hybriddp.device.randomize_records` (charging its own :class:`~hybriddp.device.DeviceLedger`),
@@ -379,6 +380,42 @@ class OptinUploader(_Http):
         return int(_json(resp, what)["accepted"])
 
 
+class OptinRelay(_Http):
+    """Forwards the uploads of many opt-in users at once (a collection relay, or a simulation): NDJSON bodies,
+    one line per user with that user's own token, ``{"token": ..., "records": [...]}`` (mean rounds:
+    ``"values"``). The server stores each body in one transaction or refuses it whole. Not retried once sent."""
+
+    def __init__(self, base_url: str, round_id: str, **kw: Any) -> None:
+        super().__init__(base_url, **kw)
+        self.round_id = round_id
+
+    def upload_many(self, uploads: Iterable[tuple[str, Sequence[Any]]], *, values: bool = False,
+                    max_body_bytes: int = 8 << 20) -> int:
+        """Upload ``(token, records)`` pairs (or ``(token, values)`` with ``values=True``), in order, in bodies of
+        at most ``max_body_bytes`` (one user's line may exceed it alone); returns how many items were accepted."""
+        what = f"upload opt-in {'values' if values else 'records'} of several users to round {self.round_id}"
+        path = f"{API}/rounds/{_rid(self.round_id)}/optin/records"
+        accepted, lines, size = 0, [], 0
+
+        def send() -> int:
+            resp = self.request("POST", path, what=what, idempotent=False, content=b"".join(lines),
+                                headers={"Content-Type": NDJSON})
+            return int(_json(resp, what)["accepted"])
+
+        for token, items in uploads:
+            body = ({"token": token, "values": [float(v) for v in items]} if values else
+                    {"token": token, "records": [{"query": q, "url": u} for q, u in items]})
+            line = json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
+            if lines and size + len(line) > max_body_bytes:
+                accepted += send()
+                lines, size = [], 0
+            lines.append(line)
+            size += len(line)
+        if lines:
+            accepted += send()
+        return accepted
+
+
 def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
     part: list[Any] = []
     for x in items:
@@ -597,6 +634,6 @@ class DeviceClient(_Http):
 
 __all__ = [
     "Acknowledgement", "AdminClient", "BodyTooLargeError", "ConflictError", "DeviceClient", "NotFoundError",
-    "OptinUploader", "RetryPolicy", "ServiceRequestError", "ServiceUnavailableError", "UnauthorizedError",
+    "OptinRelay", "OptinUploader", "RetryPolicy", "ServiceRequestError", "ServiceUnavailableError", "UnauthorizedError",
     "check_base_url",
 ]

@@ -24,6 +24,7 @@ from hybriddp.client import (
     ConflictError,
     DeviceClient,
     NotFoundError,
+    OptinRelay,
     OptinUploader,
     RetryPolicy,
     ServiceRequestError,
@@ -290,9 +291,9 @@ def published_round(url: str, params: dict[str, Any] | None = None) -> tuple[str
     admin = AdminClient(url, ADMIN)
     rid = admin.create_round("blender", params or PARAMS, name="sdk test")["id"]
     tokens = admin.enrol_many(rid, [f"user-{i}" for i in range(len(OPTIN))])
-    with httpx.Client() as http:
-        for token, rec in zip(tokens, OPTIN, strict=True):
-            assert OptinUploader(url, rid, token, client=http).upload([rec]) == 1
+    assert OptinUploader(url, rid, tokens[0]).upload([OPTIN[0]]) == 1  # one user with their token
+    relay = OptinRelay(url, rid)  # the others through a relay, each line with its user's token
+    assert relay.upload_many([(t, [rec]) for t, rec in zip(tokens[1:], OPTIN[1:], strict=True)]) == len(OPTIN) - 1
     rnd = admin.publish_headlist(rid)
     assert rnd["state"] == "headlist-published" and rnd["counts"]["optin_records"] == len(OPTIN)
     return rid, admin
@@ -336,6 +337,23 @@ def test_a_round_through_the_sdk(service: Service, tmp_path: Any) -> None:
     assert rid in {r["id"] for r in admin.rounds()}
     with pytest.raises(ConflictError, match=r"closed|results-published"):  # reports after close: 409, not retried
         DeviceClient(service.url, rid, client=None, sleep=Sleeps()).participate(devices[1])
+
+
+def test_a_relay_uploads_many_users_in_bodies_of_bounded_size(service: Service) -> None:
+    admin = AdminClient(service.url, ADMIN)
+    rid = admin.create_round("blender", PARAMS)["id"]
+    tokens = admin.enrol_many(rid, [f"u{i}" for i in range(30)])
+    bodies: list[int] = []
+    with httpx.Client(event_hooks={"request": [lambda r: bodies.append(len(r.content))]}) as http:
+        relay = OptinRelay(service.url, rid, client=http)
+        uploads = [(t, [POOL[i % 4], POOL[(i + 1) % 4]]) for i, t in enumerate(tokens)]
+        assert relay.upload_many(uploads, max_body_bytes=1000) == 60
+        # one line is ~180 bytes: at most 1000 bytes a body, so 6..8 bodies, none empty
+        assert 5 <= len(bodies) <= 10 and all(0 < b <= 1000 for b in bodies)
+        stored = admin.round(rid)["counts"]["optin_records"]
+        with pytest.raises(UnauthorizedError, match="line 2"):  # a bad token refuses the whole body
+            relay.upload_many([(tokens[0], [POOL[0]]), ("not-a-token-of-this-round", [POOL[0]])])
+    assert stored == 60 and admin.round(rid)["counts"]["optin_records"] == 60
 
 
 def test_resubmission_is_acknowledged_and_counted_once(service: Service) -> None:

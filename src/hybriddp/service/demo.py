@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from hybriddp.client import Acknowledgement, AdminClient, DeviceClient, OptinUploader
+from hybriddp.client import Acknowledgement, AdminClient, DeviceClient, OptinRelay
 from hybriddp.errors import DataError, HybridDPError
 from hybriddp.evaluate import ground_truth, score, truth_vectors
 from hybriddp.headlist import HeadList
@@ -150,10 +150,9 @@ def service_round(log: RecordLog, params: BlenderParams, *, base_url: str, admin
         with stages.stage("opt-in users upload their records"):
             rows, bounds = _user_rows(log, optin_users)
             records = _records(log, rows)
-            for i, token in enumerate(tokens):
-                lo, hi = int(bounds[i]), int(bounds[i + 1])
-                if hi > lo:
-                    OptinUploader(base_url, rid, token, client=http).upload(records[lo:hi])
+            uploads = ((token, records[bounds[i]:bounds[i + 1]]) for i, token in enumerate(tokens)
+                       if bounds[i + 1] > bounds[i])
+            OptinRelay(base_url, rid, client=http).upload_many(uploads)  # each user's line carries their token
             del records
         with stages.stage("the server builds and publishes the head list"):
             admin.publish_headlist(rid, vocabulary=_optin_vocabulary(log, rows) if seed is not None else None)

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Query, Request, Security
+from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -68,6 +68,12 @@ admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
                           description="The administrator token (`hybriddp serve` prints where it is).")
 optin_bearer = HTTPBearer(auto_error=False, scheme_name="OptinToken",
                           description="The opt-in user's token from POST /api/v1/rounds/{id}/optin/enrol.")
+
+
+RoundId = Annotated[str, Path(description="The round's id: 16 random bytes in URL-safe base64 (22 characters). "
+                                          "Any other string is answered 404.",
+                              json_schema_extra={"pattern": "^[A-Za-z0-9_-]{22}$"})]
+"""A round id in a path (the pattern is documented, not enforced: a malformed id is simply not found)."""
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -248,12 +254,12 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         return {"rounds": [out(r) for r in store.rounds()]}
 
     @app.get("/api/v1/rounds/{round_id}", response_model=m.RoundOut, tags=["rounds"], responses=_errors(404, 503))
-    def get_round(round_id: str) -> dict[str, Any]:
+    def get_round(round_id: RoundId) -> dict[str, Any]:
         return out(store.round(round_id))
 
     @app.post("/api/v1/rounds/{round_id}/optin/enrol", status_code=201, response_model=m.TokenOut | m.TokensOut,
               dependencies=admin, tags=["opt-in"], responses=_errors(400, 401, 404, 409, 413, 422, 503))
-    def enrol(round_id: str, body: m.EnrolIn) -> dict[str, Any]:
+    def enrol(round_id: RoundId, body: m.EnrolIn) -> dict[str, Any]:
         if (body.user is None) == (body.users is None):
             raise DataError('give one user {"user": "..."} or several {"users": ["...", ...]}, not both or neither')
         if body.user is not None:
@@ -262,7 +268,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
 
     @app.post("/api/v1/rounds/{round_id}/optin/records", response_model=m.AcceptedOut, tags=["opt-in"],
               openapi_extra={"requestBody": m.OPTIN_BODY}, responses=_errors(400, 401, 404, 409, 413, 415, 422, 503))
-    async def upload(round_id: str, request: Request,
+    async def upload(round_id: RoundId, request: Request,
                      creds: Annotated[HTTPAuthorizationCredentials | None, Security(optin_bearer)]) -> dict[str, int]:
         body = await read_body(request, max_body_bytes)
         token = None if creds is None else creds.credentials
@@ -271,14 +277,14 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
 
     @app.post("/api/v1/rounds/{round_id}/headlist", response_model=m.RoundOut, dependencies=admin,
               tags=["curator"], responses=_errors(400, 401, 404, 409, 413, 422, 503))
-    def publish(round_id: str, body: m.PublishIn | None = None) -> dict[str, Any]:
+    def publish(round_id: RoundId, body: m.PublishIn | None = None) -> dict[str, Any]:
         vocabulary = None if body is None or body.vocabulary is None else body.vocabulary.model_dump()
         return out(rounds.publish_headlist(store, round_id, vocabulary))
 
     @app.get("/api/v1/rounds/{round_id}/headlist", response_model=m.HeadListOut, tags=["devices"],
              responses={304: {"description": "Not modified (If-None-Match matched the ETag)."},
                         **_errors(404, 409, 503)})
-    def get_headlist(round_id: str, request: Request) -> Response:
+    def get_headlist(round_id: RoundId, request: Request) -> Response:
         docs = store.documents(round_id)
         if docs.headlist is None:
             raise ConflictError(f"round {round_id} has no head list yet: it is {docs.info.state!r}; the "
@@ -294,7 +300,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     @app.post("/api/v1/rounds/{round_id}/reports", response_model=m.ReportAckOut, tags=["devices"],
               openapi_extra={"requestBody": m.REPORTS_BODY},
               responses=_errors(400, 404, 409, 413, 415, 422, 503))
-    async def post_reports(round_id: str, request: Request) -> dict[str, int]:
+    async def post_reports(round_id: RoundId, request: Request) -> dict[str, int]:
         body = await read_body(request, max_body_bytes)
         ctype = request.headers.get("content-type")
         target = rounds.report_target(store, round_id, cached_only=True)
@@ -313,7 +319,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
 
     @app.post("/api/v1/rounds/{round_id}/close", response_model=m.RoundOut, dependencies=admin, tags=["rounds"],
               responses=_errors(401, 404, 409, 413, 422, 503))
-    def close(round_id: str) -> dict[str, Any]:
+    def close(round_id: RoundId) -> dict[str, Any]:
         return out(rounds.close_round(store, round_id))
 
     @app.get("/api/v1/rounds/{round_id}/results", tags=["results"],
@@ -324,7 +330,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                                           "application/vnd.apache.parquet": {
                                               "schema": {"type": "string", "format": "binary"}}}},
                         **_errors(404, 409, 422, 503)})
-    def get_results(round_id: str, format: Literal["json", "csv", "parquet"] = Query("json")) -> Response:
+    def get_results(round_id: RoundId, format: Literal["json", "csv", "parquet"] = Query("json")) -> Response:
         info, results, result = rounds.result_of(store, round_id)
         if format == "json":
             return JSONResponse(results)
@@ -344,12 +350,12 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
 
     @app.get("/api/v1/rounds/{round_id}/release", response_model=m.ReleaseOut, tags=["results"],
              responses=_errors(404, 409, 503))
-    def get_release(round_id: str) -> dict[str, Any]:
+    def get_release(round_id: RoundId) -> dict[str, Any]:
         return rounds.release_of(store, round_id)
 
     @app.get("/api/v1/rounds/{round_id}/local-search", response_model=m.LocalSearchOut, tags=["results"],
              responses=_errors(404, 409, 503))
-    def get_local_search(round_id: str) -> dict[str, Any]:
+    def get_local_search(round_id: RoundId) -> dict[str, Any]:
         info, _, result = rounds.result_of(store, round_id)
         if result is None:
             raise NotFoundError(f"round {round_id} is a mean round; only BLENDER rounds have a local-search document")

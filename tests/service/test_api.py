@@ -322,6 +322,8 @@ def test_bad_round_parameters_and_unknown_rounds(client: TestClient) -> None:
              "invalid_request", "bogus")
     error_of(client.post(f"{API}/rounds", json={"kind": "mean", "params": {"epsilon": 1, "lower": 5, "upper": 1}},
                          headers=AUTH), 422, "invalid_parameter", "upper")
+    error_of(client.post(f"{API}/rounds", json={"kind": "mean", "params": {"epsilon": 1e-300, "lower": 0, "upper": 1}},
+                         headers=AUTH), 422, "invalid_parameter", "epsilon")  # noise beyond double precision
     error_of(client.post(f"{API}/rounds", json={"kind": "nope"}, headers=AUTH), 422, "invalid_request")
     error_of(client.post(f"{API}/rounds", content=b"{", headers={**AUTH, "Content-Type": "application/json"}), 400,
              "malformed_body")
@@ -450,6 +452,9 @@ def test_mean_round_lifecycle(client: TestClient, store_url: str) -> None:
     error_of(post_reports(client, rid, dict(reports[0], round="another-round")), 422, "invalid_data", "round")
     error_of(post_reports(client, rid, dict(reports[0], id=new_message_id(), value="7")), 422, "invalid_data")
     error_of(post_reports(client, rid, dict(reports[0], id=new_message_id(), value=True)), 422, "invalid_data")
+    # farther than 1000 noise scales (Δ/ε = 10) from [0, 10]: no device sends it (probability e^-1000)
+    error_of(post_reports(client, rid, dict(reports[0], id=new_message_id(), value=10_011.0)), 422, "invalid_data",
+             "between -10000 and 10010")
     assert client.post(f"{API}/rounds/{rid}/close", headers=AUTH).status_code == 200
 
     res = client.get(f"{API}/rounds/{rid}/results").json()

@@ -37,6 +37,7 @@ from hybriddp.device import DeviceError, check_message_id, content_hash
 from hybriddp.errors import DataError, HeadListError, HybridDPError, parameter_error
 from hybriddp.ledger import Charge
 from hybriddp.mean import VARIANCE_SHARE, Hybrid, HybridUnknownVariance
+from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
 from hybriddp.noise import NOISE_CLASSES, noise_factory
 from hybriddp.params import BlenderParams, check_seed
 from hybriddp.parties import CuratorRelease, ReportCounts, curate, release_from_documents, serve_estimates
@@ -93,6 +94,10 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         out = {"sigma2": None, "variance_share": VARIANCE_SHARE, "seed": None, **params}
         check_seed(out["seed"])
         mean_mechanism(out)
+        # every group size a round can have (1 .. MAX_USERS) keeps the noise and the errors finite
+        rho = out["variance_share"] if out["sigma2"] is None else None
+        check_noise_scales(out["epsilon"], 1, 1, rho)
+        check_noise_scales(out["epsilon"], MAX_USERS / 2, MAX_USERS / 2, rho)
         return out
     raise parameter_error("kind", kind, " or ".join(repr(k) for k in KINDS))
 
@@ -276,10 +281,17 @@ class BlenderReports:
 
 
 class MeanReports:
-    """Checks mean-round messages ``{"id": ..., "round": round id, "value": randomized number}``."""
+    """Checks mean-round messages ``{"id": ..., "round": round id, "value": randomized number}``.
 
-    def __init__(self, round_id: str) -> None:
+    A value is clamp(x) + Laplace(Δ/ε) (:mod:`hybriddp.mean_device`); one farther than 1000 noise
+    scales from [lower, upper] (probability e^-1000 for a device) is refused, so sums stay finite.
+    """
+
+    def __init__(self, round_id: str, params: dict[str, Any]) -> None:
         self.round_id = round_id
+        lo, hi = float(params["lower"]), float(params["upper"])
+        reach = 1000.0 * (hi - lo) / float(params["epsilon"])
+        self.low, self.high = lo - reach, hi + reach
 
     def check(self, msg: Any, index: int) -> tuple[str, float]:
         """(message id, value) of the ``index``-th message of a request, or a DataError naming the problem."""
@@ -295,9 +307,10 @@ class MeanReports:
             raise DataError(f"{source}: message made for round {str(msg['round'])[:40]!r}, but this is round "
                             f"{self.round_id}; send it to its own round")
         v = msg["value"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or abs(v) > 1e300:
-            raise DataError(f"{source}: field 'value' = {str(v)[:40]} must be a finite number (the device's "
-                            "randomized value, hybriddp.mean_device.randomize_value)")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not self.low <= v <= self.high:
+            raise DataError(f"{source}: field 'value' = {str(v)[:40]} must be a number between {self.low:.6g} and "
+                            f"{self.high:.6g} (the device's randomized value, hybriddp.mean_device.randomize_value: "
+                            "the range plus 1000 noise scales)")
         return mid, float(v)
 
 
@@ -366,7 +379,7 @@ def report_target(store: Store, round_id: str, *, cached_only: bool = False
             raise ConflictError(f"reports refused: round {info.id} is {info.state!r}; its head list is not "
                                 "published yet (reports are taken after POST /api/v1/rounds/{id}/headlist)")
         if info.kind == "mean":
-            return info, MeanReports(info.id)
+            return info, MeanReports(info.id, info.params)
         return info, BlenderReports(release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates)))
     return _targets.get(key, make)
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,9 @@ from hybriddp.errors import DataError, HeadListError
 from hybriddp.parties.release import CuratorRelease
 from hybriddp.randomizer import LocalAlgParams
 from hybriddp.result import BlendParts, Result
+
+_ID = re.compile(r"[A-Za-z0-9_-]{22}")
+"""What :func:`hybriddp.device.check_message_id` accepts: 22 URL-safe base64 characters (16 bytes)."""
 
 
 @dataclass
@@ -42,8 +46,10 @@ class MessageCounter:
     read :attr:`result`. ``source`` prefixes error messages (a file name and line, say).
     """
 
-    def __init__(self, release: CuratorRelease) -> None:
+    def __init__(self, release: CuratorRelease,
+                 refetch_hint: str = "devices must randomize over the head list being estimated") -> None:
         doc = release.headlist
+        self.refetch_hint = refetch_hint
         self.release = release
         self.want = release.hash
         self.m_c = release.m_c
@@ -59,8 +65,22 @@ class MessageCounter:
         self._seen: set[str] = set()
         self.result = ReportCounts(np.zeros(hl.n_entries, dtype=np.int64))
 
-    def add(self, msg: Any, source: str = "device message") -> bool:
-        """Count one message; returns False when its id was already counted (dropped)."""
+    def entries(self, msg: Any, source: str = "device message") -> tuple[str, list[int]]:
+        """(message id, head-list entry of each report) of one message, or the error naming the problem.
+
+        A well-formed message takes a few dictionary lookups; anything else goes through the full
+        checks one by one, and the first that fails raises :class:`DataError`/:class:`HeadListError`.
+        """
+        try:
+            mid, reports = msg["id"], msg["reports"]
+            if (type(mid) is str and _ID.fullmatch(mid) and msg["headlist"] == self.want and type(reports) is list
+                    and len(reports) <= self.m_c and all(type(r) is dict for r in reports)):
+                return mid, [self._entry[(rep["query"], rep["url"])] for rep in reports]
+        except (TypeError, KeyError, IndexError):
+            pass
+        return self._explain(msg, source)
+
+    def _explain(self, msg: Any, source: str) -> tuple[str, list[int]]:
         if not isinstance(msg, dict):
             raise DataError(f"{source}: expected a JSON object {{\"id\": ..., \"headlist\": ..., \"reports\": [...]}}, "
                             f"found {type(msg).__name__}")
@@ -68,14 +88,14 @@ class MessageCounter:
         if missing:
             raise DataError(f"{source}: field {missing[0]!r} is missing; a device message is "
                             '{"id": ..., "headlist": ..., "reports": [{"query": ..., "url": ...}]} '
-                            "(written by `hybriddp randomize` or hybriddp.device.randomize_records)")
+                            "(made by hybriddp.device.randomize_records)")
         try:
             mid = check_message_id(msg["id"])
         except DeviceError as exc:
             raise DataError(f"{source}: {exc}") from None
         if msg["headlist"] != self.want:
             raise HeadListError(f"{source}: report made for head list {str(msg['headlist'])[:19]}…, expected "
-                                f"{self.want[:19]}…; devices must randomize over the head list being estimated")
+                                f"{self.want[:19]}…; {self.refetch_hint}")
         reports = msg["reports"]
         if not isinstance(reports, list):
             raise DataError(f"{source}: field 'reports' must be a list, found {type(reports).__name__}")
@@ -83,7 +103,11 @@ class MessageCounter:
             raise DataError(f"{source}: message {mid} has {len(reports)} reports but the head list allows m_C = "
                             f"{self.m_c} per device; a device sends at most m_C reports (refused: counting more "
                             "would break the devices' privacy accounting)")
-        entries = [self._entry_of(rep, source) for rep in reports]
+        return mid, [self._entry_of(rep, source) for rep in reports]
+
+    def add(self, msg: Any, source: str = "device message") -> bool:
+        """Count one message; returns False when its id was already counted (dropped)."""
+        mid, entries = self.entries(msg, source)
         if mid in self._seen:
             self.result.duplicates += 1
             return False

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from hybriddp.device import DeviceError, check_message_id, content_hash
-from hybriddp.errors import DataError, HeadListError, HybridDPError, parameter_error
+from hybriddp.errors import DataError, HybridDPError, parameter_error
 from hybriddp.ledger import Charge
 from hybriddp.mean import VARIANCE_SHARE, Hybrid, HybridUnknownVariance
 from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
@@ -225,59 +224,17 @@ def _curate_mean(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[st
 
 # ----- device messages --------------------------------------------------------------------------
 class BlenderReports:
-    """Checks BLENDER device messages against one published head list (ALGORITHM.md §5, §6).
-
-    The same checks as :class:`hybriddp.parties.server.MessageCounter`: the message's fields,
-    a valid random id, the head list's hash, at most m_C reports, every report a listed entry.
-    """
+    """Checks BLENDER device messages against one published head list (ALGORITHM.md §5, §6): the
+    checks of :meth:`hybriddp.parties.server.MessageCounter.entries` (fields, a valid random id, the
+    head list's hash, at most m_C reports, every report a listed entry)."""
 
     def __init__(self, release: CuratorRelease) -> None:
         self.release = release
-        self._counter = MessageCounter(release)  # only its read-only entry map is used
-        self._entry = self._counter._entry
-        self.want = release.hash
-        self.m_c = release.m_c
+        self._counter = MessageCounter(release, "fetch GET /api/v1/rounds/{id}/headlist and randomize over it")
 
     def check(self, msg: Any, index: int) -> tuple[str, list[int]]:
-        """(message id, entry index of each report) of the ``index``-th message of a request.
-
-        The common case (a well-formed message) takes a few dictionary lookups; anything else
-        goes through :meth:`explain`, which raises a DataError/HeadListError naming the problem.
-        """
-        try:
-            mid, reports = msg["id"], msg["reports"]
-            if (type(mid) is str and _ID.fullmatch(mid) and msg["headlist"] == self.want and type(reports) is list
-                    and len(reports) <= self.m_c):
-                entries = [self._entry[(rep["query"], rep["url"])] for rep in reports]
-                if all(type(r) is dict for r in reports):
-                    return mid, entries
-        except (TypeError, KeyError, IndexError):
-            pass
-        return self.explain(msg, f"message {index}")
-
-    def explain(self, msg: Any, source: str) -> tuple[str, list[int]]:
-        """The full checks, one by one, with the message of the first that fails."""
-        if not isinstance(msg, dict):
-            raise DataError(f"{source}: expected a JSON object {{\"id\": ..., \"headlist\": ..., \"reports\": [...]}}, "
-                            f"found {_kind(msg)}")
-        missing = [k for k in ("id", "headlist", "reports") if k not in msg]
-        if missing:
-            raise DataError(f"{source}: field {missing[0]!r} is missing; a device message is "
-                            '{"id": ..., "headlist": ..., "reports": [{"query": ..., "url": ...}]} '
-                            "(made by hybriddp.device.randomize_records)")
-        mid = _message_id(msg["id"], source)
-        if msg["headlist"] != self.want:
-            raise HeadListError(f"{source}: report made for head list {str(msg['headlist'])[:19]}…, but this round's "
-                                f"head list is {self.want[:19]}…; fetch GET /api/v1/rounds/{{id}}/headlist and "
-                                "randomize over it")
-        reports = msg["reports"]
-        if not isinstance(reports, list):
-            raise DataError(f"{source}: field 'reports' must be a list, found {_kind(reports)}")
-        if len(reports) > self.m_c:
-            raise DataError(f"{source}: message {mid} has {len(reports)} reports but the head list allows m_C = "
-                            f"{self.m_c} per device (refused: counting more would break the devices' privacy "
-                            "accounting)")
-        return mid, [self._counter._entry_of(rep, source) for rep in reports]
+        """(message id, entry index of each report) of the ``index``-th message of a request."""
+        return self._counter.entries(msg, f"message {index}")
 
 
 class MeanReports:
@@ -314,8 +271,6 @@ class MeanReports:
         return mid, float(v)
 
 
-_ID = re.compile(r"[A-Za-z0-9_-]{22}")
-"""What :func:`hybriddp.device.check_message_id` accepts: 22 URL-safe base64 characters (16 bytes)."""
 
 
 def _message_id(value: Any, source: str) -> str:

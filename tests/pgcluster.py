@@ -39,21 +39,30 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _default_bindir() -> str:
+    """/usr/lib/postgresql/15/bin, or else the newest other version installed the Debian way."""
+    if os.access(Path(DEFAULT_BINDIR) / "initdb", os.X_OK):
+        return DEFAULT_BINDIR
+    others = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+                    key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0)
+    return str(others[-1].parent) if others else DEFAULT_BINDIR
+
+
 class PgCluster:
     """One PostgreSQL server in a temporary directory, for the length of a test session.
 
     Parameters
     ----------
     bindir:
-        Directory with ``initdb``, ``pg_ctl`` and ``postgres`` (default ``$HYBRIDDP_PG_BINDIR`` or
-        /usr/lib/postgresql/15/bin).
+        Directory with ``initdb``, ``pg_ctl`` and ``postgres`` (default ``$HYBRIDDP_PG_BINDIR``, else
+        /usr/lib/postgresql/15/bin, else the newest /usr/lib/postgresql/N/bin).
     durable:
         ``False`` (tests) turns off fsync and synchronous commit: the server is never killed, so
         nothing is lost, and tests run faster. ``True`` (benchmarks) keeps PostgreSQL's defaults.
     """
 
     def __init__(self, bindir: str | None = None, *, durable: bool = False) -> None:
-        self.bindir = Path(bindir or os.environ.get("HYBRIDDP_PG_BINDIR") or DEFAULT_BINDIR)
+        self.bindir = Path(bindir or os.environ.get("HYBRIDDP_PG_BINDIR") or _default_bindir())
         self.durable = durable
         self.port: int | None = None
         self.root: Path | None = None

@@ -436,24 +436,6 @@ class DeviceLedger:
 
     def check(self, round_id: str, epsilon: float, delta: float) -> None:
         """Raise :class:`DeviceError` if :meth:`record` would refuse this round; change nothing."""
-        saved = self.state
-        self.state = json.loads(json.dumps(saved))
-        try:
-            self._charge(round_id, epsilon, delta)
-        finally:
-            self.state = saved
-
-    def record(self, round_id: str, epsilon: float, delta: float) -> None:
-        """Charge one round, or raise :class:`DeviceError` (already reported / over budget / not saved)."""
-        self._charge(round_id, epsilon, delta)
-        try:
-            self._save()
-        except OSError as exc:
-            del self.state["rounds"][round_id]
-            raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); nothing was "
-                              "charged, so nothing may be reported") from None
-
-    def _charge(self, round_id: str, epsilon: float, delta: float) -> None:
         if round_id in self.state["rounds"]:
             raise DeviceError(f"this device already reported for head list {round_id[:19]}…; "
                               "a device reports at most once per round")
@@ -462,7 +444,17 @@ class DeviceLedger:
         if e + epsilon > life["epsilon"] * (1 + 1e-12) or d + delta > life["delta"] * (1 + 1e-12):
             raise DeviceError(f"reporting would exceed this device's lifetime budget (epsilon {life['epsilon']}, "
                               f"delta {life['delta']}; spent {e:.4g}, {d:.3g}); not reporting")
+
+    def record(self, round_id: str, epsilon: float, delta: float) -> None:
+        """Charge one round, or raise :class:`DeviceError` (already reported / over budget / not saved)."""
+        self.check(round_id, epsilon, delta)
         self.state["rounds"][round_id] = {"epsilon": float(epsilon), "delta": float(delta)}
+        try:
+            self._save()
+        except OSError as exc:
+            del self.state["rounds"][round_id]
+            raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); nothing was "
+                              "charged, so nothing may be reported") from None
 
     def _save(self) -> None:
         """Replace the file atomically (:mod:`hybriddp.io.atomic`): it is never half-written."""

@@ -86,6 +86,14 @@ def print_round(rnd: dict[str, Any]) -> None:
     render.out.print(t)
 
 
+def show_round(rnd: dict[str, Any], as_json: bool) -> None:
+    """One round as JSON (``--json``) or as the table of :func:`print_round`."""
+    if as_json:
+        render.print_json(rnd)
+    else:
+        print_round(rnd)
+
+
 def print_rounds(rounds: list[dict[str, Any]]) -> None:
     """Every round, one row each."""
     t = Table(title=f"{len(rounds)} round{'s' * (len(rounds) != 1)}", title_justify="left")
@@ -214,10 +222,7 @@ def status_cmd(round_id: str, server: str, as_json: bool) -> None:
     from hybriddp.client import DeviceClient
     with DeviceClient(server, round_id) as dev:
         rnd = dev.round()
-    if as_json:
-        render.print_json(rnd)
-    else:
-        print_round(rnd)
+    show_round(rnd, as_json)
 
 
 @round_group.command("list")
@@ -306,10 +311,7 @@ def publish_cmd(round_id: str, server: str, admin_token_file: str | None, as_jso
     to devices and delete the raw opt-in records (a round over a user's lifetime budget is refused)."""
     with _admin(server, admin_token_file) as admin:
         rnd = admin.publish_headlist(round_id)
-    if as_json:
-        render.print_json(rnd)
-    else:
-        print_round(rnd)
+    show_round(rnd, as_json)
 
 
 @round_group.command("close")
@@ -320,10 +322,7 @@ def close_cmd(round_id: str, server: str, admin_token_file: str | None, as_json:
     """Close the round (reports are refused from now on) and compute the results (ALGORITHM.md §6, §7)."""
     with _admin(server, admin_token_file) as admin:
         rnd = admin.close(round_id)
-    if as_json:
-        render.print_json(rnd)
-    else:
-        print_round(rnd)
+    show_round(rnd, as_json)
 
 
 @round_group.command("results")

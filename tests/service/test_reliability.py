@@ -382,21 +382,16 @@ def test_malformed_bodies_get_json_4xx_never_5xx(server: ServerProcess) -> None:
         ("array with a bad message", json.dumps([good, dict(good, id="x")])),
         ("array of numbers", b"[1, 2, 3]"), ("lone surrogate", b'{"id": "\\ud800", "headlist": "x", "reports": []}'),
     ]
+    ndjson = [("bad line", json.dumps(good) + "\n{not json\n"), ("array line", "[1]\n"),
+              ("blank lines only", "\n\n\n"), ("binary", bytes(range(256)))]
     with httpx.Client(base_url=server.base_url, timeout=60) as http:
-        for name, body in bad_bodies:
-            r = http.post(reports, content=body, headers={"Content-Type": "application/json"})
-            try:
-                assert_json_4xx(r)
-            except AssertionError as exc:
-                raise AssertionError(f"{name}: {exc}") from None
-        ndjson = [("bad line", json.dumps(good) + "\n{not json\n"), ("array line", "[1]\n"),
-                  ("blank lines only", "\n\n\n"), ("binary", bytes(range(256)))]
-        for name, body in ndjson:
-            r = http.post(reports, content=body, headers={"Content-Type": "application/x-ndjson"})
-            try:
-                assert_json_4xx(r)
-            except AssertionError as exc:
-                raise AssertionError(f"ndjson {name}: {exc}") from None
+        for kind, bodies in (("application/json", bad_bodies), ("application/x-ndjson", ndjson)):
+            for name, body in bodies:
+                r = http.post(reports, content=body, headers={"Content-Type": kind})
+                try:
+                    assert_json_4xx(r)
+                except AssertionError as exc:
+                    raise AssertionError(f"{kind} {name}: {exc}") from None
         r = http.post(reports, content=json.dumps(good), headers={"Content-Type": "text/plain"})
         assert r.status_code < 500 and r.headers["content-type"].startswith("application/json")
         for path in (f"{API}/rounds/{'A' * 22}/reports", f"{API}/rounds/%00%ff/reports",

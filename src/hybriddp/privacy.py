@@ -18,7 +18,7 @@ S, T and the clients are disjoint, so every user gets exactly one of these per r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -82,12 +82,6 @@ def curator_guarantees(epsilon: float, delta: float) -> tuple[Guarantee, Guarant
 def blender_guarantees(epsilon: float, delta: float, f_c: float, m_c: int) -> tuple[Guarantee, ...]:
     """Every guarantee of one BLENDER round (ALGORITHM.md §2)."""
     return (*curator_guarantees(epsilon, delta), localalg_guarantee(epsilon, delta, f_c, m_c))
-
-
-def worst(guarantees: Iterable[Guarantee]) -> tuple[float, float]:
-    """The largest (ε, δ) any single user gets (the groups are disjoint)."""
-    gs = list(guarantees)
-    return max((g.epsilon for g in gs), default=0.0), max((g.delta for g in gs), default=0.0)
 
 
 def charges(guarantees: Sequence[Guarantee], users: dict[str, np.ndarray | Sequence[str]]) -> list[Charge]:

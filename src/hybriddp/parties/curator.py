@@ -24,7 +24,7 @@ from hybriddp.headlist import HeadList
 from hybriddp.noise import DiscreteLaplaceNoise, NoiseSource
 from hybriddp.params import BlenderParams
 from hybriddp.parties.release import CuratorRelease, estimates_document
-from hybriddp.privacy import charges, curator_guarantees
+from hybriddp.privacy import charges
 from hybriddp.records import RecordLog, SampledRecords, sample_records
 from hybriddp.rng import stage_rng
 from hybriddp.stages import Stages
@@ -105,8 +105,10 @@ def release(log: RecordLog, params: BlenderParams, cur: CuratorOutput, seed: int
     users = {}
     if with_charges and cur.users_s is not None and cur.users_t is not None:
         users = {"optin-S": log.user_keys(cur.users_s), "optin-T": log.user_keys(cur.users_t)}
-    round_charges = charges(curator_guarantees(params.epsilon, params.delta), users) if users else []
-    return CuratorRelease(hdoc, edoc, hl, log.queries, log.urls, cur.optin, params, cur.noise, seed, round_charges)
+    rel = CuratorRelease(hdoc, edoc, hl, log.queries, log.urls, cur.optin, params, cur.noise, seed)
+    if users:
+        rel.charges = charges(rel.guarantees, users)
+    return rel
 
 
 def curate(

@@ -28,7 +28,7 @@ from hybriddp.headlist import HeadList, from_device_json, validate_device_json
 from hybriddp.ledger import Charge
 from hybriddp.noise import NOISE_LABELS
 from hybriddp.params import BlenderParams
-from hybriddp.privacy import Guarantee, blender_guarantees, curator_guarantees
+from hybriddp.privacy import Guarantee, curator_guarantees
 from hybriddp.records import Vocabulary
 from hybriddp.rng import SEED_WARNING
 
@@ -82,10 +82,6 @@ class CuratorRelease:
     def guarantees(self) -> tuple[Guarantee, ...]:
         """The curator's two releases (S: Theorem 1, T: Theorem 2) — what the ledger charges."""
         return curator_guarantees(float(self.headlist["epsilon"]), float(self.headlist["delta"]))
-
-    def round_guarantees(self) -> tuple[Guarantee, ...]:
-        """All three guarantees of the round, the devices' LocalAlg included."""
-        return blender_guarantees(float(self.headlist["epsilon"]), float(self.headlist["delta"]), self.f_c, self.m_c)
 
     @property
     def hash(self) -> str:

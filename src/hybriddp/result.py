@@ -10,7 +10,6 @@ a baseline carries only its final estimates.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from hybriddp.client_estimates import ClientEstimates
 from hybriddp.curator import OptinEstimates
 from hybriddp.headlist import HeadList
 from hybriddp.io.atomic import atomic_path, check_output_path, write_text
+from hybriddp.io.jsonfile import json_safe
 from hybriddp.noise import NOISE_LABELS
 from hybriddp.params import BlenderParams
 from hybriddp.privacy import Guarantee, blender_guarantees, describe
@@ -196,25 +196,25 @@ class Result:
         p = self.params
         out: dict[str, Any] = {
             "algorithm": self.algorithm,
-            "ndcg": _clean(self.metrics.get("ndcg")),
-            "l1": _clean(self.metrics.get("l1")),
+            "ndcg": self.metrics.get("ndcg"),
+            "l1": self.metrics.get("l1"),
             "head_list_records": self.n_records,
             "head_list_queries": self.head_list.n_queries,
             "epsilon": p.epsilon,
             "delta": p.delta,
-            "metrics": {k: _clean(v) for k, v in self.metrics.items()},
+            "metrics": dict(self.metrics),
             "params": p.to_dict(),
             "privacy": self.guarantee(),
             "sizes": self.sizes,
             "noise": self.noise,
             "seed": self.seed,
-            "figure9": [{k: _clean(v) for k, v in r.items()} for r in self.figure9()],
-            "queries": _table_rows(self.queries_table()),
-            "records": _table_rows(self.records_table()),
+            "figure9": self.figure9(),
+            "queries": self.queries_table().to_pylist(),
+            "records": self.records_table().to_pylist(),
         }
         if self.seed is not None:
             out["warning"] = SEED_WARNING
-        return out
+        return json_safe(out)
 
     def guarantee(self) -> dict[str, Any]:
         """The privacy actually delivered, from :attr:`guarantees` (ALGORITHM.md §2, §5)."""
@@ -272,16 +272,6 @@ def decode_or_placeholder(vocab: Vocabulary, ids: np.ndarray) -> list[str]:
     out = iter(names)
     return [next(out) if k else f"<no record {int(i) - n + 1}>" for i, k in zip(ids.tolist(), known.tolist(),
                                                                               strict=True)]
-
-
-def _clean(v: Any) -> Any:
-    if isinstance(v, (float, np.floating)) and not math.isfinite(v):
-        return None
-    return v
-
-
-def _table_rows(t: pa.Table) -> list[dict[str, Any]]:
-    return [{k: _clean(v) for k, v in row.items()} for row in t.to_pylist()]
 
 
 def json_default(o: Any) -> Any:

@@ -52,7 +52,7 @@ def audit_cmd(mechanism: str, epsilon: float | None, delta: float | None, trials
         res = audit(mechanism, epsilon=epsilon, delta=delta, trials=trials, seed=seed, confidence=confidence,
                     noise=noise, f_c=f_c, progress=progress)
     if as_json:
-        render.print_json(render.json_safe(res.to_json()))
+        render.print_json(res.to_json())
     else:
         print_audit(res)
     if res.violation:

@@ -125,7 +125,7 @@ def estimate_cmd(input_path: str, column: str, fmt: str | None, lower: float, up
     if as_json:
         obj = run.to_json()
         obj.update({"input": input_path, "column": column})
-        render.print_json(render.json_safe(obj))
+        render.print_json(obj)
         return
     _print_data_run(run, input_path, column)
 
@@ -187,7 +187,7 @@ def simulate_cmd(n: int, optin_fraction: float, epsilon: float, lower: float, up
         res = simulate(n, optin_fraction, epsilon, lower=lower, upper=upper, distribution=distribution,
                        trials=trials, seed=seed, variance_share=variance_share, progress=progress)
     if as_json:
-        render.print_json(render.json_safe(res.to_json()))
+        render.print_json(res.to_json())
         return
     _print_simulation(res)
 
@@ -267,8 +267,8 @@ def plot_cmd(epsilon: float, optin_fraction: float, lower: float, upper: float, 
                                   n_min=n_min, n_max=n_max, highlight=optin_fraction, subtitle=f"σ² from {source}")
     fig2 = str(out / "mean-improvement-vs-n.png")
     if as_json:
-        render.print_json(render.json_safe({"figure1": fig1, "figure2": {"path": fig2, "peaks": peaks}, "sigma2": s2,
-                                            "epsilon": epsilon, "optin_fraction": optin_fraction}))
+        render.print_json({"figure1": fig1, "figure2": {"path": fig2, "peaks": peaks}, "sigma2": s2,
+                           "epsilon": epsilon, "optin_fraction": optin_fraction})
         return
     render.out.print(f"wrote {fig1['path']} (Fig. 1): R peaks at {fig1['r_max']:.3f} near n ≈ {fig1['n_at_r_max']:,.0f}"
                      + (f"; OnlyTCM beats FullLM from n ≈ {fig1['n_tcm_beats_lm']:,.0f}"

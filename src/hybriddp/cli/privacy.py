@@ -61,7 +61,7 @@ def report_cmd(ledger: str, delta_prime: float, as_json: bool) -> None:
     with PrivacyLedger.open(ledger) as led:
         rep = led.report(delta_prime)
     if as_json:
-        render.print_json(render.json_safe(rep))
+        render.print_json(rep)
         return
     life = rep["lifetime"]
     t = Table(title=f"Rounds in {ledger}", title_justify="left")

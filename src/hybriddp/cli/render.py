@@ -13,6 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 from rich.table import Table
 
 from hybriddp.headlist import HeadList
+from hybriddp.io.jsonfile import json_safe
 from hybriddp.result import Result, json_default
 from hybriddp.rng import SEED_WARNING
 
@@ -151,7 +152,7 @@ def warn_delta(delta: float, n_users: int) -> None:
 
 def print_json(obj: dict[str, Any]) -> None:
     """One JSON object on stdout."""
-    sys.stdout.write(json.dumps(obj, allow_nan=False, default=json_default) + "\n")
+    sys.stdout.write(json.dumps(json_safe(obj), allow_nan=False, default=json_default) + "\n")
 
 
 def head_list_size(hl: HeadList, url_level: bool) -> str:
@@ -201,18 +202,3 @@ def count_progress(label: str, total: int, enabled: bool = True) -> Iterator[Any
             progress.update(task, completed=done, total=total)
 
         yield update
-
-
-def json_safe(obj: Any) -> Any:
-    """``obj`` with every NaN or ±Infinity replaced by None (JSON has no such numbers)."""
-    import math
-
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if hasattr(obj, "dtype") and getattr(obj, "shape", None) == () and obj.dtype.kind == "f":
-        return float(obj) if math.isfinite(float(obj)) else None
-    return obj

@@ -444,7 +444,7 @@ def demo_through_service(log: Any, params: Any, *, seed: int | None, as_json: bo
         obj = res.to_json()
         obj["stage_seconds"] = stages.seconds
         obj["service"] = service
-        render.print_json(render.json_safe(obj))
+        render.print_json(obj)
         return
     render.print_figure9(res, top)
     render.print_summary(res)

@@ -75,7 +75,7 @@ def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | No
         if output:
             alg.write(output)
         if as_json:
-            render.print_json(render.json_safe(alg.to_json()))
+            render.print_json(alg.to_json())
             return
         render.print_algorithm(alg, top)
         if output:
@@ -92,7 +92,7 @@ def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | No
     if as_json:
         obj = res.to_json()
         obj["stage_seconds"] = run.stages.seconds
-        render.print_json(render.json_safe(obj))
+        render.print_json(obj)
         return
     render.print_figure9(res, top)
     render.print_summary(res)

@@ -124,6 +124,6 @@ def tune_cmd(population: int, optin_fraction: float, epsilon: float, delta: floa
         res = tune(population, optin_fraction, epsilon, delta, target_ndcg=target_ndcg, inputs=inputs, trials=trials,
                    seed=seed, noise=noise, workers=workers, progress=on_stage, head_list_size=head_list_size)
     if as_json:
-        render.print_json(render.json_safe(res.to_json()))
+        render.print_json(res.to_json())
         return
     print_tune(res)

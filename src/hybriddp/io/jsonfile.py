@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -38,3 +39,16 @@ def read_json(path: str | Path, what: str, error: type[HybridDPError]) -> Any:
         raise error(f"{p}: not valid JSON for a {what} file: it is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, or an integer with too many digits
         raise error(f"{p}: not valid JSON ({' '.join(str(exc).split())})") from None
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every NaN or ±Infinity replaced by None (JSON has no such numbers)."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "dtype") and getattr(obj, "shape", None) == () and obj.dtype.kind == "f":
+        return float(obj) if math.isfinite(float(obj)) else None
+    return obj

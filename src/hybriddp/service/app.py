@@ -32,7 +32,7 @@ from hybriddp import __version__
 from hybriddp.errors import DataError, HeadListError, HybridDPError, ParameterError, parameter_error
 from hybriddp.ledger import BudgetExceededError, LedgerError
 from hybriddp.service import models as m
-from hybriddp.service import rounds
+from hybriddp.service import pages, rounds
 from hybriddp.service.bodies import (
     NDJSON_TYPES,
     BodyLimit,
@@ -361,6 +361,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
             raise NotFoundError(f"round {round_id} is a mean round; only BLENDER rounds have a local-search document")
         return rounds.local_search(info, result)
 
+    pages.mount(app, store)
     return app
 
 

@@ -1,12 +1,99 @@
-"""The service's web pages: the local-search page (``/``) and the curator's round page.
+"""The service's web pages: the local-search page (``/``) and the curator's round page (``/rounds/{id}``).
 
-Filled in by the browser-client work (issue 11); ``create_app`` calls :func:`mount` last.
+Both are static HTML shells with ES modules under ``/static/`` (no build step, nothing fetched from
+anywhere but this server); the scripts read the public API. One small endpoint exists for them:
+
+``GET /api/v1/local-search/rounds`` → ``{"search": R | null, "contribute": R | null}`` where ``R`` is
+``{"id", "name", "state", "headlist_hash"}``:
+
+* ``search``: the newest BLENDER round whose results are published — the round whose local-search
+  document (``GET /api/v1/rounds/{id}/local-search``) the page downloads, keeps in the browser's
+  storage and searches offline (a page opened as ``/?round=ID`` searches that round instead);
+* ``contribute``: the newest BLENDER round that still takes device reports (``headlist-published``
+  or ``collecting-reports``) — where the page's "contribute" switch sends its randomized report.
+
+A round that published its results answers reports with 409, so contributing always goes to the next
+round collecting reports, as a deployment runs them: round N's results power search while round N+1
+collects. ``hybriddp serve --demo`` holds only a finished round; until an administrator opens another
+(create, enrol, upload, publish the head list) the switch is shown disabled and says why.
+
+The pages are not part of the API: every route here is left out of the OpenAPI schema.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from starlette.staticfiles import StaticFiles
 
-def mount(app: Any, store: Any) -> None:
-    """Add the page routes and static assets to ``app`` (none yet)."""
+from hybriddp.service.store import REPORT_STATES, RoundInfo, Store
+
+STATIC = Path(__file__).with_name("static")
+"""The pages' files (shipped as package data)."""
+
+SECURITY_HEADERS = {
+    # only this server's scripts, styles and API; links out to suggested URLs stay plain navigations
+    "Content-Security-Policy": ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                                "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+                                "form-action 'self'"),
+    "Referrer-Policy": "no-referrer",  # a suggested link opened from the page does not tell the site what was typed
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+class _Static(StaticFiles):
+    """The static files, revalidated on every load (ETag) so an upgraded server's scripts are picked up."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Any:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+
+def _page(name: str) -> FileResponse:
+    return FileResponse(STATIC / name, media_type="text/html; charset=utf-8",
+                        headers={"Cache-Control": "no-cache", **SECURITY_HEADERS})
+
+
+def _brief(info: RoundInfo | None) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    return {"id": info.id, "name": info.name, "state": info.state, "headlist_hash": info.headlist_hash}
+
+
+def page_rounds(store: Store) -> dict[str, dict[str, Any] | None]:
+    """The rounds the local-search page uses: the newest published BLENDER round (to search) and the newest
+    BLENDER round taking reports (to contribute to); ``None`` where there is none."""
+    search: RoundInfo | None = None
+    contribute: RoundInfo | None = None
+    for info in store.rounds():  # oldest first: the last match is the newest
+        if info.kind != "blender":
+            continue
+        if info.state == "results-published":
+            search = info
+        elif info.state in REPORT_STATES:
+            contribute = info
+    return {"search": _brief(search), "contribute": _brief(contribute)}
+
+
+def mount(app: FastAPI, store: Store) -> None:
+    """Add the page routes, the pages' endpoint and the static assets to ``app``."""
+
+    @app.get("/", include_in_schema=False)
+    def local_search_page() -> FileResponse:
+        return _page("index.html")
+
+    @app.get("/rounds/{round_id}", include_in_schema=False)
+    def round_page(round_id: str) -> FileResponse:  # the script reads the id from the URL and asks the API
+        return _page("round.html")
+
+    @app.get("/api/v1/local-search/rounds", include_in_schema=False)
+    def local_search_rounds() -> dict[str, dict[str, Any] | None]:
+        return page_rounds(store)
+
+    # follow_symlink: in a source checkout static/hybriddp-device.js links to clients/js (a wheel holds the file)
+    app.mount("/static", _Static(directory=STATIC, follow_symlink=True), name="static")

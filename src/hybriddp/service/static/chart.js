@@ -1,0 +1,107 @@
+// An interval chart in SVG, drawn here (no library): for each row, one estimate per series with its
+// 95% interval (estimate ± 1.96·√variance), series side by side, a shared horizontal axis.
+
+const SVG = "http://www.w3.org/2000/svg";
+const Z95 = 1.959963984540054; // the standard normal's 97.5% quantile
+
+function el(tag, attrs = {}, text = null) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  if (text !== null) node.textContent = text;
+  return node;
+}
+
+/** The 95% interval [low, high] of an estimate with this variance (null when the variance is unknown). */
+export function interval95(estimate, variance) {
+  if (!Number.isFinite(estimate) || !Number.isFinite(variance) || variance < 0) return null;
+  const half = Z95 * Math.sqrt(variance);
+  return [estimate - half, estimate + half];
+}
+
+/** About ``n`` round tick values covering [lo, hi]. */
+export function ticks(lo, hi, n = 5) {
+  const span = hi - lo || Math.abs(hi) || 1;
+  const raw = span / n;
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((f) => f * mag).find((s) => span / s <= n) ?? 10 * mag;
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
+  return out;
+}
+
+/**
+ * Draw the chart.
+ * rows: [{label, sublabel?, values: {seriesKey: {estimate, variance}}}]; series: [{key, name, className}];
+ * format: a tick/value formatter. Returns the <svg> element (role="img", titled, described).
+ */
+export function intervalChart({ rows, series, format, title, description }) {
+  const labelWidth = 210;
+  const right = 24;
+  const width = 760;
+  const band = 16 * series.length + 14;
+  const top = 14;
+  const axisHeight = 34;
+  const height = top + rows.length * band + axisHeight;
+  let lo = 0;
+  let hi = 0;
+  for (const row of rows) {
+    for (const s of series) {
+      const v = row.values[s.key];
+      if (!v || !Number.isFinite(v.estimate)) continue;
+      const ci = interval95(v.estimate, v.variance) ?? [v.estimate, v.estimate];
+      lo = Math.min(lo, ci[0], v.estimate);
+      hi = Math.max(hi, ci[1], v.estimate);
+    }
+  }
+  if (hi <= lo) hi = lo + 1;
+  const pad = (hi - lo) * 0.03;
+  lo -= lo < 0 ? pad : 0;
+  hi += pad;
+  const x = (v) => labelWidth + ((v - lo) / (hi - lo)) * (width - labelWidth - right);
+
+  const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-labelledby": "chart-title chart-desc",
+    class: "interval-chart" });
+  svg.append(el("title", { id: "chart-title" }, title), el("desc", { id: "chart-desc" }, description));
+
+  const axisY = top + rows.length * band;
+  for (const t of ticks(lo, hi)) {
+    const g = el("g", { class: "tick" });
+    g.append(el("line", { class: t === 0 ? "zero" : "grid", x1: x(t), x2: x(t), y1: top - 4, y2: axisY }));
+    g.append(el("text", { x: x(t), y: axisY + 16, "text-anchor": "middle" }, format(t)));
+    svg.append(g);
+  }
+  svg.append(el("line", { class: "axis", x1: labelWidth, x2: width - right, y1: axisY, y2: axisY }));
+
+  rows.forEach((row, i) => {
+    const y0 = top + i * band;
+    const g = el("g", { class: "row", "data-label": row.label });
+    // two lines: the row's label and, muted, its sub-label (e.g. a query and its URL), each cut to fit
+    const cut = (t, n) => (t.length > n ? `${t.slice(0, n - 1)}…` : t);
+    const mid = y0 + band / 2;
+    const text = el("text", { class: "row-label", x: labelWidth - 12, y: row.sublabel ? mid - 2 : mid + 4,
+      "text-anchor": "end" }, cut(row.label, 30));
+    text.append(el("title", {}, row.sublabel ? `${row.label} · ${row.sublabel}` : row.label));
+    if (row.sublabel) {
+      g.append(el("text", { class: "label", x: labelWidth - 12, y: mid + 12, "text-anchor": "end" },
+        cut(row.sublabel, 34)));
+    }
+    g.append(text);
+    series.forEach((s, j) => {
+      const v = row.values[s.key];
+      if (!v || !Number.isFinite(v.estimate)) return;
+      const y = y0 + 7 + j * 16 + 4;
+      const ci = interval95(v.estimate, v.variance);
+      const mark = el("g", { class: `mark ${s.className}`, "data-series": s.key });
+      if (ci) {
+        mark.append(el("line", { class: `ci ${s.className}`, x1: x(ci[0]), x2: x(ci[1]), y1: y, y2: y }));
+        for (const end of ci) mark.append(el("line", { class: s.className, x1: x(end), x2: x(end), y1: y - 4, y2: y + 4 }));
+      }
+      mark.append(el("circle", { class: s.className, cx: x(v.estimate), cy: y, r: 4 }));
+      mark.append(el("title", {}, `${row.label} · ${s.name}: ${format(v.estimate)}` +
+        (ci ? ` (95% interval ${format(ci[0])} to ${format(ci[1])})` : "")));
+      g.append(mark);
+    });
+    svg.append(g);
+  });
+  return svg;
+}

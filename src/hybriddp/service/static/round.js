@@ -1,0 +1,199 @@
+// The curator's round page: state, counts, parameters, privacy guarantee, results chart and table.
+
+import { count, fetchJson, h, num, percent } from "./api.js";
+import { intervalChart, interval95 } from "./chart.js";
+
+const LIFECYCLE = ["collecting-optin", "headlist-published", "collecting-reports", "closed", "results-published"];
+const PARAM_NAMES = {
+  epsilon: "ε", delta: "δ", optin_fraction: "opt-in fraction", f_o: "f_O (opt-in share for the head list)",
+  f_c: "f_C (client budget to the head list)", head_list_size: "M (head-list size)", m_o: "m_O (records per opt-in user)",
+  m_c: "m_C (records per client)", project: "project onto the simplex", noise: "noise", url_level: "URL level",
+  seed: "seed", lower: "lower bound", upper: "upper bound",
+};
+const TOP = 10;
+
+const $ = (id) => document.getElementById(id);
+const roundId = decodeURIComponent(location.pathname.replace(/\/+$/, "").split("/").pop());
+const api = `/api/v1/rounds/${encodeURIComponent(roundId)}`;
+
+function show(id) {
+  $(id).hidden = false;
+}
+
+function stateBadge(state) {
+  const kind = state === "results-published" ? "ok" : state === "closed" ? "warn" : "";
+  return h("span", { class: `badge ${kind}` }, state);
+}
+
+function renderSummary(info) {
+  document.title = `${info.name || info.id} · round · hybriddp`;
+  $("round-name").textContent = info.name || `Round ${info.id}`;
+  $("round-state").replaceChildren(stateBadge(info.state));
+  $("round-id").textContent = `${info.kind} round ${info.id}`;
+  $("round-created").textContent = ` · created ${new Date(info.created).toLocaleString()}`;
+  if (info.warning) {
+    $("round-warning").textContent = info.warning;
+    show("round-warning");
+  }
+  const at = LIFECYCLE.indexOf(info.state === "building-headlist" ? "collecting-optin" : info.state);
+  $("lifecycle").replaceChildren(...LIFECYCLE.map((s, i) => h("li", {
+    class: i < at ? "done" : "", "aria-current": i === at ? "step" : null,
+  }, s)));
+  show("summary");
+
+  const c = info.counts;
+  const cells = [["opt-in users", c.optin_users], ["opt-in records", c.optin_records],
+    ["device messages", c.messages], ["device reports", c.reports]];
+  $("counts").replaceChildren(...cells.map(([what, n]) => h("div", { class: "count" },
+    h("div", { class: "n" }, count(n)), h("div", { class: "what" }, what))));
+  show("counts-panel");
+
+  $("params").replaceChildren(...Object.entries(info.params).flatMap(([k, v]) => [
+    h("dt", {}, PARAM_NAMES[k] || k), h("dd", {}, v === null ? "none" : typeof v === "boolean" ? (v ? "yes" : "no") : num(v)),
+  ]));
+  if (info.headlist_hash) {
+    $("params").append(h("dt", {}, "head list"),
+      h("dd", { class: "mono small", title: info.headlist_hash }, `${info.headlist_hash.slice(0, 23)}…`));
+  }
+  show("params-panel");
+}
+
+function renderPrivacy(info, results) {
+  const box = $("privacy");
+  const p = info.params;
+  if (results && results.privacy) {
+    const pr = results.privacy;
+    box.replaceChildren(
+      h("dl", { class: "facts" },
+        h("dt", {}, "opt-in users"), h("dd", {}, pr.optin_users),
+        h("dt", {}, "client devices"), h("dd", {}, pr.clients),
+        h("dt", {}, "noise"), h("dd", {}, pr.noise || "")),
+      h("div", { class: "table-wrap" }, h("table", { class: "results" },
+        h("thead", {}, h("tr", {}, ["group", "mechanism", "ε", "δ"].map((t, i) =>
+          h("th", { scope: "col", class: i > 1 ? "num" : "" }, t)))),
+        h("tbody", {}, (pr.mechanisms || []).map((m) => h("tr", {},
+          h("td", {}, m.group),
+          h("td", {}, m.mechanism, h("br"), h("span", { class: "muted small" }, [m.model, m.reference].filter(Boolean).join(", "))),
+          h("td", { class: "num" }, num(m.epsilon)), h("td", { class: "num" }, num(m.delta))))))));
+  } else if (results && results.guarantee) {
+    box.replaceChildren(h("p", {}, typeof results.guarantee === "string" ? results.guarantee
+      : JSON.stringify(results.guarantee)));
+  } else {
+    box.replaceChildren(h("p", {}, `Each opt-in user: (${num(p.epsilon)}, ${num(p.delta)})-differential privacy ` +
+      "against the curator's release; each client device: " +
+      `(${num(p.epsilon)}, ${num(p.delta)})-local differential privacy for its report.`),
+    h("p", { class: "small muted" }, "The full accounting per mechanism is shown once the results are published."));
+  }
+  show("privacy-panel");
+}
+
+function legend(series) {
+  $("legend").replaceChildren(...series.map((s) => h("span", { class: s.className }, s.name)));
+}
+
+function renderBlender(info, results) {
+  const records = results.records || [];
+  const series = [
+    { key: "blended", name: "blended", className: "blended" },
+    { key: "optin", name: "opt-in", className: "optin" },
+    { key: "client", name: "client", className: "client" },
+  ];
+  const top = records.filter((r) => !r.wildcard && Number.isFinite(r.p_blended))
+    .sort((a, b) => b.p_blended - a.p_blended).slice(0, TOP);
+  legend(series);
+  const rows = top.map((r) => ({
+    label: r.query,
+    sublabel: r.url.replace(/^https?:\/\//, ""),
+    values: {
+      blended: { estimate: r.p_blended, variance: r.var_blended },
+      optin: { estimate: r.p_optin, variance: r.var_optin },
+      client: { estimate: r.p_client, variance: r.var_client },
+    },
+  }));
+  $("chart").replaceChildren(
+    intervalChart({ rows, series, format: (v) => percent(v, 1), title: `The ${rows.length} most probable records`,
+      description: "For each record, the blended, opt-in and client estimates of its probability, with 95% " +
+        "intervals. The results table below has the same numbers." }),
+    h("figcaption", {}, `The ${rows.length} listed ⟨query, URL⟩ records with the largest blended probability. ` +
+      "Blending weights the opt-in and client estimates by their inverse variances, so its interval is the " +
+      "narrowest."));
+  show("chart-panel");
+
+  const ci = (p, v) => {
+    const iv = interval95(p, v);
+    return iv ? `${percent(iv[0])} – ${percent(iv[1])}` : "–";
+  };
+  const head = ["query", "URL", "blended", "95% interval", "opt-in", "client", "opt-in weight"];
+  const numeric = new Set([2, 3, 4, 5, 6]);
+  // listed records first, then the ⟨q,*⟩ and ⟨*,*⟩ rows; each by blended probability
+  const sorted = [...records].sort((a, b) => (a.wildcard - b.wildcard) || ((b.p_blended ?? -1) - (a.p_blended ?? -1)));
+  $("table").replaceChildren(h("table", { class: "results", id: "results-table" },
+    h("caption", { class: "visually-hidden" }, "Estimated probability of every head-list record"),
+    h("thead", {}, h("tr", {}, head.map((t, i) => h("th", { scope: "col", class: numeric.has(i) ? "num" : "" }, t)))),
+    h("tbody", {}, sorted.map((r) => h("tr", { class: r.wildcard ? "wildcard" : "" },
+      h("td", {}, r.query), h("td", { class: "url" }, r.wildcard ? (r.query === "*" ? "* (any other query)" : "* (any other URL)") : r.url),
+      h("td", { class: "num" }, percent(r.p_blended, 3)), h("td", { class: "num" }, ci(r.p_blended, r.var_blended)),
+      h("td", { class: "num" }, percent(r.p_optin, 3)), h("td", { class: "num" }, percent(r.p_client, 3)),
+      h("td", { class: "num" }, Number.isFinite(r.weight_optin) ? r.weight_optin.toFixed(3) : "–"))))));
+  show("table-panel");
+}
+
+function renderMean(info, results) {
+  const est = results.estimates || [];
+  const series = [{ key: "v", name: "estimate", className: "blended" }];
+  const cls = { hybrid: "blended", optin: "optin", client: "client" };
+  legend(est.map((e) => ({ name: e.estimator, className: cls[e.estimator] || "blended" })));
+  const rows = est.map((e) => ({ label: e.estimator, values: { v: { estimate: e.estimate, variance: e.variance } } }));
+  $("chart").replaceChildren(
+    intervalChart({ rows, series, format: num, title: "The mean: opt-in, client and hybrid estimates",
+      description: "Each estimate of the mean with its 95% interval." }),
+    h("figcaption", {}, "Estimates of the mean with 95% intervals (from their expected squared errors)."));
+  show("chart-panel");
+  $("table").replaceChildren(h("table", { class: "results", id: "results-table" },
+    h("thead", {}, h("tr", {}, ["estimator", "estimate", "95% interval", "n", "opt-in weight"].map((t, i) =>
+      h("th", { scope: "col", class: i ? "num" : "" }, t)))),
+    h("tbody", {}, est.map((e) => {
+      const iv = interval95(e.estimate, e.variance);
+      return h("tr", {}, h("td", {}, e.estimator), h("td", { class: "num" }, num(e.estimate)),
+        h("td", { class: "num" }, iv ? `${num(iv[0])} – ${num(iv[1])}` : "–"), h("td", { class: "num" }, count(e.n)),
+        h("td", { class: "num" }, num(e.weight_optin)));
+    }))));
+  show("table-panel");
+}
+
+function downloads(info) {
+  const links = [["JSON", "json"], ["CSV", "csv"], ["Parquet", "parquet"]].map(([name, f]) =>
+    h("a", { href: `${api}/results?format=${f}` }, name));
+  const parts = ["Download the results: ", links[0], " · ", links[1], " · ", links[2]];
+  if (info.kind === "blender") {
+    parts.push(" · ", h("a", { href: `${api}/local-search` }, "local-search document"),
+      " · ", h("a", { href: `/?round=${encodeURIComponent(info.id)}` }, "search with this round"));
+  }
+  $("downloads").replaceChildren(...parts);
+}
+
+async function start() {
+  const status = $("load-status");
+  try {
+    const info = await fetchJson(api);
+    renderSummary(info);
+    let results = null;
+    if (info.state === "results-published") {
+      results = await fetchJson(`${api}/results`);
+      downloads(info);
+      if (info.kind === "blender") renderBlender(info, results);
+      else renderMean(info, results);
+      status.textContent = "";
+      status.hidden = true;
+    } else {
+      status.textContent = `Results are published once an administrator closes the round (now: ${info.state}).`;
+    }
+    renderPrivacy(info, results);
+    document.body.dataset.ready = "true";
+  } catch (err) {
+    status.replaceChildren(h("span", { class: "error" }, err.message));
+    document.body.dataset.ready = "error";
+  }
+}
+
+start();

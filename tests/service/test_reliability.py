@@ -52,8 +52,9 @@ def _free_port() -> int:
 class ServerProcess:
     """``python -m hybriddp serve`` on ``db_url``; can be SIGKILLed and started again on the same database."""
 
-    def __init__(self, db_url: str, workdir: Path) -> None:
+    def __init__(self, db_url: str, workdir: Path, extra_args: tuple[str, ...] = ()) -> None:
         self.db_url = db_url
+        self.extra_args = extra_args  # more `hybriddp serve` options (tests/browser: --demo)
         self.port = _free_port()
         self.token = secrets.token_urlsafe(24)
         self.token_file = workdir / "admin-token"
@@ -67,7 +68,7 @@ class ServerProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hybriddp", "serve", "--db", self.db_url, "--host", "127.0.0.1",
-                 "--port", str(self.port), "--admin-token-file", str(self.token_file)],
+                 "--port", str(self.port), "--admin-token-file", str(self.token_file), *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

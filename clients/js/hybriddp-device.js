@@ -1,0 +1,1020 @@
+// hybriddp-device.js: LocalAlg on one device, in the browser (ALGORITHM.md §5, paper Fig. 6).
+//
+// A dependency-free ES module, a faithful port of the Python device randomizer
+// (src/hybriddp/device.py). It reads the head-list document that `hybriddp headlist` writes
+// (format "hybriddp-headlist" version 1), refuses it unless its format, version, privacy
+// fields, query list and content hash check out (as Python's validate_headlist does), samples
+// at most m_C of the device's records and randomizes each one:
+//
+//   ε' = ε/m_C, δ' = δ/m_C; ε'_Q = f_C·ε', δ'_Q = f_C·δ'; ε'_U = ε' − ε'_Q, δ'_U = δ' − δ'_Q;
+//   t = (e^{ε'_Q} + (δ'_Q/2)(k−1)) / (e^{ε'_Q} + k − 1), t_q likewise with ε'_U, δ'_U, k_q;
+//   with probability 1 − t report a uniformly random other query and a uniform URL of it;
+//   else with probability 1 − t_q keep the query and report a uniformly random other URL;
+//   else report the record itself.
+//
+// Draws come from a source {uniform(), below(n)} in exactly the Python order, so identical
+// uniforms give identical reports. The default source is crypto.getRandomValues (53-bit
+// uniforms, integers by rejection sampling). Theorem 3: each message is (ε, δ)-locally DP.
+//
+// A report is {query, url} with null for the wildcard *; a message is
+// {id, headlist: <content hash>, reports: [...]}, the body of POST /api/v1/rounds/{id}/reports.
+
+export const HEADLIST_FORMAT = "hybriddp-headlist";
+export const HEADLIST_VERSION = 1;
+/** ln(largest double) ≈ 709.78: LocalAlg's ε'_Q and ε'_U must not exceed it. */
+export const LN_FLOAT_MAX = Math.log(Number.MAX_VALUE);
+/** The largest m_C a head list may carry (a 64-bit integer), as a BigInt. */
+export const M_C_MAX = 2n ** 63n - 1n;
+/** The storage key of the device ledger. */
+export const LEDGER_KEY = "hybriddp-device-ledger";
+const MESSAGE_ID_BYTES = 16;
+
+/** The head list or the records given to the device randomizer are unusable. */
+export class DeviceError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "DeviceError";
+  }
+}
+
+// ----- randomness -------------------------------------------------------------------------------
+
+function cryptoObject() {
+  const c = globalThis.crypto;
+  if (!c || typeof c.getRandomValues !== "function") {
+    throw new DeviceError("no crypto.getRandomValues in this environment: the device randomizer needs the "
+      + "platform's cryptographic random numbers (any current browser, or Node 19+)");
+  }
+  return c;
+}
+
+/**
+ * OS randomness (crypto.getRandomValues): the default, and the only choice for production.
+ * uniform() has 53 random bits (as Python's random()); below(n) is exact by rejection sampling.
+ */
+export function systemSource() {
+  const c = cryptoObject();
+  const pool = new Uint32Array(1024);
+  let pos = pool.length;
+  const next32 = () => {
+    if (pos === pool.length) {
+      c.getRandomValues(pool);
+      pos = 0;
+    }
+    return pool[pos++];
+  };
+  return {
+    uniform() {
+      const a = next32() >>> 5; // 27 bits
+      const b = next32() >>> 6; // 26 bits
+      return (a * 67108864 + b) / 9007199254740992;
+    },
+    below(n) {
+      if (!Number.isSafeInteger(n) || n < 1) {
+        throw new DeviceError(`below(n): n = ${n} must be a positive safe integer`);
+      }
+      if (n === 1) return 0;
+      const bits = (n - 1).toString(2).length; // the bits of the largest value, n − 1
+      for (;;) { // draw a bits-bit integer, reject it if ≥ n (no modulo bias; < 2 draws on average)
+        let r;
+        if (bits <= 32) {
+          r = bits === 32 ? next32() : next32() & (2 ** bits - 1);
+        } else {
+          r = (next32() & (2 ** (bits - 32) - 1)) * 4294967296 + next32();
+        }
+        if (r < n) return r;
+      }
+    },
+    bytes(n) {
+      const out = new Uint8Array(n);
+      c.getRandomValues(out);
+      return out;
+    },
+  };
+}
+
+/** Replays given uniforms (as Python UniformReplay): uniform() = next value, below(n) = ⌊v·n⌋. */
+export function replaySource(uniforms) {
+  const it = uniforms[Symbol.iterator]();
+  const next = () => {
+    const r = it.next();
+    if (r.done) throw new DeviceError("replaySource: the given uniforms are used up");
+    return r.value;
+  };
+  return {
+    uniform: () => next(),
+    below: (n) => Math.floor(next() * n),
+  };
+}
+
+// ----- Fig. 6 lines 1-5 -------------------------------------------------------------------------
+
+/** [ε'_Q, δ'_Q, ε'_U, δ'_U] of Fig. 6 lines 1-3 (ALGORITHM.md §5). */
+export function budgetSplit(epsilon, delta, fC, mC) {
+  const eps1 = epsilon / mC;
+  const delta1 = delta / mC;
+  const epsQ = fC * eps1;
+  const deltaQ = fC * delta1;
+  return [epsQ, deltaQ, eps1 - epsQ, delta1 - deltaQ];
+}
+
+/** t = (e^ε + (δ/2)(n−1)) / (e^ε + n − 1), the chance to keep the true one of n values; n ≤ 1 gives 1. */
+export function keepProbability(eps, delta, n) {
+  if (n <= 1) return 1.0;
+  const e = Math.exp(eps);
+  return (e + (delta / 2.0) * (n - 1)) / (e + n - 1);
+}
+
+/** [t, [t_q for each query position]] of Fig. 6 lines 4-5 (ALGORITHM.md §5). */
+export function thresholds(k, kq, epsilon, delta, fC, mC) {
+  const [epsQ, deltaQ, epsU, deltaU] = budgetSplit(epsilon, delta, fC, mC);
+  return [keepProbability(epsQ, deltaQ, k), kq.map((n) => keepProbability(epsU, deltaU, n))];
+}
+
+function nextTowardZero(x) {
+  const buf = new DataView(new ArrayBuffer(8));
+  buf.setFloat64(0, x);
+  buf.setBigUint64(0, buf.getBigUint64(0) - 1n);
+  return buf.getFloat64(0);
+}
+
+/** The largest ε for which e^{ε'_Q} and e^{ε'_U} are finite doubles (Python max_epsilon). */
+export function maxEpsilon(fC, mC) {
+  const works = (eps) => {
+    const [epsQ, , epsU] = budgetSplit(eps, 0.0, fC, mC);
+    return Number.isFinite(Math.exp(epsQ)) && Number.isFinite(Math.exp(epsU));
+  };
+  let eps = (mC * LN_FLOAT_MAX) / Math.max(fC, 1.0 - fC);
+  while (eps > 0 && !works(eps)) eps = nextTowardZero(eps);
+  return eps;
+}
+
+// ----- message ids ------------------------------------------------------------------------------
+
+const B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+function base64url(bytes) {
+  let out = "";
+  for (let i = 0; i < bytes.length; i += 3) {
+    const n = (bytes[i] << 16) | ((bytes[i + 1] ?? 0) << 8) | (bytes[i + 2] ?? 0);
+    const chars = B64URL[(n >> 18) & 63] + B64URL[(n >> 12) & 63] + B64URL[(n >> 6) & 63] + B64URL[n & 63];
+    out += chars.slice(0, Math.min(4, Math.ceil(((bytes.length - i) * 8) / 6)));
+  }
+  return out;
+}
+
+/** A random message id: 16 random bytes in URL-safe base64 without padding (22 characters). */
+export function newMessageId(source = undefined) {
+  const bytes = source && typeof source.bytes === "function"
+    ? source.bytes(MESSAGE_ID_BYTES)
+    : cryptoObject().getRandomValues(new Uint8Array(MESSAGE_ID_BYTES));
+  return base64url(bytes);
+}
+
+/** value if it is 16 bytes in URL-safe base64 (22 characters, no padding), else DeviceError. */
+export function checkMessageId(value) {
+  if (typeof value !== "string" || !/^[A-Za-z0-9_-]{22}$/.test(value)) {
+    throw new DeviceError(`message id ${show(fromJs(value), 40)} is not valid: it must be 16 random bytes in `
+      + "URL-safe base64 without padding (22 characters of A-Z a-z 0-9 - _), e.g. from newMessageId()");
+  }
+  return value;
+}
+
+// ----- Python's view of a JSON document ---------------------------------------------------------
+// Validation and hashing work on a "Python tree": null, booleans, strings, BigInt (Python int),
+// Number (Python float), Array (list), Map (dict). Parsing the text keeps ints and floats apart
+// exactly; a parsed JS object is read as hybriddp writes it (epsilon, delta, f_c are floats,
+// every other integral number is an int).
+
+const FLOAT_FIELDS = new Set(["epsilon", "delta", "f_c"]);
+
+class NotJson {
+  constructor(what) {
+    this.what = what;
+  }
+}
+
+function fromJs(value, topKey = null) {
+  if (value === null || typeof value === "boolean" || typeof value === "string" || typeof value === "bigint") {
+    return value;
+  }
+  if (typeof value === "number") {
+    if (FLOAT_FIELDS.has(topKey) || !Number.isInteger(value)) return value;
+    return BigInt(value);
+  }
+  if (Array.isArray(value)) return value.map((v) => fromJs(v));
+  if (typeof value === "object" && Object.prototype.toString.call(value) === "[object Object]") {
+    const m = new Map();
+    for (const k of Object.keys(value)) m.set(k, fromJs(value[k]));
+    return m;
+  }
+  return new NotJson(typeof value);
+}
+
+function fromJsTop(doc) {
+  if (doc === null || typeof doc !== "object" || Array.isArray(doc)
+      || Object.prototype.toString.call(doc) !== "[object Object]") {
+    return fromJs(doc);
+  }
+  const m = new Map();
+  for (const k of Object.keys(doc)) m.set(k, fromJs(doc[k], k));
+  return m;
+}
+
+function toJs(value) {
+  if (typeof value === "bigint") return Number(value);
+  if (Array.isArray(value)) return value.map(toJs);
+  if (value instanceof Map) {
+    const o = {};
+    for (const [k, v] of value) Object.defineProperty(o, k, { value: toJs(v), writable: true, enumerable: true,
+      configurable: true });
+    return o;
+  }
+  return value;
+}
+
+/** Parse JSON text as Python's json.loads does (ints as BigInt, floats as Number, NaN/Infinity allowed). */
+function parsePython(text) {
+  let i = 0;
+  const fail = (what) => {
+    throw new SyntaxError(`${what} at character ${i}`);
+  };
+  const ws = () => {
+    while (i < text.length && " \t\n\r".includes(text[i])) i++;
+  };
+  const numberRe = /-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/y;
+  const value = () => {
+    ws();
+    const c = text[i];
+    if (c === "{") {
+      i++;
+      const m = new Map();
+      ws();
+      if (text[i] === "}") {
+        i++;
+        return m;
+      }
+      for (;;) {
+        ws();
+        if (text[i] !== '"') fail("expected a property name in double quotes");
+        const k = string();
+        ws();
+        if (text[i] !== ":") fail("expected ':'");
+        i++;
+        m.set(k, value());
+        ws();
+        if (text[i] === ",") i++;
+        else if (text[i] === "}") {
+          i++;
+          return m;
+        } else fail("expected ',' or '}'");
+      }
+    }
+    if (c === "[") {
+      i++;
+      const a = [];
+      ws();
+      if (text[i] === "]") {
+        i++;
+        return a;
+      }
+      for (;;) {
+        a.push(value());
+        ws();
+        if (text[i] === ",") i++;
+        else if (text[i] === "]") {
+          i++;
+          return a;
+        } else fail("expected ',' or ']'");
+      }
+    }
+    if (c === '"') return string();
+    for (const [word, v] of [["null", null], ["true", true], ["false", false], ["NaN", NaN],
+      ["Infinity", Infinity], ["-Infinity", -Infinity]]) {
+      if (text.startsWith(word, i)) {
+        i += word.length;
+        return v;
+      }
+    }
+    numberRe.lastIndex = i;
+    const m = numberRe.exec(text);
+    if (!m) fail("expected a value");
+    i += m[0].length;
+    return m[1] !== undefined || m[2] !== undefined ? Number(m[0]) : BigInt(m[0]);
+  };
+  const ESC = { '"': '"', "\\": "\\", "/": "/", b: "\b", f: "\f", n: "\n", r: "\r", t: "\t" };
+  const string = () => {
+    i++; // opening quote
+    let out = "";
+    for (;;) {
+      if (i >= text.length) fail("unterminated string");
+      const c = text[i];
+      if (c === '"') {
+        i++;
+        return out;
+      }
+      if (c < " ") fail("invalid control character in a string");
+      if (c === "\\") {
+        const e = text[i + 1];
+        if (e === "u") {
+          const hex = text.slice(i + 2, i + 6);
+          if (!/^[0-9a-fA-F]{4}$/.test(hex)) fail("invalid \\uXXXX escape");
+          out += String.fromCharCode(parseInt(hex, 16));
+          i += 6;
+        } else if (e !== undefined && Object.hasOwn(ESC, e)) {
+          out += ESC[e];
+          i += 2;
+        } else fail("invalid escape");
+      } else {
+        out += c;
+        i++;
+      }
+    }
+  };
+  if (text.startsWith("\ufeff")) fail("unexpected byte order mark");
+  const v = value();
+  ws();
+  if (i !== text.length) fail("extra data");
+  return v;
+}
+
+/** Python repr(float): shortest round-trip digits, exponent form below 1e-4 and from 1e16. */
+export function pyFloatRepr(x) {
+  if (Number.isNaN(x)) return "NaN";
+  if (x === Infinity) return "Infinity";
+  if (x === -Infinity) return "-Infinity";
+  if (x === 0) return Object.is(x, -0) ? "-0.0" : "0.0";
+  const sign = x < 0 ? "-" : "";
+  const [mant, e = "0"] = Math.abs(x).toString().split("e");
+  const [ip, fp = ""] = mant.split(".");
+  let digits = ip + fp;
+  let exp = parseInt(e, 10) + ip.length - 1;
+  while (digits[0] === "0") {
+    digits = digits.slice(1);
+    exp--;
+  }
+  digits = digits.replace(/0+$/, "");
+  if (exp < -4 || exp >= 16) {
+    const d = digits.length > 1 ? `${digits[0]}.${digits.slice(1)}` : digits;
+    return `${sign}${d}e${exp < 0 ? "-" : "+"}${String(Math.abs(exp)).padStart(2, "0")}`;
+  }
+  if (exp < 0) return `${sign}0.${"0".repeat(-exp - 1)}${digits}`;
+  if (digits.length <= exp + 1) return `${sign}${digits}${"0".repeat(exp + 1 - digits.length)}.0`;
+  return `${sign}${digits.slice(0, exp + 1)}.${digits.slice(exp + 1)}`;
+}
+
+function pyString(s) {
+  let out = '"';
+  for (const ch of s) {
+    const c = ch.charCodeAt(0);
+    if (ch === '"') out += '\\"';
+    else if (ch === "\\") out += "\\\\";
+    else if (ch === "\n") out += "\\n";
+    else if (ch === "\r") out += "\\r";
+    else if (ch === "\t") out += "\\t";
+    else if (ch === "\b") out += "\\b";
+    else if (ch === "\f") out += "\\f";
+    else if (c < 0x20) out += `\\u${c.toString(16).padStart(4, "0")}`;
+    else out += ch;
+  }
+  return `${out}"`;
+}
+
+function compareCodePoints(a, b) {
+  let i = 0;
+  let j = 0;
+  while (i < a.length && j < b.length) {
+    const x = a.codePointAt(i);
+    const y = b.codePointAt(j);
+    if (x !== y) return x < y ? -1 : 1;
+    i += x > 0xffff ? 2 : 1;
+    j += y > 0xffff ? 2 : 1;
+  }
+  return (a.length - i > 0 ? 1 : 0) - (b.length - j > 0 ? 1 : 0);
+}
+
+function canon(v) {
+  if (v === null) return "null";
+  if (v === true) return "true";
+  if (v === false) return "false";
+  if (typeof v === "bigint") return v.toString();
+  if (typeof v === "number") return pyFloatRepr(v);
+  if (typeof v === "string") return pyString(v);
+  if (Array.isArray(v)) return `[${v.map(canon).join(",")}]`;
+  if (v instanceof Map) {
+    const keys = [...v.keys()].sort(compareCodePoints);
+    return `{${keys.map((k) => `${pyString(k)}:${canon(v.get(k))}`).join(",")}}`;
+  }
+  throw new DeviceError(`Object of type ${v instanceof NotJson ? v.what : typeof v} is not JSON serializable`);
+}
+
+/**
+ * The text the content hash covers: Python's json.dumps(body, sort_keys=True, separators=(",", ":"),
+ * ensure_ascii=False) of the document without its content_hash (an object is read as hybriddp writes
+ * it; JSON text is read exactly as Python reads it).
+ */
+export function canonicalJson(docOrText) {
+  const tree = typeof docOrText === "string" ? parsePython(docOrText) : fromJsTop(docOrText);
+  return canon(tree instanceof Map ? withoutHash(tree) : tree);
+}
+
+const withoutHash = (tree) => new Map([...tree].filter(([k]) => k !== "content_hash"));
+
+/** UTF-8 with Python's "surrogatepass": a lone surrogate becomes its 3-byte encoding. */
+function utf8(s) {
+  const out = [];
+  for (let i = 0; i < s.length; i++) {
+    let c = s.charCodeAt(i);
+    if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length) {
+      const d = s.charCodeAt(i + 1);
+      if (d >= 0xdc00 && d <= 0xdfff) {
+        c = 0x10000 + ((c - 0xd800) << 10) + (d - 0xdc00);
+        i++;
+      }
+    }
+    if (c < 0x80) out.push(c);
+    else if (c < 0x800) out.push(0xc0 | (c >> 6), 0x80 | (c & 63));
+    else if (c < 0x10000) out.push(0xe0 | (c >> 12), 0x80 | ((c >> 6) & 63), 0x80 | (c & 63));
+    else out.push(0xf0 | (c >> 18), 0x80 | ((c >> 12) & 63), 0x80 | ((c >> 6) & 63), 0x80 | (c & 63));
+  }
+  return Uint8Array.from(out);
+}
+
+const K256 = Uint32Array.from([
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+]);
+
+/** SHA-256 in plain JS: used where crypto.subtle is missing (a page on plain http, not localhost). */
+export function sha256Hex(bytes) {
+  const len = bytes.length;
+  const padded = new Uint8Array(((len + 9 + 63) >> 6) << 6);
+  padded.set(bytes);
+  padded[len] = 0x80;
+  const view = new DataView(padded.buffer);
+  view.setUint32(padded.length - 8, Math.floor(len / 0x20000000));
+  view.setUint32(padded.length - 4, (len * 8) >>> 0);
+  const h = Uint32Array.from([0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c,
+    0x1f83d9ab, 0x5be0cd19]);
+  const w = new Uint32Array(64);
+  const rotr = (x, n) => (x >>> n) | (x << (32 - n));
+  for (let off = 0; off < padded.length; off += 64) {
+    for (let t = 0; t < 16; t++) w[t] = view.getUint32(off + 4 * t);
+    for (let t = 16; t < 64; t++) {
+      const s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >>> 3);
+      const s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >>> 10);
+      w[t] = (w[t - 16] + s0 + w[t - 7] + s1) >>> 0;
+    }
+    let [a, b, c, d, e, f, g, hh] = h;
+    for (let t = 0; t < 64; t++) {
+      const t1 = (hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K256[t] + w[t]) >>> 0;
+      const t2 = ((rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))) >>> 0;
+      hh = g;
+      g = f;
+      f = e;
+      e = (d + t1) >>> 0;
+      d = c;
+      c = b;
+      b = a;
+      a = (t1 + t2) >>> 0;
+    }
+    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+  }
+  return [...h].map((x) => x.toString(16).padStart(8, "0")).join("");
+}
+
+async function sha256Of(bytes) {
+  const subtle = globalThis.crypto && globalThis.crypto.subtle;
+  if (subtle && typeof subtle.digest === "function") {
+    const digest = new Uint8Array(await subtle.digest("SHA-256", bytes));
+    return [...digest].map((x) => x.toString(16).padStart(2, "0")).join("");
+  }
+  return sha256Hex(bytes);
+}
+
+async function hashTree(tree) {
+  return `sha256:${await sha256Of(utf8(canon(withoutHash(tree))))}`;
+}
+
+/** "sha256:<hex>" of the canonical JSON of the document without its content_hash (Python content_hash). */
+export async function contentHash(docOrText) {
+  const tree = typeof docOrText === "string" ? parsePython(docOrText) : fromJsTop(docOrText);
+  if (!(tree instanceof Map)) throw new DeviceError("contentHash: the document is not a JSON object");
+  return hashTree(tree);
+}
+
+// ----- validation (Python validate_headlist) ----------------------------------------------------
+
+const REBUILD = "Use the head list exactly as `hybriddp headlist` wrote it, or rebuild it.";
+
+function pyRepr(v) {
+  if (v === null) return "None";
+  if (v === true) return "True";
+  if (v === false) return "False";
+  if (typeof v === "bigint") return v.toString();
+  if (typeof v === "number") {
+    if (Number.isNaN(v)) return "nan";
+    if (!Number.isFinite(v)) return v > 0 ? "inf" : "-inf";
+    return pyFloatRepr(v);
+  }
+  if (typeof v === "string") {
+    const q = v.includes("'") && !v.includes('"') ? '"' : "'";
+    const body = v.replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replace(/\r/g, "\\r").replace(/\t/g, "\\t")
+      .replace(q === "'" ? /'/g : /"/g, `\\${q}`);
+    return q + body + q;
+  }
+  if (Array.isArray(v)) return `[${v.map(pyRepr).join(", ")}]`;
+  if (v instanceof Map) return `{${[...v].map(([k, x]) => `${pyRepr(k)}: ${pyRepr(x)}`).join(", ")}}`;
+  if (v instanceof NotJson) return `<${v.what}>`;
+  return String(v);
+}
+
+function show(value, limit = 60) {
+  let text;
+  try {
+    text = pyRepr(value);
+  } catch {
+    text = "<nested too deeply>";
+  }
+  return text.length <= limit ? text : `${text.slice(0, limit - 3)}...`;
+}
+
+function kind(v) {
+  if (v === null) return "null";
+  if (typeof v === "boolean") return "a boolean";
+  if (typeof v === "string") return "a string";
+  if (typeof v === "number" || typeof v === "bigint") return "a number";
+  if (Array.isArray(v)) return "a list";
+  if (v instanceof Map) return "an object";
+  return `a ${v instanceof NotJson ? v.what : typeof v}`;
+}
+
+const asFloat = (v) => (typeof v === "bigint" ? Number(v) : v); // Number(huge BigInt) is ±Infinity, as Python
+
+function checkNumber(where, value, allowed, ok, fix, integer = false) {
+  const isNum = integer ? typeof value === "bigint" : typeof value === "bigint" || typeof value === "number";
+  if (!isNum) {
+    let what;
+    if (integer && typeof value === "number") what = "not an integer";
+    else if (typeof value === "string") what = "a string, not a number (numbers are written without quotes)";
+    else what = `${kind(value)}, not a number`;
+    throw new DeviceError(`${where} = ${show(value)} is ${what}; it must be ${allowed}. ${fix}`.trimEnd());
+  }
+  if (!ok(asFloat(value))) { // NaN fails every comparison
+    throw new DeviceError(`${where} = ${show(value)} is not allowed: it must be ${allowed}. ${fix}`.trimEnd());
+  }
+}
+
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+function checkText(where, value, fix) {
+  if (typeof value !== "string") {
+    throw new DeviceError(`${where} = ${show(value)} is ${kind(value)}; it must be a string. ${fix}`);
+  }
+  if (LONE_SURROGATE.test(value)) {
+    throw new DeviceError(`${where} = ${show(value)} holds a lone surrogate, which is not text. ${fix}`);
+  }
+  return value;
+}
+
+function checkQueries(queries, source) {
+  const shape = 'a list of objects {"query": "...", "urls": ["...", ...]}';
+  if (!Array.isArray(queries)) {
+    throw new DeviceError(`${source}: field 'queries' = ${show(queries)} is ${kind(queries)}; it must be ${shape}. `
+      + REBUILD);
+  }
+  const seen = new Map();
+  queries.forEach((item, i) => {
+    const where = `${source}: queries[${i}]`;
+    if (!(item instanceof Map)) {
+      throw new DeviceError(`${where} = ${show(item)} is ${kind(item)}; it must be an object `
+        + `{"query": "...", "urls": ["...", ...]}. ${REBUILD}`);
+    }
+    for (const key of ["query", "urls"]) {
+      if (!item.has(key)) {
+        throw new DeviceError(`${where} has no field '${key}'; each entry is `
+          + `{"query": "...", "urls": ["...", ...]}. ${REBUILD}`);
+      }
+    }
+    const q = checkText(`${where}.query`, item.get("query"), REBUILD);
+    if (seen.has(q)) {
+      throw new DeviceError(`${source}: query ${show(q)} is listed twice (queries[${seen.get(q)}] and `
+        + `queries[${i}]); a head list lists each query once. ${REBUILD}`);
+    }
+    seen.set(q, i);
+    const urls = item.get("urls");
+    if (!Array.isArray(urls)) {
+      throw new DeviceError(`${where}.urls = ${show(urls)} is ${kind(urls)}; it must be a list of strings `
+        + `(empty when the query has no listed URL). ${REBUILD}`);
+    }
+    const urlSeen = new Map();
+    urls.forEach((u, j) => {
+      checkText(`${where}.urls[${j}]`, u, REBUILD);
+      if (urlSeen.has(u)) {
+        throw new DeviceError(`${source}: URL ${show(u)} is listed twice under query ${show(q)} `
+          + `(queries[${i}].urls[${urlSeen.get(u)}] and [${j}]). ${REBUILD}`);
+      }
+      urlSeen.set(u, j);
+    });
+  });
+}
+
+async function validateTree(doc, source) {
+  if (!(doc instanceof Map)) {
+    throw new DeviceError(`${source}: expected a JSON object (a head list written by \`hybriddp headlist\`), `
+      + `found ${kind(doc)}`);
+  }
+  const format = doc.has("format") ? doc.get("format") : null;
+  if (format !== HEADLIST_FORMAT) {
+    throw new DeviceError(`${source}: field 'format' = ${show(format)}, expected '${HEADLIST_FORMAT}': this is `
+      + "not a head list written by `hybriddp headlist`");
+  }
+  const version = doc.has("version") ? doc.get("version") : null;
+  if (typeof version !== "bigint" || version !== BigInt(HEADLIST_VERSION)) {
+    throw new DeviceError(`${source}: field 'version' = ${show(version)}; this reader understands version `
+      + `${HEADLIST_VERSION}. Upgrade hybriddp-device or rebuild the head list.`);
+  }
+  for (const key of ["epsilon", "delta", "f_c", "m_c", "queries", "content_hash"]) {
+    if (!doc.has(key)) throw new DeviceError(`${source}: missing field '${key}'. ${REBUILD}`);
+  }
+  checkNumber(`${source}: field 'epsilon'`, doc.get("epsilon"), "a number > 0", (x) => x > 0, REBUILD);
+  checkNumber(`${source}: field 'delta'`, doc.get("delta"), "a number in (0, 1)", (x) => x > 0 && x < 1, REBUILD);
+  checkNumber(`${source}: field 'f_c'`, doc.get("f_c"), "a number in (0, 1]", (x) => x > 0 && x <= 1, REBUILD);
+  checkNumber(`${source}: field 'm_c'`, doc.get("m_c"), `an integer from 1 to ${M_C_MAX}`,
+    (x) => x >= 1 && x <= M_C_MAX, REBUILD, true); // float vs BigInt compares exactly, as in Python
+  if (doc.has("url_level") && typeof doc.get("url_level") !== "boolean") {
+    const v = doc.get("url_level");
+    throw new DeviceError(`${source}: field 'url_level' = ${show(v)} is ${kind(v)}; it must be true or false. `
+      + REBUILD);
+  }
+  checkQueries(doc.get("queries"), source);
+  const declared = doc.get("content_hash");
+  let actual;
+  try {
+    actual = await hashTree(doc);
+  } catch (exc) {
+    if (!(exc instanceof DeviceError || exc instanceof RangeError)) throw exc;
+    throw new DeviceError(`${source}: the document cannot be hashed (${exc.message}). ${REBUILD}`);
+  }
+  if (declared !== actual) {
+    throw new DeviceError(`${source}: field 'content_hash' = ${show(declared)} does not match the content `
+      + `(${actual.slice(0, 19)}…): the file was altered or damaged after it was written. Use the original file, `
+      + "or rebuild the head list.");
+  }
+  const fC = asFloat(doc.get("f_c"));
+  const mC = asFloat(doc.get("m_c"));
+  const limit = maxEpsilon(fC, mC);
+  if (!(asFloat(doc.get("epsilon")) <= limit)) {
+    throw new DeviceError(`${source}: field 'epsilon' = ${show(doc.get("epsilon"))} is too large: LocalAlg `
+      + "computes e^(f_C·ε/m_C) and e^((1−f_C)·ε/m_C), which overflow a float when the exponent passes "
+      + `ln(largest float) = ${LN_FLOAT_MAX.toFixed(2)}; with f_c = ${show(doc.get("f_c"))} and m_c = `
+      + `${doc.get("m_c")} epsilon must be at most ${pyFloatRepr(limit)}. Rebuild the head list with a smaller `
+      + "--epsilon (beyond about 50 per report LocalAlg reports the true record anyway).");
+  }
+}
+
+function readTree(docOrText, source) {
+  if (typeof docOrText !== "string") return fromJsTop(docOrText);
+  try {
+    return parsePython(docOrText);
+  } catch (exc) {
+    if (!(exc instanceof SyntaxError || exc instanceof RangeError)) throw exc;
+    throw new DeviceError(`${source}: not valid JSON (${exc.message}). ${REBUILD}`);
+  }
+}
+
+/**
+ * Check a head-list document (a parsed object, or its JSON text: text is read exactly as Python
+ * reads it); resolve to the document as a plain object, or reject with DeviceError naming the
+ * field, its value and the fix. Same checks as Python validate_headlist.
+ */
+export async function validateHeadList(docOrText, source = "head list") {
+  const tree = readTree(docOrText, source);
+  await validateTree(tree, source);
+  return typeof docOrText === "string" ? toJs(tree) : docOrText;
+}
+
+// ----- the head list as a device sees it --------------------------------------------------------
+
+/**
+ * A validated head list, indexed for LocalAlg. Query positions 0..k−2 are the listed queries and
+ * k−1 is *; URL positions of query i are 0..k_q−2 for its listed URLs and k_q−1 for *.
+ * Build it with `await DeviceHeadList.fromJSON(docOrText)`.
+ */
+export class DeviceHeadList {
+  constructor(doc, tree, token) {
+    if (token !== BUILD_TOKEN) throw new DeviceError("use `await DeviceHeadList.fromJSON(doc)`: it validates");
+    this.doc = doc;
+    const queries = doc.queries;
+    this.queryIndex = new Map(queries.map((q, i) => [q.query, i]));
+    this.urlIndex = queries.map((q) => new Map(q.urls.map((u, j) => [u, j]))).concat([new Map()]);
+    this.kq = queries.map((q) => q.urls.length + 1).concat([1]);
+    this.epsilon = asFloat(tree.get("epsilon"));
+    this.delta = asFloat(tree.get("delta"));
+    this.fC = asFloat(tree.get("f_c"));
+    this.mC = asFloat(tree.get("m_c"));
+    this.urlLevel = tree.has("url_level") ? tree.get("url_level") : true;
+    this.contentHash = tree.get("content_hash");
+    const [t, tq] = thresholds(this.kq.length, this.kq, this.epsilon, this.delta, this.fC, this.mC);
+    this.t = t;
+    this.tq = tq;
+    this.oneMinusT = 1.0 - t;
+    this.oneMinusTq = tq.map((x) => 1.0 - x);
+    Object.freeze(this);
+  }
+
+  /** Validate and index a head-list document (object or JSON text). */
+  static async fromJSON(docOrText, source = "head list") {
+    const tree = readTree(docOrText, source);
+    await validateTree(tree, source);
+    return new DeviceHeadList(typeof docOrText === "string" ? toJs(tree) : docOrText, tree, BUILD_TOKEN);
+  }
+
+  get k() {
+    return this.kq.length;
+  }
+
+  /** Map a record onto HL: q ∉ HL → ⟨*,*⟩, u ∉ HL[q] → ⟨q,*⟩ (Fig. 6 line 6). */
+  encode(query, url) {
+    const qi = this.queryIndex.has(query) ? this.queryIndex.get(query) : this.k - 1;
+    const idx = this.urlIndex[qi];
+    const ui = url !== null && idx.has(url) ? idx.get(url) : this.kq[qi] - 1;
+    return [qi, ui];
+  }
+
+  /** A report in the wire form (null = wildcard). */
+  decode(qi, ui) {
+    if (qi === this.k - 1) return { query: null, url: null };
+    const q = this.doc.queries[qi];
+    return { query: q.query, url: ui < q.urls.length ? q.urls[ui] : null };
+  }
+}
+
+const BUILD_TOKEN = Symbol("DeviceHeadList.fromJSON");
+
+/**
+ * Randomize one mapped record [query position, URL position]; Fig. 6 lines 7-14. Draws at most
+ * three values, always in this order: v1 (query stage), then either the other query and its URL,
+ * or v2 (URL stage) and the other URL.
+ */
+export function localAlg(qi, ui, hl, source) {
+  const k = hl.k;
+  if (k === 1) return [0, 0]; // only ⟨*,*⟩ exists
+  if (source.uniform() < hl.oneMinusT) { // report another query, uniform over HL \ {q}
+    const j = source.below(k - 1);
+    const q2 = j < qi ? j : j + 1;
+    return [q2, source.below(hl.kq[q2])];
+  }
+  const kq = hl.kq[qi];
+  if (kq > 1 && source.uniform() < hl.oneMinusTq[qi]) { // another URL, uniform over HL[q] \ {u}
+    const j = source.below(kq - 1);
+    return [qi, j < ui ? j : j + 1];
+  }
+  return [qi, ui];
+}
+
+/**
+ * Refuse records LocalAlg cannot use: not [query, url] pairs of strings (url null when there is
+ * none), or, for a URL-level head list, a device none of whose records has a URL.
+ */
+export function checkRecords(hl, records) {
+  if (!Array.isArray(records)) {
+    throw new DeviceError(`records = ${show(fromJs(records))} is not a list; give the device's records as `
+      + "[[query, clickedUrl], ...]");
+  }
+  records.forEach((rec, i) => {
+    if (!(Array.isArray(rec) && rec.length === 2 && typeof rec[0] === "string"
+        && (rec[1] === null || typeof rec[1] === "string"))) {
+      throw new DeviceError(`record ${i} = ${show(fromJs(rec))} is not a [query, url] pair of strings; give each `
+        + "record as [query, clickedUrl], with url null when the record has none");
+    }
+  });
+  if (records.length && hl.urlLevel && records.every((r) => r[1] === null)) {
+    throw new DeviceError(`this device's ${records.length} record(s) have no URL (they are [query, null]), but the `
+      + `head list ${hl.contentHash.slice(0, 19)}… is URL-level (url_level true): every record would be reported `
+      + "as ⟨q,*⟩, a click on an unlisted URL, which biases the estimate of every listed URL. Give the device its "
+      + "[query, clickedUrl] records, or use a head list built from a log without URLs (url_level false).");
+  }
+}
+
+/**
+ * One device's message: sample ≤ m_C records without replacement, randomize each.
+ * headList: the head-list document (object or JSON text) or a DeviceHeadList; records: [[query, url|null], ...];
+ * options.source: randomness (default systemSource()); options.ledger: a DeviceLedger, charged (ε, δ) for this
+ * head list before anything is reported; options.messageId: default a fresh random one.
+ * Resolves to {id, headlist: content hash, reports: [{query, url}, ...]}.
+ */
+export async function randomizeRecords(headList, records, { source, ledger, messageId } = {}) {
+  const hl = headList instanceof DeviceHeadList ? headList : await DeviceHeadList.fromJSON(headList);
+  const id = messageId !== undefined && messageId !== null ? checkMessageId(messageId) : newMessageId();
+  const src = source ?? systemSource();
+  checkRecords(hl, records);
+  const recs = [...records];
+  if (ledger) ledger.record(hl.contentHash, hl.epsilon, hl.delta);
+  const m = Math.min(hl.mC, recs.length);
+  const pool = recs.map((_, i) => i);
+  const chosen = [];
+  for (let n = 0; n < m; n++) chosen.push(pool.splice(src.below(pool.length), 1)[0]); // without replacement
+  const reports = chosen.map((i) => hl.decode(...localAlg(...hl.encode(recs[i][0], recs[i][1]), hl, src)));
+  return { id, headlist: hl.contentHash, reports };
+}
+
+// ----- the device ledger ------------------------------------------------------------------------
+
+/** Python math.fsum: the correctly rounded sum (Shewchuk's partials). */
+function fsum(values) {
+  const partials = [];
+  for (let x of values) {
+    let i = 0;
+    for (let y of partials) {
+      if (Math.abs(x) < Math.abs(y)) [x, y] = [y, x];
+      const hi = x + y;
+      const lo = y - (hi - x);
+      if (lo !== 0) partials[i++] = lo;
+      x = hi;
+    }
+    partials.length = i;
+    partials.push(x);
+  }
+  let n = partials.length;
+  if (n === 0) return 0.0;
+  let hi = partials[--n];
+  let lo = 0;
+  while (n > 0) {
+    const x = hi;
+    const y = partials[--n];
+    hi = x + y;
+    lo = y - (hi - x);
+    if (lo !== 0) break;
+  }
+  if (n > 0 && ((lo < 0 && partials[n - 1] < 0) || (lo > 0 && partials[n - 1] > 0))) {
+    const y = lo * 2;
+    const x = hi + y;
+    if (y === x - hi) hi = x;
+  }
+  return hi;
+}
+
+const LEDGER_FIX = "Restore it from a backup; do not delete it, since a new ledger would forget the budget this "
+  + "device has already spent.";
+
+function formatG(x, digits) { // Python "{:.Ng}"
+  if (x === 0) return "0";
+  const exp = Math.floor(Math.log10(Math.abs(x)));
+  if (exp < -4 || exp >= digits) {
+    const [m, e] = x.toExponential(digits - 1).split("e");
+    const mm = m.includes(".") ? m.replace(/\.?0+$/, "") : m;
+    const n = parseInt(e, 10);
+    return `${mm}e${n < 0 ? "-" : "+"}${String(Math.abs(n)).padStart(2, "0")}`;
+  }
+  const s = x.toFixed(Math.max(0, digits - 1 - exp));
+  return s.includes(".") ? s.replace(/\.?0+$/, "") : s;
+}
+
+function parseLedger(data, where) {
+  if (!data.trim()) {
+    throw new DeviceError(`${where} is empty: something other than hybriddp-device cleared it. ${LEDGER_FIX}`);
+  }
+  let state;
+  try {
+    state = JSON.parse(data);
+  } catch (exc) {
+    throw new DeviceError(`${where} is not valid JSON (${exc.message}), so it is damaged or not a device `
+      + `ledger. ${LEDGER_FIX}`);
+  }
+  const shape = '{"lifetime": {"epsilon": E, "delta": D}, "rounds": {...}}';
+  const isObj = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+  if (!isObj(state) || !isObj(state.lifetime) || !isObj(state.rounds)) {
+    const found = !isObj(state) ? `${kind(fromJs(state))} ${show(fromJs(state), 40)}`
+      : `an object with ${Object.keys(state).slice(0, 5).map((k) => show(k, 20)).join(", ") || "no fields"}`;
+    throw new DeviceError(`${where}: expected a JSON object ${shape}, found ${found}; it is damaged or not a `
+      + `device ledger. ${LEDGER_FIX}`);
+  }
+  for (const [name, allowed, ok] of [["epsilon", "a finite number > 0", (x) => x > 0 && x < Infinity],
+    ["delta", "a number in (0, 1)", (x) => x > 0 && x < 1]]) {
+    if (!Object.hasOwn(state.lifetime, name)) {
+      throw new DeviceError(`${where}: field 'lifetime' has no '${name}'. ${LEDGER_FIX}`);
+    }
+    checkNumber(`${where}: field lifetime.${name}`, fromJs(state.lifetime[name], "epsilon"), allowed, ok,
+      LEDGER_FIX);
+  }
+  for (const [key, charge] of Object.entries(state.rounds)) {
+    if (!isObj(charge) || !Object.hasOwn(charge, "epsilon") || !Object.hasOwn(charge, "delta")) {
+      throw new DeviceError(`${where}: round ${show(key, 30)} = ${show(fromJs(charge), 40)}; it must be an `
+        + `object {"epsilon": e, "delta": d}. ${LEDGER_FIX}`);
+    }
+    checkNumber(`${where}: rounds[${show(key, 30)}].epsilon`, fromJs(charge.epsilon, "epsilon"),
+      "a finite number >= 0", (x) => x >= 0 && x < Infinity, LEDGER_FIX);
+    checkNumber(`${where}: rounds[${show(key, 30)}].delta`, fromJs(charge.delta, "delta"), "a number in [0, 1]",
+      (x) => x >= 0 && x <= 1, LEDGER_FIX);
+  }
+  return state;
+}
+
+/**
+ * The device's own privacy ledger: at most one report per head list (round), within a lifetime
+ * budget. The state {"lifetime": {"epsilon": E, "delta": D}, "rounds": {hash: {"epsilon": e, "delta": d}}}
+ * is kept as JSON in `storage` (localStorage by default; anything with getItem/setItem) under
+ * `key`, and written *before* any report leaves the device. A new ledger needs its lifetime
+ * budget; an existing one keeps the budget it was created with.
+ */
+export class DeviceLedger {
+  constructor(storage = globalThis.localStorage, { lifetimeEpsilon, lifetimeDelta, key = LEDGER_KEY } = {}) {
+    if (!storage || typeof storage.getItem !== "function" || typeof storage.setItem !== "function") {
+      throw new DeviceError("device ledger: no storage (an object with getItem/setItem, e.g. localStorage) is "
+        + "available, so the device cannot keep track of its privacy budget; not reporting");
+    }
+    this.storage = storage;
+    this.key = key;
+    this.where = `device ledger (storage key '${key}')`;
+    const data = this._read();
+    if (data === null) {
+      if (lifetimeEpsilon === undefined || lifetimeEpsilon === null || lifetimeDelta === undefined
+          || lifetimeDelta === null) {
+        throw new DeviceError(`${this.where} does not exist; to create it give the device's lifetime budget `
+          + "({lifetimeEpsilon, lifetimeDelta})");
+      }
+      checkNumber("lifetime epsilon (lifetimeEpsilon)", fromJs(lifetimeEpsilon, "epsilon"), "a finite number > 0",
+        (x) => x > 0 && x < Infinity, "");
+      checkNumber("lifetime delta (lifetimeDelta)", fromJs(lifetimeDelta, "delta"), "a number in (0, 1)",
+        (x) => x > 0 && x < 1, "");
+      this.state = { lifetime: { epsilon: Number(lifetimeEpsilon), delta: Number(lifetimeDelta) }, rounds: {} };
+      return;
+    }
+    this.state = parseLedger(data, this.where);
+    for (const [name, given] of [["epsilon", lifetimeEpsilon], ["delta", lifetimeDelta]]) {
+      if (given !== undefined && given !== null && Number(given) !== this.state.lifetime[name]) {
+        throw new DeviceError(`${this.where} has lifetime ${name} ${pyFloatRepr(this.state.lifetime[name])}, not `
+          + `${given}: a device's lifetime budget is fixed when its ledger is created; leave out lifetime`
+          + `${name[0].toUpperCase()}${name.slice(1)}`);
+      }
+    }
+  }
+
+  _read() {
+    try {
+      return this.storage.getItem(this.key);
+    } catch (exc) {
+      throw new DeviceError(`cannot read ${this.where}: ${exc.message ?? exc}; not reporting`);
+    }
+  }
+
+  /** Re-read the state (another tab may have reported); keep ours if the storage was cleared. */
+  _reload() {
+    const data = this._read();
+    if (data !== null) this.state = parseLedger(data, this.where);
+  }
+
+  /** {epsilon, delta}: the device's lifetime budget. */
+  get lifetime() {
+    return { ...this.state.lifetime };
+  }
+
+  /** True if this device already reported for the head list with this content hash. */
+  hasReported(headlistHash) {
+    this._reload();
+    return Object.hasOwn(this.state.rounds, headlistHash);
+  }
+
+  /** {epsilon: Σε, delta: Σδ} over the head lists reported so far (basic composition). */
+  spent() {
+    this._reload();
+    const rounds = Object.values(this.state.rounds);
+    return { epsilon: fsum(rounds.map((r) => r.epsilon)), delta: fsum(rounds.map((r) => r.delta)) };
+  }
+
+  /** Throw DeviceError if record() would refuse this head list; change nothing. */
+  check(headlistHash, epsilon, delta) {
+    this._reload();
+    if (Object.hasOwn(this.state.rounds, headlistHash)) {
+      throw new DeviceError(`this device already reported for head list ${String(headlistHash).slice(0, 19)}…; `
+        + "a device reports at most once per round");
+    }
+    const { epsilon: e, delta: d } = this.spent();
+    const life = this.state.lifetime;
+    if (e + epsilon > life.epsilon * (1 + 1e-12) || d + delta > life.delta * (1 + 1e-12)) {
+      throw new DeviceError(`reporting would exceed this device's lifetime budget (epsilon `
+        + `${pyFloatRepr(life.epsilon)}, delta ${pyFloatRepr(life.delta)}; spent ${formatG(e, 4)}, `
+        + `${formatG(d, 3)}); not reporting`);
+    }
+  }
+
+  /** Charge one head list (round), or throw DeviceError (already reported / over budget / not saved). */
+  record(headlistHash, epsilon, delta) {
+    this.check(headlistHash, epsilon, delta);
+    this.state.rounds[headlistHash] = { epsilon: Number(epsilon), delta: Number(delta) };
+    try {
+      this.storage.setItem(this.key, JSON.stringify(this.state));
+    } catch (exc) {
+      delete this.state.rounds[headlistHash];
+      throw new DeviceError(`cannot write ${this.where} (${exc.message ?? exc}); nothing was charged, so nothing `
+        + "may be reported");
+    }
+  }
+}

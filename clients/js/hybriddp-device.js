@@ -87,7 +87,7 @@ export function systemSource() {
     },
     bytes(n) {
       const out = new Uint8Array(n);
-      c.getRandomValues(out);
+      for (let i = 0; i < n; i += 65536) c.getRandomValues(out.subarray(i, i + 65536)); // its limit per call
       return out;
     },
   };

@@ -526,7 +526,10 @@ function pyRepr(v) {
   if (typeof v === "string") {
     const q = v.includes("'") && !v.includes('"') ? '"' : "'";
     const body = v.replace(/\\/g, "\\\\").replace(/\n/g, "\\n").replace(/\r/g, "\\r").replace(/\t/g, "\\t")
-      .replace(q === "'" ? /'/g : /"/g, `\\${q}`);
+      .replace(q === "'" ? /'/g : /"/g, `\\${q}`)
+      .replace(/[\x00-\x1f\x7f-\x9f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`)
+      .replace(new RegExp(`${LONE_SURROGATE.source}|[\u2028\u2029]`, "g"),
+        (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
     return q + body + q;
   }
   if (Array.isArray(v)) return `[${v.map(pyRepr).join(", ")}]`;
@@ -638,7 +641,7 @@ async function validateTree(doc, source) {
   const version = doc.has("version") ? doc.get("version") : null;
   if (typeof version !== "bigint" || version !== BigInt(HEADLIST_VERSION)) {
     throw new DeviceError(`${source}: field 'version' = ${show(version)}; this reader understands version `
-      + `${HEADLIST_VERSION}. Upgrade hybriddp-device or rebuild the head list.`);
+      + `${HEADLIST_VERSION}. Upgrade hybriddp or rebuild the head list.`);
   }
   for (const key of ["epsilon", "delta", "f_c", "m_c", "queries", "content_hash"]) {
     if (!doc.has(key)) throw new DeviceError(`${source}: missing field '${key}'. ${REBUILD}`);

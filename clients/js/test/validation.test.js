@@ -18,7 +18,7 @@ async function verdict(input) {
   }
 }
 
-test("JSON text: every Python verdict, and the refusal names the same field", needsFixtures(fx), async () => {
+test("JSON text: every Python verdict, with Python's message word for word", needsFixtures(fx), async () => {
   let refused = 0;
   for (const v of fx.variants) {
     const message = await verdict(v.text);
@@ -27,6 +27,7 @@ test("JSON text: every Python verdict, and the refusal names the same field", ne
     } else {
       assert.notEqual(message, null, `${v.name}: Python refuses it (${v.python_error})`);
       assert.ok(message.includes(v.field), `${v.name}: '${message}' does not name ${v.field}`);
+      assert.equal(message, v.python_error, v.name);
       assert.ok(!message.includes("\n"), "one line");
       refused++;
     }

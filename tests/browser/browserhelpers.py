@@ -1,0 +1,58 @@
+"""Helpers of the real-browser tests (imported by conftest.py and the tests: a module named ``conftest`` is
+ambiguous when several directories have one)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
+from test_reliability import ServerProcess  # tests/service: the server as a process
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-quic", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
+API = "/api/v1"
+
+
+@dataclass
+class DemoServer:
+    """The served demo: the server process, its SQLite URL and the finished demo round's id."""
+
+    proc: ServerProcess
+    db_url: str
+    demo_round: str
+
+    @property
+    def base_url(self) -> str:
+        return self.proc.base_url
+
+    def get(self, path: str) -> Any:
+        r = httpx.get(self.base_url + path, timeout=30)
+        assert r.status_code == 200, f"GET {path}: {r.status_code} {r.text[:500]}"
+        return r.json()
+
+
+@dataclass
+class PageErrors:
+    """What a page reported as an error: console messages of type error and uncaught exceptions."""
+
+    messages: list[str] = field(default_factory=list)
+
+    def watch(self, page: Any) -> None:
+        page.on("console", lambda msg: self.messages.append(f"console.{msg.type}: {msg.text} ({msg.location})")
+                if msg.type == "error" else None)
+        page.on("pageerror", lambda exc: self.messages.append(f"uncaught: {exc}"))
+
+
+def screenshot(page: Any, name: str) -> Path:
+    """Keep a full-page screenshot as a test artifact; returns its path."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

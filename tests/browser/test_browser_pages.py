@@ -1,0 +1,291 @@
+"""The local-search page and the round page in a real Chromium, against ``hybriddp serve --demo`` (issue 11).
+
+* typing a prefix of a head-list query lists its suggestions in ranked order (blended probability, the
+  order derived here from the published local-search document), each listbox update within 100 ms of its
+  keystroke (measured in the page: the keydown event's time stamp to the listbox mutation);
+* keyboard selection (arrows, Enter, Escape) and the ARIA wiring of the search box and listbox;
+* the page still suggests after its server process is stopped (the document is kept in the browser);
+* with "contribute" on, picking a suggestion stores exactly one report (read from the database), made for
+  the head list the collecting round published; off (the default), picking sends nothing;
+* the round page of the closed demo round draws the interval chart and the results table.
+
+Every page must run without console errors or uncaught exceptions (conftest ``page``); screenshots are kept
+in ``test-artifacts/browser/``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from browserhelpers import API, DemoServer, screenshot
+from test_reliability import open_round, stored_messages
+
+LATENCY_MS = 100.0
+SEPARATORS = re.compile(r"[\s./_-]+")
+
+# installed in the page before typing: the time of every keydown and of every change of the listbox
+MEASURE_JS = """() => {
+  const box = document.querySelector('[role="searchbox"]');
+  const list = document.getElementById(box.getAttribute('aria-controls'));
+  window.__keys = []; window.__updates = [];
+  box.addEventListener('keydown', (e) => {
+    const now = performance.now();
+    window.__keys.push(e.timeStamp > 0 && e.timeStamp <= now ? e.timeStamp : now);
+  }, {capture: true});
+  new MutationObserver(() => window.__updates.push(performance.now())).observe(list, {childList: true});
+}"""
+
+
+def expected_suggestions(doc: dict[str, Any], prefix: str, limit: int = 8) -> list[str]:
+    """The queries a prefix should suggest: the query or one of its words starts with it (case-insensitive),
+    largest blended probability first."""
+    p = prefix.lower()
+    hits = [q for q in doc["queries"] if any(w.startswith(p) for w in SEPARATORS.split(q["query"].lower()) if w)]
+    return [q["query"] for q in sorted(hits, key=lambda q: -q["p"])][:limit]
+
+
+def best_prefix(doc: dict[str, Any]) -> str:
+    """A 3-letter prefix of a listed query that suggests as many queries as possible (ranking shows)."""
+    prefixes = {q["query"].lower()[:3] for q in doc["queries"] if len(q["query"]) >= 3 and q["query"][:3].isalnum()}
+    assert prefixes, doc
+    return max(sorted(prefixes), key=lambda p: len(expected_suggestions(doc, p)))
+
+
+def local_search_doc(server: DemoServer) -> dict[str, Any]:
+    return server.get(f"{API}/rounds/{server.demo_round}/local-search")
+
+
+def open_page(page: Any, url: str) -> None:
+    """Load the local-search page and wait until its list and its contribute switch are set up."""
+    page.goto(url)
+    page.wait_for_selector("body[data-loaded][data-contribute-ready]")
+    assert page.get_by_role("searchbox").is_enabled()
+
+
+def option_queries(page: Any) -> list[str]:
+    return page.locator('[role="listbox"] [role="option"]').evaluate_all("els => els.map(e => e.dataset.query)")
+
+
+def type_prefix(page: Any, prefix: str, expected: list[str]) -> None:
+    box = page.get_by_role("searchbox")
+    box.fill("")
+    box.press_sequentially(prefix, delay=60)
+    page.wait_for_function("n => document.querySelectorAll('[role=\"option\"]').length === n", arg=len(expected))
+
+
+# ----- suggestions ------------------------------------------------------------------------------
+def test_suggestions_in_ranked_order_within_100_ms(demo: DemoServer, page: Any) -> None:
+    doc = local_search_doc(demo)
+    prefix = best_prefix(doc)
+    expected = expected_suggestions(doc, prefix)
+    assert expected
+    open_page(page, demo.base_url + "/")
+    page.evaluate(MEASURE_JS)
+    page.get_by_role("searchbox").press_sequentially(prefix, delay=60)
+    page.wait_for_function("n => document.querySelectorAll('[role=\"option\"]').length === n", arg=len(expected))
+
+    assert option_queries(page) == expected
+    keys = page.evaluate("window.__keys")
+    updates = page.evaluate("window.__updates")
+    assert len(keys) == len(prefix)
+    latencies = []
+    for i, k in enumerate(keys):
+        nxt = keys[i + 1] if i + 1 < len(keys) else float("inf")
+        after = [u for u in updates if k <= u < nxt]
+        assert after, f"keystroke {i + 1} ({prefix[i]!r}) did not update the listbox: keys {keys}, updates {updates}"
+        latencies.append(after[0] - k)
+    assert max(latencies) < LATENCY_MS, f"listbox updates {latencies} ms after their keystrokes"
+
+    # each option shows its blended probability and its top URLs as links
+    first = page.get_by_role("option").first
+    top = next(q for q in doc["queries"] if q["query"] == expected[0])
+    hrefs = first.get_by_role("link").evaluate_all("els => els.map(e => e.getAttribute('href'))")
+    assert hrefs == [u["url"] for u in top["urls"][:3]]
+    screenshot(page, "local-search")
+
+
+def test_keyboard_selection_and_aria(demo: DemoServer, page: Any) -> None:
+    doc = local_search_doc(demo)
+    prefix = best_prefix(doc)
+    expected = expected_suggestions(doc, prefix)
+    open_page(page, demo.base_url + "/")
+    box = page.get_by_role("searchbox")
+    listbox = page.locator('[role="listbox"]')  # hidden while empty
+    assert box.get_attribute("aria-controls") == listbox.get_attribute("id")
+    assert box.get_attribute("aria-autocomplete") == "list"
+    assert listbox.get_attribute("aria-label")
+    type_prefix(page, prefix, expected)
+    options = page.get_by_role("option")
+
+    def selected() -> list[int]:
+        return [i for i in range(options.count()) if options.nth(i).get_attribute("aria-selected") == "true"]
+
+    assert selected() == [] and box.get_attribute("aria-activedescendant") is None
+    box.press("ArrowDown")
+    assert selected() == [0]
+    assert box.get_attribute("aria-activedescendant") == options.nth(0).get_attribute("id")
+    box.press("ArrowUp")  # wraps to the last
+    assert selected() == [len(expected) - 1]
+    box.press("ArrowDown")  # and back to the first
+    assert selected() == [0]
+    if len(expected) > 1:
+        box.press("ArrowDown")
+        assert selected() == [1]
+        assert box.get_attribute("aria-activedescendant") == options.nth(1).get_attribute("id")
+        box.press("ArrowUp")
+    assert box.evaluate("el => document.activeElement === el")  # focus stays in the box throughout
+    box.press("Enter")
+    assert box.input_value() == expected[0]
+    assert options.count() == 0
+    assert page.locator("#picked-query").inner_text() == expected[0]
+    assert box.get_attribute("aria-activedescendant") is None
+
+    type_prefix(page, prefix, expected)
+    box.press("Escape")
+    assert options.count() == 0
+    assert box.input_value() == prefix
+
+
+# ----- offline ----------------------------------------------------------------------------------
+def test_suggests_after_the_server_is_stopped(second_server: DemoServer, page: Any) -> None:
+    doc = local_search_doc(second_server)
+    prefix = best_prefix(doc)
+    expected = expected_suggestions(doc, prefix)
+    open_page(page, second_server.base_url + "/")
+    kept = page.evaluate("JSON.parse(localStorage.getItem('hybriddp-local-search')).doc")
+    assert kept == doc
+    second_server.proc.stop()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(second_server.base_url + "/health", timeout=2)
+    type_prefix(page, prefix, expected)
+    assert option_queries(page) == expected
+    page.get_by_role("searchbox").press("ArrowDown")
+    page.get_by_role("searchbox").press("Enter")
+    assert page.locator("#picked-query").inner_text() == expected[0]
+
+
+# ----- contribute -------------------------------------------------------------------------------
+def message_ids(db_url: str, rid: str) -> list[str]:
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text(
+                "SELECT message_id FROM messages WHERE round_num = (SELECT num FROM rounds WHERE id = :r)"),
+                {"r": rid}).scalars())
+    finally:
+        engine.dispose()
+
+
+def test_contribute_stores_exactly_one_report_for_the_published_head_list(demo: DemoServer, page: Any) -> None:
+    rid, headlist = open_round(demo.proc)  # a round collecting reports next to the finished demo round
+    published = demo.get(f"{API}/rounds/{rid}")["headlist_hash"]
+    assert headlist["content_hash"] == published
+    doc = local_search_doc(demo)
+    prefix = best_prefix(doc)
+    expected = expected_suggestions(doc, prefix)
+    posts: list[Any] = []
+    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    open_page(page, demo.base_url + "/")
+    switch = page.get_by_role("switch", name="Contribute")
+    assert switch.is_visible() and switch.is_enabled()
+    assert switch.get_attribute("aria-checked") == "false"  # off by default
+
+    box = page.get_by_role("searchbox")
+    type_prefix(page, prefix, expected)
+    box.press("ArrowDown")
+    box.press("Enter")  # picked with contribute off: nothing is sent
+    assert page.locator("#picked-query").inner_text() == expected[0]
+    page.wait_for_timeout(300)
+    assert posts == []
+    assert stored_messages(demo.db_url, rid) == (0, 0, 0, 0)
+
+    switch.click()
+    assert switch.get_attribute("aria-checked") == "true"
+    type_prefix(page, prefix, expected)
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith(f"/rounds/{rid}/reports")) as req:
+        box.press("ArrowDown")
+        box.press("Enter")
+    page.wait_for_function("() => document.getElementById('sent-state')?.textContent === 'acknowledged and counted'")
+    sent = json.loads(req.value.post_data)
+    assert set(sent) == {"id", "headlist", "reports"}
+    assert sent["headlist"] == published
+    assert re.fullmatch(r"[A-Za-z0-9_-]{22}", sent["id"])
+    assert len(sent["reports"]) == headlist["m_c"] == 1
+    listed = {q["query"]: q["urls"] for q in headlist["queries"]}
+    report = sent["reports"][0]
+    assert report["query"] is None or report["query"] in listed
+    assert report["url"] is None or (report["query"] is not None and report["url"] in listed[report["query"]])
+    # the page shows the randomized message it sent, not the record: the demo query is not in this head list
+    shown = page.locator("#sent").inner_text()
+    assert json.loads(page.locator("#sent-message").inner_text()) == sent
+    assert expected[0] not in listed and expected[0] not in shown
+    assert page.locator("#spent-value").inner_text().startswith(f"ε = {headlist['epsilon']:g} of")
+
+    assert stored_messages(demo.db_url, rid) == (1, 1, 1, 1)
+    assert message_ids(demo.db_url, rid) == [sent["id"]]
+    assert demo.get(f"{API}/rounds/{rid}")["counts"]["messages"] == 1
+    screenshot(page, "local-search-contribute")
+
+    # a second pick: the device ledger allows one report per head list, so nothing more is sent
+    type_prefix(page, prefix, expected)
+    box.press("ArrowDown")
+    box.press("Enter")
+    page.wait_for_function("() => document.getElementById('contribute-status').textContent.startsWith('Not sent')")
+    assert [r for r in posts if r.url.endswith("/reports")] == [req.value]
+    assert stored_messages(demo.db_url, rid) == (1, 1, 1, 1)
+
+
+# ----- the round page ---------------------------------------------------------------------------
+def test_round_page_draws_the_chart_and_the_table_of_a_closed_round(demo: DemoServer, page: Any) -> None:
+    info = demo.get(f"{API}/rounds/{demo.demo_round}")
+    results = demo.get(f"{API}/rounds/{demo.demo_round}/results")
+    assert info["state"] == "results-published"
+    page.goto(f"{demo.base_url}/rounds/{demo.demo_round}")
+    page.wait_for_selector("body[data-ready='true']")
+
+    assert page.locator("#round-state").inner_text() == "results-published"
+    counts = page.locator("#counts").inner_text()
+    for n in info["counts"].values():
+        assert f"{n:,}" in counts
+    params = page.locator("#params").inner_text()
+    assert f"{info['params']['epsilon']:g}" in params and str(info["params"]["head_list_size"]) in params
+    assert results["privacy"]["clients"] in page.locator("#privacy").inner_text()
+
+    listed = sorted((r for r in results["records"] if not r["wildcard"]), key=lambda r: -r["p_blended"])[:10]
+    chart = page.locator("#chart svg[role='img']")
+    assert chart.count() == 1
+    rows = chart.locator("g.row")
+    assert rows.evaluate_all("els => els.map(e => e.dataset.label)") == [r["query"] for r in listed]
+    for i in range(rows.count()):
+        marks = rows.nth(i).locator("g.mark")
+        assert marks.evaluate_all("els => els.map(e => e.dataset.series)") == ["blended", "optin", "client"]
+        assert marks.locator("line.ci").count() == 3  # every estimate has a variance: three 95% intervals
+    # the blended interval's width is 2 × 1.96 × sd on the chart's scale: check its ordering against opt-in's
+    widths = rows.first.locator("line.ci").evaluate_all(
+        "els => els.map(e => Math.abs(e.x2.baseVal.value - e.x1.baseVal.value))")
+    top = listed[0]
+    assert (widths[0] < widths[1]) == (top["var_blended"] < top["var_optin"])
+
+    table = page.locator("#results-table tbody tr")
+    assert table.count() == len(results["records"])
+    first = table.first.locator("td").all_inner_texts()
+    assert first[:2] == [listed[0]["query"], listed[0]["url"]]
+    assert first[2] == f"{listed[0]['p_blended'] * 100:.3f}%"
+    screenshot(page, "round")
+
+
+def test_pages_are_not_in_the_api_schema(demo: DemoServer) -> None:
+    schema = demo.get("/openapi.json")
+    assert not [p for p in schema["paths"] if p in ("/", "/rounds/{round_id}", f"{API}/local-search/rounds")
+                or p.startswith("/static")]
+    rounds = demo.get(f"{API}/local-search/rounds")
+    assert rounds["search"]["id"] == demo.demo_round
+    r = httpx.get(demo.base_url + "/static/search.js", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
+    page_html = httpx.get(demo.base_url + "/", timeout=10)
+    assert "script-src 'self'" in page_html.headers["content-security-policy"]

@@ -106,6 +106,7 @@ def test_suggestions_in_ranked_order_within_100_ms(demo: DemoServer, page: Any) 
     top = next(q for q in doc["queries"] if q["query"] == expected[0])
     hrefs = first.get_by_role("link").evaluate_all("els => els.map(e => e.getAttribute('href'))")
     assert hrefs == [u["url"] for u in top["urls"][:3]]
+    page.get_by_role("searchbox").press("ArrowDown")  # the top suggestion highlighted, as in the README's picture
     screenshot(page, "local-search")
 
 

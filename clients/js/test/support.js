@@ -1,5 +1,9 @@
 // Shared helpers of the node tests: the Python fixtures and a chi-square test written out here.
+import { webcrypto } from "node:crypto";
 import { readFileSync } from "node:fs";
+
+// Node 18 has Web Crypto only as node:crypto's webcrypto; browsers and Node 19+ have globalThis.crypto.
+if (!globalThis.crypto) globalThis.crypto = webcrypto;
 
 /** The fixtures Python wrote (tests/test_js_device.py), or null when HYBRIDDP_JS_FIXTURES is not set. */
 export function loadFixtures() {

@@ -904,7 +904,7 @@ function parseLedger(data, where) {
     if (!Object.hasOwn(state.lifetime, name)) {
       throw new DeviceError(`${where}: field 'lifetime' has no '${name}'. ${LEDGER_FIX}`);
     }
-    checkNumber(`${where}: field lifetime.${name}`, fromJs(state.lifetime[name], "epsilon"), allowed, ok,
+    checkNumber(`${where}: field lifetime.${name}`, fromJs(state.lifetime[name]), allowed, ok,
       LEDGER_FIX);
   }
   for (const [key, charge] of Object.entries(state.rounds)) {
@@ -912,9 +912,9 @@ function parseLedger(data, where) {
       throw new DeviceError(`${where}: round ${show(key, 30)} = ${show(fromJs(charge), 40)}; it must be an `
         + `object {"epsilon": e, "delta": d}. ${LEDGER_FIX}`);
     }
-    checkNumber(`${where}: rounds[${show(key, 30)}].epsilon`, fromJs(charge.epsilon, "epsilon"),
+    checkNumber(`${where}: rounds[${show(key, 30)}].epsilon`, fromJs(charge.epsilon),
       "a finite number >= 0", (x) => x >= 0 && x < Infinity, LEDGER_FIX);
-    checkNumber(`${where}: rounds[${show(key, 30)}].delta`, fromJs(charge.delta, "delta"), "a number in [0, 1]",
+    checkNumber(`${where}: rounds[${show(key, 30)}].delta`, fromJs(charge.delta), "a number in [0, 1]",
       (x) => x >= 0 && x <= 1, LEDGER_FIX);
   }
   return state;

@@ -88,10 +88,10 @@ test("a storage that fails to write: nothing charged, nothing reported", async (
 test("a damaged ledger in storage is refused, naming what is wrong", () => {
   for (const [data, needle] of [["", "is empty"], ["{", "not valid JSON"], ["[]", "expected a JSON object"],
     ['{"lifetime": {}, "rounds": {}}', "has no 'epsilon'"],
-    ['{"lifetime": {"epsilon": -1, "delta": 0.1}, "rounds": {}}', "lifetime.epsilon = -1.0 is not allowed"],
+    ['{"lifetime": {"epsilon": -1, "delta": 0.1}, "rounds": {}}', "lifetime.epsilon = -1 is not allowed"],
     ['{"lifetime": {"epsilon": 1, "delta": "x"}, "rounds": {}}', "lifetime.delta = 'x' is a string"],
     ['{"lifetime": {"epsilon": 1, "delta": 0.1}, "rounds": {"h": 3}}', "it must be an object"],
-    ['{"lifetime": {"epsilon": 1, "delta": 0.1}, "rounds": {"h": {"epsilon": -1, "delta": 0}}}', "epsilon = -1.0"]]) {
+    ['{"lifetime": {"epsilon": 1, "delta": 0.1}, "rounds": {"h": {"epsilon": -1, "delta": 0}}}', "epsilon = -1 is not allowed"]]) {
     const storage = memoryStorage();
     storage.setItem(LEDGER_KEY, data);
     assert.throws(() => new DeviceLedger(storage), (exc) => exc instanceof DeviceError && exc.message.includes(needle)

@@ -4,7 +4,8 @@
   order derived here from the published local-search document), each listbox update within 100 ms of its
   keystroke (measured in the page: the keydown event's time stamp to the listbox mutation);
 * keyboard selection (arrows, Enter, Escape) and the ARIA wiring of the search box and listbox;
-* the page still suggests after its server process is stopped (the document is kept in the browser);
+* the page still suggests after its server process is stopped (the document is kept in the browser), and
+  after a reload too (its service worker keeps the page's files);
 * with "contribute" on, picking a suggestion stores exactly one report (read from the database), made for
   the head list the collecting round published; off (the default), picking sends nothing;
 * the round page of the closed demo round draws the interval chart and the results table.
@@ -160,14 +161,23 @@ def test_suggests_after_the_server_is_stopped(second_server: DemoServer, page: A
     open_page(page, second_server.base_url + "/")
     kept = page.evaluate("JSON.parse(localStorage.getItem('hybriddp-local-search')).doc")
     assert kept == doc
+    page.wait_for_function("() => navigator.serviceWorker.controller !== null")  # sw.js keeps the page's files
     second_server.proc.stop()
     with pytest.raises(httpx.TransportError):
         httpx.get(second_server.base_url + "/health", timeout=2)
-    type_prefix(page, prefix, expected)
+    type_prefix(page, prefix, expected)  # the page as it was loaded
     assert option_queries(page) == expected
     page.get_by_role("searchbox").press("ArrowDown")
     page.get_by_role("searchbox").press("Enter")
     assert page.locator("#picked-query").inner_text() == expected[0]
+
+    page.reload()  # and a reload, with the server still gone
+    page.wait_for_selector("body[data-loaded][data-contribute-ready]")
+    assert "offline" in page.locator("#net-status").inner_text()
+    assert page.get_by_role("switch", name="Contribute").is_disabled()
+    type_prefix(page, prefix, expected)
+    assert option_queries(page) == expected
+    screenshot(page, "local-search-offline")
 
 
 # ----- contribute -------------------------------------------------------------------------------

@@ -17,6 +17,9 @@ round collecting reports, as a deployment runs them: round N's results power sea
 collects. ``hybriddp serve --demo`` holds only a finished round; until an administrator opens another
 (create, enrol, upload, publish the head list) the switch is shown disabled and says why.
 
+Offline: the page keeps the document in localStorage, so it goes on suggesting when the network goes;
+a service worker (``/sw.js``, network first) keeps the page's own files, so it also opens offline.
+
 The pages are not part of the API: every route here is left out of the OpenAPI schema.
 """
 
@@ -90,6 +93,11 @@ def mount(app: FastAPI, store: Store) -> None:
     @app.get("/rounds/{round_id}", include_in_schema=False)
     def round_page(round_id: str) -> FileResponse:  # the script reads the id from the URL and asks the API
         return _page("round.html")
+
+    @app.get("/sw.js", include_in_schema=False)
+    def service_worker() -> FileResponse:  # at the root, so that its scope is the whole site
+        return FileResponse(STATIC / "sw.js", media_type="text/javascript; charset=utf-8",
+                            headers={"Cache-Control": "no-cache", **SECURITY_HEADERS})
 
     @app.get("/api/v1/local-search/rounds", include_in_schema=False)
     def local_search_rounds() -> dict[str, dict[str, Any] | None]:

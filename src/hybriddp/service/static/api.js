@@ -24,6 +24,9 @@ export async function fetchJson(url, { method = "GET", body, keepalive = false }
   } catch (err) {
     throw new ApiError(`${method} ${url}: the server cannot be reached (${err.message})`);
   }
+  if (response.headers.get("X-HybridDP-Offline") === "1") { // the service worker's kept copy (sw.js)
+    throw new ApiError(`${method} ${url}: the server cannot be reached (this browser answered from its copy)`);
+  }
   let doc = null;
   try {
     doc = await response.json();

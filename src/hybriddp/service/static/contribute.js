@@ -36,7 +36,7 @@ export class Contribute {
   }
 
   /** Load the randomizer and the device ledger; ``target`` is the round taking reports, or null. */
-  async init(target) {
+  async init(target, offline = false) {
     try {
       this.device = await import("./hybriddp-device.js");
       this.ledger = new this.device.DeviceLedger(globalThis.localStorage, DEVICE_LIFETIME);
@@ -45,6 +45,10 @@ export class Contribute {
       return;
     }
     this.showSpent();
+    if (offline) {
+      this.say("Offline: contributing needs the server; reload the page once it is back.", "muted");
+      return;
+    }
     if (!target) {
       this.say("No round is collecting reports right now, so there is nothing to contribute to.", "muted");
       return;

@@ -185,8 +185,13 @@ async function start() {
     listStatus.textContent = "The server cannot be reached and no list is kept in this browser yet.";
   }
   document.body.dataset.loaded = "true";
-  await contribute.init(rounds ? rounds.contribute : null);
+  await contribute.init(rounds ? rounds.contribute : null, rounds === null);
   document.body.dataset.contributeReady = "true";
 }
 
+// the page itself opens offline too (sw.js); where service workers are unavailable (a plain-http address
+// other than localhost) the kept document still serves the page once it is loaded
+if ("serviceWorker" in navigator) {
+  navigator.serviceWorker.register("/sw.js").catch(() => {});
+}
 start();

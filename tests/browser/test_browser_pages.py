@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from browserhelpers import API, DemoServer, screenshot
+from browserhelpers import API, ARTIFACTS, DemoServer, screenshot
 from test_reliability import open_round, stored_messages
 
 LATENCY_MS = 100.0
@@ -101,6 +101,8 @@ def test_suggestions_in_ranked_order_within_100_ms(demo: DemoServer, page: Any) 
         assert after, f"keystroke {i + 1} ({prefix[i]!r}) did not update the listbox: keys {keys}, updates {updates}"
         latencies.append(after[0] - k)
     assert max(latencies) < LATENCY_MS, f"listbox updates {latencies} ms after their keystrokes"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "suggestion-latency.json").write_text(json.dumps({"prefix": prefix, "ms": latencies}) + "\n")
 
     # each option shows its blended probability and its top URLs as links
     first = page.get_by_role("option").first

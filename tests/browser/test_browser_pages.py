@@ -252,6 +252,14 @@ def test_contribute_stores_exactly_one_report_for_the_published_head_list(demo: 
     assert [r for r in posts if r.url.endswith("/reports")] == [req.value]
     assert stored_messages(demo.db_url, rid) == (1, 1, 1, 1)
 
+    # the curator's page of the collecting round: its state and the one message, no results yet
+    page.goto(f"{demo.base_url}/rounds/{rid}")
+    page.wait_for_selector("body[data-ready='true']")
+    assert page.locator("#round-state").inner_text() == "collecting-reports"
+    assert page.locator("#counts .count").nth(2).inner_text().split() == ["1", "device", "messages"]
+    assert page.locator("#chart-panel").is_hidden() and page.locator("#table-panel").is_hidden()
+    assert "once an administrator closes the round" in page.locator("#load-status").inner_text()
+
 
 # ----- the round page ---------------------------------------------------------------------------
 def test_round_page_draws_the_chart_and_the_table_of_a_closed_round(demo: DemoServer, page: Any) -> None:

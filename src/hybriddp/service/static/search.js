@@ -127,7 +127,11 @@ listbox.addEventListener("mousedown", (ev) => {
 listbox.addEventListener("click", (ev) => {
   const a = ev.target.closest("a[data-url]");
   const li = ev.target.closest('li[role="option"]');
-  if (a && li) pick(matches[Array.prototype.indexOf.call(listbox.children, li)], a.dataset.url); // link opens too
+  if (a && li) {
+    // the link opens (in a new tab) as usual; picking redraws the list, so it waits until the click is handled
+    const m = matches[Array.prototype.indexOf.call(listbox.children, li)];
+    setTimeout(() => pick(m, a.dataset.url), 0);
+  }
 });
 
 listbox.addEventListener("mousemove", (ev) => {

@@ -8,7 +8,8 @@
   after a reload too (its service worker keeps the page's files);
 * with "contribute" on, picking a suggestion stores exactly one report (read from the database), made for
   the head list the collecting round published; off (the default), picking sends nothing;
-* the round page of the closed demo round draws the interval chart and the results table.
+* the round page of the closed demo round draws the interval chart and the results table (and so it does for
+  a closed mean round).
 
 Every page must run without console errors or uncaught exceptions (conftest ``page``); screenshots are kept
 in ``test-artifacts/browser/``.
@@ -17,6 +18,7 @@ in ``test-artifacts/browser/``.
 from __future__ import annotations
 
 import json
+import random
 import re
 from typing import Any
 
@@ -25,6 +27,9 @@ import pytest
 import sqlalchemy as sa
 from browserhelpers import API, ARTIFACTS, DemoServer, screenshot
 from test_reliability import open_round, stored_messages
+
+from hybriddp.device import new_message_id
+from hybriddp.mean_device import randomize_value
 
 LATENCY_MS = 100.0
 SEPARATORS = re.compile(r"[\s./_-]+")
@@ -298,6 +303,39 @@ def test_round_page_draws_the_chart_and_the_table_of_a_closed_round(demo: DemoSe
     assert first[:2] == [listed[0]["query"], listed[0]["url"]]
     assert first[2] == f"{listed[0]['p_blended'] * 100:.3f}%"
     screenshot(page, "round")
+
+
+def test_round_page_of_a_closed_mean_round(demo: DemoServer, page: Any) -> None:
+    lower, upper, eps = 0.0, 10.0, 1.0
+    admin = demo.proc.admin
+    with httpx.Client(base_url=demo.base_url + API, timeout=60) as http:
+        r = http.post("/rounds", headers=admin, json={"kind": "mean", "name": "minutes per session", "params": {
+            "epsilon": eps, "lower": lower, "upper": upper, "sigma2": 4.0}})
+        assert r.status_code == 201, r.text
+        rid = r.json()["id"]
+        r = http.post(f"/rounds/{rid}/optin/enrol", headers=admin, json={"users": [f"mean-{i}" for i in range(30)]})
+        for i, token in enumerate(r.json()["tokens"]):
+            r = http.post(f"/rounds/{rid}/optin/records", json={"values": [2.0 + i % 7]},
+                          headers={"Authorization": f"Bearer {token}"})
+            assert r.status_code == 200, r.text
+        assert http.post(f"/rounds/{rid}/headlist", headers=admin).status_code == 200
+        rng = random.Random(3)
+        reports = [{"id": new_message_id(), "round": rid, "value": randomize_value(
+            rng.uniform(lower, upper), lower=lower, upper=upper, epsilon=eps)} for _ in range(300)]
+        assert http.post(f"/rounds/{rid}/reports", json=reports).status_code == 200
+        assert http.post(f"/rounds/{rid}/close", headers=admin).status_code == 200
+        results = http.get(f"/rounds/{rid}/results").json()
+    page.goto(f"{demo.base_url}/rounds/{rid}")
+    page.wait_for_selector("body[data-ready='true']")
+    names = [e["estimator"] for e in results["estimates"]]
+    assert sorted(names) == ["client", "hybrid", "optin"]
+    rows = page.locator("#chart svg[role='img'] g.row")
+    assert rows.evaluate_all("els => els.map(e => e.dataset.label)") == names
+    assert page.locator("#chart svg line.ci").count() == 3
+    cells = page.locator("#results-table tbody tr td:first-child").all_inner_texts()
+    assert cells == names
+    assert results["guarantee"] in page.locator("#privacy").inner_text()
+    screenshot(page, "round-mean")
 
 
 def test_pages_are_not_in_the_api_schema(demo: DemoServer) -> None:

@@ -25,13 +25,15 @@ export function ticks(lo, hi, n = 5) {
   const mag = 10 ** Math.floor(Math.log10(raw));
   const step = [1, 2, 2.5, 5, 10].map((f) => f * mag).find((s) => span / s <= n) ?? 10 * mag;
   const out = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
+    out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
+  }
   return out;
 }
 
 /**
  * Draw the chart.
- * rows: [{label, sublabel?, values: {seriesKey: {estimate, variance}}}]; series: [{key, name, className}];
+ * rows: [{label, sublabel?, className?, values: {seriesKey: {estimate, variance}}}]; series: [{key, name, className}];
  * format: a tick/value formatter. Returns the <svg> element (role="img", titled, described).
  */
 export function intervalChart({ rows, series, format, title, description }) {
@@ -91,12 +93,15 @@ export function intervalChart({ rows, series, format, title, description }) {
       if (!v || !Number.isFinite(v.estimate)) return;
       const y = y0 + 7 + j * 16 + 4;
       const ci = interval95(v.estimate, v.variance);
-      const mark = el("g", { class: `mark ${s.className}`, "data-series": s.key });
+      const cls = row.className || s.className; // a row may have its own colour (one series, several estimators)
+      const mark = el("g", { class: `mark ${cls}`, "data-series": s.key });
       if (ci) {
-        mark.append(el("line", { class: `ci ${s.className}`, x1: x(ci[0]), x2: x(ci[1]), y1: y, y2: y }));
-        for (const end of ci) mark.append(el("line", { class: s.className, x1: x(end), x2: x(end), y1: y - 4, y2: y + 4 }));
+        mark.append(el("line", { class: `ci ${cls}`, x1: x(ci[0]), x2: x(ci[1]), y1: y, y2: y }));
+        for (const end of ci) {
+          mark.append(el("line", { class: cls, x1: x(end), x2: x(end), y1: y - 4, y2: y + 4 }));
+        }
       }
-      mark.append(el("circle", { class: s.className, cx: x(v.estimate), cy: y, r: 4 }));
+      mark.append(el("circle", { class: cls, cx: x(v.estimate), cy: y, r: 4 }));
       mark.append(el("title", {}, `${row.label} · ${s.name}: ${format(v.estimate)}` +
         (ci ? ` (95% interval ${format(ci[0])} to ${format(ci[1])})` : "")));
       g.append(mark);

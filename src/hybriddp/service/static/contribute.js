@@ -140,7 +140,8 @@ export class Contribute {
     this.sent.hidden = false;
     this.sentMessage.textContent = JSON.stringify(message, null, 2);
     this.sentFacts.replaceChildren(
-      h("dt", {}, "Reported"), h("dd", {}, message.reports.map((r) => `⟨${r.query ?? "*"}, ${r.url ?? "*"}⟩`).join(", ")
+      h("dt", {}, "Reported"),
+      h("dd", {}, message.reports.map((r) => `⟨${r.query ?? "*"}, ${r.url ?? "*"}⟩`).join(", ")
         || "nothing (no record sampled)"),
       h("dt", {}, "Report id"), h("dd", { class: "mono" }, message.id),
       h("dt", {}, "Head list"), h("dd", { class: "mono" }, message.headlist),

@@ -5,10 +5,12 @@ import { intervalChart, interval95 } from "./chart.js";
 
 const LIFECYCLE = ["collecting-optin", "headlist-published", "collecting-reports", "closed", "results-published"];
 const PARAM_NAMES = {
-  epsilon: "ε", delta: "δ", optin_fraction: "opt-in fraction", f_o: "f_O (opt-in share for the head list)",
-  f_c: "f_C (client budget to the head list)", head_list_size: "M (head-list size)", m_o: "m_O (records per opt-in user)",
-  m_c: "m_C (records per client)", project: "project onto the simplex", noise: "noise", url_level: "URL level",
-  seed: "seed", lower: "lower bound", upper: "upper bound",
+  epsilon: "ε", delta: "δ", optin_fraction: "opt-in fraction",
+  f_o: "f_O (share of opt-in users building the head list)", f_c: "f_C (share of a client's budget on the query)",
+  head_list_size: "M (head-list size)", m_o: "m_O (records per opt-in user)", m_c: "m_C (records per client)",
+  project: "project onto the simplex", noise: "noise", url_level: "URL level",
+  lower: "lower bound", upper: "upper bound", sigma2: "σ² (given variance of the values)",
+  variance_share: "share of ε spent estimating σ²", seed: "seed",
 };
 const TOP = 10;
 
@@ -48,11 +50,15 @@ function renderSummary(info) {
     h("div", { class: "n" }, count(n)), h("div", { class: "what" }, what))));
   show("counts-panel");
 
-  $("params").replaceChildren(...Object.entries(info.params).flatMap(([k, v]) => [
-    h("dt", {}, PARAM_NAMES[k] || k), h("dd", {}, v === null ? "none" : typeof v === "boolean" ? (v ? "yes" : "no") : num(v)),
+  const known = Object.keys(PARAM_NAMES);
+  const order = (k) => (known.includes(k) ? known.indexOf(k) : known.length);
+  const params = Object.entries(info.params).sort(([a], [b]) => order(a) - order(b));
+  $("params").replaceChildren(...params.flatMap(([k, v]) => [
+    h("dt", {}, PARAM_NAMES[k] || k),
+    h("dd", {}, v === null ? "none" : typeof v === "boolean" ? (v ? "yes" : "no") : num(v)),
   ]));
   if (info.headlist_hash) {
-    $("params").append(h("dt", {}, "head list"),
+    $("params").append(h("dt", {}, info.kind === "blender" ? "head list" : "round document"),
       h("dd", { class: "mono small", title: info.headlist_hash }, `${info.headlist_hash.slice(0, 23)}…`));
   }
   show("params-panel");
@@ -73,7 +79,8 @@ function renderPrivacy(info, results) {
           h("th", { scope: "col", class: i > 1 ? "num" : "" }, t)))),
         h("tbody", {}, (pr.mechanisms || []).map((m) => h("tr", {},
           h("td", {}, m.group),
-          h("td", {}, m.mechanism, h("br"), h("span", { class: "muted small" }, [m.model, m.reference].filter(Boolean).join(", "))),
+          h("td", {}, m.mechanism, h("br"),
+            h("span", { class: "muted small" }, [m.model, m.reference].filter(Boolean).join(", "))),
           h("td", { class: "num" }, num(m.epsilon)), h("td", { class: "num" }, num(m.delta))))))));
   } else if (results && results.guarantee) {
     box.replaceChildren(h("p", {}, typeof results.guarantee === "string" ? results.guarantee
@@ -131,7 +138,8 @@ function renderBlender(info, results) {
     h("caption", { class: "visually-hidden" }, "Estimated probability of every head-list record"),
     h("thead", {}, h("tr", {}, head.map((t, i) => h("th", { scope: "col", class: numeric.has(i) ? "num" : "" }, t)))),
     h("tbody", {}, sorted.map((r) => h("tr", { class: r.wildcard ? "wildcard" : "" },
-      h("td", {}, r.query), h("td", { class: "url" }, r.wildcard ? (r.query === "*" ? "* (any other query)" : "* (any other URL)") : r.url),
+      h("td", {}, r.query),
+      h("td", { class: "url" }, !r.wildcard ? r.url : r.query === "*" ? "* (any other query)" : "* (any other URL)"),
       h("td", { class: "num" }, percent(r.p_blended, 3)), h("td", { class: "num" }, ci(r.p_blended, r.var_blended)),
       h("td", { class: "num" }, percent(r.p_optin, 3)), h("td", { class: "num" }, percent(r.p_client, 3)),
       h("td", { class: "num" }, Number.isFinite(r.weight_optin) ? r.weight_optin.toFixed(3) : "–"))))));
@@ -143,7 +151,9 @@ function renderMean(info, results) {
   const series = [{ key: "v", name: "estimate", className: "blended" }];
   const cls = { hybrid: "blended", optin: "optin", client: "client" };
   legend(est.map((e) => ({ name: e.estimator, className: cls[e.estimator] || "blended" })));
-  const rows = est.map((e) => ({ label: e.estimator, values: { v: { estimate: e.estimate, variance: e.variance } } }));
+  const rows = est.map((e) => ({ label: e.estimator, className: cls[e.estimator] || "blended",
+    values: { v: { estimate: e.estimate, variance: e.variance } } }));
+  $("chart-h").textContent = "Estimates of the mean";
   $("chart").replaceChildren(
     intervalChart({ rows, series, format: num, title: "The mean: opt-in, client and hybrid estimates",
       description: "Each estimate of the mean with its 95% interval." }),
@@ -155,7 +165,8 @@ function renderMean(info, results) {
     h("tbody", {}, est.map((e) => {
       const iv = interval95(e.estimate, e.variance);
       return h("tr", {}, h("td", {}, e.estimator), h("td", { class: "num" }, num(e.estimate)),
-        h("td", { class: "num" }, iv ? `${num(iv[0])} – ${num(iv[1])}` : "–"), h("td", { class: "num" }, count(e.n)),
+        h("td", { class: "num" }, iv ? `${num(iv[0])} – ${num(iv[1])}` : "–"),
+        h("td", { class: "num" }, count(e.n)),
         h("td", { class: "num" }, num(e.weight_optin)));
     }))));
   show("table-panel");

@@ -142,14 +142,13 @@ listbox.addEventListener("mousemove", (ev) => {
   }
 });
 
-function use(newDoc, saved, how) {
+function use(newDoc, how) {
   doc = newDoc;
   index = buildIndex(doc);
   input.disabled = false;
   input.placeholder = `Search ${doc.queries.length} popular ${doc.queries.length === 1 ? "query" : "queries"}`;
-  const when = saved ? new Date(saved).toLocaleString() : "";
-  listStatus.textContent = `${doc.queries.length} queries from round ${doc.round}, ${how}` +
-    (when ? ` (kept on this device since ${when})` : "");
+  const n = doc.queries.length;
+  listStatus.textContent = `${n} ${n === 1 ? "query" : "queries"} from round ${doc.round}, ${how}`;
   roundLink.href = `/rounds/${encodeURIComponent(doc.round)}`;
   roundLink.hidden = false;
   document.body.dataset.ready = "true";
@@ -164,7 +163,9 @@ function online(ok, why = "") {
 async function start() {
   const wanted = new URLSearchParams(location.search).get("round");
   const kept = loadKept();
-  if (kept && (!wanted || kept.doc.round === wanted)) use(kept.doc, kept.saved, "kept in this browser");
+  if (kept && (!wanted || kept.doc.round === wanted)) {
+    use(kept.doc, `kept in this browser since ${new Date(kept.saved).toLocaleString()}`);
+  }
   let rounds = null;
   try {
     rounds = await fetchJson("/api/v1/local-search/rounds");
@@ -177,8 +178,7 @@ async function start() {
     try {
       const fresh = await fetchJson(`/api/v1/rounds/${encodeURIComponent(target)}/local-search`);
       if (!isLocalSearchDoc(fresh)) throw new ApiError(`round ${target}: the local-search document is malformed`);
-      const saved = keep(fresh) ? new Date().toISOString() : null;
-      use(fresh, saved, saved ? "downloaded and kept in this browser" : "downloaded (this browser refused to keep it)");
+      use(fresh, keep(fresh) ? "downloaded and kept in this browser" : "downloaded (this browser refused to keep it)");
     } catch (err) {
       if (!doc) listStatus.replaceChildren(h("span", { class: "error" }, err.message));
     }

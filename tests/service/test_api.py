@@ -610,3 +610,14 @@ def test_serve_generates_a_private_admin_token_and_serves(tmp_path: Path, store_
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert f"admin token generated: {token_file}" in out and f"serving on http://127.0.0.1:{port}" in out
+
+
+def test_round_ids_never_look_like_command_line_options() -> None:
+    """A round id is a CLI argument (`hybriddp round close ID`): one starting with "-" would be taken for
+    an option. Without the redraw, 1 id in 64 would (5,000 draws: all but certain to show one)."""
+    from hybriddp.service.store import ROUND_ID, new_round_id
+
+    ids = [new_round_id() for _ in range(5000)]
+    assert all(ROUND_ID.fullmatch(i) and not i.startswith("-") for i in ids)
+    assert len(set(ids)) == len(ids)
+    assert sum(i.startswith("A") for i in ids) > 20  # still spread over the other 63 first characters

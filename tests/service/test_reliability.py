@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import sqlalchemy as sa
 
@@ -193,7 +194,7 @@ def expected_counts(doc: dict[str, Any], estimates: dict[str, Any], msgs: list[d
 def test_sigkill_mid_stream_every_acknowledged_report_is_stored_exactly_once(server: ServerProcess,
                                                                              store_url: str) -> None:
     rid, doc = open_round(server)
-    msgs = device_messages(doc, 3000)
+    msgs = device_messages(doc, 4000)
     by_id = {m["id"]: m for m in msgs}
     acked: set[str] = set()
     unacked: list[dict[str, Any]] = []
@@ -216,16 +217,22 @@ def test_sigkill_mid_stream_every_acknowledged_report_is_stored_exactly_once(ser
                     else:
                         refused.append(f"{r.status_code} {r.text[:300]}")
 
-    # four streams: single messages, and JSON arrays of 7, 25 and 60
-    threads = [threading.Thread(target=stream, args=(msgs[k::4], batch)) for k, batch in enumerate((1, 7, 25, 60))]
+    # five streams: single messages, and JSON arrays of 7, 25, 60 and 400 (over 64 KiB: checked by the
+    # server's worker processes, hybriddp.service.checkpool)
+    batches = (1, 7, 25, 60, 400)
+    threads = [threading.Thread(target=stream, args=(msgs[k::5], batch)) for k, batch in enumerate(batches)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 120
     while len(acked) < 600 and time.monotonic() < deadline:
         time.sleep(0.002)
+    workers = psutil.Process(server.proc.pid).children(recursive=True)
     server.kill9()
     for t in threads:
         t.join(120)
+    # the check workers end with the server (they watch their parent), even after SIGKILL
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, [p.cmdline()[:3] for p in alive]
     assert not refused, refused[:5]
     assert len(acked) >= 600 and unacked, (len(acked), len(unacked))
     assert len(acked) + len(unacked) == len(msgs)
@@ -361,6 +368,26 @@ def test_oversized_bodies_get_413(server: ServerProcess) -> None:
         assert post_reports(http, rid, [msg]).status_code == 200
 
 
+def test_large_bodies_are_checked_like_small_ones(server: ServerProcess) -> None:
+    """Bodies over 64 KiB are parsed and checked in worker processes, small ones on the event loop:
+    the same refusal (status, code, message naming the message) and the same counting either way."""
+    rid, doc = open_round(server, n_users=150)
+    msgs = device_messages(doc, 700)
+    assert len(json.dumps(msgs)) > 64 * 1024 > len(json.dumps(msgs[:3]))
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        for part in (msgs[:3], msgs):
+            n = len(part)
+            bad = [*part[:-1], dict(part[-1], headlist="sha256:" + "0" * 64)]
+            r = post_reports(http, rid, bad)
+            err = assert_json_4xx(r, 422)
+            assert err["code"] == "headlist_error" and err["message"].startswith(f"message {n}: report made for"), err
+            assert http.get(f"{API}/rounds/{rid}").json()["counts"]["messages"] == 0  # nothing of it stored
+        for part, counted in ((msgs[:3], 3), (msgs, 697), (msgs, 0)):
+            ack = post_reports(http, rid, part).json()
+            assert ack == {"acknowledged": len(part), "counted": counted, "duplicates": len(part) - counted}
+        assert http.get(f"{API}/rounds/{rid}").json()["counts"]["messages"] == 700
+
+
 def test_malformed_bodies_get_json_4xx_never_5xx(server: ServerProcess) -> None:
     rid, doc = open_round(server, n_users=150)
     good = device_messages(doc, 1)[0]
@@ -381,7 +408,10 @@ def test_malformed_bodies_get_json_4xx_never_5xx(server: ServerProcess) -> None:
         ("unlisted url", json.dumps(dict(good, reports=[{"query": listed["query"], "url": "https://no.example/"}]))),
         ("report fields numbers", json.dumps(dict(good, reports=[{"query": 1, "url": 2}]))),
         ("array with a bad message", json.dumps([good, dict(good, id="x")])),
-        ("array of numbers", b"[1, 2, 3]"), ("lone surrogate", b'{"id": "\\ud800", "headlist": "x", "reports": []}'),
+        ("array of numbers", b"[1, 2, 3]"),
+        ("large array with a bad last message",  # over 64 KiB: parsed and checked in a worker process
+         json.dumps([dict(good, id=new_message_id()) for _ in range(600)] + [dict(good, id="x")])),
+        ("lone surrogate", b'{"id": "\\ud800", "headlist": "x", "reports": []}'),
     ]
     ndjson = [("bad line", json.dumps(good) + "\n{not json\n"), ("array line", "[1]\n"),
               ("blank lines only", "\n\n\n"), ("binary", bytes(range(256)))]

@@ -82,14 +82,19 @@ def save_token(path: Path, token: str) -> None:
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=16 * 1024 * 1024, show_default=True,
               help="Largest request body, in bytes (16 MiB); a larger one is refused with 413. Device batches "
                    "must fit (about 100 bytes per one-report message).")
+@click.option("--check-workers", type=click.IntRange(0, 64), default=None,
+              help="Worker processes that parse and check large report bodies (over 64 KiB), so batches use "
+                   "more than one core; 0 checks them in a thread of the server process. Default: one per CPU, "
+                   "at most 4.")
 @click.option("--demo", is_flag=True, help="Before serving, run a demo round through the service into the database "
               "(the aol preset at --scale 0.1: opt-in uploads, head list, device reports, close), so its results and "
               "local-search document can be opened at once.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="Uvicorn's log level. Access logs (with client addresses) are never written.")
 def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_token_file: str | None,
-              lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int, demo: bool,
-              log_level: str) -> None:
+              lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
+              check_workers: int | None,
+              demo: bool, log_level: str) -> None:
     """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
 
     Opt-in users upload raw records with their own tokens; an administrator publishes the head list
@@ -112,8 +117,10 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     if demo:
         from hybriddp.cli.rounds import populate_demo_round
         demo_round = populate_demo_round(db_url, lifetime_epsilon, lifetime_delta)
+    from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
-                     lifetime_delta=lifetime_delta)
+                     lifetime_delta=lifetime_delta,
+                     check_workers=DEFAULT_CHECK_WORKERS if check_workers is None else check_workers)
     store = app.state.store
     if generated:
         save_token(token_path, token)

@@ -10,7 +10,6 @@ agent, time) is stored with a report.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import io
 import json
@@ -29,8 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from hybriddp import __version__
-from hybriddp.errors import DataError, HeadListError, HybridDPError, ParameterError, parameter_error
-from hybriddp.ledger import BudgetExceededError, LedgerError
+from hybriddp.errors import DataError, HybridDPError, parameter_error
 from hybriddp.service import models as m
 from hybriddp.service import pages, rounds
 from hybriddp.service.bodies import (
@@ -40,18 +38,19 @@ from hybriddp.service.bodies import (
     loads,
     media_type,
     ndjson_lines,
-    parse_messages,
     read_body,
 )
+from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS, CheckPool, tune_gc
 from hybriddp.service.errors import (
     BadBodyError,
     ConflictError,
     NotFoundError,
-    ServiceError,
     UnauthorizedError,
     UnsupportedMediaTypeError,
+    classify,
 )
 from hybriddp.service.metrics import LatencyMiddleware, Metrics
+from hybriddp.service.reports import ReportsEndpoint, accept_reports
 from hybriddp.service.schema import ROUND_STATES
 from hybriddp.service.store import RoundInfo, Store
 from hybriddp.service.writer import ReportWriter
@@ -61,8 +60,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 """Largest request body accepted (16 MiB); larger ones get 413."""
 MIN_ADMIN_TOKEN = 16
-INLINE_CHECK_BYTES = 64 * 1024
-"""Report bodies up to this size are checked on the event loop (no thread hop); larger ones in a thread."""
 
 admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
                           description="The administrator token (`hybriddp serve` prints where it is).")
@@ -93,25 +90,9 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
-def _classify(exc: HybridDPError) -> tuple[int, str]:
-    if isinstance(exc, ServiceError):
-        return exc.status, exc.code
-    if isinstance(exc, BudgetExceededError):
-        return 409, "budget_exceeded"
-    if isinstance(exc, LedgerError):
-        return 409, "ledger_refused"
-    if isinstance(exc, HeadListError):
-        return 422, "headlist_error"
-    if isinstance(exc, ParameterError):
-        return 422, "invalid_parameter"
-    if isinstance(exc, DataError):
-        return 422, "invalid_data"
-    return 422, "invalid_input"
-
-
 async def _hybriddp_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HybridDPError)
-    status, code = _classify(exc)
+    status, code = classify(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return error_response(status, code, str(exc), headers)
 
@@ -175,13 +156,30 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 
 
 # ----- the app ----------------------------------------------------------------------------------
+class ServiceApp(FastAPI):
+    """The FastAPI app, with device reports (the hot path) served ahead of FastAPI's machinery."""
+
+    def __init__(self, reports: ReportsEndpoint, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reports = reports
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        round_id = self.reports.round_of(scope)
+        if round_id is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.reports(round_id, scope, receive, send)
+
+
 def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               lifetime_epsilon: float | None = None, lifetime_delta: float | None = None) -> FastAPI:
+               lifetime_epsilon: float | None = None, lifetime_delta: float | None = None,
+               check_workers: int = DEFAULT_CHECK_WORKERS) -> FastAPI:
     """The service on the database at ``db_url`` (migrated to the newest schema on the way).
 
     ``admin_token``: the administrators' bearer token (at least 16 characters).
     ``lifetime_epsilon``/``lifetime_delta``: the opt-in users' lifetime budget of a new database
-    (an existing one keeps its own). ``app.state.store`` is the :class:`Store`; it is closed when
+    (an existing one keeps its own). ``check_workers``: processes that parse and check large report
+    bodies (0: a thread of the server process does). ``app.state.store`` is the :class:`Store`; it is closed when
     the app shuts down.
     """
     if not isinstance(admin_token, str) or len(admin_token.strip()) < MIN_ADMIN_TOKEN:
@@ -198,17 +196,22 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     token = admin_token.strip().encode("utf-8")
     metrics = Metrics()
     writer = ReportWriter(store)
+    pool = CheckPool(check_workers) if check_workers > 0 else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        tune_gc()
         yield
         writer.close()
+        if pool is not None:
+            pool.close()
         store.close()
 
-    app = FastAPI(title="hybriddp collection service", version=__version__, lifespan=lifespan,
-                  description="BLENDER (hybrid-model differential privacy) and hybrid mean-estimation rounds: "
-                              "opt-in uploads, head lists, device reports, results. Errors are "
-                              '`{"error": {"code", "message"}}`.')
+    app = ServiceApp(ReportsEndpoint(store, writer, pool, metrics, max_body_bytes),
+                     title="hybriddp collection service", version=__version__, lifespan=lifespan,
+                     description="BLENDER (hybrid-model differential privacy) and hybrid mean-estimation rounds: "
+                                 "opt-in uploads, head lists, device reports, results. Errors are "
+                                 '`{"error": {"code", "message"}}`.')
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.state.store = store
     app.state.metrics = metrics
@@ -301,21 +304,10 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
               openapi_extra={"requestBody": m.REPORTS_BODY},
               responses=_errors(400, 404, 409, 413, 415, 422, 503))
     async def post_reports(round_id: RoundId, request: Request) -> dict[str, int]:
+        # Requests are served by ReportsEndpoint in front of the app; this route documents the endpoint.
         body = await read_body(request, max_body_bytes)
-        ctype = request.headers.get("content-type")
-        target = rounds.report_target(store, round_id, cached_only=True)
-        if target is not None and len(body) <= INLINE_CHECK_BYTES:  # small and no database read: check right here
-            info, items = _check_reports(target, body, ctype, metrics)
-        else:
-            info, items = await run_in_threadpool(
-                lambda: _check_reports(rounds.report_target(store, round_id), body, ctype, metrics))
-        try:
-            ack = await asyncio.wrap_future(writer.submit(info, items))
-        except HybridDPError:
-            metrics.count_reports(refused=len(items))
-            raise
-        metrics.count_reports(accepted=ack.counted, duplicate=ack.duplicates)
-        return {"acknowledged": ack.acknowledged, "counted": ack.counted, "duplicates": ack.duplicates}
+        return await accept_reports(store, writer, pool, metrics, round_id, body,
+                                    request.headers.get("content-type"))
 
     @app.post("/api/v1/rounds/{round_id}/close", response_model=m.RoundOut, dependencies=admin, tags=["rounds"],
               responses=_errors(401, 404, 409, 413, 422, 503))
@@ -423,15 +415,3 @@ def _validated(model: type[Any], doc: Any, where: str) -> Any:
         return model.model_validate(doc)
     except ValidationError as exc:
         raise DataError(f"{where}: {_describe_errors(exc.errors())}") from None
-
-
-def _check_reports(target: Any, body: bytes, content_type: str | None, metrics: Metrics
-                   ) -> tuple[RoundInfo, list[tuple[str, Any]]]:
-    """Parse a reports body and check every message (nothing is stored if one is refused)."""
-    info, checker = target
-    messages = parse_messages(body, content_type)
-    try:
-        return info, [checker.check(msg, i) for i, msg in enumerate(messages, 1)]
-    except HybridDPError:
-        metrics.count_reports(refused=len(messages))
-        raise

@@ -6,7 +6,8 @@ the fix, like the rest of hybriddp. Anything else escaping a request is a bug (H
 
 from __future__ import annotations
 
-from hybriddp.errors import HybridDPError
+from hybriddp.errors import DataError, HeadListError, HybridDPError, ParameterError
+from hybriddp.ledger import BudgetExceededError, LedgerError
 
 
 class ServiceError(HybridDPError):
@@ -63,3 +64,20 @@ class UnsupportedMediaTypeError(ServiceError):
 
     status = 415
     code = "unsupported_media_type"
+
+
+def classify(exc: HybridDPError) -> tuple[int, str]:
+    """The HTTP status and error code of an error of the library or the service."""
+    if isinstance(exc, ServiceError):
+        return exc.status, exc.code
+    if isinstance(exc, BudgetExceededError):
+        return 409, "budget_exceeded"
+    if isinstance(exc, LedgerError):
+        return 409, "ledger_refused"
+    if isinstance(exc, HeadListError):
+        return 422, "headlist_error"
+    if isinstance(exc, ParameterError):
+        return 422, "invalid_parameter"
+    if isinstance(exc, DataError):
+        return 422, "invalid_data"
+    return 422, "invalid_input"

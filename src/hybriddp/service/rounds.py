@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -228,6 +229,9 @@ class BlenderReports:
     checks of :meth:`hybriddp.parties.server.MessageCounter.entries` (fields, a valid random id, the
     head list's hash, at most m_C reports, every report a listed entry)."""
 
+    recipe: tuple[Any, ...] = ()
+    key = ""
+
     def __init__(self, release: CuratorRelease) -> None:
         self.release = release
         self._counter = MessageCounter(release, "fetch GET /api/v1/rounds/{id}/headlist and randomize over it")
@@ -243,6 +247,9 @@ class MeanReports:
     A value is clamp(x) + Laplace(Δ/ε) (:mod:`hybriddp.mean_device`); one farther than 1000 noise
     scales from [lower, upper] (probability e^-1000 for a device) is refused, so sums stay finite.
     """
+
+    recipe: tuple[Any, ...] = ()
+    key = ""
 
     def __init__(self, round_id: str, params: dict[str, Any]) -> None:
         self.round_id = round_id
@@ -334,9 +341,22 @@ def report_target(store: Store, round_id: str, *, cached_only: bool = False
             raise ConflictError(f"reports refused: round {info.id} is {info.state!r}; its head list is not "
                                 "published yet (reports are taken after POST /api/v1/rounds/{id}/headlist)")
         if info.kind == "mean":
-            return info, MeanReports(info.id, info.params)
-        return info, BlenderReports(release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates)))
+            return info, checker_from_recipe(("mean", info.id, info.params))
+        return info, checker_from_recipe(("blender", docs.headlist, docs.estimates))
     return _targets.get(key, make)
+
+
+def checker_from_recipe(recipe: tuple[Any, ...]) -> BlenderReports | MeanReports:
+    """The message checker of a round from its recipe: ``("blender", head list JSON, estimates JSON)`` or
+    ``("mean", round id, params)``. The checker keeps its recipe (``.recipe``), so another process
+    (:mod:`hybriddp.service.checkpool`) can build the same checker."""
+    if recipe[0] == "mean":
+        checker: BlenderReports | MeanReports = MeanReports(recipe[1], recipe[2])
+    else:
+        checker = BlenderReports(release_from_documents(json.loads(recipe[1]), json.loads(recipe[2])))
+    checker.recipe = recipe
+    checker.key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("utf-8", "surrogatepass")).hexdigest()
+    return checker
 
 
 # ----- close --------------------------------------------------------------------------------

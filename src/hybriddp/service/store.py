@@ -28,9 +28,11 @@ import hmac
 import itertools
 import json
 import math
+import operator
 import os
 import re
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -62,6 +64,14 @@ RETRIES = 5
 IN_CHUNK = 500  # parameters per IN (...) list
 
 REPORT_STATES = ("headlist-published", "collecting-reports")
+# The report path's statements, written at the driver level (it runs them for every group commit);
+# only integers are formatted into them.
+_OPEN_ROUND = ("UPDATE rounds SET state = 'collecting-reports' WHERE num = %d AND state IN "
+               f"({', '.join(repr(st) for st in REPORT_STATES)}) RETURNING num")
+_ROWS_PER_INSERT = 8000 if sqlite3.sqlite_version_info >= (3, 32) else 400
+"""Rows per SQLite INSERT statement of messages (SQLite >= 3.32 binds up to 32,766 parameters, older 999)."""
+_ADD_ROUND_COUNTS = ("UPDATE rounds SET n_messages = n_messages + %d, n_reports = n_reports + %d, "
+                     "n_duplicates = n_duplicates + %d WHERE num = %d")
 ROUND_ID = re.compile(r"[A-Za-z0-9_-]{22}")
 """A round id: 16 random bytes in URL-safe base64 without padding (:func:`new_round_id`)."""
 
@@ -74,8 +84,13 @@ def now() -> str:
 
 
 def new_round_id() -> str:
-    """16 random bytes from the OS, URL-safe base64 without padding (22 characters)."""
-    return base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=").decode("ascii")
+    """16 random bytes from the OS, URL-safe base64 without padding (22 characters), drawn again while
+    it starts with ``-`` (a command line would take such an id for an option: ``hybriddp round close
+    -Lx...``). That leaves 127.9 of the 128 bits of randomness."""
+    while True:
+        rid = base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=").decode("ascii")
+        if not rid.startswith("-"):
+            return rid
 
 
 def token_hash(token: str) -> str:
@@ -581,13 +596,12 @@ class Store:
         def run(conn: Connection) -> list[ReportAck | ConflictError]:
             open_rounds = set()
             for num in sorted({info.num for info, _ in requests}):  # locks the round rows in one order
-                if conn.execute(update(s.rounds).where(s.rounds.c.num == num, s.rounds.c.state.in_(REPORT_STATES))
-                                .values(state="collecting-reports").returning(s.rounds.c.num)).first():
+                if conn.exec_driver_sql(_OPEN_ROUND % int(num)).first():
                     open_rounds.add(num)
             results: list[ReportAck | ConflictError] = []
-            firsts: dict[int, dict[str, tuple[int, Any]]] = {}  # round → message id → (request, payload)
+            by_round: dict[int, list[tuple[int, Sequence[tuple[str, Any]]]]] = {}  # round → (request, items)
             kinds: dict[int, str] = {}
-            for info, items in requests:
+            for i, (info, items) in enumerate(requests):
                 if info.num not in open_rounds:
                     state = self._get(conn, info.id).state
                     results.append(ConflictError(f"reports refused: round {info.id} is {state!r}; reports are taken "
@@ -595,83 +609,109 @@ class Store:
                     continue
                 results.append(ReportAck(len(items), 0, 0))
                 kinds[info.num] = info.kind
-                firsts.setdefault(info.num, {})
-            for i in reversed(range(len(requests))):  # later assignments win: iterate backwards so the first does
-                info, items = requests[i]
-                if info.num in open_rounds:
-                    firsts[info.num].update({mid: (i, payload) for mid, payload in reversed(items)})
+                by_round.setdefault(info.num, []).append((i, items))
             counted = [0] * len(requests)
             reports = [0] * len(requests)
-            for num, first in firsts.items():
-                self._store_round_reports(conn, num, kinds[num] == "mean", first, counted, reports)
-                acked = sum(len(items) for info, items in requests if info.num == num)
-                new = sum(counted[i] for i, (info, _) in enumerate(requests) if info.num == num)
-                n_rep = sum(reports[i] for i, (info, _) in enumerate(requests) if info.num == num)
-                conn.execute(update(s.rounds).where(s.rounds.c.num == num).values(
-                    n_messages=s.rounds.c.n_messages + new, n_reports=s.rounds.c.n_reports + n_rep,
-                    n_duplicates=s.rounds.c.n_duplicates + (acked - new)))
+            for num, reqs in by_round.items():
+                self._store_round_reports(conn, num, kinds[num] == "mean", reqs, counted, reports)
+                acked = sum(len(items) for _, items in reqs)
+                new = sum(counted[i] for i, _ in reqs)
+                n_rep = sum(reports[i] for i, _ in reqs)
+                conn.exec_driver_sql(_ADD_ROUND_COUNTS % (int(new), int(n_rep), int(acked - new), int(num)))
             return [r if isinstance(r, ConflictError) else ReportAck(r.acknowledged, counted[i], reports[i])
                     for i, r in enumerate(results)]
         return self._write(run)
 
-    def _store_round_reports(self, conn: Connection, num: int, mean: bool, first: dict[str, tuple[int, Any]],
-                             counted: list[int], reports: list[int]) -> None:
-        """Insert one round's messages of a group; credit each new one to the request that sent it."""
-        ids = sorted(first)  # sorted: B-tree locality, and one lock order for every batch (PostgreSQL)
-        if mean:
-            params = [(m, first[m][1]) for m in ids]
-        else:
-            params = [(m, p[0] if p else None) for m in ids for p in (first[m][1],)]
-        new = self._insert_messages(conn, num, mean, params)
-        if not new:
+    def _store_round_reports(self, conn: Connection, num: int, mean: bool,
+                             reqs: list[tuple[int, Sequence[tuple[str, Any]]]], counted: list[int],
+                             reports: list[int]) -> None:
+        """Insert one round's messages of a group; credit each new one to the request that sent it.
+
+        Of several messages with one id (stored earlier, or repeated in the group) only the first is
+        stored and counted. The work per message is done by C loops (zip, sort, itemgetter, NumPy)
+        wherever possible: this is the service's hot path.
+        """
+        ids: list[str] = []
+        payloads: list[Any] = []
+        owner: list[int] = []
+        for i, items in reqs:
+            if items:
+                mids, pays = zip(*items, strict=True)
+                ids += mids
+                payloads += pays
+                owner += [i] * len(mids)
+        n = len(ids)
+        if n == 0:
             return
-        pairs = [first[m] for m in new]
-        req = np.fromiter((p[0] for p in pairs), dtype=np.int64, count=len(pairs))
+        # sorted by id (B-tree locality, one lock order on PostgreSQL); stable: the first of equal ids first
+        order = sorted(range(n), key=ids.__getitem__)
+        pick = operator.itemgetter(*order) if n > 1 else (lambda seq: (seq[0],))
+        firsts = payloads if mean else [p[0] if p else None for p in payloads]
+        new = self._insert_messages(conn, num, mean, pick(ids), pick(firsts))
+        owners = np.asarray(owner, dtype=np.int64)
+        lens = np.ones(n, dtype=np.int64) if mean else np.fromiter(map(len, payloads), dtype=np.int64, count=n)
+        if len(new) == n:
+            is_new = np.ones(n, dtype=bool)
+        else:  # duplicates: the first occurrence of each newly stored id is the stored one
+            fresh = set(new)
+            is_new = np.zeros(n, dtype=bool)
+            for k, mid in enumerate(ids):
+                if mid in fresh:
+                    fresh.discard(mid)
+                    is_new[k] = True
         n_req = len(counted)
-        if mean:
-            lens = np.ones(len(pairs), dtype=np.int64)
-        else:
-            lens = np.fromiter((len(p[1]) for p in pairs), dtype=np.int64, count=len(pairs))
-        for i, (c, r) in enumerate(zip(np.bincount(req, minlength=n_req).tolist(),
-                                       np.bincount(req, weights=lens, minlength=n_req).tolist(), strict=True)):
+        for i, (c, r) in enumerate(zip(np.bincount(owners[is_new], minlength=n_req).tolist(),
+                                       np.bincount(owners[is_new], weights=lens[is_new], minlength=n_req).tolist(),
+                                       strict=True)):
             counted[i] += c
             reports[i] += int(r)
-        if mean:
+        if mean or not is_new.any():
             return
-        entries = np.fromiter(itertools.chain.from_iterable(p[1] for p in pairs), dtype=np.int64, count=int(lens.sum()))
+        entries = np.fromiter(itertools.chain.from_iterable(payloads), dtype=np.int64, count=int(lens.sum()))
+        entries = entries[np.repeat(is_new, lens)]
         if entries.size:
             self._add_counts(conn, num, np.bincount(entries))
         if lens.max() > 1:  # m_C > 1: the 2nd, 3rd, ... reports of the new messages
-            conn.execute(insert(s.extra_entries), [{"round_num": num, "message_id": mid, "entry": e}
-                                                   for mid, (_, payload) in zip(new, pairs, strict=True)
-                                                   for e in payload[1:]])
+            multi = np.flatnonzero(is_new & (lens > 1)).tolist()
+            conn.execute(insert(s.extra_entries), [{"round_num": num, "message_id": ids[k], "entry": e}
+                                                   for k in multi for e in payloads[k][1:]])
 
-    def _insert_messages(self, conn: Connection, round_num: int, mean: bool, params: list[tuple[str, Any]]
-                         ) -> list[str]:
-        """INSERT ... ON CONFLICT DO NOTHING RETURNING message_id, many rows per statement; the new ids.
+    def _insert_messages(self, conn: Connection, round_num: int, mean: bool, ids: Sequence[str],
+                         values: Sequence[Any]) -> list[str]:
+        """INSERT ... ON CONFLICT DO NOTHING RETURNING message_id of the messages ``ids`` with their first
+        entries (or, for a mean round, values) ``values``, in that order; the ids that were new.
 
-        ``params``: (message id, first entry) or, for a mean round, (message id, value). Written at
-        the driver level: SQLAlchemy's generic executemany path costs three times as much per
-        row, and this is the service's hot path.
+        Written at the driver level (SQLAlchemy's generic executemany path costs three times as
+        much per row, and this is the service's hot path): on SQLite, many rows per VALUES list; on
+        PostgreSQL, one statement over two arrays (``unnest``), which binds 2 parameters instead of
+        two per row.
         """
-        mark = "?" if self.dialect == "sqlite" else "%s"
-        row = f"({int(round_num)},{mark},NULL,{mark})" if mean else f"({int(round_num)},{mark},{mark},NULL)"
-        chunk = 400 if self.dialect == "sqlite" else 2000  # SQLite: at most 999 parameters in old builds
-        new: list[str] = []
-        for i in range(0, len(params), chunk):
-            part = params[i:i + chunk]
-            sql = (f"INSERT INTO messages (round_num, message_id, entry, value) VALUES {','.join([row] * len(part))} "
+        num = int(round_num)
+        cols = "NULL, v" if mean else "v, NULL"
+        if self.dialect == "postgresql":
+            sql = (f"INSERT INTO messages (round_num, message_id, entry, value) SELECT {num}, m, {cols} FROM "
+                   f"unnest(%s::text[], %s::{'float8' if mean else 'int4'}[]) AS t(m, v) "
                    "ON CONFLICT DO NOTHING RETURNING message_id")
-            new += conn.exec_driver_sql(sql, tuple(itertools.chain.from_iterable(part))).scalars().all()
+            return list(conn.exec_driver_sql(sql, (list(ids), list(values))).scalars().all())
+        row = f"({num},?,NULL,?)" if mean else f"({num},?,?,NULL)"
+        flat: list[Any] = [None] * (2 * len(ids))
+        flat[0::2] = ids
+        flat[1::2] = values
+        chunk = 2 * _ROWS_PER_INSERT
+        new: list[str] = []
+        for i in range(0, len(flat), chunk):
+            part = flat[i:i + chunk]
+            sql = (f"INSERT INTO messages (round_num, message_id, entry, value) VALUES "
+                   f"{','.join([row] * (len(part) // 2))} ON CONFLICT DO NOTHING RETURNING message_id")
+            new += conn.exec_driver_sql(sql, tuple(part)).scalars().all()
         return new
 
     def _add_counts(self, conn: Connection, round_num: int, counts: np.ndarray) -> None:
-        ec = s.entry_counts
-        stmt = self._insert(ec)
-        stmt = stmt.on_conflict_do_update(index_elements=[ec.c.round_num, ec.c.entry],
-                                          set_={"n": ec.c.n + stmt.excluded.n})
+        """Add a group's new reports to ``entry_counts`` (one upsert; integers only, written inline)."""
         nz = np.flatnonzero(counts)  # ascending: one lock order (PostgreSQL)
-        conn.execute(stmt, [{"round_num": round_num, "entry": int(e), "n": int(counts[e])} for e in nz.tolist()])
+        rows = ",".join(f"({int(round_num)},{e},{n})" for e, n in zip(nz.tolist(), counts[nz].tolist(), strict=True))
+        conn.exec_driver_sql(f"INSERT INTO entry_counts (round_num, entry, n) VALUES {rows} ON CONFLICT (round_num, "
+                             "entry) DO UPDATE SET n = entry_counts.n + excluded.n")
 
     # ----- close ------------------------------------------------------------------------------
     def start_close(self, round_id: str) -> RoundInfo:

@@ -1,0 +1,128 @@
+"""Large report bodies are parsed and checked in worker processes, off the server's event loop.
+
+A batch of thousands of device messages costs milliseconds of pure Python to parse and check
+against the head list (:class:`hybriddp.service.rounds.BlenderReports`). In the server process that
+work would hold the GIL the event loop and the group-commit writer need; in a worker process it
+runs on another core. The worker gets the body and a *recipe* of the round's checker (the
+published documents, sent only the first time a worker meets the round) and sends back the checked
+``(message id, entries)`` items, or the :class:`~hybriddp.errors.HybridDPError` that refused the body.
+Nothing is stored by a worker: storing stays with the one writer of the server process.
+
+Workers are started lazily (spawned, not forked: the server has threads) and exit on their own
+when the server process dies, even by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from hybriddp.errors import HybridDPError
+from hybriddp.service.bodies import parse_messages
+from hybriddp.service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHECK_WORKERS = min(4, os.cpu_count() or 1)
+"""Worker processes by default: one a CPU, at most 4."""
+_CACHE_SIZE = 64
+_checkers: OrderedDict[Any, Any] = OrderedDict()  # in a worker: checker key → checker
+
+
+def tune_gc() -> None:
+    """Garbage collection for a process that parses big bodies: the objects alive now (modules, the
+    app) move out of the collector's way (``gc.freeze``) and young collections run every 100,000
+    allocations instead of 700. A 5,000-message body creates ~50,000 containers; with the default
+    thresholds the collector re-scans them over and over and parsing takes four times as long. Those
+    objects hold no reference cycles, so reference counting frees them; the collector still runs."""
+    gc.freeze()
+    gc.set_threshold(100_000, 20, 100)
+
+
+def _init_worker(parent: int) -> None:
+    """In a worker: tune the collector; exit as soon as the server process is gone (even by SIGKILL:
+    the pool's pipes may stay open in sibling workers, so end-of-file cannot be relied on)."""
+    tune_gc()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+    threading.Thread(target=watch, name="hybriddp-parent-watch", daemon=True).start()
+
+
+def _check(key: Any, recipe: tuple[Any, ...] | None, body: bytes, content_type: str | None) -> tuple[Any, ...]:
+    """In a worker: ``("ok", items)``, ``("refused", error, messages)`` or ``("recipe",)`` (send the recipe)."""
+    from hybriddp.service.rounds import checker_from_recipe
+    checker = _checkers.get(key)
+    if checker is None:
+        if recipe is None:
+            return ("recipe",)
+        checker = _checkers[key] = checker_from_recipe(recipe)
+        while len(_checkers) > _CACHE_SIZE:
+            _checkers.popitem(last=False)
+    return _check_with(checker, body, content_type)
+
+
+def _check_with(checker: Any, body: bytes, content_type: str | None) -> tuple[Any, ...]:
+    try:
+        messages = parse_messages(body, content_type)
+    except HybridDPError as exc:
+        return ("refused", exc, 0)
+    try:
+        return ("ok", [checker.check(msg, i) for i, msg in enumerate(messages, 1)])
+    except HybridDPError as exc:
+        return ("refused", exc, len(messages))
+
+
+class CheckPool:
+    """A pool of ``workers`` processes checking report bodies (none: the caller checks in a thread)."""
+
+    def __init__(self, workers: int = DEFAULT_CHECK_WORKERS) -> None:
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_init_worker, initargs=(os.getpid(),))
+            return self._pool
+
+    async def check(self, checker: Any, body: bytes, content_type: str | None, metrics: Metrics
+                    ) -> list[tuple[str, Any]]:
+        """The checked items of a body, or its error (refused messages counted in ``metrics``)."""
+        loop = asyncio.get_running_loop()
+        try:
+            pool = self._executor()
+            res = await loop.run_in_executor(pool, _check, checker.key, None, body, content_type)
+            if res[0] == "recipe":
+                res = await loop.run_in_executor(pool, _check, checker.key, checker.recipe, body, content_type)
+        except BrokenProcessPool:  # a worker died (killed, out of memory): a new pool next time; check here now
+            logger.warning("a report-check worker process died; starting new ones")
+            self._discard()
+            res = await asyncio.to_thread(_check_with, checker, body, content_type)
+        if res[0] == "refused":
+            metrics.count_reports(refused=res[2])
+            raise res[1]
+        return res[1]
+
+    def _discard(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        """Stop the workers (at server shutdown)."""
+        self._discard()

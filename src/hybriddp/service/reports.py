@@ -1,0 +1,153 @@
+"""The service's hot path: ``POST /api/v1/rounds/{id}/reports`` as a plain ASGI handler.
+
+Device reports are the one endpoint that sees thousands of requests a second. Served through
+FastAPI's routing, dependency injection and response machinery, a one-message request costs about
+1 ms of Python; here, in front of the app, it costs a fraction of that: the path is matched with one
+regular expression, the body read with the size limit, parsed with orjson, every message checked
+against the round's head list (:class:`hybriddp.service.rounds.BlenderReports`), and the messages
+handed to the group-commit writer (:mod:`hybriddp.service.writer`). The answer goes out only after
+the commit. Errors have the API's one JSON shape, with the same statuses as everywhere else.
+
+:class:`hybriddp.service.app.ServiceApp` hands such requests to :class:`ReportsEndpoint` before
+FastAPI's middleware and routing. The FastAPI route of the same path stays for the OpenAPI document
+(and answers exactly as this handler does, through :func:`accept_reports`), but requests never reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from typing import Any
+
+import orjson
+
+from hybriddp.errors import HybridDPError
+from hybriddp.service import rounds
+from hybriddp.service.bodies import parse_messages
+from hybriddp.service.checkpool import CheckPool
+from hybriddp.service.errors import BodyTooLargeError, ServiceError, classify
+from hybriddp.service.metrics import Metrics
+from hybriddp.service.store import RoundInfo, Store
+from hybriddp.service.writer import ReportWriter
+
+logger = logging.getLogger(__name__)
+
+ROUTE = "/api/v1/rounds/{round_id}/reports"
+"""The route template (the latency metric's label, as FastAPI names it)."""
+_PATH = re.compile(r"/api/v1/rounds/([A-Za-z0-9_-]{22})/reports")
+INLINE_CHECK_BYTES = 64 * 1024
+"""Bodies up to this size are checked on the event loop (no thread hop); larger ones in a thread."""
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body arrived: nothing was stored, nothing to answer."""
+
+
+def too_large(limit: int) -> BodyTooLargeError:
+    return BodyTooLargeError(f"request body over the limit of {limit:,} bytes; send reports in smaller batches "
+                             "(hybriddp serve --max-body-bytes sets the limit)")
+
+
+def check_reports(target: tuple[RoundInfo, Any], body: bytes, content_type: str | None, metrics: Metrics
+                  ) -> tuple[RoundInfo, list[tuple[str, Any]]]:
+    """Parse a reports body and check every message (nothing is stored if one is refused)."""
+    info, checker = target
+    messages = parse_messages(body, content_type)
+    try:
+        return info, [checker.check(msg, i) for i, msg in enumerate(messages, 1)]
+    except HybridDPError:
+        metrics.count_reports(refused=len(messages))
+        raise
+
+
+async def accept_reports(store: Store, writer: ReportWriter, pool: CheckPool | None, metrics: Metrics,
+                         round_id: str, body: bytes, content_type: str | None) -> dict[str, int]:
+    """Check a reports body, store its messages (group commit) and return the acknowledgement.
+
+    Small bodies of a known round are checked right here on the event loop; larger ones in the
+    worker processes of ``pool`` (or, without one, in a thread)."""
+    target = rounds.report_target(store, round_id, cached_only=True)
+    if target is not None and len(body) <= INLINE_CHECK_BYTES:  # small and no database read: check right here
+        info, items = check_reports(target, body, content_type, metrics)
+    elif pool is None:
+        info, items = await asyncio.to_thread(
+            lambda: check_reports(rounds.report_target(store, round_id), body, content_type, metrics))
+    else:
+        if target is None:
+            target = await asyncio.to_thread(rounds.report_target, store, round_id)
+        info, items = target[0], await pool.check(target[1], body, content_type, metrics)
+    try:
+        ack = await asyncio.wrap_future(writer.submit(info, items))
+    except HybridDPError:
+        metrics.count_reports(refused=len(items))
+        raise
+    metrics.count_reports(accepted=ack.counted, duplicate=ack.duplicates)
+    return {"acknowledged": ack.acknowledged, "counted": ack.counted, "duplicates": ack.duplicates}
+
+
+class ReportsEndpoint:
+    """Serves ``POST /api/v1/rounds/{22-character id}/reports`` (see the module's docstring)."""
+
+    def __init__(self, store: Store, writer: ReportWriter, pool: CheckPool | None, metrics: Metrics,
+                 limit: int) -> None:
+        self.store, self.writer, self.pool, self.metrics, self.limit = store, writer, pool, metrics, limit
+
+    @staticmethod
+    def round_of(scope: Any) -> str | None:
+        """The round id when ``scope`` is a reports request, else None."""
+        if scope["type"] != "http" or scope["method"] != "POST" or (m := _PATH.fullmatch(scope["path"])) is None:
+            return None
+        return m.group(1)
+
+    async def __call__(self, round_id: str, scope: Any, receive: Any, send: Any) -> None:
+        start = time.perf_counter()
+        headers: dict[str, str] | None = None
+        try:
+            body, content_type = await self._body(scope, receive)
+            status, out = 200, await accept_reports(self.store, self.writer, self.pool, self.metrics, round_id,
+                                                    body, content_type)
+        except ClientGone:
+            return
+        except HybridDPError as exc:
+            status, code = classify(exc)
+            out = {"error": {"code": code, "message": str(exc)}}
+            if status == 401:
+                headers = {"www-authenticate": "Bearer"}
+        except Exception as exc:  # a bug: logged, and the API's 500 shape
+            logger.exception("unexpected error", exc_info=exc)
+            status, out = 500, {"error": {"code": "internal_error", "message": "an unexpected server error; it was "
+                                                                              "logged"}}
+        payload = orjson.dumps(out)
+        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": payload})
+        self.metrics.observe("POST", ROUTE, time.perf_counter() - start)
+
+    async def _body(self, scope: Any, receive: Any) -> tuple[bytes, str | None]:
+        """The whole body (413 as soon as it passes the limit) and the Content-Type header."""
+        length = content_type = None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                length = value
+            elif key == b"content-type":
+                content_type = value.decode("latin-1")
+        if length is not None:
+            if not length.isdigit():
+                raise ServiceError(f"Content-Length {length[:40].decode('latin-1')!r} is not a number")
+            if int(length) > self.limit:
+                raise too_large(self.limit)
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                raise too_large(self.limit)
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return b"".join(chunks), content_type

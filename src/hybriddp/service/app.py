@@ -40,7 +40,7 @@ from hybriddp.service.bodies import (
     ndjson_lines,
     read_body,
 )
-from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS, CheckPool, tune_gc
+from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS, CheckPool
 from hybriddp.service.errors import (
     BadBodyError,
     ConflictError,
@@ -200,7 +200,6 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        tune_gc()
         yield
         writer.close()
         if pool is not None:

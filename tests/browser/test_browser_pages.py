@@ -267,6 +267,37 @@ def test_contribute_stores_exactly_one_report_for_the_published_head_list(demo: 
 
 
 # ----- the round page ---------------------------------------------------------------------------
+# every name/value pair of the Parameters and Privacy panels and every cell of the results table, as laid out
+FACT_BOXES_JS = """() => [...document.querySelectorAll('dl.facts dd, #results-table td')].map((e) => {
+  const r = e.getBoundingClientRect();
+  const text = document.createRange();  // the lines of text, not the box (a grid row or table row may be taller)
+  text.selectNodeContents(e);
+  const t = text.getBoundingClientRect();
+  const dt = e.tagName === 'DD' ? e.previousElementSibling.getBoundingClientRect() : null;
+  return {text: e.innerText.trim(), wide: e.tagName === 'DD' || e.classList.contains('url'),
+          width: r.width, height: t.height, top: r.top, dtTop: dt && dt.top,
+          line: parseFloat(getComputedStyle(e).lineHeight), em: parseFloat(getComputedStyle(e).fontSize)};
+})"""
+
+
+def assert_values_readable(page: Any, width: int) -> None:
+    """At ``width`` px, every parameter and privacy value sits beside its name; it and every URL of the results
+    table are at least 6 em wide; a value or cell without spaces (a number, "yes", a shortened hash, a URL) takes
+    one line up to 12 characters, two up to 24."""
+    page.set_viewport_size({"width": width, "height": 860})
+    boxes = page.evaluate(FACT_BOXES_JS)
+    assert boxes, "no parameter values on the page"
+    for b in boxes:
+        where = f"at {width} px, the value {b['text']!r} is {b['width']:.0f} px wide, its text {b['height']:.0f} px"
+        assert not b["wide"] or b["width"] >= 6 * b["em"], where
+        if " " not in b["text"] and len(b["text"]) <= 24:
+            assert b["height"] < (1.5 if len(b["text"]) <= 12 else 2.5) * b["line"], where
+        if b["dtTop"] is not None:
+            assert abs(b["top"] - b["dtTop"]) < 2, f"{where}: not beside its name"
+    sideways = page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+    assert sideways, f"at {width} px the page scrolls sideways"
+
+
 def test_round_page_draws_the_chart_and_the_table_of_a_closed_round(demo: DemoServer, page: Any) -> None:
     info = demo.get(f"{API}/rounds/{demo.demo_round}")
     results = demo.get(f"{API}/rounds/{demo.demo_round}/results")
@@ -302,7 +333,10 @@ def test_round_page_draws_the_chart_and_the_table_of_a_closed_round(demo: DemoSe
     first = table.first.locator("td").all_inner_texts()
     assert first[:2] == [listed[0]["query"], listed[0]["url"]]
     assert first[2] == f"{listed[0]['p_blended'] * 100:.3f}%"
+    assert_values_readable(page, 1100)
     screenshot(page, "round")
+    assert_values_readable(page, 400)  # a phone
+    screenshot(page, "round-narrow")
 
 
 def test_round_page_of_a_closed_mean_round(demo: DemoServer, page: Any) -> None:
@@ -335,7 +369,9 @@ def test_round_page_of_a_closed_mean_round(demo: DemoServer, page: Any) -> None:
     cells = page.locator("#results-table tbody tr td:first-child").all_inner_texts()
     assert cells == names
     assert results["guarantee"] in page.locator("#privacy").inner_text()
+    assert_values_readable(page, 1100)
     screenshot(page, "round-mean")
+    assert_values_readable(page, 400)
 
 
 def test_pages_are_not_in_the_api_schema(demo: DemoServer) -> None:

@@ -59,9 +59,14 @@ function renderSummary(info) {
   ]));
   if (info.headlist_hash) {
     $("params").append(h("dt", {}, info.kind === "blender" ? "head list" : "round document"),
-      h("dd", { class: "mono small", title: info.headlist_hash }, `${info.headlist_hash.slice(0, 23)}…`));
+      h("dd", { class: "mono small", title: info.headlist_hash }, `${info.headlist_hash.slice(0, 19)}…`));
   }
   show("params-panel");
+}
+
+/** A CamelCase name with a line-break opportunity before each inner capital (EstimateOptin<wbr>Probabilities). */
+function camelBreaks(name) {
+  return String(name).split(/(?<=[a-z])(?=[A-Z])/).flatMap((part, i) => (i ? [h("wbr"), part] : [part]));
 }
 
 function renderPrivacy(info, results) {
@@ -78,8 +83,8 @@ function renderPrivacy(info, results) {
         h("thead", {}, h("tr", {}, ["group", "mechanism", "ε", "δ"].map((t, i) =>
           h("th", { scope: "col", class: i > 1 ? "num" : "" }, t)))),
         h("tbody", {}, (pr.mechanisms || []).map((m) => h("tr", {},
-          h("td", {}, m.group),
-          h("td", {}, m.mechanism, h("br"),
+          h("td", { class: "group" }, m.group),
+          h("td", {}, camelBreaks(m.mechanism), h("br"),
             h("span", { class: "muted small" }, [m.model, m.reference].filter(Boolean).join(", "))),
           h("td", { class: "num" }, num(m.epsilon)), h("td", { class: "num" }, num(m.delta))))))));
   } else if (results && results.guarantee) {

@@ -592,6 +592,8 @@ def test_serve_demo_serves_a_finished_round(tmp_path: Any, monkeypatch: Any) -> 
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: fake_run(app))
     out = _cli("serve", "--demo", "--data-dir", tmp_path / "data", "--port", 8123, "--log-level", "warning")
     assert f"demo round: http://127.0.0.1:8123/api/v1/rounds/{served['round']}/local-search" in out.stdout
+    assert "local-search page: http://127.0.0.1:8123/\n" in out.stdout
+    assert f"round page: http://127.0.0.1:8123/rounds/{served['round']}\n" in out.stdout
     assert served["state"] == "results-published"
     assert [q["query"] for q in served["local_search"]["queries"]] == ["google"]  # seed 5: the one listed query
 

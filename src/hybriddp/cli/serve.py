@@ -132,6 +132,8 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     click.echo(f"serving on http://{host}:{port} (API docs at /docs); Ctrl-C stops")
     if demo:
         click.echo(f"demo round: http://{host}:{port}/api/v1/rounds/{demo_round}/local-search")
+        click.echo(f"local-search page: http://{host}:{port}/")
+        click.echo(f"round page: http://{host}:{port}/rounds/{demo_round}")
     from hybriddp.service.checkpool import tune_interpreter
     tune_interpreter()  # once the app is built: what exists now is frozen out of the collector's way
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, server_header=False)

@@ -21,6 +21,12 @@ let index = [];
 let matches = [];
 let active = -1;
 
+// Only web addresses become links: a URL in the published list came from users' records, and a
+// "javascript:" or "data:" one must never be clickable (the page's CSP would block it too).
+function linkTag(url) {
+  return /^https?:\/\//i.test(url) ? "a" : "span";
+}
+
 function host(url) {
   try {
     const u = new URL(url);
@@ -37,7 +43,7 @@ function queryLabel(m) {
 }
 
 function option(m, i) {
-  const urls = m.urls.slice(0, 3).map((u) => h("a", {
+  const urls = m.urls.slice(0, 3).map((u) => h(linkTag(u.url), {
     href: u.url, tabindex: "-1", target: "_blank", rel: "noopener noreferrer", "data-url": u.url,
     title: `${u.url} (${percent(u.p)})`,
   }, host(u.url)));
@@ -83,7 +89,7 @@ function pick(m, url = null) {
   close();
   document.getElementById("picked-query").textContent = m.query;
   document.getElementById("picked-urls").replaceChildren(...(m.urls.length
-    ? m.urls.map((u) => h("li", {}, h("a", { href: u.url, target: "_blank", rel: "noopener noreferrer" }, u.url),
+    ? m.urls.map((u) => h("li", {}, h(linkTag(u.url), { href: u.url, target: "_blank", rel: "noopener noreferrer" }, u.url),
       " ", h("span", { class: "muted small" }, percent(u.p))))
     : [h("li", { class: "muted" }, "no URL listed for this query")]));
   pickedPanel.hidden = false;

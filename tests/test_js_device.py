@@ -7,7 +7,7 @@ against them (clients/js/test/*.test.js, reading the file named by ``HYBRIDDP_JS
   without URL level, m_C = 1 and > 1): the same content hash, thresholds and ``max_epsilon``;
 * replays: the same message from the same uniforms, drawn in the same order and number;
 * ``output_distribution`` rows for listed, ⟨q,*⟩ and ⟨*,*⟩ inputs, and m_C > 1, which the JS
-  test samples 10^6 times from crypto.getRandomValues (chi-square, p > 1e-6);
+  test samples 10^6 times through ``systemSource`` over seeded bytes (chi-square, p > 1e-6; deterministic);
 * scipy's chi-square tail probabilities, which the JS p-value function must reproduce;
 * mutated head lists with Python's verdict (refused, and which field it names, or accepted).
 

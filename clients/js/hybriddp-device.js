@@ -50,15 +50,31 @@ function cryptoObject() {
 
 /**
  * OS randomness (crypto.getRandomValues): the default, and the only choice for production.
- * uniform() has 53 random bits (as Python's random()); below(n) is exact by rejection sampling.
+ * uniform() has 53 random bits (as Python's random()); below(n) is exact by rejection sampling;
+ * bytes(n) is n random bytes.
+ *
+ * options.getRandomValues: for tests and reproducible experiments only — a function that fills a
+ * typed array with random bytes in place (as crypto.getRandomValues) and replaces the OS as the
+ * byte stream; the conversion to uniforms and integers is the same code. Left out (the default),
+ * it is crypto.getRandomValues.
  */
-export function systemSource() {
-  const c = cryptoObject();
+export function systemSource(options = {}) {
+  const getRandomValues = options?.getRandomValues;
+  let fill;
+  if (getRandomValues === undefined) {
+    const c = cryptoObject();
+    fill = (array) => c.getRandomValues(array);
+  } else if (typeof getRandomValues === "function") {
+    fill = getRandomValues;
+  } else {
+    throw new DeviceError(`systemSource: getRandomValues must be a function that fills a typed array with random `
+      + `bytes, not ${typeof getRandomValues}; leave it out for the OS source (crypto.getRandomValues)`);
+  }
   const pool = new Uint32Array(1024);
   let pos = pool.length;
   const next32 = () => {
     if (pos === pool.length) {
-      c.getRandomValues(pool);
+      fill(pool);
       pos = 0;
     }
     return pool[pos++];
@@ -87,7 +103,7 @@ export function systemSource() {
     },
     bytes(n) {
       const out = new Uint8Array(n);
-      for (let i = 0; i < n; i += 65536) c.getRandomValues(out.subarray(i, i + 65536)); // its limit per call
+      for (let i = 0; i < n; i += 65536) fill(out.subarray(i, i + 65536)); // crypto's limit per call
       return out;
     },
   };
@@ -163,12 +179,14 @@ function base64url(bytes) {
   return out;
 }
 
-/** A random message id: 16 random bytes in URL-safe base64 without padding (22 characters). */
+/**
+ * A random message id: 16 random bytes in URL-safe base64 without padding (22 characters).
+ * source: where the bytes come from, source.bytes(16); the default, systemSource(), is the OS.
+ * Another source (e.g. systemSource({getRandomValues})) is for tests and reproducible experiments only.
+ */
 export function newMessageId(source = undefined) {
-  const bytes = source && typeof source.bytes === "function"
-    ? source.bytes(MESSAGE_ID_BYTES)
-    : cryptoObject().getRandomValues(new Uint8Array(MESSAGE_ID_BYTES));
-  return base64url(bytes);
+  const src = source && typeof source.bytes === "function" ? source : systemSource();
+  return base64url(src.bytes(MESSAGE_ID_BYTES));
 }
 
 /** value if it is 16 bytes in URL-safe base64 (22 characters, no padding), else DeviceError. */

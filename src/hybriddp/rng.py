@@ -26,7 +26,7 @@ SEED_WARNING = (
 # Named sub-streams: each stage of BLENDER draws from its own child of the run's seed, so a
 # stage run on its own (e.g. `hybriddp headlist`) reproduces the same draws as in `run`.
 STREAMS = ("partition", "split", "sample_optin", "sample_clients", "headlist_noise",
-           "optin_noise", "randomizer", "local_split", "local_discovery")
+           "optin_noise", "randomizer", "local_split", "local_discovery", "demo_collecting")
 # Append new streams at the end only: a stream's draws depend on its index in this tuple.
 
 

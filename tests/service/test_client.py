@@ -570,9 +570,10 @@ def test_demo_through_the_service_without_a_seed(tmp_path: Any, capsys: Any) -> 
     _clean_error(_cli("demo", "--service", "--scale", 0.01, "--algorithm", "optin-only", ok=False), "--service")
 
 
-def test_serve_demo_serves_a_finished_round(tmp_path: Any, monkeypatch: Any) -> None:
-    """`hybriddp serve --demo` runs a demo round into its database before serving (here at a small scale and
-    seeded, so the head list is known not to be empty; Uvicorn's serving loop is replaced by a check)."""
+def test_serve_demo_serves_a_finished_round_and_one_collecting_reports(tmp_path: Any, monkeypatch: Any) -> None:
+    """`hybriddp serve --demo` runs a demo round into its database before serving and leaves a second round of
+    the same population collecting reports (here at a small scale and seeded, so the head lists are known not to
+    be empty; Uvicorn's serving loop is replaced by a check)."""
     import functools
 
     import uvicorn
@@ -584,18 +585,32 @@ def test_serve_demo_serves_a_finished_round(tmp_path: Any, monkeypatch: Any) -> 
     served: dict[str, Any] = {}
 
     def fake_run(app: Any, **kw: Any) -> None:
-        (info,) = app.state.store.rounds()  # the demo round is in the database the server opened
+        finished, collecting = app.state.store.rounds()  # both demo rounds are in the database the server opened
         with local_server(app) as url:
-            dev = DeviceClient(url, info.id)
-            served.update(round=info.id, state=dev.round()["state"], local_search=dev.local_search())
+            dev = DeviceClient(url, finished.id)
+            served.update(round=finished.id, finished=dev.round(), local_search=dev.local_search())
+            other = DeviceClient(url, collecting.id)
+            served.update(collecting=other.round(), collecting_headlist=other.fetch_headlist(),
+                          page_rounds=httpx.get(f"{url}/api/v1/local-search/rounds").json())
 
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: fake_run(app))
     out = _cli("serve", "--demo", "--data-dir", tmp_path / "data", "--port", 8123, "--log-level", "warning")
     assert f"demo round: http://127.0.0.1:8123/api/v1/rounds/{served['round']}/local-search" in out.stdout
     assert "local-search page: http://127.0.0.1:8123/\n" in out.stdout
     assert f"round page: http://127.0.0.1:8123/rounds/{served['round']}\n" in out.stdout
-    assert served["state"] == "results-published"
+    assert served["finished"]["state"] == "results-published"
     assert [q["query"] for q in served["local_search"]["queries"]] == ["google"]  # seed 5: the one listed query
+
+    rnd, headlist = served["collecting"], served["collecting_headlist"]
+    assert f"collecting round page: http://127.0.0.1:8123/rounds/{rnd['id']}\n" in out.stdout
+    assert rnd["state"] == "headlist-published" and "collecting reports" in rnd["name"]
+    assert rnd["params"] == served["finished"]["params"]  # the same parameters, as many opt-in users
+    assert rnd["counts"]["optin_users"] == served["finished"]["counts"]["optin_users"] > 0
+    assert rnd["counts"]["messages"] == 0
+    assert headlist["queries"] and headlist["content_hash"] == rnd["headlist_hash"]
+    # the local-search page searches the finished round and contributes to the collecting one
+    assert served["page_rounds"]["search"]["id"] == served["round"]
+    assert served["page_rounds"]["contribute"]["id"] == rnd["id"]
 
 
 def test_a_mean_round_with_the_cli(service: Service, tmp_path: Any) -> None:

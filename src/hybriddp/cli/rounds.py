@@ -459,17 +459,21 @@ DEMO_SCALE = 0.1
 """`serve --demo`: the aol preset at this scale (52k users, 2.6k opt-in) runs in well under a minute."""
 
 
-def populate_demo_round(db_url: str, lifetime_epsilon: float | None, lifetime_delta: float | None) -> str:
-    """``hybriddp serve --demo``: run a demo round into the database before serving; returns its id."""
+def populate_demo_round(db_url: str, lifetime_epsilon: float | None,
+                        lifetime_delta: float | None) -> tuple[str, str | None]:
+    """``hybriddp serve --demo``: run a demo round into the database before serving and leave a second one
+    collecting reports; returns their ids (finished, collecting)."""
     from hybriddp.pipeline import Stages
     from hybriddp.service.demo import populate_demo
 
     render.err.print(f"running a demo round (the aol preset at --scale {DEMO_SCALE:g}, paper defaults) through the "
-                     "service into the database …")
+                     "service into the database, then opening a second one for reports …")
     with render.interruptible(), render.stage_progress(True) as on_stage:
         done = populate_demo(db_url, scale=DEMO_SCALE, lifetime_epsilon=lifetime_epsilon,
                              lifetime_delta=lifetime_delta, stages=Stages(on_stage))
     res = done.result
     click.echo(f"demo round {done.round['id']}: {render.head_list_size(res.head_list, res.url_level)}, "
                f"{done.reports.counted:,} device reports, results published")
-    return str(done.round["id"])
+    if done.collecting is not None:
+        click.echo(f"demo round {done.collecting['id']}: head list published, collecting reports")
+    return str(done.round["id"]), None if done.collecting is None else str(done.collecting["id"])

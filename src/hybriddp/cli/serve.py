@@ -88,7 +88,8 @@ def save_token(path: Path, token: str) -> None:
                    "at most 4.")
 @click.option("--demo", is_flag=True, help="Before serving, run a demo round through the service into the database "
               "(the aol preset at --scale 0.1: opt-in uploads, head list, device reports, close), so its results and "
-              "local-search document can be opened at once.")
+              "local-search document can be opened at once, and leave a second round collecting reports (the "
+              "local-search page's contribute switch sends to it).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="Uvicorn's log level. Access logs (with client addresses) are never written.")
 def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_token_file: str | None,
@@ -116,7 +117,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         db_url = f"sqlite:///{(data / DB_NAME).resolve()}"
     if demo:
         from hybriddp.cli.rounds import populate_demo_round
-        demo_round = populate_demo_round(db_url, lifetime_epsilon, lifetime_delta)
+        demo_round, collecting_round = populate_demo_round(db_url, lifetime_epsilon, lifetime_delta)
     from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
                      lifetime_delta=lifetime_delta,
@@ -134,6 +135,8 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         click.echo(f"demo round: http://{host}:{port}/api/v1/rounds/{demo_round}/local-search")
         click.echo(f"local-search page: http://{host}:{port}/")
         click.echo(f"round page: http://{host}:{port}/rounds/{demo_round}")
+        if collecting_round is not None:
+            click.echo(f"collecting round page: http://{host}:{port}/rounds/{collecting_round}")
     from hybriddp.service.checkpool import tune_interpreter
     tune_interpreter()  # once the app is built: what exists now is frozen out of the collector's way
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, server_header=False)

@@ -8,6 +8,10 @@ and the messages are submitted in batches, the operator closes the round, and th
 fetched. :func:`service_demo` does that on a temporary SQLite database behind a server started on
 127.0.0.1 (:func:`local_server`); ``hybriddp demo --service`` and ``hybriddp serve --demo`` call it.
 
+``hybriddp serve --demo`` (:func:`populate_demo`) then leaves a second round of the same population
+open for reports (:func:`collecting_round`: head list published, no device report yet), so the
+local-search page can search the finished round and contribute to the open one.
+
 Reproducing a seeded simulation. With a seed the round is created as an *experiment* (no privacy):
 the opt-in users are :func:`hybriddp.pipeline.split_optin`'s, enrolled in the simulation's order,
 each uploading their records in log order; the head-list build gets the seed and the order of the
@@ -50,6 +54,7 @@ from hybriddp.parties.device import log_messages, sample_clients
 from hybriddp.pipeline import split_optin
 from hybriddp.records import NO_URL, RecordLog, SampledRecords, sample_records
 from hybriddp.result import Result
+from hybriddp.rng import stage_rng
 from hybriddp.stages import Stages
 
 RUN_SIZES = ("users", "records", "optin_users", "optin_users_s", "optin_users_t", "clients", "records_s",
@@ -100,6 +105,8 @@ class ServiceRound:
     server_results: dict[str, Any]  # the result JSON the server published
     reports: Acknowledgement  # what the server answered to the device submissions
     base_url: str
+    optin_users: np.ndarray  # the round's opt-in users (indices into the log)
+    collecting: dict[str, Any] | None = None  # serve --demo: the Round JSON of the round left collecting reports
 
 
 def round_params(params: BlenderParams, noise: str) -> dict[str, Any]:
@@ -134,6 +141,28 @@ def _records(log: RecordLog, rows: np.ndarray) -> list[tuple[str, str | None]]:
     return [(q, None if uid == NO_URL else u) for q, u, uid in zip(queries, urls, url_ids.tolist(), strict=True)]
 
 
+def publish_headlist_round(admin: AdminClient, http: httpx.Client, log: RecordLog, params: BlenderParams,
+                           optin_users: np.ndarray, *, seed: int | None, noise: str, name: str,
+                           stages: Stages, which: str = "") -> str:
+    """Create a BLENDER round, enrol ``optin_users``, let each upload their records and have the server
+    publish the head list (the round then takes device reports); returns the round's id. ``which`` ends
+    the stages' names."""
+    with stages.stage("create the round and enrol the opt-in users" + which):
+        rnd = admin.create_round("blender", round_params(params, noise), name=name, seed=seed)
+        rid = rnd["id"]
+        tokens = admin.enrol_many(rid, log.user_keys(optin_users))
+    with stages.stage("opt-in users upload their records" + which):
+        rows, bounds = _user_rows(log, optin_users)
+        records = _records(log, rows)
+        uploads = ((token, records[bounds[i]:bounds[i + 1]]) for i, token in enumerate(tokens)
+                   if bounds[i + 1] > bounds[i])
+        OptinRelay(admin.base_url, rid, client=http).upload_many(uploads)  # each user's line carries their token
+        del records
+    with stages.stage("the server builds and publishes the head list" + which):
+        admin.publish_headlist(rid, vocabulary=_optin_vocabulary(log, rows) if seed is not None else None)
+    return str(rid)
+
+
 def service_round(log: RecordLog, params: BlenderParams, *, base_url: str, admin_token: str, seed: int | None,
                   noise: str = "discrete", name: str = "demo", stages: Stages | None = None) -> ServiceRound:
     """Run one BLENDER round of the simulated population ``log`` through the server at ``base_url``."""
@@ -143,19 +172,8 @@ def service_round(log: RecordLog, params: BlenderParams, *, base_url: str, admin
     with contextlib.ExitStack() as stack:
         admin = stack.enter_context(AdminClient(base_url, admin_token))
         http = stack.enter_context(httpx.Client(timeout=120.0))
-        with stages.stage("create the round and enrol the opt-in users"):
-            rnd = admin.create_round("blender", round_params(params, noise), name=name, seed=seed)
-            rid = rnd["id"]
-            tokens = admin.enrol_many(rid, log.user_keys(optin_users))
-        with stages.stage("opt-in users upload their records"):
-            rows, bounds = _user_rows(log, optin_users)
-            records = _records(log, rows)
-            uploads = ((token, records[bounds[i]:bounds[i + 1]]) for i, token in enumerate(tokens)
-                       if bounds[i + 1] > bounds[i])
-            OptinRelay(base_url, rid, client=http).upload_many(uploads)  # each user's line carries their token
-            del records
-        with stages.stage("the server builds and publishes the head list"):
-            admin.publish_headlist(rid, vocabulary=_optin_vocabulary(log, rows) if seed is not None else None)
+        rid = publish_headlist_round(admin, http, log, params, optin_users, seed=seed, noise=noise, name=name,
+                                     stages=stages)
         with stages.stage("devices randomize and submit their reports"):
             device = DeviceClient(base_url, rid, client=http)
             headlist = device.fetch_headlist()
@@ -168,7 +186,28 @@ def service_round(log: RecordLog, params: BlenderParams, *, base_url: str, admin
         with stages.stage("score against the truth"):
             res = scored_result(log, params, release, optin_users, client_users, seed=seed, noise=noise)
             check_same_estimates(res, server_results)
-    return ServiceRound(res, closed, server_results, ack, base_url)
+    return ServiceRound(res, closed, server_results, ack, base_url, optin_users)
+
+
+def collecting_round(log: RecordLog, params: BlenderParams, exclude: np.ndarray, *, base_url: str,
+                     admin_token: str, seed: int | None, noise: str = "discrete", name: str,
+                     stages: Stages | None = None) -> dict[str, Any]:
+    """A second BLENDER round of ``log`` left open for device reports (its head list published); returns its
+    Round JSON.
+
+    Its opt-in users are as many as a round's (``optin_fraction`` of the users), drawn from the users not in
+    ``exclude`` (the first round's opt-in users), so one ``serve --demo`` charges no user's lifetime budget
+    twice; the head list is built from their records with the same parameters.
+    """
+    stages = stages or Stages()
+    with stages.stage("assign the second round's opt-in users"):
+        others = np.setdiff1d(np.arange(log.n_users, dtype=np.int64), exclude)
+        n = min(round(params.optin_fraction * log.n_users), len(others))
+        optin_users = np.sort(stage_rng(seed, "demo_collecting").choice(others, size=n, replace=False))
+    with AdminClient(base_url, admin_token) as admin, httpx.Client(timeout=120.0) as http:
+        rid = publish_headlist_round(admin, http, log, params, optin_users, seed=seed, noise=noise, name=name,
+                                     stages=stages, which=" (second round)")
+        return admin.round(rid)
 
 
 def scored_result(log: RecordLog, params: BlenderParams, release: dict[str, Any], optin_users: np.ndarray,
@@ -240,8 +279,10 @@ def _same_row(a: dict[str, Any], b: Any) -> bool:
 # ----- on a temporary database ------------------------------------------------------------------
 def service_demo(log: RecordLog, params: BlenderParams, *, seed: int | None, noise: str = "discrete",
                  db_url: str | None = None, stages: Stages | None = None, name: str = "demo",
-                 lifetime_epsilon: float | None = None, lifetime_delta: float | None = None) -> ServiceRound:
-    """Start a server on 127.0.0.1 (a temporary SQLite database unless ``db_url``) and run :func:`service_round`."""
+                 lifetime_epsilon: float | None = None, lifetime_delta: float | None = None,
+                 collecting_name: str | None = None) -> ServiceRound:
+    """Start a server on 127.0.0.1 (a temporary SQLite database unless ``db_url``) and run :func:`service_round`;
+    with ``collecting_name``, then also :func:`collecting_round` under that name."""
     from hybriddp.service import create_app
 
     stages = stages or Stages()
@@ -259,20 +300,27 @@ def service_demo(log: RecordLog, params: BlenderParams, *, seed: int | None, noi
                 kw["lifetime_delta"] = lifetime_delta
             app = create_app(db_url, admin_token=token, max_body_bytes=1 << 30, **kw)
             base_url = stack.enter_context(local_server(app))
-        return service_round(log, params, base_url=base_url, admin_token=token, seed=seed, noise=noise,
+        done = service_round(log, params, base_url=base_url, admin_token=token, seed=seed, noise=noise,
                              name=name, stages=stages)
+        if collecting_name is not None:
+            done.collecting = collecting_round(log, params, done.optin_users, base_url=base_url, admin_token=token,
+                                               seed=seed, noise=noise, name=collecting_name, stages=stages)
+        return done
 
 
 def populate_demo(db_url: str, *, preset: str = "aol", scale: float = 0.1, seed: int | None = None,
                   lifetime_epsilon: float | None = None, lifetime_delta: float | None = None,
                   stages: Stages | None = None) -> ServiceRound:
     """``hybriddp serve --demo``: run a demo round (paper defaults, OS randomness unless ``seed``) into the
-    database at ``db_url`` through a temporary server; the round stays there, results published."""
+    database at ``db_url`` through a temporary server; the round stays there, results published, next to a
+    second round of the same population left collecting reports (:func:`collecting_round`)."""
     from hybriddp.io.synth import generate
 
     stages = stages or Stages()
     params = BlenderParams.paper_defaults(preset)
     with stages.stage(f"generating the {preset} preset"):
         log = generate(preset, seed=seed, scale=scale)
-    return service_demo(log, params, seed=seed, db_url=db_url, name=f"demo ({preset} preset, scale {scale:g})",
-                        lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta, stages=stages)
+    name = f"demo ({preset} preset, scale {scale:g})"
+    return service_demo(log, params, seed=seed, db_url=db_url, name=name, lifetime_epsilon=lifetime_epsilon,
+                        lifetime_delta=lifetime_delta, stages=stages,
+                        collecting_name=f"{name[:-1]}, collecting reports)")

@@ -14,8 +14,8 @@ anywhere but this server); the scripts read the public API. One small endpoint e
 
 A round that published its results answers reports with 409, so contributing always goes to the next
 round collecting reports, as a deployment runs them: round N's results power search while round N+1
-collects. ``hybriddp serve --demo`` holds only a finished round; until an administrator opens another
-(create, enrol, upload, publish the head list) the switch is shown disabled and says why.
+collects. ``hybriddp serve --demo`` holds both: a finished round and a second one collecting reports.
+With no round collecting reports the switch is shown disabled and says why.
 
 Offline: the page keeps the document in localStorage, so it goes on suggesting when the network goes;
 a service worker (``/sw.js``, network first) keeps the page's own files, so it also opens offline.

@@ -22,11 +22,13 @@ API = "/api/v1"
 
 @dataclass
 class DemoServer:
-    """The served demo: the server process, its SQLite URL and the finished demo round's id."""
+    """The served demo: the server process, its SQLite URL, the finished demo round's id and the id of the demo
+    round left collecting reports."""
 
     proc: ServerProcess
     db_url: str
     demo_round: str
+    collecting_round: str
 
     @property
     def base_url(self) -> str:

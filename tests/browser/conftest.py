@@ -30,14 +30,15 @@ def _check_log(proc: ServerProcess) -> None:
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
-    """``hybriddp serve --demo`` on a fresh SQLite file: the demo round runs into it first (about 10 s)."""
+    """``hybriddp serve --demo`` on a fresh SQLite file: the demo round runs into it first and a second round is left
+    collecting reports (about 15 s)."""
     tmp = tmp_path_factory.mktemp("served-demo")
     db_url = f"sqlite:///{tmp / 'hybriddp.db'}"
     proc = _start(tmp / "main", db_url, "--demo", "--log-level", "warning", timeout=300)
     try:
         rounds = httpx.get(f"{proc.base_url}{API}/rounds", headers=proc.admin, timeout=30).json()["rounds"]
-        assert [r["state"] for r in rounds] == ["results-published"], rounds
-        yield DemoServer(proc, db_url, rounds[0]["id"])
+        assert [r["state"] for r in rounds] == ["results-published", "headlist-published"], rounds
+        yield DemoServer(proc, db_url, rounds[0]["id"], rounds[1]["id"])
     finally:
         proc.stop()
     _check_log(proc)
@@ -48,7 +49,18 @@ def second_server(demo: DemoServer, tmp_path: Path) -> Iterator[DemoServer]:
     """Another server process on the demo's database (SQLite WAL allows it): a test may stop it."""
     proc = _start(tmp_path / "second", demo.db_url, "--log-level", "warning")
     try:
-        yield DemoServer(proc, demo.db_url, demo.demo_round)
+        yield DemoServer(proc, demo.db_url, demo.demo_round, demo.collecting_round)
+    finally:
+        proc.stop()
+    _check_log(proc)
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """``hybriddp serve`` on a new, empty SQLite database (a test's own rounds, apart from the demo's)."""
+    proc = _start(tmp_path / "fresh", f"sqlite:///{tmp_path / 'fresh.db'}", "--log-level", "warning")
+    try:
+        yield proc
     finally:
         proc.stop()
     _check_log(proc)

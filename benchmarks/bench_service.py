@@ -57,8 +57,9 @@ def free_port() -> int:
 class Server:
     """``python -m hybriddp serve`` as a subprocess that can be SIGKILLed and started again."""
 
-    def __init__(self, db_url: str, workdir: Path, admin_token: str) -> None:
+    def __init__(self, db_url: str, workdir: Path, admin_token: str, workers: int = 1) -> None:
         self.db_url = db_url
+        self.workers = workers
         self.port = free_port()
         self.token_file = workdir / "admin-token"
         self.token_file.write_text(admin_token + "\n")
@@ -75,7 +76,8 @@ class Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hybriddp", "serve", "--db", self.db_url, "--host", "127.0.0.1",
-                 "--port", str(self.port), "--admin-token-file", str(self.token_file)],
+                 "--port", str(self.port), "--admin-token-file", str(self.token_file),
+                 "--workers", str(self.workers)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         import httpx
 
@@ -131,6 +133,25 @@ def setup_round(base_url: str, token: str, n_optin: int, seed: int) -> tuple[str
 
 
 # ----- the load generator (a separate process) ------------------------------------------------
+_MIX = 0xBF58476D1CE4E5B9  # odd: invertible modulo 2^64
+_MIX_INV = pow(_MIX, -1, 2**64)
+_MASK = 2**64 - 1
+
+
+def scramble(i: int) -> int:
+    """A bijection of 64-bit integers that spreads consecutive counters over the whole range."""
+    x = i ^ (i >> 33)
+    x = (x * _MIX) & _MASK
+    return x ^ (x >> 33)
+
+
+def unscramble(x: int) -> int:
+    """The inverse of :func:`scramble` (``x ^ (x >> 33)`` undoes itself for 64-bit ``x``)."""
+    x ^= x >> 33
+    x = (x * _MIX_INV) & _MASK
+    return x ^ (x >> 33)
+
+
 class Conn:
     """One keep-alive HTTP/1.1 connection; light enough that the generator does not starve the server."""
 
@@ -165,7 +186,7 @@ class Conn:
 
 
 class Load:
-    """Message bodies with ids ``prefix + counter`` (so the database can be checked id by id)."""
+    """Message bodies with random-looking ids that map back to a counter (the database is checked id by id)."""
 
     def __init__(self, port: int, rid: str, doc: dict[str, Any], seed: int) -> None:
         self.port, self.rid = port, rid
@@ -182,7 +203,9 @@ class Load:
         self.unexpected: list[str] = []
 
     def message_id(self, i: int) -> bytes:
-        return base64.urlsafe_b64encode(self.prefix + i.to_bytes(8, "big")).rstrip(b"=")
+        """Message ``i``'s id: a scrambled counter, then the run's prefix. Ids look random (as devices'
+        do: each lands at a random place in the primary key's B-tree) and map back to ``i``."""
+        return base64.urlsafe_b64encode(scramble(i).to_bytes(8, "big") + self.prefix).rstrip(b"=")
 
     def messages(self, start: int, stop: int) -> list[bytes]:
         picks = self.rng.integers(0, len(self.reports), stop - start)
@@ -298,7 +321,7 @@ def generator(args: dict[str, Any], doc: dict[str, Any], progress: Any, phase: A
 # ----- checking the database itself -------------------------------------------------------------
 def stored_counts(db_url: str, rid: str, prefix: bytes, n: int) -> dict[str, int]:
     """Read the database itself: message rows of round ``rid``, distinct ids, how many of the ``n``
-    benchmark ids (``prefix`` + counter) are missing, and the per-entry counts' total."""
+    benchmark ids (scrambled counter + ``prefix``) are missing, and the per-entry counts' total."""
     import sqlalchemy as sa
 
     engine = sa.create_engine(db_url)
@@ -313,8 +336,8 @@ def stored_counts(db_url: str, rid: str, prefix: bytes, n: int) -> dict[str, int
                 for (mid,) in part:
                     raw = base64.urlsafe_b64decode(mid + "==")
                     rows += 1
-                    i = int.from_bytes(raw[8:], "big")
-                    if raw[:8] == prefix and i < n:
+                    i = unscramble(int.from_bytes(raw[:8], "big"))
+                    if raw[8:] == prefix and i < n:
                         seen[i] = True
                     else:
                         foreign += 1
@@ -334,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reports", type=int, default=5_000_000, help="reports stored before the close (default 5e6)")
     ap.add_argument("--single", type=int, default=30_000, help="of which sent one per POST (default 30000)")
     ap.add_argument("--single-connections", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=1, help="server processes (hybriddp serve --workers; default 1)")
     ap.add_argument("--batch-size", type=int, default=5000, help="messages per batched POST (default 5000)")
     ap.add_argument("--batch-connections", type=int, default=4)
     ap.add_argument("--resubmit", type=int, default=20_000, help="acknowledged messages sent again (default 20000)")
@@ -359,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     elif db_url.startswith("postgresql"):
         backend = "postgresql"
     token = secrets.token_urlsafe(32)
-    server = Server(db_url, work, token)
+    server = Server(db_url, work, token, args.workers)
     result: dict[str, Any] = {"db": backend, "reports": args.reports, "cpus": os.cpu_count()}
     try:
         result["start_seconds"] = server.start()

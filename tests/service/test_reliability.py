@@ -309,6 +309,47 @@ def test_close_during_uploads_counts_exactly_the_acknowledged_reports(server: Se
     assert entries == counted == closed["counts"]["reports"]
 
 
+# ----- several server processes ------------------------------------------------------------------
+def test_several_worker_processes_share_the_rounds_and_die_with_the_server(store_url: str, tmp_path: Path) -> None:
+    """`serve --workers 3`: any process answers any request (rounds and reports live in the database);
+    concurrent retries through different processes still count a message once; after SIGKILL of
+    `serve` no worker keeps serving the port."""
+    srv = ServerProcess(store_url, tmp_path, ("--workers", "3"))
+    srv.start()
+    try:
+        rid, doc = open_round(srv, n_users=150)
+        msgs = device_messages(doc, 600)
+        acks: list[dict[str, int]] = []
+
+        def send(part: list[dict[str, Any]]) -> None:
+            with httpx.Client(base_url=srv.base_url, timeout=60) as http:  # a connection each: any process
+                for i in range(0, len(part), 20):
+                    r = post_reports(http, rid, part[i:i + 20])
+                    assert r.status_code == 200, r.text
+                    acks.append(r.json())
+        # every message twice, from different threads (so through different processes, concurrently)
+        threads = [threading.Thread(target=send, args=(msgs[k::3] + msgs[(k + 1) % 3::3],)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert sum(a["acknowledged"] for a in acks) == 2 * len(msgs)
+        assert sum(a["counted"] for a in acks) == len(msgs)
+        workers = psutil.Process(srv.proc.pid).children(recursive=True)
+        assert len([p for p in workers if "spawn_main" in " ".join(p.cmdline())]) >= 3
+        srv.kill9()
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, [p.cmdline()[:3] for p in alive]
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{srv.base_url}/health", timeout=2)
+        srv.start()  # the port is free again; the restarted server has every message once
+        closed = close_round(srv, rid)
+        assert closed["counts"]["messages"] == len(msgs)
+    finally:
+        srv.stop()
+    assert "Traceback" not in srv.log_text(), srv.log_text()[-4000:]
+
+
 # ----- after close --------------------------------------------------------------------------------
 def test_reports_after_close_are_refused_with_409(server: ServerProcess) -> None:
     rid, doc = open_round(server, n_users=150)

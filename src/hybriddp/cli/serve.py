@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -86,6 +87,10 @@ def save_token(path: Path, token: str) -> None:
               help="Worker processes that parse and check large report bodies (over 64 KiB), so batches use "
                    "more than one core; 0 checks them in a thread of the server process. Default: one per CPU, "
                    "at most 4.")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Server processes sharing the port (each with its own group-commit writer and check workers), "
+                   "to use more than one core for many small requests. Rounds, reports and results live in the "
+                   "database, so any process answers any request; /metrics counters are per process.")
 @click.option("--demo", is_flag=True, help="Before serving, run a demo round through the service into the database "
               "(the aol preset at --scale 0.1: opt-in uploads, head list, device reports, close), so its results and "
               "local-search document can be opened at once, and leave a second round collecting reports (the "
@@ -94,8 +99,7 @@ def save_token(path: Path, token: str) -> None:
               show_default=True, help="Uvicorn's log level. Access logs (with client addresses) are never written.")
 def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_token_file: str | None,
               lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
-              check_workers: int | None,
-              demo: bool, log_level: str) -> None:
+              check_workers: int | None, workers: int, demo: bool, log_level: str) -> None:
     """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
 
     Opt-in users upload raw records with their own tokens; an administrator publishes the head list
@@ -119,9 +123,10 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         from hybriddp.cli.rounds import populate_demo_round
         demo_round, collecting_round = populate_demo_round(db_url, lifetime_epsilon, lifetime_delta)
     from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS
+    if check_workers is None:
+        check_workers = max(1, DEFAULT_CHECK_WORKERS // workers)
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
-                     lifetime_delta=lifetime_delta,
-                     check_workers=DEFAULT_CHECK_WORKERS if check_workers is None else check_workers)
+                     lifetime_delta=lifetime_delta, check_workers=check_workers)
     store = app.state.store
     if generated:
         save_token(token_path, token)
@@ -137,6 +142,38 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         click.echo(f"round page: http://{host}:{port}/rounds/{demo_round}")
         if collecting_round is not None:
             click.echo(f"collecting round page: http://{host}:{port}/rounds/{collecting_round}")
+    # client addresses are never used: not even X-Forwarded-For is read (proxy_headers=False)
+    options = {"host": host, "port": port, "log_level": log_level, "access_log": False, "server_header": False,
+               "proxy_headers": False}
+    if workers > 1:  # the database is set up (migrated, recovered); each worker builds its own app on it
+        store.close()
+        os.environ[WORKER_CONFIG] = json.dumps({
+            "db_url": db_url, "token_file": str(token_path), "max_body_bytes": max_body_bytes,
+            "check_workers": check_workers, "parent": os.getpid()})
+        uvicorn.run("hybriddp.cli.serve:worker_app", factory=True, workers=workers, **options)
+        return
     from hybriddp.service.checkpool import tune_interpreter
     tune_interpreter()  # once the app is built: what exists now is frozen out of the collector's way
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, server_header=False)
+    uvicorn.run(app, **options)
+
+
+WORKER_CONFIG = "HYBRIDDP_SERVE_WORKER"
+"""Environment variable through which ``serve --workers N`` hands its settings to the worker processes."""
+
+
+def worker_app() -> object:
+    """The app of one ``serve --workers N`` process (uvicorn calls this factory in each worker).
+
+    The admin token is read from its file (never passed in the environment). The worker exits when
+    the ``serve`` process is gone, even after SIGKILL, so no orphan keeps serving the port.
+    """
+    from hybriddp.service import create_app
+    from hybriddp.service.checkpool import tune_interpreter, watch_parent
+
+    cfg = json.loads(os.environ[WORKER_CONFIG])
+    token = Path(cfg["token_file"]).read_text(encoding="utf-8").strip()
+    app = create_app(cfg["db_url"], token, max_body_bytes=cfg["max_body_bytes"],
+                     check_workers=cfg["check_workers"], recover=False)
+    watch_parent(cfg["parent"])
+    tune_interpreter()
+    return app

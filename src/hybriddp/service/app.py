@@ -173,14 +173,15 @@ class ServiceApp(FastAPI):
 
 def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                lifetime_epsilon: float | None = None, lifetime_delta: float | None = None,
-               check_workers: int = DEFAULT_CHECK_WORKERS) -> FastAPI:
+               check_workers: int = DEFAULT_CHECK_WORKERS, recover: bool = True) -> FastAPI:
     """The service on the database at ``db_url`` (migrated to the newest schema on the way).
 
     ``admin_token``: the administrators' bearer token (at least 16 characters).
     ``lifetime_epsilon``/``lifetime_delta``: the opt-in users' lifetime budget of a new database
     (an existing one keeps its own). ``check_workers``: processes that parse and check large report
-    bodies (0: a thread of the server process does). ``app.state.store`` is the :class:`Store`; it is closed when
-    the app shuts down.
+    bodies (0: a thread of the server process does). ``recover``: finish what a stopped server
+    left mid-step (:func:`hybriddp.service.rounds.recover`) first. ``app.state.store`` is the
+    :class:`Store`; it is closed when the app shuts down.
     """
     if not isinstance(admin_token, str) or len(admin_token.strip()) < MIN_ADMIN_TOKEN:
         raise parameter_error("admin token", "<hidden>", f"at least {MIN_ADMIN_TOKEN} characters",
@@ -189,7 +190,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         raise parameter_error("max body bytes (--max-body-bytes)", max_body_bytes, "an integer >= 1024")
     store = Store(db_url, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta)
     try:
-        rounds.recover(store)
+        if recover:  # `serve --workers N` recovers once, before its workers start
+            rounds.recover(store)
     except BaseException:
         store.close()
         raise

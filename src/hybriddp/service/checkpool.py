@@ -56,16 +56,20 @@ def tune_interpreter() -> None:
     sys.setswitchinterval(0.0005)
 
 
-def _init_worker(parent: int) -> None:
-    """In a worker: tune the collector; exit as soon as the server process is gone (even by SIGKILL:
-    the pool's pipes may stay open in sibling workers, so end-of-file cannot be relied on)."""
-    tune_interpreter()
-
+def watch_parent(parent: int) -> None:
+    """Exit this process as soon as its parent ``parent`` is gone, even if it was SIGKILLed (pipes to
+    it may stay open in sibling processes, so end-of-file cannot be relied on)."""
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
         os._exit(0)
     threading.Thread(target=watch, name="hybriddp-parent-watch", daemon=True).start()
+
+
+def _init_worker(parent: int) -> None:
+    """In a check worker: tune the interpreter; exit with the server process."""
+    tune_interpreter()
+    watch_parent(parent)
 
 
 def _check(key: Any, recipe: tuple[Any, ...] | None, body: bytes, content_type: str | None) -> tuple[Any, ...]:

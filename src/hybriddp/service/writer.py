@@ -23,7 +23,7 @@ from hybriddp.service.store import ReportAck, RoundInfo, Store
 
 logger = logging.getLogger(__name__)
 
-MAX_GROUP_MESSAGES = 100_000
+MAX_GROUP_MESSAGES = 250_000
 """Most messages stored by one transaction (bounds the latency a big group adds)."""
 
 _STOP = object()

@@ -188,8 +188,8 @@ class Conn:
 class Load:
     """Message bodies with random-looking ids that map back to a counter (the database is checked id by id)."""
 
-    def __init__(self, port: int, rid: str, doc: dict[str, Any], seed: int) -> None:
-        self.port, self.rid = port, rid
+    def __init__(self, port: int, rid: str, doc: dict[str, Any], seed: int, ordered: bool = False) -> None:
+        self.port, self.rid, self.ordered = port, rid, ordered
         self.path = f"{API}/rounds/{rid}/reports"
         self.prefix = secrets.token_bytes(8)
         reports = [{"query": None, "url": None}]
@@ -204,8 +204,10 @@ class Load:
 
     def message_id(self, i: int) -> bytes:
         """Message ``i``'s id: a scrambled counter, then the run's prefix. Ids look random (as devices'
-        do: each lands at a random place in the primary key's B-tree) and map back to ``i``."""
-        return base64.urlsafe_b64encode(scramble(i).to_bytes(8, "big") + self.prefix).rstrip(b"=")
+        do: each lands at a random place in the primary key's B-tree) and map back to ``i``. With
+        ``ordered`` the counter is not scrambled: ids arrive in key order (a best case, for comparison)."""
+        key = i if self.ordered else scramble(i)
+        return base64.urlsafe_b64encode(key.to_bytes(8, "big") + self.prefix).rstrip(b"=")
 
     def messages(self, start: int, stop: int) -> list[bytes]:
         picks = self.rng.integers(0, len(self.reports), stop - start)
@@ -296,7 +298,7 @@ async def run_resubmit(load: Load, total: int, sample: int) -> int:
 
 def generator(args: dict[str, Any], doc: dict[str, Any], progress: Any, phase: Any, out: Any) -> None:
     """The load-generator process: single POSTs, batches (the server is killed meanwhile), resends."""
-    load = Load(args["port"], args["rid"], doc, args["seed"])
+    load = Load(args["port"], args["rid"], doc, args["seed"], args["ids"] == "ordered")
     out.put({"prefix": load.prefix.hex()})
 
     async def main() -> dict[str, Any]:
@@ -319,7 +321,7 @@ def generator(args: dict[str, Any], doc: dict[str, Any], progress: Any, phase: A
 
 
 # ----- checking the database itself -------------------------------------------------------------
-def stored_counts(db_url: str, rid: str, prefix: bytes, n: int) -> dict[str, int]:
+def stored_counts(db_url: str, rid: str, prefix: bytes, n: int, ordered: bool = False) -> dict[str, int]:
     """Read the database itself: message rows of round ``rid``, distinct ids, how many of the ``n``
     benchmark ids (scrambled counter + ``prefix``) are missing, and the per-entry counts' total."""
     import sqlalchemy as sa
@@ -336,7 +338,8 @@ def stored_counts(db_url: str, rid: str, prefix: bytes, n: int) -> dict[str, int
                 for (mid,) in part:
                     raw = base64.urlsafe_b64decode(mid + "==")
                     rows += 1
-                    i = unscramble(int.from_bytes(raw[:8], "big"))
+                    key = int.from_bytes(raw[:8], "big")
+                    i = key if ordered else unscramble(key)
                     if raw[8:] == prefix and i < n:
                         seen[i] = True
                     else:
@@ -358,8 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--single", type=int, default=30_000, help="of which sent one per POST (default 30000)")
     ap.add_argument("--single-connections", type=int, default=32)
     ap.add_argument("--workers", type=int, default=1, help="server processes (hybriddp serve --workers; default 1)")
-    ap.add_argument("--batch-size", type=int, default=5000, help="messages per batched POST (default 5000)")
-    ap.add_argument("--batch-connections", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=10_000, help="messages per batched POST (default 10000)")
+    ap.add_argument("--batch-connections", type=int, default=16,
+                    help="concurrent batch uploaders (default 16: relays of many devices)")
+    ap.add_argument("--ids", choices=["random", "ordered"], default="random",
+                    help="message ids as devices make them (random, default) or in key order (a best case)")
     ap.add_argument("--resubmit", type=int, default=20_000, help="acknowledged messages sent again (default 20000)")
     ap.add_argument("--optin-users", type=int, default=1000)
     ap.add_argument("--kill-at", type=float, default=0.5, help="share of the batches sent when the server is killed")
@@ -384,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         backend = "postgresql"
     token = secrets.token_urlsafe(32)
     server = Server(db_url, work, token, args.workers)
-    result: dict[str, Any] = {"db": backend, "reports": args.reports, "cpus": os.cpu_count()}
+    result: dict[str, Any] = {"db": backend, "reports": args.reports, "cpus": os.cpu_count(), "ids": args.ids,
+                              "workers": args.workers, "single_connections": args.single_connections,
+                              "batch_connections": args.batch_connections, "batch_size": args.batch_size}
     try:
         result["start_seconds"] = server.start()
         rid, doc = setup_round(server.base_url, token, args.optin_users, args.seed)
@@ -393,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         gen_args = {"port": server.port, "rid": rid, "seed": args.seed, "reports": args.reports,
                     "single": args.single, "single_connections": args.single_connections,
                     "batch_size": args.batch_size, "batch_connections": args.batch_connections,
-                    "resubmit": args.resubmit}
+                    "resubmit": args.resubmit, "ids": args.ids}
         proc = ctx.Process(target=generator, args=(gen_args, doc, progress, phase, out), daemon=True)
         proc.start()
         prefix = bytes.fromhex(out.get(timeout=120)["prefix"])  # the generator is running
@@ -432,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         counts = r.json()["counts"]
         result["stored"] = int(counts["reports"])
         server.stop()
-        db = stored_counts(db_url, rid, prefix, args.reports)
+        db = stored_counts(db_url, rid, prefix, args.reports, args.ids == "ordered")
         result["stored_rows_in_db"] = db["rows"]
         result["lost_after_kill9"] = db["missing"]
         result["double_counted"] = (db["rows"] - db["distinct"]) + max(0, result["stored"] - args.reports) \

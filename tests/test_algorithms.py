@@ -12,6 +12,8 @@ from hybriddp import BlenderParams
 from hybriddp.algorithms import ALGORITHMS, blender_family, run_algorithm, run_central
 from hybriddp.cli import cli
 from hybriddp.headlist import HeadList, record_keys
+from hybriddp.noise import effective_scale
+from hybriddp.params import head_list_scale
 from hybriddp.pipeline import run_blender
 from hybriddp.randomizer import LocalAlgParams, output_distribution, privacy_loss_delta
 from hybriddp.records import ArrayVocabulary, RecordLog, sample_records
@@ -78,7 +80,8 @@ def test_curator_counts_have_sensitivity_2_m_and_laplace_gives_epsilon(m_o: int)
     |Σ|x−c|−Σ|x−c'||/b ≤ ‖c−c'‖₁/b ≤ ε at every output x."""
     rng = np.random.default_rng(m_o)
     eps = 1.5
-    b = 2 * m_o / eps
+    b = head_list_scale(eps, m_o)  # the scale the curator's Laplace noise uses (not recomputed here)
+    t = effective_scale("discrete", b)  # and the scale its default discrete noise draws with
     hl = HeadList.from_lists([0, 1, 2], [[0, 1], [2], []])
     worst_l1 = 0
     for _ in range(300):
@@ -105,7 +108,14 @@ def test_curator_counts_have_sensitivity_2_m_and_laplace_gives_epsilon(m_o: int)
             out = x1 + rng.laplace(0, b, len(x1))  # any output point
             loss = abs(np.abs(out - x1).sum() - np.abs(out - x2).sum()) / b
             assert loss <= eps + 1e-9
+            # the discrete noise at an integer output: log P[x1 + Y = o]/P[x2 + Y = o] = (|o−x2|−|o−x1|)/t
+            o = x1 + np.round(rng.laplace(0, t, len(x1)))
+            assert abs(np.abs(o - x1).sum() - np.abs(o - x2).sum()) / t <= eps + 1e-9
     assert worst_l1 == 2 * m_o  # the bound is attained, so the test is tight
+    # an output beyond both count vectors on every differing coordinate attains the loss ‖c−c'‖₁/scale:
+    # with the worst neighbours that is 2m_O/b and 2m_O/t, which must be ε (not less: no wasted budget)
+    assert 2 * m_o / b == pytest.approx(eps, rel=1e-12)
+    assert eps * (1 - 1e-6) <= 2 * m_o / t <= eps * (1 + 1e-12)
 
 
 def test_client_only_randomizer_is_exactly_epsilon_delta_ldp(log) -> None:

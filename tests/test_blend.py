@@ -48,11 +48,15 @@ def test_weights_estimates_and_variance() -> None:
     p_o, p_c = rng.random(50), rng.random(50)
     v_o, v_c = rng.random(50) * 1e-3 + 1e-6, rng.random(50) * 1e-3 + 1e-6
     b = blend(p_o, v_o, p_c, v_c)
-    w = v_c / (v_o + v_c)
-    np.testing.assert_allclose(b.weight_optin, w, rtol=1e-14)
-    np.testing.assert_allclose(b.p, w * p_o + (1 - w) * p_c, rtol=1e-14)
-    np.testing.assert_allclose(b.var, w * w * v_o + (1 - w) ** 2 * v_c, rtol=1e-12)
-    np.testing.assert_allclose(b.var, v_o * v_c / (v_o + v_c), rtol=1e-12)  # harmonic form
+    # inverse-variance weighting written independently: precisions 1/σ², weight = own precision share
+    prec_o, prec_c = 1 / v_o, 1 / v_c
+    np.testing.assert_allclose(b.weight_optin, prec_o / (prec_o + prec_c), rtol=1e-12)
+    np.testing.assert_allclose(b.p, (prec_o * p_o + prec_c * p_c) / (prec_o + prec_c), rtol=1e-12)
+    np.testing.assert_allclose(b.var, 1 / (prec_o + prec_c), rtol=1e-12)  # the harmonic form
+    # and one case by hand: σ²_O = 1e-4, σ²_C = 3e-4 → w = 3/4; p̂ = 0.75·0.2 + 0.25·0.6 = 0.3; var = 0.75e-4
+    one = blend(np.array([0.2]), np.array([1e-4]), np.array([0.6]), np.array([3e-4]))
+    assert one.weight_optin[0] == pytest.approx(0.75, rel=1e-14)
+    assert one.p[0] == pytest.approx(0.3, rel=1e-14) and one.var[0] == pytest.approx(0.75e-4, rel=1e-12)
     assert np.all(b.var <= np.minimum(v_o, v_c))
 
 

@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from hybriddp import params as params_mod
-from hybriddp.curator import create_head_list, estimate_optin_probabilities, optin_variance
+from hybriddp.curator import create_head_list, estimate_optin_probabilities
 from hybriddp.errors import ParameterError
 from hybriddp.headlist import WILDCARD, HeadList
 from hybriddp.noise import LaplaceNoise
@@ -305,11 +305,14 @@ def test_trim_and_fold_structure() -> None:
     # query level: sums over the query's entries, J summed, same variance formula
     np.testing.assert_allclose(est.p_query, np.bincount(final.entry_query, weights=est.p_record), rtol=1e-12)
     assert est.draws_query.tolist() == [5, 3, 5]
-    var_y = noise.variance(head_list_scale(0.5, 1))
-    np.testing.assert_allclose(est.var_query, optin_variance(est.p_query, est.draws_query, n, var_y), rtol=1e-12)
+    # Laplace at ε = 0.5, m_O = 1: b = 2/0.5 = 4, so one draw has variance 2·4² = 32 (by hand)
+    assert est.noise_variance == 32.0
+    pq = np.clip(est.p_query, 0, 1)
+    np.testing.assert_allclose(est.var_query, pq * (1 - pq) / (n - 1) + est.draws_query * 32.0 / (n * (n - 1)),
+                               rtol=1e-12)
     pc = np.clip(est.p_record, 0, 1)
     np.testing.assert_allclose(
-        est.var_record, pc * (1 - pc) / (n - 1) + est.draws_record * 2 * 4.0**2 / (n * (n - 1)), rtol=1e-12)
+        est.var_record, pc * (1 - pc) / (n - 1) + est.draws_record * 32.0 / (n * (n - 1)), rtol=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(8))

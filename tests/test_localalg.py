@@ -174,8 +174,17 @@ def test_m_c_splits_budget_per_report(m_c: int) -> None:
         t, tq = thresholds(hl.k, hl.kq.tolist(), eps, delta, f_c, m_c)
         t1, tq1 = thresholds(hl.k, hl.kq.tolist(), eps / m_c, delta / m_c, f_c, 1)
         assert t == t1 and tq == tq1
-        eq = f_c * eps / m_c
-        assert t == pytest.approx((math.exp(eq) + f_c * delta / m_c / 2 * (hl.k - 1)) / (math.exp(eq) + hl.k - 1))
+        # t is the keep probability at which the (ε'_Q, δ'_Q/2) inequality against any other query is tight
+        # (ALGORITHM.md §5, Theorem 3): t = e^{ε'_Q}·(1 − t)/(k − 1) + δ'_Q/2, with ε'_Q = f_C·ε/m_C,
+        # δ'_Q = f_C·δ/m_C; and likewise for each t_q with the rest of the budget
+        eq, dq = f_c * eps / m_c, f_c * delta / m_c
+        assert t - math.exp(eq) * (1 - t) / (hl.k - 1) == pytest.approx(dq / 2, rel=1e-9, abs=1e-15)
+        eu, du = (1 - f_c) * eps / m_c, (1 - f_c) * delta / m_c
+        for kq, t_q in zip(hl.kq.tolist(), tq, strict=True):
+            if kq > 1:
+                assert t_q - math.exp(eu) * (1 - t_q) / (kq - 1) == pytest.approx(du / 2, rel=1e-9, abs=1e-15)
+            else:
+                assert t_q == 1.0
         P = output_distribution(LocalAlgParams.build(hl, eps, delta, f_c, m_c))
         assert privacy_loss_delta(P, eps / m_c) <= delta / m_c * (1 + 1e-9) + 1e-15
 

@@ -52,9 +52,10 @@ def test_rational_scale_is_never_below_two_m_over_epsilon(eps: float, m_o: int) 
     have a denominator ≤ 2^20, and be the smallest such fraction: enumerated over every denominator."""
     exact = _true_scale(eps, m_o)
     t = rational_scale(2 * m_o / eps)
-    assert t.denominator <= MAX_DENOMINATOR
+    assert MAX_DENOMINATOR == 2**20  # ALGORITHM.md §3.2
+    assert t.denominator <= 2**20
     assert t >= exact * (1 - ULP_SLACK)
-    assert t - exact <= Fraction(1, MAX_DENOMINATOR)
+    assert t - exact <= Fraction(1, 2**20)
     if exact.denominator <= 1000:  # a small fraction is used exactly (1/2 at ε = 4, 2/5 at ε = 5, 4/3 at 1.5)
         assert t == exact.limit_denominator(1000)
 
@@ -95,14 +96,14 @@ def test_discrete_noise_samples_variance_and_survival_use_a_scale_of_at_least_tw
     noise.sample(2 * m_o / eps, 5)
     exact = _true_scale(eps, m_o)
     assert len(seen) == 1 and isinstance(seen[0], Fraction)
-    assert exact * (1 - ULP_SLACK) <= seen[0] <= exact + Fraction(1, MAX_DENOMINATOR)
+    assert exact * (1 - ULP_SLACK) <= seen[0] <= exact + Fraction(1, 2**20)
     # the variance and survival the estimators use are those of a scale within 2^-20 above 2m_O/ε:
     # Var = 2q/(1−q)², q = e^{−1/t}, is increasing in t
     def var_at(t: float) -> float:
         q = math.exp(-1 / t)
         return 2 * q / (1 - q) ** 2
 
-    lo, hi = float(exact), float(exact + Fraction(1, MAX_DENOMINATOR))
+    lo, hi = float(exact), float(exact + Fraction(1, 2**20))
     assert var_at(lo) * (1 - 1e-12) <= noise.variance(2 * m_o / eps) <= var_at(hi) * (1 + 1e-12)
 
 

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from browserhelpers import API, ARTIFACTS, DemoServer, screenshot
-from test_reliability import ServerProcess, stored_messages
+from test_reliability import ServerProcess, open_round, stored_messages
 
 from hybriddp.device import new_message_id, randomize_records
 from hybriddp.mean_device import randomize_value
@@ -67,6 +67,13 @@ def local_search_doc(server: DemoServer) -> dict[str, Any]:
     return server.get(f"{API}/rounds/{server.demo_round}/local-search")
 
 
+def search_case(server: DemoServer) -> tuple[dict[str, Any], str, list[str]]:
+    """The served demo round's local-search document, a prefix to type, and the suggestions expected for it."""
+    doc = local_search_doc(server)
+    prefix = best_prefix(doc)
+    return doc, prefix, expected_suggestions(doc, prefix)
+
+
 def open_page(page: Any, url: str) -> None:
     """Load the local-search page and wait until its list and its contribute switch are set up."""
     page.goto(url)
@@ -87,9 +94,7 @@ def type_prefix(page: Any, prefix: str, expected: list[str]) -> None:
 
 # ----- suggestions ------------------------------------------------------------------------------
 def test_suggestions_in_ranked_order_within_100_ms(demo: DemoServer, page: Any) -> None:
-    doc = local_search_doc(demo)
-    prefix = best_prefix(doc)
-    expected = expected_suggestions(doc, prefix)
+    doc, prefix, expected = search_case(demo)
     assert expected
     open_page(page, demo.base_url + "/")
     page.evaluate(MEASURE_JS)
@@ -120,9 +125,7 @@ def test_suggestions_in_ranked_order_within_100_ms(demo: DemoServer, page: Any) 
 
 
 def test_keyboard_selection_and_aria(demo: DemoServer, page: Any) -> None:
-    doc = local_search_doc(demo)
-    prefix = best_prefix(doc)
-    expected = expected_suggestions(doc, prefix)
+    _, prefix, expected = search_case(demo)
     open_page(page, demo.base_url + "/")
     box = page.get_by_role("searchbox")
     listbox = page.locator('[role="listbox"]')  # hidden while empty
@@ -163,9 +166,7 @@ def test_keyboard_selection_and_aria(demo: DemoServer, page: Any) -> None:
 
 # ----- offline ----------------------------------------------------------------------------------
 def test_suggests_after_the_server_is_stopped(second_server: DemoServer, page: Any) -> None:
-    doc = local_search_doc(second_server)
-    prefix = best_prefix(doc)
-    expected = expected_suggestions(doc, prefix)
+    doc, prefix, expected = search_case(second_server)
     open_page(page, second_server.base_url + "/")
     kept = page.evaluate("JSON.parse(localStorage.getItem('hybriddp-local-search')).doc")
     assert kept == doc
@@ -205,9 +206,7 @@ def test_contribute_stores_exactly_one_report_for_the_published_head_list(demo: 
     headlist = demo.get(f"{API}/rounds/{rid}/headlist")
     published = demo.get(f"{API}/rounds/{rid}")["headlist_hash"]
     assert headlist["content_hash"] == published
-    doc = local_search_doc(demo)
-    prefix = best_prefix(doc)
-    expected = expected_suggestions(doc, prefix)
+    _, prefix, expected = search_case(demo)
     posts: list[Any] = []
     page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
     open_page(page, demo.base_url + "/")
@@ -277,22 +276,10 @@ SAFE_URL = "https://safe.example/alert"
 def published_round_with_urls(srv: ServerProcess, urls: list[str], n_users: int = 240) -> str:
     """A closed BLENDER round whose head list lists the query "alert me" with each of ``urls``: every opt-in user
     uploads one record with one of them, and as many devices report one of those records."""
+    rid, doc = open_round(srv, n_users, records=lambda i: [{"query": "alert me", "url": urls[i % len(urls)]}])
+    assert [(q["query"], sorted(q["urls"])) for q in doc["queries"]] == [("alert me", sorted(urls))], doc
+    messages = [randomize_records(doc, [("alert me", urls[i % len(urls)])]) for i in range(n_users)]
     with httpx.Client(base_url=srv.base_url + API, timeout=60) as http:
-        r = http.post("/rounds", headers=srv.admin, json={"kind": "blender", "name": "unsafe URLs", "params": {
-            "epsilon": 4.0, "delta": 1e-5, "head_list_size": 10, "m_o": 1, "m_c": 1}})
-        assert r.status_code == 201, r.text
-        rid = r.json()["id"]
-        r = http.post(f"/rounds/{rid}/optin/enrol", headers=srv.admin,
-                      json={"users": [f"user-{i}" for i in range(n_users)]})
-        assert r.status_code == 201, r.text
-        for i, token in enumerate(r.json()["tokens"]):
-            r = http.post(f"/rounds/{rid}/optin/records", headers={"Authorization": f"Bearer {token}"},
-                          json={"records": [{"query": "alert me", "url": urls[i % len(urls)]}]})
-            assert r.status_code == 200, r.text
-        assert http.post(f"/rounds/{rid}/headlist", headers=srv.admin).status_code == 200
-        doc = http.get(f"/rounds/{rid}/headlist").json()
-        assert [(q["query"], sorted(q["urls"])) for q in doc["queries"]] == [("alert me", sorted(urls))], doc
-        messages = [randomize_records(doc, [("alert me", urls[i % len(urls)])]) for i in range(n_users)]
         assert http.post(f"/rounds/{rid}/reports", json=messages).status_code == 200
         assert http.post(f"/rounds/{rid}/close", headers=srv.admin).status_code == 200
     return rid

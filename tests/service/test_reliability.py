@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +126,11 @@ def optin_records(user: int) -> list[dict[str, Any]]:
     return out
 
 
-def open_round(srv: ServerProcess, n_users: int = 200) -> tuple[str, dict[str, Any]]:
-    """A BLENDER round with ``n_users`` opt-in users and its head list published."""
+def open_round(srv: ServerProcess, n_users: int = 200,
+               records: Callable[[int], list[dict[str, Any]]] | None = None) -> tuple[str, dict[str, Any]]:
+    """A BLENDER round with ``n_users`` opt-in users and its head list published; user ``i`` uploads
+    ``records(i)`` (default :func:`optin_records`)."""
+    records = records or optin_records
     with httpx.Client(base_url=srv.base_url + API, timeout=60) as http:
         r = http.post("/rounds", headers=srv.admin, json={"kind": "blender", "name": "reliability", "params": {
             "epsilon": 4.0, "delta": 1e-5, "head_list_size": 10, "m_o": 1, "m_c": 1}})
@@ -137,7 +140,7 @@ def open_round(srv: ServerProcess, n_users: int = 200) -> tuple[str, dict[str, A
                       json={"users": [f"user-{user}" for user in range(n_users)]})
         assert r.status_code == 201, r.text
         for user, token in enumerate(r.json()["tokens"]):
-            r = http.post(f"/rounds/{rid}/optin/records", json={"records": optin_records(user)},
+            r = http.post(f"/rounds/{rid}/optin/records", json={"records": records(user)},
                           headers={"Authorization": f"Bearer {token}"})
             assert r.status_code == 200, r.text
         r = http.post(f"/rounds/{rid}/headlist", headers=srv.admin)

@@ -431,3 +431,17 @@ def test_pages_are_not_in_the_api_schema(demo: DemoServer) -> None:
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
     page_html = httpx.get(demo.base_url + "/", timeout=10)
     assert "script-src 'self'" in page_html.headers["content-security-policy"]
+
+
+# ----- the API documentation ----------------------------------------------------------------------
+def test_api_docs_render_from_the_server_alone(demo: DemoServer, page: Any) -> None:
+    """/docs is Swagger UI from the installed package: every request stays on the server (no CDN), and
+    the page lists the API's operations (no console errors: the page fixture checks)."""
+    hosts: set[str] = set()
+    page.on("request", lambda req: hosts.add(re.sub(r"^(\w+://[^/]+).*$", r"\1", req.url)))
+    page.goto(demo.base_url + "/docs")
+    page.wait_for_selector(".opblock", timeout=20_000)
+    paths = page.locator(".opblock-summary-path").all_inner_texts()
+    assert any("/api/v1/rounds/{round_id}/reports" in p.replace("\u200b", "") for p in paths), paths
+    assert hosts == {demo.base_url}, hosts
+    screenshot(page, "api-docs")

@@ -210,6 +210,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
 
     app = ServiceApp(ReportsEndpoint(store, writer, pool, metrics, max_body_bytes),
                      title="hybriddp collection service", version=__version__, lifespan=lifespan,
+                     docs_url=None, redoc_url=None,  # /docs is served from local files (pages.mount_api_docs)
                      description="BLENDER (hybrid-model differential privacy) and hybrid mean-estimation rounds: "
                                  "opt-in uploads, head lists, device reports, results. Errors are "
                                  '`{"error": {"code", "message"}}`.')

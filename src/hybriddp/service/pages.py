@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, HTMLResponse
 from starlette.staticfiles import StaticFiles
 
 from hybriddp.service.store import REPORT_STATES, RoundInfo, Store
@@ -103,5 +103,23 @@ def mount(app: FastAPI, store: Store) -> None:
     def local_search_rounds() -> dict[str, dict[str, Any] | None]:
         return page_rounds(store)
 
+    mount_api_docs(app)
     # follow_symlink: in a source checkout static/hybriddp-device.js links to clients/js (a wheel holds the file)
     app.mount("/static", _Static(directory=STATIC, follow_symlink=True), name="static")
+
+
+def mount_api_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from the installed ``swagger-ui-bundle-v2`` package, not from a CDN (FastAPI's
+    default page loads its script from the internet: blank on a machine without it, and a third party
+    learns who reads the docs). ``create_app`` turns FastAPI's own ``/docs`` and ``/redoc`` off."""
+    import swagger_ui_bundle
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    @app.get("/docs", include_in_schema=False)
+    def api_docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} – API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/static/favicon.svg")
+
+    app.mount("/docs-assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")

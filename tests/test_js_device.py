@@ -42,6 +42,7 @@ from hybriddp.device import (
 from hybriddp.headlist import HeadList
 from hybriddp.randomizer import LocalAlgParams, output_distribution
 from hybriddp.records import ArrayVocabulary
+from test_mutants import KAT_CANONICAL, KAT_HASH, _kat_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 JS_DIR = ROOT / "clients" / "js"
@@ -329,7 +330,10 @@ def build_fixtures() -> dict[str, Any]:
     return {"headlists": headlists, "replays": _replays(headlists), "distributions": _distributions(headlists),
             "chi2": _chi2_cases(), "variants": _variants(base), "float_reprs": _float_reprs(),
             "max_epsilon": [[f_c, m_c, max_epsilon(f_c, m_c)] for f_c in (0.1, 0.5, 0.85, 1.0, 0.3333, 1e-9)
-                            for m_c in (1, 2, 3, 7, 1000, 2**40)]}
+                            for m_c in (1, 2, 3, 7, 1000, 2**40)],
+            # the pinned wire-format answer of tests/test_mutants.py (hand-written text, hash and an unsorted doc)
+            "known_answer": {"canonical": KAT_CANONICAL, "hash": KAT_HASH,
+                             "doc_text": json.dumps(_kat_doc(), ensure_ascii=False)}}
 
 
 def write_fixtures(path: Path) -> None:

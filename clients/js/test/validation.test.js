@@ -2,7 +2,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { DeviceError, DeviceHeadList, randomizeRecords, validateHeadList } from "../hybriddp-device.js";
+import {
+  canonicalJson, contentHash, DeviceError, DeviceHeadList, randomizeRecords, validateHeadList,
+} from "../hybriddp-device.js";
 import { loadFixtures, needsFixtures } from "./support.js";
 
 const fx = loadFixtures();
@@ -93,3 +95,10 @@ test("records that are not [query, url] string pairs are refused before anything
     assert.deepEqual(charged, []);
     await assert.rejects(randomizeRecords(hl, [["q", "u"]], { messageId: "short" }), /message id/);
   });
+
+test("known answer: the pinned head-list wire format and hash (tests/test_mutants.py)", needsFixtures(fx), async () => {
+  const ka = fx.known_answer;
+  assert.equal(canonicalJson(ka.doc_text), ka.canonical);
+  assert.equal(await contentHash(ka.doc_text), ka.hash);
+  assert.equal(await contentHash(JSON.parse(ka.doc_text)), ka.hash);
+});

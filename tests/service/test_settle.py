@@ -327,3 +327,18 @@ def test_kill_9_during_or_after_a_settle_leaves_every_message_in_exactly_one_tab
         assert got in ([(n_old + n_new, 0)] if done else [(n_old, n_new), (n_old + n_new, 0)])  # all or nothing
         killed_mid += got == (n_old, n_new)
     assert killed_mid >= 1, f"no kill landed inside the settle ({seconds:.2f} s)"
+
+
+def test_a_retried_multi_report_message_next_to_new_single_report_ones(store_url: str) -> None:
+    """Only the retried message has a 2nd report: nothing goes to extra_entries (no row of NULLs, no error)."""
+    store = Store(store_url)
+    try:
+        a = published_round(store)
+        old = new_message_id()
+        assert store.add_reports(a, [(old, [1, 2])]).counted == 1
+        ack = store.add_reports(a, [(old, [3, 4]), (new_message_id(), [5]), (new_message_id(), [])])
+        assert (ack.counted, ack.reports, ack.duplicates) == (2, 1, 1)
+        assert store.recount(a.num, N_ENTRIES).tolist() == [0, 1, 1, 0, 0, 1, 0, 0]
+        assert store.table_counts(a.num)["extra_entries"] == 1
+    finally:
+        store.close()

@@ -194,8 +194,9 @@ def message_ids(db_url: str, rid: str) -> list[str]:
     engine = sa.create_engine(db_url)
     try:
         with engine.connect() as conn:
-            return list(conn.execute(sa.text(
-                "SELECT message_id FROM messages WHERE round_num = (SELECT num FROM rounds WHERE id = :r)"),
+            return list(conn.execute(sa.text(  # stored messages: settled ones and recent ones (SQLite)
+                "SELECT message_id FROM messages WHERE round_num = (SELECT num FROM rounds WHERE id = :r) UNION ALL "
+                "SELECT message_id FROM messages_recent WHERE round_num = (SELECT num FROM rounds WHERE id = :r)"),
                 {"r": rid}).scalars())
     finally:
         engine.dispose()

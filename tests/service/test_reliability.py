@@ -175,9 +175,10 @@ def stored_messages(db_url: str, rid: str) -> tuple[int, int, int, int]:
     try:
         with engine.connect() as conn:
             num = conn.execute(sa.text("SELECT num FROM rounds WHERE id = :r"), {"r": rid}).scalar_one()
-            rows, distinct, firsts = conn.execute(sa.text(
-                "SELECT count(*), count(DISTINCT message_id), count(entry) FROM messages WHERE round_num = :n"),
-                {"n": num}).one()
+            rows, distinct, firsts = conn.execute(sa.text(  # stored messages: settled ones and recent ones (SQLite)
+                "SELECT count(*), count(DISTINCT message_id), count(entry) FROM (SELECT message_id, entry FROM "
+                "messages WHERE round_num = :n UNION ALL SELECT message_id, entry FROM messages_recent "
+                "WHERE round_num = :n) AS t"), {"n": num}).one()
             extra = conn.execute(sa.text("SELECT count(*) FROM extra_entries WHERE round_num = :n"),
                                  {"n": num}).scalar_one()
             counted = conn.execute(sa.text("SELECT coalesce(sum(n), 0) FROM entry_counts WHERE round_num = :n"),

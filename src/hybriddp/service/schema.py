@@ -6,8 +6,15 @@ what the devices sent — a random message id and the head-list entries (or the 
 value) — and nothing else: no address, user agent, time or token. ``entry_counts`` holds the
 reports per head-list entry, updated in the same transaction that stores the messages, so
 closing a round reads a few hundred rows instead of scanning millions
-(:meth:`hybriddp.service.store.Store.recount` recounts from the messages, for audits). The migration that creates
-these tables is ``migrations/versions/0001_initial.py``; a test checks the two agree.
+(:meth:`hybriddp.service.store.Store.recount` recounts from the messages, for audits).
+
+On SQLite a new message goes to the small ``messages_recent`` first (an id already in
+``messages`` is not inserted, so an id is in at most one of the two tables); the writer moves
+them to ``messages`` in key order once there are many, and a round's close moves the rest
+(:meth:`hybriddp.service.store.Store.settle`). Stored messages are the union of both tables.
+PostgreSQL stores straight into ``messages``; its ``messages_recent`` stays empty.
+
+The migrations that create these tables are ``migrations/versions/``; a test checks the two agree.
 """
 
 from __future__ import annotations
@@ -92,6 +99,16 @@ messages = Table(
     Column("entry", Integer),  # BLENDER: head-list entry of the first report (NULL: no report)
     Column("value", Double),  # mean rounds: the randomized value
     PrimaryKeyConstraint("round_num", "message_id", name="messages_pk"),  # dedup: a retried id is stored once
+    sqlite_with_rowid=False,
+)
+
+messages_recent = Table(
+    "messages_recent", metadata,  # SQLite only: new messages, moved to ``messages`` in key order (Store.settle)
+    Column("round_num", Key, nullable=False),
+    Column("message_id", String(22), nullable=False),
+    Column("entry", Integer),
+    Column("value", Double),
+    PrimaryKeyConstraint("round_num", "message_id", name="messages_recent_pk"),
     sqlite_with_rowid=False,
 )
 

@@ -17,6 +17,15 @@ and a batch is inserted with ``ON CONFLICT DO NOTHING RETURNING message_id``; on
 (new) messages have their report entries inserted and counted. Close counts reports per
 head-list entry with one ``GROUP BY``. One server process per database is assumed for the
 start-up recovery (:meth:`Store.unfinished`).
+
+On SQLite, device message ids are random, so inserting them straight into the large
+``messages`` B-tree would dirty (and make each commit rewrite) nearly every leaf page. New
+messages go to the small ``messages_recent`` instead, with the same primary key, and only when
+their id is not in ``messages`` (a read, inside the same write transaction: SQLite has one
+writer at a time, so the check and the insert cannot be separated by another insert). Once it
+holds :data:`SETTLE_ROWS` rows, :meth:`Store.settle` moves them to ``messages`` in key order,
+one transaction that touches each leaf page once; closing a round settles too. An id is thus in
+at most one of the two tables, and every read of stored messages reads both.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import os
 import re
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -70,6 +80,8 @@ _OPEN_ROUND = ("UPDATE rounds SET state = 'collecting-reports' WHERE num = %d AN
                f"({', '.join(repr(st) for st in REPORT_STATES)}) RETURNING num")
 _ROWS_PER_INSERT = 8000 if sqlite3.sqlite_version_info >= (3, 32) else 400
 """Rows per SQLite INSERT statement of messages (SQLite >= 3.32 binds up to 32,766 parameters, older 999)."""
+SETTLE_ROWS = 1_000_000
+"""SQLite: rows in ``messages_recent`` at which the writer moves them to ``messages`` (:meth:`Store.settle`)."""
 _ADD_ROUND_COUNTS = ("UPDATE rounds SET n_messages = n_messages + %d, n_reports = n_reports + %d, "
                      "n_duplicates = n_duplicates + %d WHERE num = %d")
 ROUND_ID = re.compile(r"[A-Za-z0-9_-]{22}")
@@ -258,8 +270,15 @@ class Store:
         self.url = url
         self.engine = make_engine(url)
         self.dialect = self.engine.dialect.name
+        self.settle_rows = SETTLE_ROWS
+        """SQLite: :meth:`settle_if_due` settles once ``messages_recent`` holds this many rows (tests make it small)."""
+        self._recent_lock = threading.Lock()
+        self._recent_rows = 0  # rows this process believes messages_recent holds (checked again before settling)
         try:
             self._setup(lifetime_epsilon, lifetime_delta)
+            if self.dialect == "sqlite":
+                self._recent_rows = self._read(lambda conn: int(conn.execute(
+                    select(func.count()).select_from(s.messages_recent)).scalar_one()))
         except BaseException:
             self.engine.dispose()
             raise
@@ -594,6 +613,7 @@ class Store:
         The new messages' reports are added to ``entry_counts`` in the same transaction.
         """
         def run(conn: Connection) -> list[ReportAck | ConflictError]:
+            inserted[0] = 0
             open_rounds = set()
             for num in sorted({info.num for info, _ in requests}):  # locks the round rows in one order
                 if conn.exec_driver_sql(_OPEN_ROUND % int(num)).first():
@@ -618,9 +638,15 @@ class Store:
                 new = sum(counted[i] for i, _ in reqs)
                 n_rep = sum(reports[i] for i, _ in reqs)
                 conn.exec_driver_sql(_ADD_ROUND_COUNTS % (int(new), int(n_rep), int(acked - new), int(num)))
+                inserted[0] += new
             return [r if isinstance(r, ConflictError) else ReportAck(r.acknowledged, counted[i], reports[i])
                     for i, r in enumerate(results)]
-        return self._write(run)
+        inserted = [0]  # messages stored by the transaction that committed (run may be retried)
+        out = self._write(run)
+        if self.dialect == "sqlite":
+            with self._recent_lock:
+                self._recent_rows += inserted[0]
+        return out
 
     def _store_round_reports(self, conn: Connection, num: int, mean: bool,
                              reqs: list[tuple[int, Sequence[tuple[str, Any]]]], counted: list[int],
@@ -671,8 +697,8 @@ class Store:
         entries = entries[np.repeat(is_new, lens)]
         if entries.size:
             self._add_counts(conn, num, np.bincount(entries))
-        if lens.max() > 1:  # m_C > 1: the 2nd, 3rd, ... reports of the new messages
-            multi = np.flatnonzero(is_new & (lens > 1)).tolist()
+        multi = np.flatnonzero(is_new & (lens > 1)).tolist()  # m_C > 1: the 2nd, 3rd, ... reports of new messages
+        if multi:  # (an empty list would insert one row of NULLs: only retried messages may have several reports)
             conn.execute(insert(s.extra_entries), [{"round_num": num, "message_id": ids[k], "entry": e}
                                                    for k in multi for e in payloads[k][1:]])
 
@@ -685,6 +711,10 @@ class Store:
         much per row, and this is the service's hot path): on SQLite, many rows per VALUES list; on
         PostgreSQL, one statement over two arrays (``unnest``), which binds 2 parameters instead of
         two per row.
+
+        On SQLite the rows go to ``messages_recent``, except those whose id is in ``messages``
+        already (settled); the rows of one VALUES list are inserted in their order, so of equal
+        ids the first is stored.
         """
         num = int(round_num)
         cols = "NULL, v" if mean else "v, NULL"
@@ -693,7 +723,7 @@ class Store:
                    f"unnest(%s::text[], %s::{'float8' if mean else 'int4'}[]) AS t(m, v) "
                    "ON CONFLICT DO NOTHING RETURNING message_id")
             return list(conn.exec_driver_sql(sql, (list(ids), list(values))).scalars().all())
-        row = f"({num},?,NULL,?)" if mean else f"({num},?,?,NULL)"
+        pay = "NULL, v.column2" if mean else "v.column2, NULL"
         flat: list[Any] = [None] * (2 * len(ids))
         flat[0::2] = ids
         flat[1::2] = values
@@ -701,10 +731,39 @@ class Store:
         new: list[str] = []
         for i in range(0, len(flat), chunk):
             part = flat[i:i + chunk]
-            sql = (f"INSERT INTO messages (round_num, message_id, entry, value) VALUES "
-                   f"{','.join([row] * (len(part) // 2))} ON CONFLICT DO NOTHING RETURNING message_id")
+            sql = (f"INSERT INTO messages_recent (round_num, message_id, entry, value) SELECT {num}, v.column1, {pay} "
+                   f"FROM (VALUES {','.join(['(?,?)'] * (len(part) // 2))}) AS v WHERE NOT EXISTS (SELECT 1 FROM "
+                   f"messages m WHERE m.round_num = {num} AND m.message_id = v.column1) "
+                   "ON CONFLICT DO NOTHING RETURNING message_id")
             new += conn.exec_driver_sql(sql, tuple(part)).scalars().all()
         return new
+
+    # ----- settling (SQLite) ------------------------------------------------------------------
+    def settle_if_due(self) -> int:
+        """Settle when this process has stored :attr:`settle_rows` messages since it last knew the
+        count of ``messages_recent`` (the report writer calls this after each group; several
+        server processes may share the file, so :meth:`settle` counts again before moving
+        anything). Returns the rows moved (0: not due, or not SQLite)."""
+        with self._recent_lock:
+            due = self.dialect == "sqlite" and self._recent_rows >= self.settle_rows
+        return self.settle(self.settle_rows) if due else 0
+
+    def settle(self, min_rows: int = 0) -> int:
+        """SQLite: move every row of ``messages_recent`` into ``messages``, in key order, in ONE
+        transaction (a crash leaves them all in one table or all in the other), if it holds at
+        least ``min_rows``. Returns the rows moved (0 on PostgreSQL)."""
+        if self.dialect != "sqlite":
+            return 0
+
+        def run(conn: Connection) -> tuple[int, int]:
+            have = int(conn.exec_driver_sql("SELECT count(*) FROM messages_recent").scalar_one())
+            if have == 0 or have < min_rows:
+                return 0, have
+            return _settle(conn), 0
+        moved, left = self._write(run)
+        with self._recent_lock:
+            self._recent_rows = left
+        return moved
 
     def _add_counts(self, conn: Connection, round_num: int, counts: np.ndarray) -> None:
         """Add a group's new reports to ``entry_counts`` (one upsert; integers only, written inline)."""
@@ -715,15 +774,29 @@ class Store:
 
     # ----- close ------------------------------------------------------------------------------
     def start_close(self, round_id: str) -> RoundInfo:
-        """headlist-published/collecting-reports → closed (one closer wins; reports are refused from now)."""
+        """headlist-published/collecting-reports → closed (one closer wins; reports are refused from now).
+
+        On SQLite the same transaction settles ``messages_recent`` (every round's rows), so a
+        closed round's messages are all in ``messages``.
+        """
+        settled = [False]
+
         def run(conn: Connection) -> RoundInfo:
             info = self._get(conn, round_id)
             have = info.reports if info.kind == "blender" else info.messages
             if info.state in REPORT_STATES and have == 0:
                 raise ConflictError(f"cannot close round {round_id}: no reports yet, so there is nothing to estimate "
                                     "from the clients; close it once devices have reported")
-            return self._transition(conn, round_id, REPORT_STATES, "closed", "close", closed=now())
-        return self._write(run)
+            out = self._transition(conn, round_id, REPORT_STATES, "closed", "close", closed=now())
+            if self.dialect == "sqlite":
+                _settle(conn)
+                settled[0] = True
+            return out
+        info = self._write(run)
+        if settled[0]:
+            with self._recent_lock:
+                self._recent_rows = 0
+        return info
 
     def entry_counts(self, round_num: int, n_entries: int) -> np.ndarray:
         """Reports per head-list entry, as kept in ``entry_counts``."""
@@ -731,23 +804,35 @@ class Store:
         rows = self._read(lambda conn: conn.execute(select(ec.entry, ec.n).where(ec.round_num == round_num)).all())
         return _dense(rows, n_entries, round_num)
 
+    def _message_tables(self) -> tuple[Any, ...]:
+        """The tables that hold stored messages: both on SQLite (until settled), ``messages`` on PostgreSQL."""
+        return (s.messages, s.messages_recent) if self.dialect == "sqlite" else (s.messages,)
+
     def recount(self, round_num: int, n_entries: int) -> np.ndarray:
         """Reports per entry counted again from the stored messages (GROUP BY): an audit of entry_counts."""
-        m, x = s.messages.c, s.extra_entries.c
+        x = s.extra_entries.c
 
         def run(conn: Connection) -> list[Any]:
-            first = conn.execute(select(m.entry, func.count()).where(m.round_num == round_num, m.entry.is_not(None))
-                                 .group_by(m.entry)).all()
-            more = conn.execute(select(x.entry, func.count()).where(x.round_num == round_num).group_by(x.entry)).all()
-            return [*first, *more]
+            rows = []
+            for t in self._message_tables():
+                m = t.c
+                rows += conn.execute(select(m.entry, func.count()).where(m.round_num == round_num,
+                                                                         m.entry.is_not(None)).group_by(m.entry)).all()
+            rows += conn.execute(select(x.entry, func.count()).where(x.round_num == round_num).group_by(x.entry)).all()
+            return rows
         return _dense(self._read(run), n_entries, round_num)
 
     def report_values(self, round_num: int) -> tuple[int, float]:
         """(number, sum) of a mean round's randomized values."""
-        m = s.messages.c
-        n, total = self._read(lambda conn: conn.execute(select(func.count(m.value), func.sum(m.value)).where(
-            m.round_num == round_num)).one())
-        return int(n), float(total or 0.0)
+        def run(conn: Connection) -> tuple[int, float]:
+            n, total = 0, 0.0
+            for t in self._message_tables():
+                m = t.c
+                k, v = conn.execute(select(func.count(m.value), func.sum(m.value))
+                                    .where(m.round_num == round_num)).one()
+                n, total = n + int(k), total + float(v or 0.0)
+            return n, total
+        return self._read(run)
 
     def finish_close(self, info: RoundInfo, results: dict[str, Any], counts: list[int] | None) -> RoundInfo:
         """Store the results; closed → results-published."""
@@ -767,12 +852,22 @@ class Store:
         """Rows per table for one round (tests and operators: raw opt-in data must be 0 once published)."""
         def run(conn: Connection) -> dict[str, int]:
             out = {}
-            for t in (s.optin_records, s.optin_values, s.optin_tokens, s.messages, s.extra_entries,
-                      s.entry_counts):
+            for t in (s.optin_records, s.optin_values, s.optin_tokens, s.messages, s.messages_recent,
+                      s.extra_entries, s.entry_counts):
                 out[t.name] = int(conn.execute(select(func.count()).select_from(t)
                                                .where(t.c.round_num == round_num)).scalar_one())
             return out
         return self._read(run)
+
+
+def _settle(conn: Connection) -> int:
+    """Move every row of ``messages_recent`` into ``messages`` in key order (inside the caller's write
+    transaction); the rows moved. A plain INSERT: an id in both tables would be a bug, and fails loudly."""
+    moved = conn.exec_driver_sql("INSERT INTO messages (round_num, message_id, entry, value) SELECT round_num, "
+                                 "message_id, entry, value FROM messages_recent "
+                                 "ORDER BY round_num, message_id").rowcount
+    conn.exec_driver_sql("DELETE FROM messages_recent")
+    return int(moved)
 
 
 def _dense(rows: Sequence[Any], n_entries: int, round_num: int) -> np.ndarray:
@@ -797,5 +892,5 @@ def open_store(url: str, **kw: Any) -> Iterator[Store]:
         store.close()
 
 
-__all__ = ["DEFAULT_LIFETIME_DELTA", "DEFAULT_LIFETIME_EPSILON", "ReportAck", "RoundDocuments", "RoundInfo", "Store",
-           "open_store"]
+__all__ = ["DEFAULT_LIFETIME_DELTA", "DEFAULT_LIFETIME_EPSILON", "SETTLE_ROWS", "ReportAck", "RoundDocuments",
+           "RoundInfo", "Store", "open_store"]

@@ -6,7 +6,9 @@ requests/s. Requests instead hand their validated messages to :class:`ReportWrit
 takes everything queued (up to :data:`MAX_GROUP_MESSAGES` messages), stores it with
 :meth:`hybriddp.service.store.Store.add_reports_many` in one transaction, and only after the
 commit answers each request. A request is therefore acknowledged only once its messages are
-durable, and a crash loses only requests that were never acknowledged.
+durable, and a crash loses only requests that were never acknowledged. After answering, the
+thread settles SQLite's recent messages when they are due (:meth:`hybriddp.service.store.Store.settle_if_due`):
+new requests queue meanwhile and go into the next group.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,3 +98,15 @@ class ReportWriter:
                 fut.set_exception(result)
             else:
                 fut.set_result(result)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Settle the recent messages if due; a failure is logged (the messages stay where they are, safe)."""
+        t0 = time.perf_counter()
+        try:
+            moved = self.store.settle_if_due()
+        except Exception:
+            logger.exception("settling the recent messages failed; they stay in messages_recent (still counted)")
+            return
+        if moved:
+            logger.info("settled %d messages in %.2f s", moved, time.perf_counter() - t0)

@@ -29,9 +29,6 @@ import multiprocessing as mp
 import os
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,71 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from hybriddp.service.process import ServeProcess
+
 TARGETS = {"single_reports_per_s": (">=", 3000.0), "batch_reports_per_s": (">=", 100_000.0),
            "close_seconds": ("<=", 15.0), "lost_after_kill9": ("==", 0), "double_counted": ("==", 0),
            "server_errors": ("==", 0)}
 API = "/api/v1"
-
-
-# ----- the server under test --------------------------------------------------------------------
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """``python -m hybriddp serve`` as a subprocess that can be SIGKILLed and started again."""
-
-    def __init__(self, db_url: str, workdir: Path, admin_token: str, workers: int = 1) -> None:
-        self.db_url = db_url
-        self.workers = workers
-        self.port = free_port()
-        self.token_file = workdir / "admin-token"
-        self.token_file.write_text(admin_token + "\n")
-        self.log = workdir / "server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> float:
-        """Start and wait until /health answers; returns the seconds that took."""
-        t0 = time.perf_counter()
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hybriddp", "serve", "--db", self.db_url, "--host", "127.0.0.1",
-                 "--port", str(self.port), "--admin-token-file", str(self.token_file),
-                 "--workers", str(self.workers)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        import httpx
-
-        while time.perf_counter() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200:
-                    return time.perf_counter() - t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"the server did not answer /health within {timeout} s:\n{self.log.read_text()[-3000:]}")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def setup_round(base_url: str, token: str, n_optin: int, seed: int) -> tuple[str, dict[str, Any]]:
@@ -396,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     elif db_url.startswith("postgresql"):
         backend = "postgresql"
     token = secrets.token_urlsafe(32)
-    server = Server(db_url, work, token, args.workers)
+    server = ServeProcess(db_url, work, ("--workers", str(args.workers)), admin_token=token)
     result: dict[str, Any] = {"db": backend, "reports": args.reports, "cpus": os.cpu_count(), "ids": args.ids,
                               "workers": args.workers, "single_connections": args.single_connections,
                               "batch_connections": args.batch_connections, "batch_size": args.batch_size}

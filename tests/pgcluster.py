@@ -17,10 +17,11 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from hybriddp.service.process import free_port
 
 DEFAULT_BINDIR = "/usr/lib/postgresql/15/bin"
 INSTALL_HINT = ("install the PostgreSQL 15 server (Debian/Ubuntu as root: `apt-get install -y postgresql-15`, "
@@ -30,13 +31,6 @@ INSTALL_HINT = ("install the PostgreSQL 15 server (Debian/Ubuntu as root: `apt-g
 
 class PgClusterError(RuntimeError):
     """The test cluster cannot be set up; the message says what to install or fix."""
-
-
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _default_bindir() -> str:
@@ -123,7 +117,7 @@ class PgCluster:
             if not self.durable:
                 settings += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
             for attempt in range(5):
-                self.port = _free_port()
+                self.port = free_port()
                 try:
                     self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(data), "-l", str(self.root / "server.log"),
                               "-o", " ".join([*settings, f"-p {self.port}"]), timeout=90)

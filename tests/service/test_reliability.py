@@ -20,11 +20,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import secrets
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,66 +34,13 @@ import sqlalchemy as sa
 from hybriddp.device import new_message_id, randomize_records
 from hybriddp.parties import release_from_documents
 from hybriddp.parties.server import count_messages
+from hybriddp.service.process import ServeProcess
 
 API = "/api/v1"
 
 
 # ----- the server as a process ------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerProcess:
-    """``python -m hybriddp serve`` on ``db_url``; can be SIGKILLed and started again on the same database."""
-
-    def __init__(self, db_url: str, workdir: Path, extra_args: tuple[str, ...] = ()) -> None:
-        self.db_url = db_url
-        self.extra_args = extra_args  # more `hybriddp serve` options (tests/browser: --demo)
-        self.port = _free_port()
-        self.token = secrets.token_urlsafe(24)
-        self.token_file = workdir / "admin-token"
-        self.token_file.write_text(self.token + "\n")
-        self.log = workdir / "server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.admin = {"Authorization": f"Bearer {self.token}"}
-
-    def start(self, timeout: float = 60.0) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hybriddp", "serve", "--db", self.db_url, "--host", "127.0.0.1",
-                 "--port", str(self.port), "--admin-token-file", str(self.token_file), *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the server exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"the server did not answer /health within {timeout} s:\n{self.log.read_text()[-4000:]}")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
+ServerProcess = ServeProcess  # `hybriddp serve` as a child process (tests/browser imports it from here too)
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ from hybriddp.service.errors import (
     NotFoundError,
     UnauthorizedError,
     UnsupportedMediaTypeError,
-    classify,
+    error_payload,
 )
 from hybriddp.service.metrics import LatencyMiddleware, Metrics
 from hybriddp.service.reports import ReportsEndpoint, accept_reports
@@ -92,9 +92,8 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 async def _hybriddp_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HybridDPError)
-    status, code = classify(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return error_response(status, code, str(exc), headers)
+    status, body, headers = error_payload(exc)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:

@@ -14,7 +14,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hybriddp.service.errors import BadBodyError, BodyTooLargeError, UnsupportedMediaTypeError
+from hybriddp.service.errors import (
+    BadBodyError,
+    BodyTooLargeError,
+    ServiceError,
+    UnsupportedMediaTypeError,
+    error_payload,
+)
 
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/jsonlines")
 
@@ -22,6 +28,23 @@ NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/jsonli
 def media_type(content_type: str | None) -> str:
     """The media type of a Content-Type header (JSON when there is none)."""
     return (content_type or "application/json").split(";")[0].strip().lower()
+
+
+def body_too_large(limit: int) -> BodyTooLargeError:
+    """The 413 of a body over ``limit`` bytes."""
+    return BodyTooLargeError(f"request body over the limit of {limit:,} bytes; send reports in smaller batches "
+                             "(hybriddp serve --max-body-bytes sets the limit)")
+
+
+def check_content_length(headers: Any, limit: int) -> None:
+    """Refuse an announced body before reading it: a Content-Length that is not a number (400) or over
+    ``limit`` (413). ``headers``: the ASGI scope's (name, value) byte pairs."""
+    length = dict(headers or []).get(b"content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise ServiceError(f"Content-Length {length[:40].decode('latin-1')!r} is not a number")
+        if int(length) > limit:
+            raise body_too_large(limit)
 
 
 class BodyLimit:
@@ -35,13 +58,11 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            too_large = length.isdigit()
-            message = self._message() if too_large else "Content-Length is not a number"
-            resp = JSONResponse({"error": {"code": "body_too_large" if too_large else "bad_request",
-                                           "message": message}}, status_code=413 if too_large else 400)
-            await resp(scope, receive, send)
+        try:
+            check_content_length(scope.get("headers"), self.limit)
+        except ServiceError as exc:
+            status, body, headers = error_payload(exc)
+            await JSONResponse(body, status_code=status, headers=headers)(scope, receive, send)
             return
         seen = 0
 
@@ -51,13 +72,9 @@ class BodyLimit:
             if msg.get("type") == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
-                    raise StarletteHTTPException(413, self._message())
+                    raise StarletteHTTPException(413, str(body_too_large(self.limit)))
             return msg
         await self.app(scope, limited, send)
-
-    def _message(self) -> str:
-        return (f"request body over the limit of {self.limit:,} bytes; send reports in smaller batches "
-                "(hybriddp serve --max-body-bytes sets the limit)")
 
 
 def body_text(body: bytes) -> str:
@@ -113,7 +130,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise BodyTooLargeError(f"request body over the limit of {limit:,} bytes; send reports in smaller "
-                                    "batches (hybriddp serve --max-body-bytes sets the limit)")
+            raise body_too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)

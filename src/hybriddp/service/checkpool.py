@@ -86,6 +86,7 @@ def _check(key: Any, recipe: tuple[Any, ...] | None, body: bytes, content_type: 
 
 
 def _check_with(checker: Any, body: bytes, content_type: str | None) -> tuple[Any, ...]:
+    """Parse a reports body and check every message: ``("ok", items)`` or ``("refused", error, messages)``."""
     try:
         messages = parse_messages(body, content_type)
     except HybridDPError as exc:
@@ -124,10 +125,7 @@ class CheckPool:
             logger.warning("a report-check worker process died; starting new ones")
             self._discard()
             res = await asyncio.to_thread(_check_with, checker, body, content_type)
-        if res[0] == "refused":
-            metrics.count_reports(refused=res[2])
-            raise res[1]
-        return res[1]
+        return checked_items(res, metrics)
 
     def _discard(self) -> None:
         with self._lock:
@@ -138,3 +136,16 @@ class CheckPool:
     def close(self) -> None:
         """Stop the workers (at server shutdown)."""
         self._discard()
+
+
+def check_here(checker: Any, body: bytes, content_type: str | None, metrics: Metrics) -> list[tuple[str, Any]]:
+    """The checked items of a body, checked in this process (small bodies, or no pool)."""
+    return checked_items(_check_with(checker, body, content_type), metrics)
+
+
+def checked_items(res: tuple[Any, ...], metrics: Metrics) -> list[tuple[str, Any]]:
+    """The items of a check's result, or its error raised (its refused messages counted in ``metrics``)."""
+    if res[0] == "refused":
+        metrics.count_reports(refused=res[2])
+        raise res[1]
+    return res[1]

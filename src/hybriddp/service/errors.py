@@ -81,3 +81,10 @@ def classify(exc: HybridDPError) -> tuple[int, str]:
     if isinstance(exc, DataError):
         return 422, "invalid_data"
     return 422, "invalid_input"
+
+
+def error_payload(exc: HybridDPError) -> tuple[int, dict[str, dict[str, str]], dict[str, str]]:
+    """(status, JSON body, headers) of the API's one error shape for ``exc``."""
+    status, code = classify(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    return status, {"error": {"code": code, "message": str(exc)}}, headers

@@ -22,14 +22,15 @@ import time
 from typing import Any
 
 import orjson
+from starlette.requests import ClientDisconnect, Request
 
 from hybriddp.errors import HybridDPError
 from hybriddp.service import rounds
-from hybriddp.service.bodies import parse_messages
-from hybriddp.service.checkpool import CheckPool
-from hybriddp.service.errors import BodyTooLargeError, ServiceError, classify
+from hybriddp.service.bodies import check_content_length, read_body
+from hybriddp.service.checkpool import CheckPool, check_here
+from hybriddp.service.errors import error_payload
 from hybriddp.service.metrics import Metrics
-from hybriddp.service.store import RoundInfo, Store
+from hybriddp.service.store import Store
 from hybriddp.service.writer import ReportWriter
 
 logger = logging.getLogger(__name__)
@@ -41,27 +42,6 @@ INLINE_CHECK_BYTES = 64 * 1024
 """Bodies up to this size are checked on the event loop (no thread hop); larger ones in a thread."""
 
 
-class ClientGone(Exception):
-    """The client disconnected before its body arrived: nothing was stored, nothing to answer."""
-
-
-def too_large(limit: int) -> BodyTooLargeError:
-    return BodyTooLargeError(f"request body over the limit of {limit:,} bytes; send reports in smaller batches "
-                             "(hybriddp serve --max-body-bytes sets the limit)")
-
-
-def check_reports(target: tuple[RoundInfo, Any], body: bytes, content_type: str | None, metrics: Metrics
-                  ) -> tuple[RoundInfo, list[tuple[str, Any]]]:
-    """Parse a reports body and check every message (nothing is stored if one is refused)."""
-    info, checker = target
-    messages = parse_messages(body, content_type)
-    try:
-        return info, [checker.check(msg, i) for i, msg in enumerate(messages, 1)]
-    except HybridDPError:
-        metrics.count_reports(refused=len(messages))
-        raise
-
-
 async def accept_reports(store: Store, writer: ReportWriter, pool: CheckPool | None, metrics: Metrics,
                          round_id: str, body: bytes, content_type: str | None) -> dict[str, int]:
     """Check a reports body, store its messages (group commit) and return the acknowledgement.
@@ -70,14 +50,13 @@ async def accept_reports(store: Store, writer: ReportWriter, pool: CheckPool | N
     worker processes of ``pool`` (or, without one, in a thread)."""
     target = rounds.report_target(store, round_id, cached_only=True)
     if target is not None and len(body) <= INLINE_CHECK_BYTES:  # small and no database read: check right here
-        info, items = check_reports(target, body, content_type, metrics)
-    elif pool is None:
-        info, items = await asyncio.to_thread(
-            lambda: check_reports(rounds.report_target(store, round_id), body, content_type, metrics))
+        info, items = target[0], check_here(target[1], body, content_type, metrics)
     else:
         if target is None:
             target = await asyncio.to_thread(rounds.report_target, store, round_id)
-        info, items = target[0], await pool.check(target[1], body, content_type, metrics)
+        info = target[0]
+        items = await (asyncio.to_thread(check_here, target[1], body, content_type, metrics) if pool is None
+                       else pool.check(target[1], body, content_type, metrics))
     try:
         ack = await asyncio.wrap_future(writer.submit(info, items))
     except HybridDPError:
@@ -103,51 +82,28 @@ class ReportsEndpoint:
 
     async def __call__(self, round_id: str, scope: Any, receive: Any, send: Any) -> None:
         start = time.perf_counter()
-        headers: dict[str, str] | None = None
+        headers: dict[str, str] = {}
         try:
             body, content_type = await self._body(scope, receive)
             status, out = 200, await accept_reports(self.store, self.writer, self.pool, self.metrics, round_id,
                                                     body, content_type)
-        except ClientGone:
+        except ClientDisconnect:  # gone before its body arrived: nothing stored, nothing to answer
             return
         except HybridDPError as exc:
-            status, code = classify(exc)
-            out = {"error": {"code": code, "message": str(exc)}}
-            if status == 401:
-                headers = {"www-authenticate": "Bearer"}
+            status, out, headers = error_payload(exc)
         except Exception as exc:  # a bug: logged, and the API's 500 shape
             logger.exception("unexpected error", exc_info=exc)
             status, out = 500, {"error": {"code": "internal_error", "message": "an unexpected server error; it was "
                                                                               "logged"}}
         payload = orjson.dumps(out)
         raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+        raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
         self.metrics.observe("POST", ROUTE, time.perf_counter() - start)
 
     async def _body(self, scope: Any, receive: Any) -> tuple[bytes, str | None]:
         """The whole body (413 as soon as it passes the limit) and the Content-Type header."""
-        length = content_type = None
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                length = value
-            elif key == b"content-type":
-                content_type = value.decode("latin-1")
-        if length is not None:
-            if not length.isdigit():
-                raise ServiceError(f"Content-Length {length[:40].decode('latin-1')!r} is not a number")
-            if int(length) > self.limit:
-                raise too_large(self.limit)
-        chunks, size = [], 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                raise too_large(self.limit)
-            chunks.append(chunk)
-            if not msg.get("more_body", False):
-                return b"".join(chunks), content_type
+        check_content_length(scope["headers"], self.limit)
+        request = Request(scope, receive)
+        return await read_body(request, self.limit), request.headers.get("content-type")

@@ -207,11 +207,11 @@ def test_settle_if_due_waits_for_settle_rows_and_counts_again_before_moving(sqli
         restarted.settle_rows = 50
         restarted.add_reports(a, [(new_message_id(), [1]) for _ in range(20)])
         assert restarted.settle_if_due() == 0
-        store.add_reports(a, [(new_message_id(), [1]) for _ in range(40)])  # store's own count: 40 < 50
-        assert store.settle_if_due() == 0 and rows(store) == (80, 60)
-        restarted.add_reports(a, [(new_message_id(), [1]) for _ in range(30)])  # its own count: 50
-        assert restarted.settle_if_due() == 90 and rows(store) == (170, 0)
-        assert store.settle(min_rows=1) == 0
+        store.add_reports(a, [(new_message_id(), [1]) for _ in range(40)])  # it reads the other's 20 first: 60
+        assert store.settle_if_due() == 60 and rows(store) == (140, 0)
+        restarted.add_reports(a, [(new_message_id(), [1]) for _ in range(30)])  # it notices the settle: 30 < 50
+        assert restarted.settle_if_due() == 0 and rows(store) == (140, 30)
+        assert restarted.settle(min_rows=1) == 30 and store.settle(min_rows=1) == 0 and rows(store) == (170, 0)
     finally:
         restarted.close()
     assert store.recount(a.num, N_ENTRIES).tolist() == store.entry_counts(a.num, N_ENTRIES).tolist()

@@ -18,6 +18,7 @@ import asyncio
 import gc
 import logging
 import multiprocessing
+import operator
 import os
 import sys
 import threading
@@ -92,9 +93,14 @@ def _check_with(checker: Any, body: bytes, content_type: str | None) -> tuple[An
     except HybridDPError as exc:
         return ("refused", exc, 0)
     try:
-        return ("ok", [checker.check(msg, i) for i, msg in enumerate(messages, 1)])
+        items = [checker.check(msg, i) for i, msg in enumerate(messages, 1)]
     except HybridDPError as exc:
         return ("refused", exc, len(messages))
+    items.sort(key=_by_id)  # stable: of equal ids the first stays first; the writer then merges sorted runs
+    return ("ok", items)
+
+
+_by_id = operator.itemgetter(0)
 
 
 class CheckPool:

@@ -8,8 +8,9 @@ reports per head-list entry, updated in the same transaction that stores the mes
 closing a round reads a few hundred rows instead of scanning millions
 (:meth:`hybriddp.service.store.Store.recount` recounts from the messages, for audits).
 
-On SQLite a new message goes to the small ``messages_recent`` first (an id already in
-``messages`` is not inserted, so an id is in at most one of the two tables); the writer moves
+On SQLite a new message is appended to the small ``messages_recent`` first (an id already in
+``messages`` or in it is not inserted, so an id is in at most one of the two tables; that table
+has no index on the id, :mod:`hybriddp.service.recent` keeps its ids in memory); the writer moves
 them to ``messages`` in key order once there are many, and a round's close moves the rest
 (:meth:`hybriddp.service.store.Store.settle`). Stored messages are the union of both tables.
 PostgreSQL stores straight into ``messages``; its ``messages_recent`` stays empty.
@@ -103,13 +104,13 @@ messages = Table(
 )
 
 messages_recent = Table(
-    "messages_recent", metadata,  # SQLite only: new messages, moved to ``messages`` in key order (Store.settle)
+    "messages_recent", metadata,  # SQLite only: new messages, appended; moved to ``messages`` in key order
+    Column("seq", Key, primary_key=True, autoincrement=True),  # (Store.settle); ids deduplicated by service.recent
     Column("round_num", Key, nullable=False),
     Column("message_id", String(22), nullable=False),
     Column("entry", Integer),
     Column("value", Double),
-    PrimaryKeyConstraint("round_num", "message_id", name="messages_recent_pk"),
-    sqlite_with_rowid=False,
+    sqlite_autoincrement=True,
 )
 
 extra_entries = Table(

@@ -12,7 +12,9 @@ IMMEDIATE``), so no other connection or process can append meanwhile; it reads t
 appended since this process last looked (``seq`` above the last one it holds: other ``serve
 --workers`` processes, or a restart's fresh start) and notices deleted rows (a settle, or a
 round's deletion: the table's smallest ``seq`` is no longer the one it started from), after
-which it reads the whole table again.
+which it reads the whole table again. A settle calls it too, inside its own transaction, so
+that what it moved is forgotten under the same lock (never by a late call that could wipe ids
+another thread caught up on meanwhile).
 After a commit, :meth:`RecentIds.added` puts the transaction's own rows in without reading
 them back. The invariant: every committed row with ``seq <= last`` is in the set, and the set
 holds nothing that was not committed; a rolled-back transaction adds nothing.
@@ -67,15 +69,21 @@ class RecentIds:
             if self._first is None:
                 self._first = first_seq
 
+    def span(self, conn: Connection) -> tuple[int, int]:
+        """Inside a write transaction, after appending: the ``(first, last)`` seq for :meth:`added`. The
+        first is read only when nothing was held (else :meth:`added` ignores it); one ``min`` or
+        ``max`` per query, each O(log n) (both in one query make SQLite scan the table)."""
+        last = int(conn.exec_driver_sql("SELECT max(seq) FROM messages_recent").scalar_one())
+        with self._lock:
+            first = self._first
+        if first is None:
+            first = int(conn.exec_driver_sql("SELECT min(seq) FROM messages_recent").scalar_one())
+        return first, last
+
     def known(self, round_num: int) -> set[str]:
         """The recent ids of one round (the caller holds SQLite's write lock; do not modify)."""
         with self._lock:
             return self._ids.get(round_num) or set()
-
-    def forget(self) -> None:
-        """After a settle: the table is empty (rows appended later have a larger ``seq``)."""
-        with self._lock:
-            self._forget()
 
     def _forget(self) -> None:  # and read the whole table again at the next catch-up
         self._ids.clear()

@@ -646,8 +646,7 @@ class Store:
                 n_rep = sum(reports[i] for i, _ in reqs)
                 conn.exec_driver_sql(_ADD_ROUND_COUNTS % (int(new), int(n_rep), int(acked - new), int(num)))
             if self.dialect == "sqlite" and any(stored.values()):
-                span[:] = [conn.exec_driver_sql(f"SELECT {f}(seq) FROM messages_recent").scalar()  # one min or max
-                           for f in ("min", "max")]  # per query: O(log n) each (both in one query scan the table)
+                span[:] = self._recent.span(conn)
             return [r if isinstance(r, ConflictError) else ReportAck(r.acknowledged, counted[i], reports[i])
                     for i, r in enumerate(results)]
         stored: dict[int, list[str]] = {}  # round → ids stored by the transaction that committed (run may be retried)
@@ -714,7 +713,7 @@ class Store:
 
     def _insert_messages(self, conn: Connection, round_num: int, mean: bool, ids: Sequence[str],
                          values: Sequence[Any]) -> list[str]:
-        """INSERT ... ON CONFLICT DO NOTHING RETURNING message_id of the messages ``ids`` with their first
+        """Store the messages ``ids`` (sorted; PostgreSQL: ON CONFLICT DO NOTHING RETURNING) with their first
         entries (or, for a mean round, values) ``values``, in that order; the ids that were new.
 
         Written at the driver level (SQLAlchemy's generic executemany path costs three times as
@@ -722,9 +721,8 @@ class Store:
         PostgreSQL, one statement over two arrays (``unnest``), which binds 2 parameters instead of
         two per row.
 
-        On SQLite the rows go to ``messages_recent``, except those whose id is in ``messages``
-        already (settled); the rows of one VALUES list are inserted in their order, so of equal
-        ids the first is stored.
+        On SQLite (:meth:`_append_recent`) the rows are appended to ``messages_recent``, without
+        ``RETURNING``, except those whose id is stored already or repeated in ``ids``.
         """
         num = int(round_num)
         cols = "NULL, v" if mean else "v, NULL"
@@ -781,10 +779,10 @@ class Store:
 
     # ----- settling (SQLite) ------------------------------------------------------------------
     def settle_if_due(self) -> int:
-        """Settle when this process has stored :attr:`settle_rows` messages since it last knew the
-        count of ``messages_recent`` (the report writer calls this after each group; several
-        server processes may share the file, so :meth:`settle` counts again before moving
-        anything). Returns the rows moved (0: not due, or not SQLite)."""
+        """Settle when ``messages_recent`` held :attr:`settle_rows` rows at this process's last write
+        (its :class:`RecentIds`, caught up with other processes' rows then; the report writer calls
+        this after each group, and :meth:`settle` counts again before moving anything). Returns the
+        rows moved (0: not due, or not SQLite)."""
         due = self.dialect == "sqlite" and self._recent.rows >= self.settle_rows
         return self.settle(self.settle_rows) if due else 0
 
@@ -797,14 +795,10 @@ class Store:
 
         def run(conn: Connection) -> int:
             have = int(conn.exec_driver_sql("SELECT count(*) FROM messages_recent").scalar_one())
-            if have == 0 or have < min_rows:
-                self._recent.catch_up(conn)  # (another process may have settled: the count is right again)
-                return 0
-            return _settle(conn)
-        moved = self._write(run)
-        if moved:
-            self._recent.forget()
-        return moved
+            moved = _settle(conn) if have and have >= min_rows else 0
+            self._recent.catch_up(conn)  # under the write lock: forgets what moved, or what another process moved
+            return moved
+        return self._write(run)
 
     def _add_counts(self, conn: Connection, round_num: int, counts: np.ndarray) -> None:
         """Add a group's new reports to ``entry_counts`` (one upsert; integers only, written inline)."""
@@ -820,8 +814,6 @@ class Store:
         On SQLite the same transaction settles ``messages_recent`` (every round's rows), so a
         closed round's messages are all in ``messages``.
         """
-        settled = [False]
-
         def run(conn: Connection) -> RoundInfo:
             info = self._get(conn, round_id)
             have = info.reports if info.kind == "blender" else info.messages
@@ -831,12 +823,9 @@ class Store:
             out = self._transition(conn, round_id, REPORT_STATES, "closed", "close", closed=now())
             if self.dialect == "sqlite":
                 _settle(conn)
-                settled[0] = True
+                self._recent.catch_up(conn)  # under the write lock: forgets the ids moved
             return out
-        info = self._write(run)
-        if settled[0]:
-            self._recent.forget()
-        return info
+        return self._write(run)
 
     def entry_counts(self, round_num: int, n_entries: int) -> np.ndarray:
         """Reports per head-list entry, as kept in ``entry_counts``."""

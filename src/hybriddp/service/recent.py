@@ -15,9 +15,12 @@ round's deletion: the table's smallest ``seq`` is no longer the one it started f
 which it reads the whole table again. A settle calls it too, inside its own transaction, so
 that what it moved is forgotten under the same lock (never by a late call that could wipe ids
 another thread caught up on meanwhile).
-After a commit, :meth:`RecentIds.added` puts the transaction's own rows in without reading
-them back. The invariant: every committed row with ``seq <= last`` is in the set, and the set
-holds nothing that was not committed; a rolled-back transaction adds nothing.
+The transaction appends its own rows with explicit ``seq`` numbers above the largest the table
+has ever used (:class:`Appends`), so after its commit :meth:`RecentIds.added` puts them in
+without reading them back or asking for ``max(seq)``: per group commit the catch-up costs one
+small query (two when other processes appended). The invariant: every committed row with
+``seq <= last`` is in the set, and the set holds nothing that was not committed; a rolled-back
+transaction adds nothing.
 
 Memory: one Python string per recent message (~110 bytes with the set's slot), so at most
 :data:`hybriddp.service.store.SETTLE_ROWS` of them per process, about 110 MB at 1,000,000.
@@ -30,6 +33,43 @@ from collections.abc import Iterable, Mapping
 
 from sqlalchemy.engine import Connection
 
+_SPAN = ("SELECT (SELECT min(seq) FROM messages_recent), (SELECT max(seq) FROM messages_recent), "
+         "(SELECT seq FROM sqlite_sequence WHERE name = 'messages_recent')")
+"""Three scalar subqueries, each answered from the B-tree's ends (one ``min(seq), max(seq)`` query
+would make SQLite scan the table)."""
+
+
+class Appends:
+    """The ``seq`` numbers of one write transaction's rows in ``messages_recent``.
+
+    The rows are appended with explicit ``seq`` values, ``base + 1`` upwards, where ``base`` is the
+    largest ``seq`` the table has ever used (its rows' and its AUTOINCREMENT counter's, read under the
+    write lock): above every row another process could have written, never reused after a settle, and
+    known without reading the rows back. A candidate row that is not inserted (its id was settled
+    already) leaves a gap, which is harmless.
+    """
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.next = base + 1
+        self.first: int | None = None  # the smallest seq actually stored
+
+    def take(self, k: int) -> int:
+        """Reserve ``k`` consecutive seq numbers; the first."""
+        start = self.next
+        self.next += k
+        return start
+
+    def stored(self, seq: int) -> None:
+        """A row with this ``seq`` was inserted."""
+        if self.first is None or seq < self.first:
+            self.first = seq
+
+    @property
+    def last(self) -> int:
+        """The largest seq taken (every row of this transaction has ``seq <= last``)."""
+        return self.next - 1
+
 
 class RecentIds:
     """The ids of ``messages_recent`` by round, and the newest ``seq`` this process has seen."""
@@ -41,20 +81,26 @@ class RecentIds:
         self._first: int | None = None  # the smallest seq held (None: nothing held)
         self.rows = 0
 
-    def catch_up(self, conn: Connection) -> None:
-        """Inside a write transaction: take in the rows appended since, forget rows settled meanwhile."""
-        low = conn.exec_driver_sql("SELECT min(seq) FROM messages_recent").scalar()
+    def catch_up(self, conn: Connection) -> Appends:
+        """Inside a write transaction: take in the rows appended since, forget rows settled meanwhile; the
+        seq numbers this transaction's appends take (:class:`Appends`).
+
+        One query for the table's smallest and largest ``seq`` and its AUTOINCREMENT counter (each an
+        O(log n) lookup); the rows themselves are read only when another connection appended some."""
+        low, high, counter = conn.exec_driver_sql(_SPAN).one()
         with self._lock:
             if self._first is not None and (low is None or low > self._first):  # rows deleted (a settle, a
                 self._forget()  # round's deletion) by another connection: start again from the table
             last = self._last
-        rows = conn.exec_driver_sql("SELECT seq, round_num, message_id FROM messages_recent WHERE seq > ? "
-                                    "ORDER BY seq", (last,)).all()
-        if rows:
-            by_round: dict[int, list[str]] = {}
-            for _, num, mid in rows:
-                by_round.setdefault(int(num), []).append(mid)
-            self.added(by_round, int(rows[0][0]), int(rows[-1][0]))
+        if high is not None and high > last:
+            rows = conn.exec_driver_sql("SELECT seq, round_num, message_id FROM messages_recent WHERE seq > ? "
+                                        "ORDER BY seq", (last,)).all()
+            if rows:
+                by_round: dict[int, list[str]] = {}
+                for _, num, mid in rows:
+                    by_round.setdefault(int(num), []).append(mid)
+                self.added(by_round, int(rows[0][0]), int(rows[-1][0]))
+        return Appends(max(high or 0, counter or 0))
 
     def added(self, by_round: Mapping[int, Iterable[str]], first_seq: int, last_seq: int) -> None:
         """After a commit: these ids are stored in ``messages_recent``, whose rows now span ``first_seq`` to
@@ -68,17 +114,6 @@ class RecentIds:
             self._last = max(self._last, last_seq)
             if self._first is None:
                 self._first = first_seq
-
-    def span(self, conn: Connection) -> tuple[int, int]:
-        """Inside a write transaction, after appending: the ``(first, last)`` seq for :meth:`added`. The
-        first is read only when nothing was held (else :meth:`added` ignores it); one ``min`` or
-        ``max`` per query, each O(log n) (both in one query make SQLite scan the table)."""
-        last = int(conn.exec_driver_sql("SELECT max(seq) FROM messages_recent").scalar_one())
-        with self._lock:
-            first = self._first
-        if first is None:
-            first = int(conn.exec_driver_sql("SELECT min(seq) FROM messages_recent").scalar_one())
-        return first, last
 
     def known(self, round_num: int) -> set[str]:
         """The recent ids of one round (the caller holds SQLite's write lock; do not modify)."""

@@ -60,7 +60,7 @@ from hybriddp.ledger import BudgetExceededError, Charge, LedgerError
 from hybriddp.rng import SEED_WARNING
 from hybriddp.service import schema as s
 from hybriddp.service.errors import ConflictError, NotFoundError, StoreError
-from hybriddp.service.recent import RecentIds
+from hybriddp.service.recent import Appends, RecentIds
 
 DEFAULT_LIFETIME_EPSILON = 16.0
 """Lifetime ε of every opt-in user in a new database (``hybriddp serve --lifetime-epsilon``)."""
@@ -78,8 +78,9 @@ REPORT_STATES = ("headlist-published", "collecting-reports")
 # only integers are formatted into them.
 _OPEN_ROUND = ("UPDATE rounds SET state = 'collecting-reports' WHERE num = %d AND state IN "
                f"({', '.join(repr(st) for st in REPORT_STATES)}) RETURNING num")
-_ROWS_PER_INSERT = 8000 if sqlite3.sqlite_version_info >= (3, 32) else 400
-"""Rows per SQLite INSERT statement of messages (SQLite >= 3.32 binds up to 32,766 parameters, older 999)."""
+_ROWS_PER_INSERT = 8000 if sqlite3.sqlite_version_info >= (3, 32) else 300
+"""Rows per SQLite INSERT statement of messages, 3 parameters each (SQLite >= 3.32 binds up to 32,766
+parameters, older 999)."""
 SETTLE_ROWS = 1_000_000
 """SQLite: rows in ``messages_recent`` at which the writer moves them to ``messages`` (:meth:`Store.settle`).
 Their ids are held in memory meanwhile (:mod:`hybriddp.service.recent`, ~110 bytes each)."""
@@ -613,14 +614,16 @@ class Store:
         requests go faster than the disk's fsync rate. Per round, the state is checked (and the
         round moved to collecting-reports) first; a round that takes no reports gets a
         :class:`ConflictError` for its requests, the others are stored. A message id already
-        stored (or earlier in the group) is acknowledged and not counted again: the primary key
-        decides (``ON CONFLICT DO NOTHING RETURNING``), so concurrent retries cannot double-count.
+        stored (or earlier in the group) is acknowledged and not counted again: on PostgreSQL the
+        primary key decides (``ON CONFLICT DO NOTHING RETURNING``); on SQLite the recent ids held in
+        memory, caught up under the write lock, and ``messages``' primary key
+        (:meth:`_append_recent`), so concurrent retries cannot double-count.
         The new messages' reports are added to ``entry_counts`` in the same transaction.
         """
         def run(conn: Connection) -> list[ReportAck | ConflictError]:
             stored.clear()
-            if self.dialect == "sqlite" and any(items for _, items in requests):
-                self._recent.catch_up(conn)
+            appends[:] = [self._recent.catch_up(conn)] if self.dialect == "sqlite" and any(
+                items for _, items in requests) else [None]
             open_rounds = set()
             for num in sorted({info.num for info, _ in requests}):  # locks the round rows in one order
                 if conn.exec_driver_sql(_OPEN_ROUND % int(num)).first():
@@ -640,25 +643,25 @@ class Store:
             counted = [0] * len(requests)
             reports = [0] * len(requests)
             for num, reqs in by_round.items():
-                stored[num] = self._store_round_reports(conn, num, kinds[num] == "mean", reqs, counted, reports)
+                stored[num] = self._store_round_reports(conn, num, kinds[num] == "mean", reqs, counted, reports,
+                                                        appends[0])
                 acked = sum(len(items) for _, items in reqs)
                 new = sum(counted[i] for i, _ in reqs)
                 n_rep = sum(reports[i] for i, _ in reqs)
                 conn.exec_driver_sql(_ADD_ROUND_COUNTS % (int(new), int(n_rep), int(acked - new), int(num)))
-            if self.dialect == "sqlite" and any(stored.values()):
-                span[:] = self._recent.span(conn)
             return [r if isinstance(r, ConflictError) else ReportAck(r.acknowledged, counted[i], reports[i])
                     for i, r in enumerate(results)]
         stored: dict[int, list[str]] = {}  # round → ids stored by the transaction that committed (run may be retried)
-        span = [0, 0]
+        appends: list[Appends | None] = [None]  # SQLite: the seq numbers of the transaction that committed
         out = self._write(run)
-        if self.dialect == "sqlite" and any(stored.values()):
-            self._recent.added(stored, int(span[0]), int(span[1]))
+        done = appends[0]
+        if done is not None and done.first is not None:
+            self._recent.added(stored, done.first, done.last)
         return out
 
     def _store_round_reports(self, conn: Connection, num: int, mean: bool,
                              reqs: list[tuple[int, Sequence[tuple[str, Any]]]], counted: list[int],
-                             reports: list[int]) -> list[str]:
+                             reports: list[int], appends: Appends | None) -> list[str]:
         """Insert one round's messages of a group; credit each new one to the request that sent it; the new ids.
 
         Of several messages with one id (stored earlier, or repeated in the group) only the first is
@@ -681,7 +684,7 @@ class Store:
         order = sorted(range(n), key=ids.__getitem__)
         pick = operator.itemgetter(*order) if n > 1 else (lambda seq: (seq[0],))
         firsts = payloads if mean else [p[0] if p else None for p in payloads]
-        new = self._insert_messages(conn, num, mean, pick(ids), pick(firsts))
+        new = self._insert_messages(conn, num, mean, pick(ids), pick(firsts), appends)
         owners = np.asarray(owner, dtype=np.int64)
         lens = np.ones(n, dtype=np.int64) if mean else np.fromiter(map(len, payloads), dtype=np.int64, count=n)
         if len(new) == n:
@@ -712,7 +715,7 @@ class Store:
         return new
 
     def _insert_messages(self, conn: Connection, round_num: int, mean: bool, ids: Sequence[str],
-                         values: Sequence[Any]) -> list[str]:
+                         values: Sequence[Any], appends: Appends | None) -> list[str]:
         """Store the messages ``ids`` (sorted; PostgreSQL: ON CONFLICT DO NOTHING RETURNING) with their first
         entries (or, for a mean round, values) ``values``, in that order; the ids that were new.
 
@@ -731,10 +734,11 @@ class Store:
                    f"unnest(%s::text[], %s::{'float8' if mean else 'int4'}[]) AS t(m, v) "
                    "ON CONFLICT DO NOTHING RETURNING message_id")
             return list(conn.exec_driver_sql(sql, (list(ids), list(values))).scalars().all())
-        return self._append_recent(conn, num, mean, ids, values)
+        assert appends is not None  # caught up in this transaction
+        return self._append_recent(conn, num, mean, ids, values, appends)
 
     def _append_recent(self, conn: Connection, num: int, mean: bool, ids: Sequence[str],
-                       values: Sequence[Any]) -> list[str]:
+                       values: Sequence[Any], appends: Appends) -> list[str]:
         """SQLite: append the messages whose id is in neither ``messages_recent`` (this process's
         :class:`RecentIds`, caught up in this transaction) nor ``messages`` (its primary key) to
         ``messages_recent``; ``ids`` are sorted, so equal ones are neighbours and the first is kept."""
@@ -747,34 +751,33 @@ class Store:
         if keep is not None:
             ids = list(itertools.compress(ids, keep))
             values = list(itertools.compress(values, keep))
-        pay = "NULL, v.column2" if mean else "v.column2, NULL"
-        flat: list[Any] = [None] * (2 * len(ids))
-        flat[0::2] = ids
-        flat[1::2] = values
-        chunk = 2 * _ROWS_PER_INSERT
+        pay = "NULL, v.column3" if mean else "v.column3, NULL"
         new: list[str] = []
-
-        def append(part: tuple[Any, ...]) -> int:  # the rows whose id is not in messages; how many
-            sql = (f"INSERT INTO messages_recent (round_num, message_id, entry, value) SELECT {num}, v.column1, {pay} "
-                   f"FROM (VALUES {','.join(['(?,?)'] * (len(part) // 2))}) AS v WHERE NOT EXISTS (SELECT 1 FROM "
-                   f"messages m WHERE m.round_num = {num} AND m.message_id = v.column1)")
-            return int(conn.exec_driver_sql(sql, part).rowcount)
-        for i in range(0, len(flat), chunk):
-            part = tuple(flat[i:i + chunk])
-            # Nearly always no id is in ``messages`` (settled) yet: the row count says so, and the ids
-            # need not come back. Otherwise undo this chunk and ask which ids to leave out.
-            conn.exec_driver_sql("SAVEPOINT hybriddp_chunk")
-            if append(part) != len(part) // 2:
-                conn.exec_driver_sql("ROLLBACK TO hybriddp_chunk")
-                settled = set(conn.exec_driver_sql(
-                    f"SELECT m.message_id FROM (VALUES {','.join(['(?)'] * (len(part) // 2))}) AS v JOIN messages m "
-                    f"ON m.round_num = {num} AND m.message_id = v.column1", part[0::2]).scalars().all())
-                part = tuple(x for m, v in zip(part[0::2], part[1::2], strict=True) if m not in settled for x in (m, v))
-                if part and append(part) != len(part) // 2:
+        for i in range(0, len(ids), _ROWS_PER_INSERT):
+            part_ids = ids[i:i + _ROWS_PER_INSERT]
+            k = len(part_ids)
+            start = appends.take(k)
+            flat: list[Any] = [None] * (3 * k)
+            flat[0::3] = range(start, start + k)
+            flat[1::3] = part_ids
+            flat[2::3] = values[i:i + _ROWS_PER_INSERT]
+            # Nearly always no id is in ``messages`` (settled) yet: the row count says so, and the ids need
+            # not come back. Otherwise the rows this statement inserted are read back by their seq range.
+            inserted = int(conn.exec_driver_sql(
+                f"INSERT INTO messages_recent (seq, round_num, message_id, entry, value) SELECT v.column1, {num}, "
+                f"v.column2, {pay} FROM (VALUES {','.join(['(?,?,?)'] * k)}) AS v WHERE NOT EXISTS (SELECT 1 FROM "
+                f"messages m WHERE m.round_num = {num} AND m.message_id = v.column2)", tuple(flat)).rowcount)
+            if inserted == k:
+                appends.stored(start)
+                new += part_ids
+            elif inserted:
+                rows = conn.exec_driver_sql("SELECT seq, message_id FROM messages_recent WHERE seq BETWEEN ? AND ? "
+                                            "ORDER BY seq", (start, start + k - 1)).all()
+                if len(rows) != inserted:
                     raise StoreError(f"round {num}: messages changed during a write transaction; the database is "
                                      "shared with a program that does not take SQLite's write lock")
-            new += part[0::2]
-            conn.exec_driver_sql("RELEASE hybriddp_chunk")
+                appends.stored(int(rows[0][0]))
+                new += [mid for _, mid in rows]
         return new
 
     # ----- settling (SQLite) ------------------------------------------------------------------

@@ -1,0 +1,169 @@
+"""More mutants of the core killed (issue 14): blend, curator with scripted noise, ties, edges and messages.
+
+Expected values are hand-computed or come from a reference written differently (a Python sort on
+(−count, position) for "ties keep the head list's order").
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from fractions import Fraction
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hybriddp.blend import blend, blend_estimates, project_to_simplex
+from hybriddp.curator import create_head_list, estimate_optin_probabilities, require_nonempty
+from hybriddp.errors import HeadListError, ParameterError
+from hybriddp.headlist import HeadList
+
+
+class ScriptedNoise:
+    """A NoiseSource whose draws are given: ``draws(size)`` → array; τ fixed; Var Y = 2·scale² (Laplace)."""
+
+    def __init__(self, draws=None, tau: float = 5.0) -> None:
+        self.draws = draws if draws is not None else (lambda size: np.zeros(size))
+        self.tau = tau
+        self.scales: list[float] = []
+
+    def sample(self, scale: float, size: int) -> np.ndarray:
+        self.scales.append(scale)
+        return np.asarray(self.draws(size), dtype=np.float64)
+
+    def variance(self, scale: float) -> float:
+        return 2.0 * scale * scale
+
+    def survival(self, x: float, scale: float) -> float:  # pragma: no cover - not used here
+        raise NotImplementedError
+
+    def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
+        return self.tau
+
+
+# ----- blend -----------------------------------------------------------------------------------------------------
+
+def test_blend_estimates_records_and_queries_by_hand() -> None:
+    """Records: (σ²_O, σ²_C) = (1, 3) → w = 3/4; (3, 1) → 1/4. Queries: (1, 1) → 1/2. Dyadic values: exact."""
+    optin = SimpleNamespace(p_record=np.array([0.5, 0.25]), var_record=np.array([1.0, 3.0]),
+                            p_query=np.array([0.75]), var_query=np.array([1.0]))
+    client = SimpleNamespace(p_record=np.array([0.25, 0.75]), var_record=np.array([3.0, 1.0]),
+                             p_query=np.array([0.25]), var_query=np.array([1.0]))
+    out = blend_estimates(optin, client)
+    assert out.records.weight_optin.tolist() == [0.75, 0.25]
+    assert out.records.p.tolist() == [0.4375, 0.625]
+    assert out.records.var.tolist() == [0.75, 0.75]
+    assert out.queries.weight_optin.tolist() == [0.5] and out.queries.p.tolist() == [0.5]
+    assert out.queries.var.tolist() == [0.5] and out.queries_final.tolist() == [0.5]
+    # projection onto the simplex: 0.4375 + 0.625 = 1.0625, both lowered by 0.03125
+    assert out.records_projected.tolist() == [0.40625, 0.59375]
+    assert out.records_final.tolist() == [0.40625, 0.59375]
+    raw = blend_estimates(optin, client, project=False)
+    assert raw.records_projected is None and raw.records_final.tolist() == [0.4375, 0.625]
+
+
+def test_blend_takes_any_real_variances_without_warnings() -> None:
+    """Exact fractions and ints are read as float64; inf/inf and 0·inf never warn (they are handled)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = blend(np.array([0.75, 0.5, 0.5]), [Fraction(1, 4), float("inf"), float("inf")],
+                  np.array([0.25, 0.25, 0.125]), [Fraction(3, 4), float("inf"), 2])
+        assert b.var.dtype == np.float64 and b.weight_optin.dtype == np.float64
+        assert b.weight_optin.tolist() == [0.75, 0.5, 0.0]
+        assert b.p.tolist() == [0.625, 0.375, 0.125]
+        assert b.var[0] == pytest.approx(3 / 16, rel=1e-15) and np.isinf(b.var[1]) and b.var[2] == 2.0
+        both = blend(np.array([0.5]), np.array([1.0]), np.array([0.25]), np.array([np.inf]))
+        assert both.weight_optin.tolist() == [1.0] and both.var.tolist() == [1.0] and both.p.tolist() == [0.5]
+
+
+def test_project_to_simplex_of_exact_fractions_is_float() -> None:
+    out = project_to_simplex([Fraction(1, 2), Fraction(3, 4)])
+    assert out.dtype == np.float64 and out.tolist() == [0.375, 0.625]
+    empty = project_to_simplex([])
+    assert empty.dtype == np.float64 and empty.size == 0
+
+
+# ----- CreateHeadList with scripted noise ---------------------------------------------------------------------
+
+def test_create_head_list_adds_the_noise_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+    """Counts 5 for ⟨1,10⟩ and 3 for ⟨2,20⟩, draws +2 and +2, τ = 6: only 5 + 2 = 7 > 6 passes (5 − 2 would
+    not). The scale handed to the noise is b_S = 2m_O/ε = 2·2/4 = 1."""
+    q = np.array([1] * 5 + [2] * 3)
+    u = np.array([10] * 5 + [20] * 3)
+    noise = ScriptedNoise(lambda size: np.full(size, 2.0), tau=6.0)
+    with caplog.at_level(logging.INFO, logger="hybriddp.curator"):
+        hl = create_head_list(q, u, epsilon=4.0, delta=1e-5, m_o=2, noise=noise)
+    assert hl.query_ids.tolist() == [1] and hl.entry_url[:1].tolist() == [10] and hl.n_records == 1
+    assert noise.scales == [1.0]
+    assert [r.getMessage() for r in caplog.records if r.name == "hybriddp.curator"] == [
+        "CreateHeadList: 1 of 2 distinct records passed tau=6.0000"]
+
+
+def test_require_nonempty() -> None:
+    require_nonempty(HeadList.from_lists([3], [[]]), n_records_s=10, tau=2.5)  # one query is enough
+    with pytest.raises(HeadListError, match="^" + re.escape(
+            "the opt-in group produced an empty head list: no record occurred often enough among the 12 sampled "
+            "records of S to pass the privacy threshold tau = 7.25. Increase --optin-fraction (more opt-in users), "
+            "--f-o (more of them build the list), --epsilon or --delta, or collect more opt-in data.") + "$"):
+        require_nonempty(HeadList.from_lists([], []), n_records_s=12, tau=7.25)
+
+
+# ----- EstimateOptinProbabilities with scripted noise -----------------------------------------------------------
+
+def test_head_list_size_must_be_a_positive_integer() -> None:
+    hl = HeadList.from_lists([1], [[10]])
+    with pytest.raises(ParameterError, match="^" + re.escape(
+            "head_list_size (--head-list-size) = 0 is not allowed: it must be an integer >= 1.") + "$"):
+        estimate_optin_probabilities(np.array([1]), np.array([10]), hl, epsilon=1.0, m_o=1, head_list_size=0,
+                                     noise=ScriptedNoise())
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_optin_estimates_of_zero_and_one_record(n: int) -> None:
+    """n = 0: every p̂ is 0 (no data; the draws are not used); n = 1: p̂ = (count + draw)/1."""
+    hl = HeadList.from_lists([1], [[10]])  # entries ⟨1,10⟩, ⟨1,*⟩, ⟨*,*⟩
+    noise = ScriptedNoise(lambda size: np.array([0.25, 0.5, 0.125]))
+    est = estimate_optin_probabilities(np.array([1] * n), np.array([10] * n), hl, epsilon=2.0, m_o=1,
+                                       head_list_size=5, noise=noise)
+    assert noise.scales == [1.0]
+    expected = [0.0, 0.0, 0.0] if n == 0 else [1.25, 0.5, 0.125]
+    assert est.p_record.tolist() == expected
+    assert est.n == n and est.noise_variance == 2.0
+    assert est.draws_record.dtype == np.int64 and est.draws_query.dtype == np.int64
+    assert est.draws_record.tolist() == [1, 1, 1] and est.draws_query.tolist() == [2, 1]
+    assert np.isinf(est.var_record).all()
+
+
+def _tied_log(n_queries: int, n_urls: int) -> tuple[HeadList, np.ndarray, np.ndarray, dict[tuple[int, int], int]]:
+    """Query q's URL u has count (2 if q + u is even else 1) × (2 if q is odd else 1): two levels of ties,
+    interleaved, among queries and among each query's URLs."""
+    urls = [[100 * q + u for u in range(n_urls)] for q in range(n_queries)]
+    hl = HeadList.from_lists(list(range(n_queries)), urls)
+    counts = {(q, 100 * q + u): (2 if (q + u) % 2 == 0 else 1) * (2 if q % 2 else 1)
+              for q in range(n_queries) for u in range(n_urls)}
+    qs = np.repeat([q for q, _ in counts], list(counts.values()))
+    us = np.repeat([u for _, u in counts], list(counts.values()))
+    return hl, qs, us, counts
+
+
+def test_trimming_breaks_ties_by_head_list_order() -> None:
+    """20 queries × 20 URLs with tied counts, zero noise. The M kept records are the first M by
+    (−count, position in HL_S); queries are listed by p̂_q, ties in HL_S order; URLs likewise."""
+    hl, qs, us, counts = _tied_log(20, 20)
+    position = {key: i for i, key in enumerate(counts)}
+    for m in (400, 150, 37):
+        est = estimate_optin_probabilities(qs, us, hl, epsilon=1.0, m_o=1, head_list_size=m, noise=ScriptedNoise())
+        kept = sorted(counts, key=lambda key: (-counts[key], position[key]))[:m]
+        per_query: dict[int, list[int]] = {}
+        for q, u in sorted(kept, key=lambda key: (-counts[key], position[key])):
+            per_query.setdefault(q, []).append(u)
+        # a query's p̂_q is all of its records' mass (the dropped ones fold into ⟨q,*⟩)
+        total = {q: sum(c for (qq, _), c in counts.items() if qq == q) for q in per_query}
+        order = sorted(per_query, key=lambda q: (-total[q], q))
+        got = est.head_list
+        assert got.query_ids.tolist() == order, m
+        for i, q in enumerate(order):
+            lo, hi = got.url_offsets[i], got.url_offsets[i + 1] - 1
+            assert got.entry_url[lo:hi].tolist() == per_query[q], (m, q)

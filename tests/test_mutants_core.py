@@ -7,6 +7,7 @@ Expected values are hand-computed or come from a reference written differently (
 from __future__ import annotations
 
 import logging
+import math
 import re
 import warnings
 from fractions import Fraction
@@ -19,6 +20,7 @@ from hybriddp.blend import blend, blend_estimates, project_to_simplex
 from hybriddp.curator import create_head_list, estimate_optin_probabilities, require_nonempty
 from hybriddp.errors import HeadListError, ParameterError
 from hybriddp.headlist import HeadList
+from hybriddp.noise import DiscreteLaplaceNoise, LaplaceNoise, effective_scale, noise_factory
 
 
 class ScriptedNoise:
@@ -167,3 +169,40 @@ def test_trimming_breaks_ties_by_head_list_order() -> None:
         for i, q in enumerate(order):
             lo, hi = got.url_offsets[i], got.url_offsets[i + 1] - 1
             assert got.entry_url[lo:hi].tolist() == per_query[q], (m, q)
+
+
+# ----- noise: Laplace survival, effective scale, the factory, generators -----------------------------------------
+
+@pytest.mark.parametrize(("x", "b", "expected"), [
+    (0.0, 1.0, 0.5), (1.0, 1.0, 0.5 * math.exp(-1)), (2.0, 4.0, 0.5 * math.exp(-0.5)),
+    (-1.0, 1.0, 1 - 0.5 * math.exp(-1)), (-2.0, 4.0, 1 - 0.5 * math.exp(-0.5)), (-3.0, 0.5, 1 - 0.5 * math.exp(-6)),
+])
+def test_laplace_survival_by_hand(x: float, b: float, expected: float) -> None:
+    """P[Y > x] for Y ~ Laplace(0, b): ½e^{−x/b} above 0, 1 − ½e^{x/b} below."""
+    assert LaplaceNoise(np.random.default_rng(0)).survival(x, b) == pytest.approx(expected, rel=1e-14)
+
+
+def test_effective_scale() -> None:
+    """Laplace draws at the nominal scale; discrete at the rational t: 2/5 exactly for 0.4, and for π the
+    fraction with denominator ≤ 2^20 just above π (not π itself)."""
+    assert effective_scale("laplace", math.pi) == math.pi
+    assert effective_scale("discrete", 0.4) == 0.4
+    t = effective_scale("discrete", math.pi)
+    assert math.pi < t <= math.pi + 2.0**-20
+    assert float(Fraction(t).limit_denominator(2**20)) == t
+
+
+def test_noise_factory() -> None:
+    assert noise_factory("discrete") is DiscreteLaplaceNoise and noise_factory("laplace") is LaplaceNoise
+    with pytest.raises(ParameterError, match="^" + re.escape(
+            "noise (--noise) = 'gauss' is not allowed: it must be 'discrete' or 'laplace'.") + "$"):
+        noise_factory("gauss")
+
+
+def test_seeded_noise_is_reproducible_and_float() -> None:
+    a = LaplaceNoise(np.random.default_rng(5)).sample(1.0, 8)
+    b = LaplaceNoise(np.random.default_rng(5)).sample(1.0, 8)
+    assert np.array_equal(a, b) and a.dtype == np.float64
+    d = DiscreteLaplaceNoise(np.random.default_rng(5)).sample(0.5, 8)
+    assert d.dtype == np.float64 and np.array_equal(d, DiscreteLaplaceNoise(np.random.default_rng(5)).sample(0.5, 8))
+    assert np.array_equal(d, np.round(d))

@@ -1,0 +1,171 @@
+"""The device's own ledger and input checks at their edges, messages compared whole (issue 14 mutants)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from hybriddp.device import DeviceError, DeviceLedger, check_message_id, new_message_id
+
+FIX = ("Restore it from a backup; do not delete it, since a new ledger would forget the budget this device has "
+       "already spent.")
+
+
+def _exact(message: str) -> str:
+    return "^" + re.escape(message) + "$"
+
+
+def _ledger_file(tmp_path: Path, doc: object) -> Path:
+    p = tmp_path / "dev.json"
+    p.write_text(json.dumps(doc), encoding="utf-8")
+    return p
+
+
+def _good(**rounds: dict) -> dict:
+    return {"lifetime": {"epsilon": 8.0, "delta": 1e-4}, "rounds": dict(rounds)}
+
+
+# ----- message ids -----------------------------------------------------------------------------------------------
+
+def test_message_ids() -> None:
+    for _ in range(20):
+        mid = new_message_id()
+        assert len(mid) == 22 and check_message_id(mid) == mid
+    assert check_message_id("AAAAAAAAAAAAAAAAAAAAAA") == "AAAAAAAAAAAAAAAAAAAAAA"
+    assert check_message_id("-_-_-_-_-_-_-_-_-_-_-w") == "-_-_-_-_-_-_-_-_-_-_-w"
+    tail = "it must be 16 random bytes in URL-safe base64 without padding (22 characters of A-Z a-z 0-9 - _), e.g. " \
+           "from new_message_id()"
+    # 22 characters whose last one carries bits beyond 16 bytes decode to 16 bytes but are not canonical
+    for bad in ["A" * 21, "A" * 23, "A" * 21 + "=", "A" * 21 + "é", "A" * 21 + "+", 12345, None, "x" * 50]:
+        shown = repr(bad)[:40]
+        with pytest.raises(DeviceError, match=_exact(f"message id {shown} is not valid: {tail}")):
+            check_message_id(bad)
+
+
+# ----- a new device ledger -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("eps", "delta", "message"), [
+    (0.0, 1e-5, "lifetime epsilon (--lifetime-epsilon) = 0.0 is not allowed: it must be a finite number > 0. "),
+    (math.inf, 1e-5, "lifetime epsilon (--lifetime-epsilon) = inf is not allowed: it must be a finite number > 0. "),
+    (1.0, 0.0, "lifetime delta (--lifetime-delta) = 0.0 is not allowed: it must be a number in (0, 1). "),
+    (1.0, 1.0, "lifetime delta (--lifetime-delta) = 1.0 is not allowed: it must be a number in (0, 1). "),
+    (1.0, 1.5, "lifetime delta (--lifetime-delta) = 1.5 is not allowed: it must be a number in (0, 1). "),
+])
+def test_new_ledger_budget_edges(tmp_path: Path, eps: float, delta: float, message: str) -> None:
+    with pytest.raises(DeviceError, match=_exact(message)):
+        DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=eps, lifetime_delta=delta)
+
+
+def test_new_ledger_needs_both_halves_of_the_budget(tmp_path: Path) -> None:
+    p = tmp_path / "dev.json"
+    for kwargs in ({}, {"lifetime_epsilon": 1.0}, {"lifetime_delta": 1e-5}):
+        with pytest.raises(DeviceError, match=_exact(
+                f"device ledger {p} does not exist; to create it give the device's lifetime budget "
+                "(--lifetime-epsilon and --lifetime-delta)")):
+            DeviceLedger(p, **kwargs)
+    led = DeviceLedger(p, lifetime_epsilon=5e-324, lifetime_delta=math.nextafter(1.0, 0.0))
+    assert led.state == {"lifetime": {"epsilon": 5e-324, "delta": math.nextafter(1.0, 0.0)}, "rounds": {}}
+    assert not p.exists()  # nothing written before a report
+
+
+# ----- parsing a ledger file -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("lifetime", "message"), [
+    ({"epsilon": 0, "delta": 0.5}, "field lifetime.epsilon = 0 is not allowed: it must be a finite number > 0."),
+    (None, None),
+    ({"epsilon": 1.0, "delta": 0}, "field lifetime.delta = 0 is not allowed: it must be a number in (0, 1)."),
+    ({"epsilon": 1.0, "delta": 1}, "field lifetime.delta = 1 is not allowed: it must be a number in (0, 1)."),
+    ({"epsilon": 1.0, "delta": 1.5}, "field lifetime.delta = 1.5 is not allowed: it must be a number in (0, 1)."),
+    ({"delta": 0.5}, "field 'lifetime' has no 'epsilon'."),
+    ({"epsilon": 1.0}, "field 'lifetime' has no 'delta'."),
+])
+def test_ledger_file_lifetime_edges(tmp_path: Path, lifetime: dict | None, message: str | None) -> None:
+    if lifetime is None:  # an epsilon that parses to inf (json.dumps would write Infinity)
+        p = tmp_path / "dev.json"
+        p.write_text('{"lifetime": {"epsilon": 1e999, "delta": 0.5}, "rounds": {}}', encoding="utf-8")
+        message = "field lifetime.epsilon = inf is not allowed: it must be a finite number > 0."
+    else:
+        p = _ledger_file(tmp_path, {"lifetime": lifetime, "rounds": {}})
+    with pytest.raises(DeviceError, match=_exact(f"device ledger {p}: {message} {FIX}")):
+        DeviceLedger(p)
+
+
+def test_ledger_file_lifetime_at_the_edges_is_read(tmp_path: Path) -> None:
+    p = _ledger_file(tmp_path, {"lifetime": {"epsilon": 5e-324, "delta": 5e-324}, "rounds": {}})
+    assert DeviceLedger(p).state["lifetime"] == {"epsilon": 5e-324, "delta": 5e-324}
+    p = _ledger_file(tmp_path, {"lifetime": {"epsilon": 1e308, "delta": math.nextafter(1.0, 0.0)},
+                                "rounds": {"h": {"epsilon": 0, "delta": 0}, "g": {"epsilon": 1e300, "delta": 1}}})
+    assert DeviceLedger(p).spent() == (1e300, 1.0)
+
+
+@pytest.mark.parametrize(("charge", "field", "shown", "allowed"), [
+    ({"epsilon": -1e-9, "delta": 0}, "epsilon", "-1e-09", "a finite number >= 0"),
+    ({"epsilon": math.inf, "delta": 0}, "epsilon", "inf", "a finite number >= 0"),
+    ({"epsilon": 1, "delta": -1e-9}, "delta", "-1e-09", "a number in [0, 1]"),
+    ({"epsilon": 1, "delta": 1.5}, "delta", "1.5", "a number in [0, 1]"),
+])
+def test_ledger_file_round_charge_edges(tmp_path: Path, charge: dict, field: str, shown: str, allowed: str) -> None:
+    p = tmp_path / "dev.json"
+    text = json.dumps(_good(**{"sha256:abc": {"epsilon": 0.0, "delta": 0.0}}))
+    p.write_text(text.replace('{"epsilon": 0.0, "delta": 0.0}', json.dumps(charge).replace("Infinity", "1e999")),
+                 encoding="utf-8")
+    with pytest.raises(DeviceError, match=_exact(
+            f"device ledger {p}: rounds['sha256:abc'].{field} = {shown} is not allowed: it must be {allowed}. {FIX}")):
+        DeviceLedger(p)
+
+
+def test_ledger_file_round_not_an_object(tmp_path: Path) -> None:
+    long_key = "sha256:" + "f" * 64
+    p = _ledger_file(tmp_path, _good(**{long_key: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]}))
+    with pytest.raises(DeviceError, match=_exact(
+            f"device ledger {p}: round 'sha256:fffffffffffffffffff... = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1...; "
+            'it must be an object {"epsilon": e, "delta": d}. ' + FIX)):
+        DeviceLedger(p)
+    p = _ledger_file(tmp_path, _good(h={"epsilon": 1.0}))
+    with pytest.raises(DeviceError, match=re.escape("round 'h' = {'epsilon': 1.0}; it must be an object")):
+        DeviceLedger(p)
+
+
+def test_ledger_file_of_another_shape(tmp_path: Path) -> None:
+    shape = '{"lifetime": {"epsilon": E, "delta": D}, "rounds": {...}}'
+    cases = [
+        ({}, "an object with no fields"),
+        ({"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6},
+         "an object with 'a', 'b', 'c', 'd', 'e'"),
+        ({"lifetime": {}, "a_very_long_field_name_indeed": 1},
+         "an object with 'lifetime', 'a_very_long_fiel..."),
+        ([1, 2], "a list [1, 2]"),
+    ]
+    for doc, found in cases:
+        p = _ledger_file(tmp_path, doc)
+        with pytest.raises(DeviceError, match=_exact(
+                f"device ledger {p}: expected a JSON object {shape}, found {found}; it is damaged or not a device "
+                f"ledger. {FIX}")):
+            DeviceLedger(p)
+
+
+# ----- charging --------------------------------------------------------------------------------------------------
+
+def test_device_budget_slack_and_messages(tmp_path: Path) -> None:
+    p = tmp_path / "dev.json"
+    led = DeviceLedger(p, lifetime_epsilon=3.0, lifetime_delta=3e-5)
+    led.record("sha256:" + "a" * 64, 3.0 * (1 + 5e-13), 0.0)  # within the 1e-12 float slack
+    with pytest.raises(DeviceError, match=_exact(
+            "this device already reported for head list sha256:aaaaaaaaaaaa…; a device reports at most once per "
+            "round")):
+        led.check("sha256:" + "a" * 64, 0.0, 0.0)
+    led2 = DeviceLedger(tmp_path / "d2.json", lifetime_epsilon=3.0, lifetime_delta=3e-5)
+    led2.check("r1", 3.0 * (1 + 1e-12), 3e-5 * (1 + 1e-12))  # exactly at the bound: allowed
+    led2.check("r1", 3.0, 3e-5 * (1 + 5e-13))
+    for e, d in [(3.0 * (1 + 1e-11), 0.0), (0.0, 3e-5 * (1 + 1e-11)), (0.0, 4.5e-5)]:
+        with pytest.raises(DeviceError, match=_exact(
+                "reporting would exceed this device's lifetime budget (epsilon 3.0, delta 3e-05; spent 0, 0); "
+                "not reporting")):
+            led2.check("r1", e, d)
+    assert json.loads(p.read_text()) == {"lifetime": {"epsilon": 3.0, "delta": 3e-5},
+                                         "rounds": {"sha256:" + "a" * 64: {"epsilon": 3.0 * (1 + 5e-13),
+                                                                           "delta": 0.0}}}

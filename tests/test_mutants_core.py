@@ -6,6 +6,7 @@ Expected values are hand-computed or come from a reference written differently (
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -20,7 +21,7 @@ from hybriddp.blend import blend, blend_estimates, project_to_simplex
 from hybriddp.curator import create_head_list, estimate_optin_probabilities, require_nonempty
 from hybriddp.errors import HeadListError, ParameterError
 from hybriddp.headlist import HeadList
-from hybriddp.noise import DiscreteLaplaceNoise, LaplaceNoise, effective_scale, noise_factory
+from hybriddp.noise import DiscreteLaplaceNoise, LaplaceNoise, _farey_successor, effective_scale, noise_factory
 
 
 class ScriptedNoise:
@@ -206,3 +207,13 @@ def test_seeded_noise_is_reproducible_and_float() -> None:
     d = DiscreteLaplaceNoise(np.random.default_rng(5)).sample(0.5, 8)
     assert d.dtype == np.float64 and np.array_equal(d, DiscreteLaplaceNoise(np.random.default_rng(5)).sample(0.5, 8))
     assert np.array_equal(d, np.round(d))
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7, 12])
+def test_farey_successor_by_enumeration(n: int) -> None:
+    """The right neighbour of every p/q (q ≤ N) in [0, 3] among the fractions with denominator ≤ N,
+    found by listing them all."""
+    grid = sorted({Fraction(p, q) for q in range(1, n + 1) for p in range(0, 4 * q + 1)})
+    for x, nxt in itertools.pairwise(grid):
+        if x < 3:
+            assert _farey_successor(x, n) == nxt, (x, n)

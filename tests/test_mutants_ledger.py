@@ -315,3 +315,13 @@ def test_report_of_an_unreadable_history(tmp_path: Path) -> None:
     with PrivacyLedger.open(p) as led, pytest.raises(LedgerError, match=_exact(
             f"ledger {p} cannot be read (could not convert string to float: 'x'); {RESTORE}")):
         led.report()
+
+
+def test_a_ledger_that_cannot_be_written_is_not_created(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(path: Path, epsilon: float, delta: float) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(ledger_mod, "_create", fail)
+    p = tmp_path / "l.db"
+    with pytest.raises(LedgerError, match=_exact(f"cannot create ledger {p}: No space left on device")):
+        PrivacyLedger.open(p, lifetime_epsilon=1.0, lifetime_delta=1e-5)

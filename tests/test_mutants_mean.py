@@ -217,11 +217,11 @@ def test_private_variance_clip_and_one_value() -> None:
 
 def test_hybrid_unknown_variance_needs_a_variance() -> None:
     mech = HybridUnknownVariance(**SETTING)
-    with pytest.raises(ValueError, match=re.escape("HybridUnknownVariance.weight_for needs the (private) variance "
-                                                   "estimate")):
+    with pytest.raises(ValueError, match="^" + re.escape("HybridUnknownVariance.weight_for needs the (private) "
+                                                         "variance estimate") + "$"):
         mech.weight_for(4, 6)
-    with pytest.raises(ValueError, match=re.escape("HybridUnknownVariance.expected_squared_error needs a "
-                                                   "variance")):
+    with pytest.raises(ValueError, match="^" + re.escape("HybridUnknownVariance.expected_squared_error needs a "
+                                                         "variance") + "$"):
         mech.expected_squared_error(4, 6)
     with pytest.raises(ParameterError, match="variance_share"):
         HybridUnknownVariance(**SETTING, variance_share=1.0)

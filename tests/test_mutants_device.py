@@ -169,3 +169,76 @@ def test_device_budget_slack_and_messages(tmp_path: Path) -> None:
     assert json.loads(p.read_text()) == {"lifetime": {"epsilon": 3.0, "delta": 3e-5},
                                          "rounds": {"sha256:" + "a" * 64: {"epsilon": 3.0 * (1 + 5e-13),
                                                                            "delta": 0.0}}}
+
+
+# ----- how values are shown in messages --------------------------------------------------------------------------
+
+def test_show_and_kind() -> None:
+    from hybriddp.device import _kind, _show
+
+    assert _show("x" * 58) == repr("x" * 58)  # 60 characters with the quotes: shown whole
+    assert _show("x" * 59) == "'" + "x" * 56 + "..."  # 61: cut to 57 + "..."
+    nested: list = []
+    for _ in range(100_000):
+        nested = [nested]
+    assert _show(nested) == "<list nested too deeply>"
+    assert [_kind(v) for v in (None, True, "s", 1, 1.5, [], {}, (1,))] == [
+        "null", "a boolean", "a string", "a number", "a number", "a list", "an object", "a tuple"]
+
+
+def test_ledger_file_messages_show_long_values_cut(tmp_path: Path) -> None:
+    key = "sha256:" + "0123456789" * 7
+    p = _ledger_file(tmp_path, _good(**{key: {"epsilon": -1, "delta": 0}}))
+    with pytest.raises(DeviceError, match=_exact(
+            f"device ledger {p}: rounds['sha256:0123456789012345678...].epsilon = -1 is not allowed: it must be a "
+            f"finite number >= 0. {FIX}")):
+        DeviceLedger(p)
+    p = _ledger_file(tmp_path, _good(**{key: {"epsilon": 0, "delta": 2}}))
+    with pytest.raises(DeviceError, match=_exact(
+            f"device ledger {p}: rounds['sha256:0123456789012345678...].delta = 2 is not allowed: it must be a "
+            f"number in [0, 1]. {FIX}")):
+        DeviceLedger(p)
+    shape = '{"lifetime": {"epsilon": E, "delta": D}, "rounds": {...}}'
+    for doc, found in [(list(range(30)), "a list [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11..."), (None, "null None")]:
+        p = _ledger_file(tmp_path, doc)
+        with pytest.raises(DeviceError, match=_exact(
+                f"device ledger {p}: expected a JSON object {shape}, found {found}; it is damaged or not a device "
+                f"ledger. {FIX}")):
+            DeviceLedger(p)
+
+
+def test_device_ledger_path_and_budget_messages(tmp_path: Path) -> None:
+    with pytest.raises(DeviceError, match=_exact(f"device ledger {tmp_path} is a directory; give a file name")):
+        DeviceLedger(tmp_path)
+    afile = tmp_path / "plain"
+    afile.write_text("x")
+    with pytest.raises(DeviceError, match=_exact(f"cannot read device ledger {afile / 'dev.json'}: Not a directory")):
+        DeviceLedger(afile / "dev.json")
+    p = tmp_path / "dev.json"
+    DeviceLedger(p, lifetime_epsilon=2.0, lifetime_delta=1e-5).record("r", 1.0, 1e-6)
+    with pytest.raises(DeviceError, match=_exact(
+            f"device ledger {p} has lifetime delta 1e-05, not 0.001: a device's lifetime budget is fixed when its "
+            "ledger is created; leave out --lifetime-delta")):
+        DeviceLedger(p, lifetime_delta=1e-3)
+    with pytest.raises(DeviceError, match=_exact(
+            f"device ledger {p} has lifetime epsilon 2.0, not 3: a device's lifetime budget is fixed when its "
+            "ledger is created; leave out --lifetime-epsilon")):
+        DeviceLedger(p, lifetime_epsilon=3)
+    assert DeviceLedger(p, lifetime_epsilon=2, lifetime_delta=1e-5).spent() == (1.0, 1e-6)
+
+
+def test_a_ledger_that_cannot_be_saved_charges_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hybriddp.device as device_mod
+
+    p = tmp_path / "dev.json"
+    led = DeviceLedger(p, lifetime_epsilon=2.0, lifetime_delta=1e-5)
+
+    def fail(path: str, text: str) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(device_mod, "write_text", fail)
+    with pytest.raises(DeviceError, match=_exact(
+            f"cannot write device ledger {p} (Read-only file system); nothing was charged, so nothing may be "
+            "reported")):
+        led.record("r", 1.0, 0.0)
+    assert led.state["rounds"] == {} and not p.exists()

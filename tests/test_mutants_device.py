@@ -242,3 +242,15 @@ def test_a_ledger_that_cannot_be_saved_charges_nothing(tmp_path: Path, monkeypat
             "reported")):
         led.record("r", 1.0, 0.0)
     assert led.state["rounds"] == {} and not p.exists()
+
+
+@pytest.mark.parametrize("epsilon, delta", [(float("nan"), 0.0), (float("inf"), 0.0), (-1.0, 0.0), (1.0, float("nan")),
+                                            (1.0, -1e-9)])
+def test_device_ledger_refuses_a_non_finite_or_negative_charge_and_stays_usable(
+        tmp_path: Path, epsilon: float, delta: float) -> None:
+    """A NaN charge passed the budget comparison (NaN compares False) and then broke the save."""
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=10.0, lifetime_delta=1e-6)
+    with pytest.raises(DeviceError, match=r"the round's (epsilon|delta) = .* must be a finite number >= 0"):
+        ledger.record("sha256:" + "a" * 64, epsilon, delta)
+    ledger.record("sha256:" + "b" * 64, 1.0, 0.0)  # the refused round left nothing behind
+    assert ledger.spent() == (1.0, 0.0)

@@ -439,6 +439,9 @@ class DeviceLedger:
         if round_id in self.state["rounds"]:
             raise DeviceError(f"this device already reported for head list {round_id[:19]}…; "
                               "a device reports at most once per round")
+        for name, value in (("epsilon", epsilon), ("delta", delta)):
+            _check_number(f"the round's {name}", value, "a finite number >= 0", lambda x: 0 <= x < math.inf,
+                          "The head list is damaged or not from a hybriddp server; not reporting.")
         e, d = self.spent()
         life = self.state["lifetime"]
         if e + epsilon > life["epsilon"] * (1 + 1e-12) or d + delta > life["delta"] * (1 + 1e-12):

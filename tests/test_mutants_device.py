@@ -131,7 +131,6 @@ def test_ledger_file_round_not_an_object(tmp_path: Path) -> None:
 
 
 def test_ledger_file_of_another_shape(tmp_path: Path) -> None:
-    shape = '{"lifetime": {"epsilon": E, "delta": D}, "rounds": {...}}'
     cases = [
         ({}, "an object with no fields"),
         ({"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6},
@@ -141,11 +140,17 @@ def test_ledger_file_of_another_shape(tmp_path: Path) -> None:
         ([1, 2], "a list [1, 2]"),
     ]
     for doc, found in cases:
-        p = _ledger_file(tmp_path, doc)
-        with pytest.raises(DeviceError, match=_exact(
-                f"device ledger {p}: expected a JSON object {shape}, found {found}; it is damaged or not a device "
-                f"ledger. {FIX}")):
-            DeviceLedger(p)
+        _assert_shape_refused(tmp_path, doc, found)
+
+
+def _assert_shape_refused(tmp_path: Path, doc: object, found: str) -> None:
+    """A ledger file holding ``doc`` is refused, the message saying it found ``found``."""
+    shape = '{"lifetime": {"epsilon": E, "delta": D}, "rounds": {...}}'
+    p = _ledger_file(tmp_path, doc)
+    with pytest.raises(DeviceError, match=_exact(
+            f"device ledger {p}: expected a JSON object {shape}, found {found}; it is damaged or not a device "
+            f"ledger. {FIX}")):
+        DeviceLedger(p)
 
 
 # ----- charging --------------------------------------------------------------------------------------------------
@@ -198,13 +203,8 @@ def test_ledger_file_messages_show_long_values_cut(tmp_path: Path) -> None:
             f"device ledger {p}: rounds['sha256:0123456789012345678...].delta = 2 is not allowed: it must be a "
             f"number in [0, 1]. {FIX}")):
         DeviceLedger(p)
-    shape = '{"lifetime": {"epsilon": E, "delta": D}, "rounds": {...}}'
     for doc, found in [(list(range(30)), "a list [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11..."), (None, "null None")]:
-        p = _ledger_file(tmp_path, doc)
-        with pytest.raises(DeviceError, match=_exact(
-                f"device ledger {p}: expected a JSON object {shape}, found {found}; it is damaged or not a device "
-                f"ledger. {FIX}")):
-            DeviceLedger(p)
+        _assert_shape_refused(tmp_path, doc, found)
 
 
 def test_device_ledger_path_and_budget_messages(tmp_path: Path) -> None:

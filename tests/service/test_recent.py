@@ -22,17 +22,15 @@ from hybriddp.service.recent import Appends
 from hybriddp.service.store import Store
 
 
-def test_appends_take_consecutive_seqs_above_the_base_and_remember_the_smallest_stored() -> None:
+def test_appends_take_consecutive_seqs_above_the_base_and_remember_what_was_stored() -> None:
     a = Appends(41)
-    assert (a.take(3), a.take(2), a.last, a.first) == (42, 45, 46, None)
-    a.stored(45)
-    a.stored(42)
-    a.stored(44)
-    assert a.first == 42
-    assert Appends(0).last == 0  # nothing taken: nothing above the base
+    assert (a.take(3), a.take(2), a.first, a.last) == (42, 45, None, None)
+    a.stored(45, 45)  # 46 taken but not stored: a trailing gap is not "last"
+    a.stored(42, 43)
+    assert (a.first, a.last) == (42, 45)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(1, 13))
 def test_two_stores_on_one_file_count_each_id_once_whatever_the_interleaving(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     monkeypatch.setattr(store_module, "_ROWS_PER_INSERT", 5)  # many chunks per group: gaps and mixed chunks

@@ -46,13 +46,16 @@ class Appends:
     largest ``seq`` the table has ever used (its rows' and its AUTOINCREMENT counter's, read under the
     write lock): above every row another process could have written, never reused after a settle, and
     known without reading the rows back. A candidate row that is not inserted (its id was settled
-    already) leaves a gap, which is harmless.
+    already) leaves a gap. :attr:`last` is the largest seq actually *stored*, never a trailing gap's:
+    the next transaction (of any process) numbers its rows from the table's largest seq, so a gap at
+    the end is reused, and a process that believed it had seen every row up to the gap would miss them.
     """
 
     def __init__(self, base: int) -> None:
         self.base = base
         self.next = base + 1
         self.first: int | None = None  # the smallest seq actually stored
+        self.last: int | None = None  # the largest seq actually stored
 
     def take(self, k: int) -> int:
         """Reserve ``k`` consecutive seq numbers; the first."""
@@ -60,15 +63,10 @@ class Appends:
         self.next += k
         return start
 
-    def stored(self, seq: int) -> None:
-        """A row with this ``seq`` was inserted."""
-        if self.first is None or seq < self.first:
-            self.first = seq
-
-    @property
-    def last(self) -> int:
-        """The largest seq taken (every row of this transaction has ``seq <= last``)."""
-        return self.next - 1
+    def stored(self, first: int, last: int) -> None:
+        """Rows with seq numbers from ``first`` to ``last`` were inserted (gaps in between allowed)."""
+        self.first = first if self.first is None else min(self.first, first)
+        self.last = last if self.last is None else max(self.last, last)
 
 
 class RecentIds:

@@ -655,7 +655,7 @@ class Store:
         appends: list[Appends | None] = [None]  # SQLite: the seq numbers of the transaction that committed
         out = self._write(run)
         done = appends[0]
-        if done is not None and done.first is not None:
+        if done is not None and done.first is not None and done.last is not None:
             self._recent.added(stored, done.first, done.last)
         return out
 
@@ -768,7 +768,7 @@ class Store:
                 f"v.column2, {pay} FROM (VALUES {','.join(['(?,?,?)'] * k)}) AS v WHERE NOT EXISTS (SELECT 1 FROM "
                 f"messages m WHERE m.round_num = {num} AND m.message_id = v.column2)", tuple(flat)).rowcount)
             if inserted == k:
-                appends.stored(start)
+                appends.stored(start, start + k - 1)
                 new += part_ids
             elif inserted:
                 rows = conn.exec_driver_sql("SELECT seq, message_id FROM messages_recent WHERE seq BETWEEN ? AND ? "
@@ -776,7 +776,7 @@ class Store:
                 if len(rows) != inserted:
                     raise StoreError(f"round {num}: messages changed during a write transaction; the database is "
                                      "shared with a program that does not take SQLite's write lock")
-                appends.stored(int(rows[0][0]))
+                appends.stored(int(rows[0][0]), int(rows[-1][0]))
                 new += [mid for _, mid in rows]
         return new
 

@@ -352,15 +352,16 @@ def main(argv: list[str] | None = None) -> int:
         proc.start()
         prefix = bytes.fromhex(out.get(timeout=120)["prefix"])  # the generator is running
         kill_after = int(args.kill_at * (args.reports - args.single))
-        restart_seconds, down = 0.0, (0.0, 0.0)
+        down = (0.0, 0.0)  # when the server was killed and when it answered again (time.time())
         while proc.is_alive() and (phase.value < 1 or progress.value < kill_after):
             time.sleep(0.01)
         if proc.is_alive() and phase.value == 1:
-            t0, wall0 = time.perf_counter(), time.time()
+            wall0 = time.time()
             server.kill9()
             result["killed_after_acknowledged"] = args.single + progress.value
             server.start()
-            restart_seconds, down = time.perf_counter() - t0, (wall0, time.time())
+            down = (wall0, time.time())
+        restart_seconds = down[1] - down[0]
         gen = out.get(timeout=3600)
         proc.join()
         if "error" in gen:

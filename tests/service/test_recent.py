@@ -24,10 +24,10 @@ from hybriddp.service.store import Store
 
 def test_appends_take_consecutive_seqs_above_the_base_and_remember_what_was_stored() -> None:
     a = Appends(41)
-    assert (a.take(3), a.take(2), a.first, a.last) == (42, 45, None, None)
+    assert (a.take(3), a.take(2), a.span) == (42, 45, None)
     a.stored(45, 45)  # 46 taken but not stored: a trailing gap is not "last"
     a.stored(42, 43)
-    assert (a.first, a.last) == (42, 45)
+    assert a.span == (42, 45)
 
 
 @pytest.mark.parametrize("seed", range(1, 13))

@@ -46,16 +46,14 @@ class Appends:
     largest ``seq`` the table has ever used (its rows' and its AUTOINCREMENT counter's, read under the
     write lock): above every row another process could have written, never reused after a settle, and
     known without reading the rows back. A candidate row that is not inserted (its id was settled
-    already) leaves a gap. :attr:`last` is the largest seq actually *stored*, never a trailing gap's:
+    already) leaves a gap. :attr:`span` ends at the largest seq actually *stored*, never a trailing gap's:
     the next transaction (of any process) numbers its rows from the table's largest seq, so a gap at
     the end is reused, and a process that believed it had seen every row up to the gap would miss them.
     """
 
     def __init__(self, base: int) -> None:
-        self.base = base
         self.next = base + 1
-        self.first: int | None = None  # the smallest seq actually stored
-        self.last: int | None = None  # the largest seq actually stored
+        self.span: tuple[int, int] | None = None  # the smallest and largest seq actually stored (None: nothing)
 
     def take(self, k: int) -> int:
         """Reserve ``k`` consecutive seq numbers; the first."""
@@ -65,8 +63,7 @@ class Appends:
 
     def stored(self, first: int, last: int) -> None:
         """Rows with seq numbers from ``first`` to ``last`` were inserted (gaps in between allowed)."""
-        self.first = first if self.first is None else min(self.first, first)
-        self.last = last if self.last is None else max(self.last, last)
+        self.span = (first, last) if self.span is None else (min(self.span[0], first), max(self.span[1], last))
 
 
 class RecentIds:

@@ -655,8 +655,8 @@ class Store:
         appends: list[Appends | None] = [None]  # SQLite: the seq numbers of the transaction that committed
         out = self._write(run)
         done = appends[0]
-        if done is not None and done.first is not None and done.last is not None:
-            self._recent.added(stored, done.first, done.last)
+        if done is not None and done.span is not None:
+            self._recent.added(stored, *done.span)
         return out
 
     def _store_round_reports(self, conn: Connection, num: int, mean: bool,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from click.testing import CliRunner, Result
 
 from hybriddp.cli import cli
@@ -22,3 +24,8 @@ def assert_clean_error(result: Result, *needles: str) -> None:
     assert "Traceback" not in text and "Traceback" not in result.output
     for needle in needles:
         assert needle in text, text
+
+
+def exact_message(message: str) -> str:
+    """A ``pytest.raises(match=...)`` pattern that matches ``message`` whole and nothing else."""
+    return "^" + re.escape(message) + "$"

@@ -9,14 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from clihelpers import exact_message
 from hybriddp.device import DeviceError, DeviceLedger, check_message_id, new_message_id
 
 FIX = ("Restore it from a backup; do not delete it, since a new ledger would forget the budget this device has "
        "already spent.")
-
-
-def _exact(message: str) -> str:
-    return "^" + re.escape(message) + "$"
 
 
 def _ledger_file(tmp_path: Path, doc: object) -> Path:
@@ -42,7 +39,7 @@ def test_message_ids() -> None:
     # 22 characters whose last one carries bits beyond 16 bytes decode to 16 bytes but are not canonical
     for bad in ["A" * 21, "A" * 23, "A" * 21 + "=", "A" * 21 + "é", "A" * 21 + "+", 12345, None, "x" * 50]:
         shown = repr(bad)[:40]
-        with pytest.raises(DeviceError, match=_exact(f"message id {shown} is not valid: {tail}")):
+        with pytest.raises(DeviceError, match=exact_message(f"message id {shown} is not valid: {tail}")):
             check_message_id(bad)
 
 
@@ -56,14 +53,14 @@ def test_message_ids() -> None:
     (1.0, 1.5, "lifetime delta (--lifetime-delta) = 1.5 is not allowed: it must be a number in (0, 1). "),
 ])
 def test_new_ledger_budget_edges(tmp_path: Path, eps: float, delta: float, message: str) -> None:
-    with pytest.raises(DeviceError, match=_exact(message)):
+    with pytest.raises(DeviceError, match=exact_message(message)):
         DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=eps, lifetime_delta=delta)
 
 
 def test_new_ledger_needs_both_halves_of_the_budget(tmp_path: Path) -> None:
     p = tmp_path / "dev.json"
     for kwargs in ({}, {"lifetime_epsilon": 1.0}, {"lifetime_delta": 1e-5}):
-        with pytest.raises(DeviceError, match=_exact(
+        with pytest.raises(DeviceError, match=exact_message(
                 f"device ledger {p} does not exist; to create it give the device's lifetime budget "
                 "(--lifetime-epsilon and --lifetime-delta)")):
             DeviceLedger(p, **kwargs)
@@ -90,7 +87,7 @@ def test_ledger_file_lifetime_edges(tmp_path: Path, lifetime: dict | None, messa
         message = "field lifetime.epsilon = inf is not allowed: it must be a finite number > 0."
     else:
         p = _ledger_file(tmp_path, {"lifetime": lifetime, "rounds": {}})
-    with pytest.raises(DeviceError, match=_exact(f"device ledger {p}: {message} {FIX}")):
+    with pytest.raises(DeviceError, match=exact_message(f"device ledger {p}: {message} {FIX}")):
         DeviceLedger(p)
 
 
@@ -113,7 +110,7 @@ def test_ledger_file_round_charge_edges(tmp_path: Path, charge: dict, field: str
     text = json.dumps(_good(**{"sha256:abc": {"epsilon": 0.0, "delta": 0.0}}))
     p.write_text(text.replace('{"epsilon": 0.0, "delta": 0.0}', json.dumps(charge).replace("Infinity", "1e999")),
                  encoding="utf-8")
-    with pytest.raises(DeviceError, match=_exact(
+    with pytest.raises(DeviceError, match=exact_message(
             f"device ledger {p}: rounds['sha256:abc'].{field} = {shown} is not allowed: it must be {allowed}. {FIX}")):
         DeviceLedger(p)
 
@@ -121,7 +118,7 @@ def test_ledger_file_round_charge_edges(tmp_path: Path, charge: dict, field: str
 def test_ledger_file_round_not_an_object(tmp_path: Path) -> None:
     long_key = "sha256:" + "f" * 64
     p = _ledger_file(tmp_path, _good(**{long_key: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]}))
-    with pytest.raises(DeviceError, match=_exact(
+    with pytest.raises(DeviceError, match=exact_message(
             f"device ledger {p}: round 'sha256:fffffffffffffffffff... = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1...; "
             'it must be an object {"epsilon": e, "delta": d}. ' + FIX)):
         DeviceLedger(p)
@@ -147,7 +144,7 @@ def _assert_shape_refused(tmp_path: Path, doc: object, found: str) -> None:
     """A ledger file holding ``doc`` is refused, the message saying it found ``found``."""
     shape = '{"lifetime": {"epsilon": E, "delta": D}, "rounds": {...}}'
     p = _ledger_file(tmp_path, doc)
-    with pytest.raises(DeviceError, match=_exact(
+    with pytest.raises(DeviceError, match=exact_message(
             f"device ledger {p}: expected a JSON object {shape}, found {found}; it is damaged or not a device "
             f"ledger. {FIX}")):
         DeviceLedger(p)
@@ -159,7 +156,7 @@ def test_device_budget_slack_and_messages(tmp_path: Path) -> None:
     p = tmp_path / "dev.json"
     led = DeviceLedger(p, lifetime_epsilon=3.0, lifetime_delta=3e-5)
     led.record("sha256:" + "a" * 64, 3.0 * (1 + 5e-13), 0.0)  # within the 1e-12 float slack
-    with pytest.raises(DeviceError, match=_exact(
+    with pytest.raises(DeviceError, match=exact_message(
             "this device already reported for head list sha256:aaaaaaaaaaaa…; a device reports at most once per "
             "round")):
         led.check("sha256:" + "a" * 64, 0.0, 0.0)
@@ -167,7 +164,7 @@ def test_device_budget_slack_and_messages(tmp_path: Path) -> None:
     led2.check("r1", 3.0 * (1 + 1e-12), 3e-5 * (1 + 1e-12))  # exactly at the bound: allowed
     led2.check("r1", 3.0, 3e-5 * (1 + 5e-13))
     for e, d in [(3.0 * (1 + 1e-11), 0.0), (0.0, 3e-5 * (1 + 1e-11)), (0.0, 4.5e-5)]:
-        with pytest.raises(DeviceError, match=_exact(
+        with pytest.raises(DeviceError, match=exact_message(
                 "reporting would exceed this device's lifetime budget (epsilon 3.0, delta 3e-05; spent 0, 0); "
                 "not reporting")):
             led2.check("r1", e, d)
@@ -194,12 +191,12 @@ def test_show_and_kind() -> None:
 def test_ledger_file_messages_show_long_values_cut(tmp_path: Path) -> None:
     key = "sha256:" + "0123456789" * 7
     p = _ledger_file(tmp_path, _good(**{key: {"epsilon": -1, "delta": 0}}))
-    with pytest.raises(DeviceError, match=_exact(
+    with pytest.raises(DeviceError, match=exact_message(
             f"device ledger {p}: rounds['sha256:0123456789012345678...].epsilon = -1 is not allowed: it must be a "
             f"finite number >= 0. {FIX}")):
         DeviceLedger(p)
     p = _ledger_file(tmp_path, _good(**{key: {"epsilon": 0, "delta": 2}}))
-    with pytest.raises(DeviceError, match=_exact(
+    with pytest.raises(DeviceError, match=exact_message(
             f"device ledger {p}: rounds['sha256:0123456789012345678...].delta = 2 is not allowed: it must be a "
             f"number in [0, 1]. {FIX}")):
         DeviceLedger(p)
@@ -208,19 +205,20 @@ def test_ledger_file_messages_show_long_values_cut(tmp_path: Path) -> None:
 
 
 def test_device_ledger_path_and_budget_messages(tmp_path: Path) -> None:
-    with pytest.raises(DeviceError, match=_exact(f"device ledger {tmp_path} is a directory; give a file name")):
+    with pytest.raises(DeviceError, match=exact_message(f"device ledger {tmp_path} is a directory; give a file name")):
         DeviceLedger(tmp_path)
     afile = tmp_path / "plain"
     afile.write_text("x")
-    with pytest.raises(DeviceError, match=_exact(f"cannot read device ledger {afile / 'dev.json'}: Not a directory")):
+    with pytest.raises(DeviceError,
+                       match=exact_message(f"cannot read device ledger {afile / 'dev.json'}: Not a directory")):
         DeviceLedger(afile / "dev.json")
     p = tmp_path / "dev.json"
     DeviceLedger(p, lifetime_epsilon=2.0, lifetime_delta=1e-5).record("r", 1.0, 1e-6)
-    with pytest.raises(DeviceError, match=_exact(
+    with pytest.raises(DeviceError, match=exact_message(
             f"device ledger {p} has lifetime delta 1e-05, not 0.001: a device's lifetime budget is fixed when its "
             "ledger is created; leave out --lifetime-delta")):
         DeviceLedger(p, lifetime_delta=1e-3)
-    with pytest.raises(DeviceError, match=_exact(
+    with pytest.raises(DeviceError, match=exact_message(
             f"device ledger {p} has lifetime epsilon 2.0, not 3: a device's lifetime budget is fixed when its "
             "ledger is created; leave out --lifetime-epsilon")):
         DeviceLedger(p, lifetime_epsilon=3)
@@ -237,7 +235,7 @@ def test_a_ledger_that_cannot_be_saved_charges_nothing(tmp_path: Path, monkeypat
         raise OSError(30, "Read-only file system")
 
     monkeypatch.setattr(device_mod, "write_text", fail)
-    with pytest.raises(DeviceError, match=_exact(
+    with pytest.raises(DeviceError, match=exact_message(
             f"cannot write device ledger {p} (Read-only file system); nothing was charged, so nothing may be "
             "reported")):
         led.record("r", 1.0, 0.0)

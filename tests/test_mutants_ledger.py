@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from clihelpers import exact_message
 from hybriddp import ledger as ledger_mod
 from hybriddp.errors import ParameterError
 from hybriddp.ledger import BudgetExceededError, Charge, LedgerError, PrivacyLedger, advanced_composition
@@ -21,15 +22,11 @@ RESTORE = ("restore it from a backup; do not start a new ledger in its place, si
            "user has spent")
 
 
-def _exact(message: str) -> str:
-    return "^" + re.escape(message) + "$"
-
-
 # ----- the lifetime budget of a new ledger --------------------------------------------------------------------
 
 @pytest.mark.parametrize("eps", [0, 0.0, -1.0, math.inf, math.nan, True, "1"])
 def test_lifetime_epsilon_out_of_range_is_refused_with_its_message(tmp_path: Path, eps: object) -> None:
-    with pytest.raises(ParameterError, match=_exact(
+    with pytest.raises(ParameterError, match=exact_message(
             f"lifetime_epsilon (--lifetime-epsilon) = {eps!r} is not allowed: it must be a finite number > 0.")):
         PrivacyLedger.open(tmp_path / "l.db", lifetime_epsilon=eps, lifetime_delta=1e-5)
     assert not (tmp_path / "l.db").exists()
@@ -37,7 +34,7 @@ def test_lifetime_epsilon_out_of_range_is_refused_with_its_message(tmp_path: Pat
 
 @pytest.mark.parametrize("delta", [0, 0.0, -1e-9, 1, 1.0, 1.5, True, "0.5"])
 def test_lifetime_delta_out_of_range_is_refused_with_its_message(tmp_path: Path, delta: object) -> None:
-    with pytest.raises(ParameterError, match=_exact(
+    with pytest.raises(ParameterError, match=exact_message(
             f"lifetime_delta (--lifetime-delta) = {delta!r} is not allowed: it must be in (0, 1).")):
         PrivacyLedger.open(tmp_path / "l.db", lifetime_epsilon=1.0, lifetime_delta=delta)
 
@@ -51,24 +48,24 @@ def test_lifetime_budget_at_the_edges_is_accepted(tmp_path: Path, eps: float, de
 
 def test_open_messages(tmp_path: Path) -> None:
     """A directory, a missing ledger with half a budget, a missing parent, a budget that differs."""
-    with pytest.raises(LedgerError, match=_exact(
+    with pytest.raises(LedgerError, match=exact_message(
             f"ledger {tmp_path} is a directory; give a file name such as {tmp_path / 'privacy.db'}")):
         PrivacyLedger.open(tmp_path)
     p = tmp_path / "l.db"
     missing = f"ledger {p} does not exist; to create it give --lifetime-epsilon and --lifetime-delta"
     for kwargs in ({}, {"lifetime_epsilon": 1.0}, {"lifetime_delta": 1e-5}):
-        with pytest.raises(LedgerError, match=_exact(missing)):
+        with pytest.raises(LedgerError, match=exact_message(missing)):
             PrivacyLedger.open(p, **kwargs)
     q = tmp_path / "nope" / "l.db"
-    with pytest.raises(LedgerError, match=_exact(
+    with pytest.raises(LedgerError, match=exact_message(
             f"cannot create ledger {q}: the directory {q.parent} does not exist; create it first")):
         PrivacyLedger.open(q, lifetime_epsilon=1.0, lifetime_delta=1e-5)
     PrivacyLedger.open(p, lifetime_epsilon=2.0, lifetime_delta=1e-5).close()
-    with pytest.raises(LedgerError, match=_exact(
+    with pytest.raises(LedgerError, match=exact_message(
             f"{p} has lifetime epsilon 2.0, not 3.0; a ledger's budget is fixed when it is created "
             "(leave out --lifetime-epsilon)")):
         PrivacyLedger.open(p, lifetime_epsilon=3.0)
-    with pytest.raises(LedgerError, match=_exact(
+    with pytest.raises(LedgerError, match=exact_message(
             f"{p} has lifetime delta 1e-05, not 0.001; a ledger's budget is fixed when it is created "
             "(leave out --lifetime-delta)")):
         PrivacyLedger.open(p, lifetime_delta=1e-3)
@@ -87,18 +84,18 @@ def test_relative_path_is_created_in_the_working_directory(tmp_path: Path, monke
 
 def test_unreadable_empty_and_foreign_files(tmp_path: Path) -> None:
     nowhere = tmp_path / "no" / "x.db"
-    with pytest.raises(LedgerError, match=_exact(f"cannot read ledger {nowhere}: No such file or directory")):
+    with pytest.raises(LedgerError, match=exact_message(f"cannot read ledger {nowhere}: No such file or directory")):
         ledger_mod._connect(nowhere)
     empty = tmp_path / "empty.db"
     empty.write_bytes(b"")
-    with pytest.raises(LedgerError, match=_exact(
+    with pytest.raises(LedgerError, match=exact_message(
             f"ledger {empty} is an empty file (0 bytes), not a hybriddp ledger. If you meant to create a new ledger, "
             "delete the empty file (or give a path that does not exist) and pass --lifetime-epsilon and "
             f"--lifetime-delta; if it was a ledger in use, it was truncated: {RESTORE}")):
         PrivacyLedger.open(empty)
     text = tmp_path / "notes.txt"
     text.write_bytes(b"hello, this is not SQLite at all")
-    with pytest.raises(LedgerError, match=_exact(
+    with pytest.raises(LedgerError, match=exact_message(
             f"{text} is not a hybriddp ledger: it is not an SQLite database (it starts with "
             "b'hello, this is n'). Check the --ledger path; a new ledger is created at a path that does "
             "not exist yet")):
@@ -138,7 +135,7 @@ CREATE TABLE charges (user TEXT, round INTEGER, grp TEXT, epsilon REAL, delta RE
 ])
 def test_foreign_sqlite_databases_are_refused_with_their_tables(tmp_path: Path, script: str, found: str) -> None:
     db = _sqlite(tmp_path / "other.db", script)
-    with pytest.raises(LedgerError, match=_exact(_not_a_ledger(db, found))):
+    with pytest.raises(LedgerError, match=exact_message(_not_a_ledger(db, found))):
         PrivacyLedger.open(db)
 
 
@@ -163,7 +160,7 @@ def test_damaged_metadata_is_refused(tmp_path: Path, key: str, value: str, shown
     p = tmp_path / "l.db"
     PrivacyLedger.open(p, lifetime_epsilon=1.0, lifetime_delta=1e-5).close()
     _tamper(p, "UPDATE meta SET value = ? WHERE key = ?", value, key)
-    with pytest.raises(LedgerError, match=_exact(f"{p}: ledger metadata is damaged ({shown}); {RESTORE}")):
+    with pytest.raises(LedgerError, match=exact_message(f"{p}: ledger metadata is damaged ({shown}); {RESTORE}")):
         PrivacyLedger.open(p)
 
 
@@ -171,12 +168,12 @@ def test_missing_or_unparsable_metadata_is_refused(tmp_path: Path) -> None:
     p = tmp_path / "l.db"
     PrivacyLedger.open(p, lifetime_epsilon=1.0, lifetime_delta=1e-5).close()
     _tamper(p, "UPDATE meta SET value = 'zz' WHERE key = 'salt'")
-    with pytest.raises(LedgerError, match=_exact(
+    with pytest.raises(LedgerError, match=exact_message(
             f"{p}: ledger metadata is damaged (non-hexadecimal number found in fromhex() arg at position 0); "
             f"{RESTORE}")):
         PrivacyLedger.open(p)
     _tamper(p, "DELETE FROM meta WHERE key = 'salt'")
-    with pytest.raises(LedgerError, match=_exact(f"{p}: ledger metadata is missing 'salt'; {RESTORE}")):
+    with pytest.raises(LedgerError, match=exact_message(f"{p}: ledger metadata is missing 'salt'; {RESTORE}")):
         PrivacyLedger.open(p)
 
 
@@ -196,14 +193,14 @@ def test_charge_messages(tmp_path: Path) -> None:
     p = tmp_path / "l.db"
     with PrivacyLedger.open(p, lifetime_epsilon=1.0, lifetime_delta=1e-5) as led:
         led.charge("r1", [Charge("clients", ["a"], 0.5, 1e-6)])
-        with pytest.raises(LedgerError, match=_exact(
+        with pytest.raises(LedgerError, match=exact_message(
                 f"round 'r1' is already in the ledger {p}; a user may be charged once per round — use a new "
                 "round name")):
             led.charge("r1", [Charge("clients", ["b"], 0.1, 1e-6)])
-        with pytest.raises(LedgerError, match=_exact("user 'x' appears twice in round 'r2' (groups 'optin-S' and "
-                                                     "'clients')")):
+        with pytest.raises(LedgerError, match=exact_message(
+                "user 'x' appears twice in round 'r2' (groups 'optin-S' and 'clients')")):
             led.charge("r2", [Charge("optin-S", ["x", "y"], 0.1, 1e-6), Charge("clients", ["z", "x"], 0.1, 1e-6)])
-        with pytest.raises(BudgetExceededError, match=_exact(
+        with pytest.raises(BudgetExceededError, match=exact_message(
                 "round 'r3' refused: 1 user(s) would exceed the lifetime budget (epsilon 1.0, delta 1e-05); the "
                 "worst would reach epsilon 1.1, delta 2e-06. Use a smaller --epsilon, leave those users out of "
                 "this round, or start a new budget period with a new ledger.")):
@@ -250,7 +247,7 @@ def test_sqlite_failure_while_charging_says_nothing_was_recorded(tmp_path: Path,
             raise sqlite3.OperationalError(error)
 
         monkeypatch.setattr(led, "_charge", fail)
-        with pytest.raises(LedgerError, match=_exact(
+        with pytest.raises(LedgerError, match=exact_message(
                 f"ledger {p}: cannot record round 'r' (SQLite: {error}); nothing was recorded: {hint}")):
             led.charge("r", [Charge("g", ["a"], 0.1, 0.0)])
 
@@ -312,7 +309,7 @@ def test_report_of_an_unreadable_history(tmp_path: Path) -> None:
     with PrivacyLedger.open(p, lifetime_epsilon=1.0, lifetime_delta=1e-5) as led:
         led.charge("r", [Charge("g", ["a"], 0.1, 0.0)])
     _tamper(p, "UPDATE charges SET epsilon = 'x'")
-    with PrivacyLedger.open(p) as led, pytest.raises(LedgerError, match=_exact(
+    with PrivacyLedger.open(p) as led, pytest.raises(LedgerError, match=exact_message(
             f"ledger {p} cannot be read (could not convert string to float: 'x'); {RESTORE}")):
         led.report()
 
@@ -323,5 +320,5 @@ def test_a_ledger_that_cannot_be_written_is_not_created(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(ledger_mod, "_create", fail)
     p = tmp_path / "l.db"
-    with pytest.raises(LedgerError, match=_exact(f"cannot create ledger {p}: No space left on device")):
+    with pytest.raises(LedgerError, match=exact_message(f"cannot create ledger {p}: No space left on device")):
         PrivacyLedger.open(p, lifetime_epsilon=1.0, lifetime_delta=1e-5)

@@ -587,7 +587,8 @@ function checkNumber(where, value, allowed, ok, fix, integer = false) {
     else what = `${kind(value)}, not a number`;
     throw new DeviceError(`${where} = ${show(value)} is ${what}; it must be ${allowed}. ${fix}`.trimEnd());
   }
-  if (!ok(asFloat(value))) { // NaN fails every comparison
+  // an integer is compared exactly (2**63 − 1 as a float is 2**63); a number as a float (NaN fails every comparison)
+  if (!ok(integer ? value : asFloat(value))) {
     throw new DeviceError(`${where} = ${show(value)} is not allowed: it must be ${allowed}. ${fix}`.trimEnd());
   }
 }

@@ -228,7 +228,8 @@ def _check_number(where: str, value: Any, allowed: str, ok: Callable[[float], bo
         else:
             what = f"{_kind(value)}, not a number"
         raise DeviceError(f"{where} = {_show(value)} is {what}; it must be {allowed}. {fix}")
-    if not ok(_as_float(value)):  # NaN fails every comparison
+    # an integer is compared exactly (2**63 − 1 as a float is 2**63); a number as a float (NaN fails every comparison)
+    if not ok(value if integer else _as_float(value)):
         raise DeviceError(f"{where} = {_show(value)} is not allowed: it must be {allowed}. {fix}")
 
 

@@ -1,0 +1,327 @@
+"""The local randomizers (device LocalAlg, its head-list checks, the numeric randomizer) with replayed uniforms
+and whole messages: issue 14's mutation survivors of device.py, randomizer.py and mean_device.py.
+
+Expected values are worked out by hand from ALGORITHM.md §5 and §11 (the Laplace draw −ln(1 − U) with a
+fair sign, the clamp, the log density −|r − x̃|/b − ln 2b), and head-list hashes are computed here with
+hashlib from the canonical JSON, not with the code under test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+
+import pytest
+
+from clihelpers import exact_message
+from hybriddp.device import DeviceError, DeviceHeadList, UniformReplay, validate_headlist
+from hybriddp.errors import ParameterError
+from hybriddp.mean_device import NumericRandomizer, clamp, laplace, output_log_density, randomize_value
+
+LN2 = math.log(2.0)
+REBUILD = "Use the head list exactly as `hybriddp headlist` wrote it, or rebuild it."
+
+
+# ----- mean_device: the Laplace draw, the clamp, the density ------------------------------------------------
+
+@pytest.mark.parametrize(("u_sign", "u_mag", "expected"), [
+    (0.25, 0.75, -2.0 * 2 * LN2),  # U < 1/2: negative; −ln(1 − 3/4) = ln 4
+    (0.4999, 0.5, -2.0 * LN2),
+    (0.5, 0.75, 2.0 * 2 * LN2),  # U = 1/2 is the positive half
+    (0.9999, 0.5, 2.0 * LN2),
+    (0.1, 0.0, 0.0),  # −ln 1 = 0
+])
+def test_laplace_draw_by_hand(u_sign: float, u_mag: float, expected: float) -> None:
+    got = laplace(2.0, UniformReplay([u_sign, u_mag]))
+    assert got == pytest.approx(expected, rel=1e-15, abs=0.0)
+
+
+def test_clamp_edges_and_types() -> None:
+    for value, lower, upper, expected in [(2, 0, 5, (2.0, False)), (0, 0, 5, (0.0, False)), (5, 0, 5, (5.0, False)),
+                                          (-1, 0, 5, (0.0, True)), (7, 0, 5, (5.0, True)),
+                                          (-0.5, -0.5, 0.5, (-0.5, False)), (0.5000001, -0.5, 0.5, (0.5, True))]:
+        got = clamp(value, lower, upper)
+        assert got == expected and type(got[0]) is float
+
+
+@pytest.mark.parametrize(("report", "value", "expected"), [
+    (3.0, 1.0, -1.0 - 2 * LN2),  # b = (2 − 0)/1 = 2: −|3 − 1|/2 − ln 4
+    (3.0, 5.0, -0.5 - 2 * LN2),  # 5 clamps to 2
+    (3.0, -1.0, -1.5 - 2 * LN2),  # −1 clamps to 0
+    (-1.0, 1.0, -1.0 - 2 * LN2),
+    (1.0, 1.0, -2 * LN2),
+])
+def test_output_log_density_by_hand(report: float, value: float, expected: float) -> None:
+    got = output_log_density(report, value, lower=0.0, upper=2.0, epsilon=1.0)
+    assert got == pytest.approx(expected, rel=1e-15)
+
+
+def test_output_log_density_other_scale_and_checks() -> None:
+    # [−1, 3], ε = 2: b = 2; r = 0, x = 1: −1/2 − ln 4.  [1, 2], ε = 4: b = 1/4; r = 2, x = 1.5: −2 − ln(1/2)
+    assert output_log_density(0.0, 1.0, lower=-1.0, upper=3.0, epsilon=2.0) == pytest.approx(-0.5 - 2 * LN2)
+    assert output_log_density(2.0, 1.5, lower=1.0, upper=2.0, epsilon=4.0) == pytest.approx(-2.0 + LN2)
+    with pytest.raises(ParameterError, match=exact_message(
+            "upper = 0.0 is not allowed: it must be > lower = 1.0. Give the range [lower, upper] the values are "
+            "known to lie in.")):
+        output_log_density(0.0, 0.0, lower=1.0, upper=0.0, epsilon=1.0)
+
+
+# ----- mean_device: parameter checks, messages whole ------------------------------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"lower": True}, "lower = True is not allowed: it must be a finite number."),
+    ({"lower": "0"}, "lower = '0' is not allowed: it must be a finite number."),
+    ({"lower": None}, "lower = None is not allowed: it must be a finite number."),
+    ({"lower": -math.inf}, "lower = -inf is not allowed: it must be a finite number."),
+    ({"upper": False}, "upper = False is not allowed: it must be a finite number."),
+    ({"upper": math.nan}, "upper = nan is not allowed: it must be a finite number."),
+    ({"upper": math.inf}, "upper = inf is not allowed: it must be a finite number."),
+    ({"upper": [1]}, "upper = [1] is not allowed: it must be a finite number."),
+    ({"lower": 1, "upper": 1}, "upper = 1 is not allowed: it must be > lower = 1. Give the range [lower, upper] "
+                               "the values are known to lie in."),
+    ({"lower": 2.5, "upper": 1.0}, "upper = 1.0 is not allowed: it must be > lower = 2.5. Give the range "
+                                   "[lower, upper] the values are known to lie in."),
+    ({"epsilon": True}, "epsilon = True is not allowed: it must be a finite number > 0."),
+    ({"epsilon": "1"}, "epsilon = '1' is not allowed: it must be a finite number > 0."),
+    ({"epsilon": 0}, "epsilon = 0 is not allowed: it must be a finite number > 0."),
+    ({"epsilon": -0.5}, "epsilon = -0.5 is not allowed: it must be a finite number > 0."),
+    ({"epsilon": math.inf}, "epsilon = inf is not allowed: it must be a finite number > 0."),
+    ({"epsilon": math.nan}, "epsilon = nan is not allowed: it must be a finite number > 0."),
+])
+def test_numeric_randomizer_refuses_settings(kwargs: dict, message: str) -> None:
+    setting = {"lower": 0.0, "upper": 1.0, "epsilon": 1.0, **kwargs}
+    with pytest.raises(ParameterError, match=exact_message(message)):
+        NumericRandomizer(**setting)
+
+
+def test_numeric_randomizer_accepts_the_edges_and_stores_floats() -> None:
+    r = NumericRandomizer(lower=0, upper=math.nextafter(0.0, 1.0), epsilon=5e-324)  # lower < upper by one step
+    assert (r.lower, r.upper, r.epsilon) == (0.0, 5e-324, 5e-324)
+    r = NumericRandomizer(lower=-1, upper=3, epsilon=2)
+    assert all(type(v) is float for v in (r.lower, r.upper, r.epsilon)) and (r.lower, r.upper, r.epsilon) == (
+        -1.0, 3.0, 2.0)
+    assert r.scale == 2.0  # (3 − (−1))/2
+    assert NumericRandomizer(lower=1.0, upper=2.0, epsilon=4.0).scale == 0.25
+    assert r.clamped == 0
+
+
+def test_numeric_randomizer_by_hand(caplog: pytest.LogCaptureFixture) -> None:
+    """[−1, 3], ε = 2 (b = 2) with replayed uniforms: report = clamp(x) ± 2·(−ln(1 − U))."""
+    src = UniformReplay([0.25, 0.75, 0.5, 0.5, 0.6, 0.0, 0.7, 0.5, 0.1, 0.75, 0.5, 0.0])
+    r = NumericRandomizer(lower=-1, upper=3, epsilon=2, source=src)
+    with caplog.at_level(logging.WARNING, logger="hybriddp.mean_device"):
+        assert r.randomize(1) == pytest.approx(1.0 - 4 * LN2, rel=1e-15)
+        assert r.clamped == 0
+        assert r.randomize(5.0) == pytest.approx(3.0 + 2 * LN2, rel=1e-15)  # clamped to 3
+        assert r.clamped == 1
+        got = r.randomize(-1)  # on the edge: not clamped
+        assert got == -1.0 and type(got) is float
+        assert r.randomize(3.0) == pytest.approx(3.0 + 2 * LN2, rel=1e-15)
+        assert r.clamped == 1
+        assert r.randomize(-1.5) == pytest.approx(-1.0 - 4 * LN2, rel=1e-15)  # clamped to −1
+        assert r.clamped == 2
+    assert [(rec.levelname, rec.getMessage()) for rec in caplog.records] == [
+        ("WARNING", "a value outside [-1, 3] was clamped before randomizing (1 so far on this device)"),
+        ("WARNING", "a value outside [-1, 3] was clamped before randomizing (2 so far on this device)"),
+    ]
+    assert r.randomize(0.0) == 0.0  # (0.5, 0.0): +0
+
+
+@pytest.mark.parametrize(("value", "shown"), [(True, "True"), ("1.0", "'1.0'"), (None, "None"), (math.nan, "nan"),
+                                               ([1.0], "[1.0]")])
+def test_numeric_randomizer_refuses_values(value: object, shown: str) -> None:
+    r = NumericRandomizer(lower=0, upper=1, epsilon=1, source=UniformReplay([]))
+    with pytest.raises(ParameterError, match=exact_message(
+            f"value = {shown} is not allowed: it must be a number (NaN is not allowed).")):
+        r.randomize(value)  # type: ignore[arg-type]
+    assert r.clamped == 0
+
+
+def test_randomize_value_uses_the_source_given() -> None:
+    # [0, 4], ε = 1/2: b = 8; x = 1, uniforms (0.25, 0.5): 1 − 8 ln 2
+    got = randomize_value(1, lower=0, upper=4, epsilon=0.5, source=UniformReplay([0.25, 0.5]))
+    assert got == pytest.approx(1.0 - 8 * LN2, rel=1e-15)
+    assert randomize_value(9, lower=0, upper=4, epsilon=0.5, source=UniformReplay([0.5, 0.0])) == 4.0
+    with pytest.raises(ParameterError, match=exact_message("epsilon = 0 is not allowed: it must be a finite number "
+                                                           "> 0.")):
+        randomize_value(1, lower=0, upper=4, epsilon=0, source=UniformReplay([]))
+
+
+# ----- device: the head-list checks, messages whole -----------------------------------------------------------
+
+def _hash(doc: dict) -> str:
+    """sha256 of the canonical JSON (keys sorted, no spaces, UTF-8) without the content_hash field."""
+    body = {k: v for k, v in doc.items() if k != "content_hash"}
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
+                                                 ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _doc(**fields: object) -> dict:
+    doc = {"format": "hybriddp-headlist", "version": 1, "epsilon": 4.0, "delta": 1e-5, "f_c": 0.85, "m_c": 1,
+           "url_level": True, "queries": [{"query": "a", "urls": ["u", "v"]}, {"query": "b", "urls": []}]}
+    doc.update(fields)
+    doc = {k: v for k, v in doc.items() if v is not _DROP}
+    doc["content_hash"] = "sha256:unchecked"  # the checks below fail before the hash is compared
+    return doc
+
+
+_DROP = object()
+
+
+def _refused(doc: object, message: str) -> None:
+    with pytest.raises(DeviceError, match=exact_message(message)):
+        validate_headlist(doc, "hl.json")
+
+
+@pytest.mark.parametrize(("doc", "found"), [([1], "a list"), (None, "null"), ("{}", "a string"), (3, "a number")])
+def test_headlist_not_an_object(doc: object, found: str) -> None:
+    _refused(doc, f"hl.json: expected a JSON object (a head list written by `hybriddp headlist`), found {found}")
+
+
+def test_headlist_format_and_version_messages() -> None:
+    fmt = "expected 'hybriddp-headlist': this is not a head list written by `hybriddp headlist`"
+    _refused(_doc(format="hybriddp-headlisT"), f"hl.json: field 'format' = 'hybriddp-headlisT', {fmt}")
+    _refused(_doc(format=_DROP), f"hl.json: field 'format' = None, {fmt}")
+    for version, shown in [(2, "2"), (0, "0"), (True, "True"), ("1", "'1'"), (1.0, "1.0"), (_DROP, "None")]:
+        _refused(_doc(version=version), f"hl.json: field 'version' = {shown}; this reader understands version 1. "
+                                        "Upgrade hybriddp or rebuild the head list.")
+    with pytest.raises(DeviceError, match=exact_message("head list: field 'version' = 2; this reader understands "
+                                                        "version 1. Upgrade hybriddp or rebuild the head list.")):
+        validate_headlist(_doc(version=2))  # the default source name
+
+
+def test_headlist_missing_fields_in_order() -> None:
+    for key in ("epsilon", "delta", "f_c", "m_c", "queries"):
+        _refused(_doc(**{key: _DROP}), f"hl.json: missing field {key!r}. {REBUILD}")
+    _refused(_doc(delta=_DROP, m_c=_DROP), f"hl.json: missing field 'delta'. {REBUILD}")
+    doc = _doc()
+    del doc["content_hash"]
+    _refused(doc, f"hl.json: missing field 'content_hash'. {REBUILD}")
+
+
+M_C_RANGE = "an integer from 1 to 9223372036854775807"
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("epsilon", "4.0", "'4.0' is a string, not a number (numbers are written without quotes); it must be a "
+                       "number > 0."),
+    ("epsilon", None, "None is null, not a number; it must be a number > 0."),
+    ("epsilon", [4.0], "[4.0] is a list, not a number; it must be a number > 0."),
+    ("epsilon", {"v": 4}, "{'v': 4} is an object, not a number; it must be a number > 0."),
+    ("epsilon", True, "True is a boolean, not a number; it must be a number > 0."),
+    ("epsilon", 0, "0 is not allowed: it must be a number > 0."),
+    ("epsilon", -(10**400), "-" + "1" + "0" * 55 + "... is not allowed: it must be a number > 0."),
+    ("delta", 0.0, "0.0 is not allowed: it must be a number in (0, 1)."),
+    ("delta", 1, "1 is not allowed: it must be a number in (0, 1)."),
+    ("f_c", 0, "0 is not allowed: it must be a number in (0, 1]."),
+    ("f_c", 1.25, "1.25 is not allowed: it must be a number in (0, 1]."),
+    ("m_c", 2.0, f"2.0 is not an integer; it must be {M_C_RANGE}."),
+    ("m_c", "2", f"'2' is a string, not a number (numbers are written without quotes); it must be {M_C_RANGE}."),
+    ("m_c", False, f"False is a boolean, not a number; it must be {M_C_RANGE}."),
+    ("m_c", 0, f"0 is not allowed: it must be {M_C_RANGE}."),
+    ("m_c", 2**63, f"9223372036854775808 is not allowed: it must be {M_C_RANGE}."),
+])
+def test_headlist_number_fields(field: str, value: object, message: str) -> None:
+    _refused(_doc(**{field: value}), f"hl.json: field {field!r} = {message} {REBUILD}")
+
+
+@pytest.mark.parametrize(("value", "kind"), [("yes", "a string"), (1, "a number"), (None, "null"), ([], "a list")])
+def test_headlist_url_level_must_be_a_boolean(value: object, kind: str) -> None:
+    _refused(_doc(url_level=value), f"hl.json: field 'url_level' = {value!r} is {kind}; it must be true or false. "
+                                    f"{REBUILD}")
+
+
+ENTRY = '{"query": "...", "urls": ["...", ...]}'
+
+
+@pytest.mark.parametrize(("queries", "message"), [
+    ({"a": []}, "field 'queries' = {'a': []} is an object; it must be a list of objects " + ENTRY + "."),
+    ("a", "field 'queries' = 'a' is a string; it must be a list of objects " + ENTRY + "."),
+    ([{"query": "a", "urls": []}, ["b"]], "queries[1] = ['b'] is a list; it must be an object " + ENTRY + "."),
+    ([{"urls": []}], "queries[0] has no field 'query'; each entry is " + ENTRY + "."),
+    ([{"query": "a", "urls": []}, {"query": "b"}], "queries[1] has no field 'urls'; each entry is " + ENTRY + "."),
+    ([{"query": 7, "urls": []}], "queries[0].query = 7 is a number; it must be a string."),
+    ([{"query": "\ud800", "urls": []}], "queries[0].query = '\\ud800' holds a lone surrogate, which is not text."),
+    ([{"query": "a", "urls": []}, {"query": "b", "urls": []}, {"query": "a", "urls": []}],
+     "query 'a' is listed twice (queries[0] and queries[2]); a head list lists each query once."),
+    ([{"query": "a", "urls": "u"}], "queries[0].urls = 'u' is a string; it must be a list of strings (empty when "
+                                    "the query has no listed URL)."),
+    ([{"query": "a", "urls": []}, {"query": "b", "urls": ["u", "v", 5]}],
+     "queries[1].urls[2] = 5 is a number; it must be a string."),
+    ([{"query": "b", "urls": ["x", "\udfff"]}], "queries[0].urls[1] = '\\udfff' holds a lone surrogate, which is "
+                                                "not text."),
+    ([{"query": "c", "urls": []}, {"query": "a", "urls": ["u", "v", "w", "v"]}],
+     "URL 'v' is listed twice under query 'a' (queries[1].urls[1] and [3])."),
+])
+def test_headlist_query_list_messages(queries: object, message: str) -> None:
+    _refused(_doc(queries=queries), f"hl.json: {message} {REBUILD}")
+
+
+def test_headlist_the_same_url_under_two_queries_is_fine() -> None:
+    doc = _doc(queries=[{"query": "a", "urls": ["u"]}, {"query": "b", "urls": ["u"]}])
+    doc["content_hash"] = _hash(doc)
+    assert validate_headlist(doc) is doc
+
+
+def test_headlist_that_cannot_be_hashed() -> None:
+    doc = _doc(extra={1, 2})
+    _refused(doc, f"hl.json: the document cannot be hashed (Object of type set is not JSON serializable). {REBUILD}")
+    loop: list = []
+    loop.append(loop)
+    _refused(_doc(extra=loop), f"hl.json: the document cannot be hashed (Circular reference detected). {REBUILD}")
+
+
+def test_headlist_hash_mismatch_message() -> None:
+    doc = _doc()
+    actual = _hash(doc)
+    doc["content_hash"] = "sha256:" + "0" * 64
+    _refused(doc, "hl.json: field 'content_hash' = 'sha256:" + "0" * 49 + "... does not match the content "
+                  f"({actual[:19]}…): the file was altered or damaged after it was written. Use the original file, or "
+                  "rebuild the head list.")
+    doc["content_hash"] = 17
+    _refused(doc, f"hl.json: field 'content_hash' = 17 does not match the content ({actual[:19]}…): the file was "
+                  "altered or damaged after it was written. Use the original file, or rebuild the head list.")
+
+
+def _signed(**fields: object) -> dict:
+    doc = _doc(**fields)
+    doc["content_hash"] = _hash(doc)
+    return doc
+
+
+def test_headlist_epsilon_too_large_message() -> None:
+    """f_C = 1/2, m_C = 1: both exponents are ε/2, so ε may be at most about 2·ln(max float) ≈ 1419.57."""
+    import re
+
+    for f_c, m_c, eps, shown in [(0.5, 1, 1e308, "1e+308"), (0.5, 1, 10**400, "1" + "0" * 56 + "..."),
+                                 (0.25, 3, 1e5, "100000.0")]:
+        doc = _signed(epsilon=eps, f_c=f_c, m_c=m_c)
+        with pytest.raises(DeviceError) as info:
+            validate_headlist(doc, "hl.json")
+        pattern = (re.escape(f"hl.json: field 'epsilon' = {shown} is too large: LocalAlg computes e^(f_C·ε/m_C) and "
+                             "e^((1−f_C)·ε/m_C), which overflow a float when the exponent passes ln(largest float) = "
+                             f"709.78; with f_c = {f_c!r} and m_c = {m_c} epsilon must be at most ")
+                   + r"(\S+)" + re.escape(". Rebuild the head list with a smaller --epsilon (beyond about 50 per "
+                                          "report LocalAlg reports the true record anyway)."))
+        match = re.fullmatch(pattern, str(info.value))
+        assert match, str(info.value)
+        limit = float(match.group(1))
+        # the largest ε that works: e^{max(f_C, 1 − f_C)·ε/m_C} is finite at it and overflows one step above
+        bound = m_c * math.log(1.7976931348623157e308) / max(f_c, 1 - f_c)
+        assert limit == pytest.approx(bound, rel=1e-13)
+        assert validate_headlist(_signed(epsilon=limit, f_c=f_c, m_c=m_c))["epsilon"] == limit
+        with pytest.raises(DeviceError, match="is too large"):
+            validate_headlist(_signed(epsilon=math.nextafter(limit, math.inf), f_c=f_c, m_c=m_c))
+
+
+def test_headlist_edges_that_are_accepted() -> None:
+    big = _signed(m_c=2**63 - 1, epsilon=1e21)  # 2**63 − 1 is not a float: compared exactly
+    assert validate_headlist(big) is big
+    assert DeviceHeadList.from_json(big).m_c == 2**63 - 1
+    no_level = _signed(url_level=_DROP)
+    assert DeviceHeadList.from_json(no_level).url_level is True
+    assert DeviceHeadList.from_json(_signed(url_level=False)).url_level is False
+    huge = _signed(epsilon=800)  # an integer ε is read as a number
+    assert validate_headlist(huge) is huge

@@ -325,3 +325,171 @@ def test_headlist_edges_that_are_accepted() -> None:
     assert DeviceHeadList.from_json(_signed(url_level=False)).url_level is False
     huge = _signed(epsilon=800)  # an integer ε is read as a number
     assert validate_headlist(huge) is huge
+
+
+# ----- device: LocalAlg's arithmetic and draws with replayed uniforms ------------------------------------------
+
+def test_budget_split_and_keep_probability_by_hand() -> None:
+    from hybriddp.device import budget_split, keep_probability
+
+    # ε = 2, δ = 0.1, f_C = 1/4, m_C = 2: ε' = 1, δ' = 0.05; ε'_Q = 1/4, δ'_Q = 1/80; ε'_U = 3/4, δ'_U = 3/80
+    got = budget_split(2.0, 0.1, 0.25, 2)
+    assert got == pytest.approx((0.25, 0.0125, 0.75, 0.0375), rel=1e-15)
+    # e^ε = 3, δ = 0.1: n = 3 → (3 + 0.05·2)/(3 + 2) = 0.62; n = 2 → 3.05/4; n = 1 and 0 → 1
+    ln3 = math.log(3.0)
+    assert keep_probability(ln3, 0.1, 3) == pytest.approx(0.62, rel=1e-15)
+    assert keep_probability(ln3, 0.1, 2) == pytest.approx(0.7625, rel=1e-15)
+    assert keep_probability(ln3, 0.1, 1) == 1.0 and keep_probability(ln3, 0.1, 0) == 1.0
+    assert keep_probability(0.0, 0.5, 5) == pytest.approx((1 + 0.25 * 4) / 5, rel=1e-15)
+
+
+def _device(**fields: object) -> DeviceHeadList:
+    """Queries a (URLs u, v) and b (none): positions a = 0, b = 1, * = 2; k_a = 3, k_b = k_* = 1."""
+    return DeviceHeadList.from_json(_signed(epsilon=1.0, delta=0.1, f_c=0.5, **fields))
+
+
+def test_device_head_list_index() -> None:
+    hl = _device()
+    assert (hl.k, hl.kq) == (3, [3, 1, 1])
+    assert hl.query_index == {"a": 0, "b": 1} and hl.url_index == [{"u": 0, "v": 1}, {}, {}]
+    # t = (e^½ + 0.025·2)/(e^½ + 2) (ε'_Q = ½, δ'_Q = 0.05); t_a = the same with k_a = 3; t_b = t_* = 1
+    e = math.exp(0.5)
+    t = (e + 0.05) / (e + 2)
+    assert hl.one_minus_t == pytest.approx(1 - t, rel=1e-14)
+    assert hl.one_minus_tq == pytest.approx([1 - t, 0.0, 0.0], rel=1e-14, abs=0.0)
+    assert [hl.encode(*r) for r in [("a", "u"), ("a", "v"), ("a", "w"), ("a", None), ("b", "u"), ("b", None),
+                                    ("c", "u"), ("c", None)]] == [(0, 0), (0, 1), (0, 2), (0, 2), (1, 0), (1, 0),
+                                                                  (2, 0), (2, 0)]
+    assert [hl.decode(*p) for p in [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0)]] == [
+        {"query": "a", "url": "u"}, {"query": "a", "url": "v"}, {"query": "a", "url": None},
+        {"query": "b", "url": None}, {"query": None, "url": None}]
+    assert hl.m_c == 1 and type(hl.m_c) is int
+
+
+@pytest.mark.parametrize(("record", "uniforms", "expected", "left"), [
+    # query stage: v1 < 1 − t → another query: j = ⌊v·(k − 1)⌋, skipping q; then a URL ⌊v·k_q'⌋
+    ((1, 0), [0.0, 0.4, 0.5], (0, 1), 0),  # j = 0 < 1: query a; URL ⌊0.5·3⌋ = 1
+    ((1, 0), [0.0, 0.6, 0.9], (2, 0), 0),  # j = 1 ≥ 1: query 2 (*); its only URL position
+    ((0, 1), [0.0, 0.0, 0.99], (1, 0), 0),  # j = 0 ≥ 0: query 1
+    ((2, 0), [0.0, 0.99, 0.7], (1, 0), 0),  # j = 1 < 2: query 1
+    ((2, 0), [0.0, 0.2, 0.7], (0, 2), 0),  # j = 0: query 0, URL ⌊0.7·3⌋ = 2
+    # URL stage of a (k_a = 3): v2 < 1 − t_a → another URL: j = ⌊v·2⌋ skipping u
+    ((0, 1), ["1-t", 0.0, 0.5], (0, 2), 0),  # v1 = 1 − t exactly keeps the query; j = 1 ≥ 1
+    ((0, 1), ["1-t", 0.0, 0.2], (0, 0), 0),  # j = 0 < 1
+    ((0, 0), [0.99, 0.0, 0.2], (0, 1), 0),  # j = 0 ≥ 0
+    ((0, 2), [0.99, 0.0, 0.99], (0, 1), 0),  # j = 1 < 2
+    ((0, 1), [0.99, "1-tq", 0.5], (0, 1), 1),  # v2 = 1 − t_a exactly keeps the URL; v3 not drawn
+    # b has k_b = 1: no URL stage, no second draw
+    ((1, 0), [0.99, 0.0, 0.0], (1, 0), 2),
+])
+def test_local_alg_draws_by_hand(record: tuple[int, int], uniforms: list, expected: tuple[int, int], left: int) -> None:
+    from hybriddp.device import local_alg
+
+    hl = _device()
+    values = [hl.one_minus_t if v == "1-t" else hl.one_minus_tq[0] if v == "1-tq" else v for v in uniforms]
+    src = UniformReplay(values)
+    assert local_alg(*record, hl, src) == expected
+    assert len(list(src._it)) == left  # how many of the uniforms were not drawn
+
+
+def test_local_alg_with_only_the_wildcard_draws_nothing() -> None:
+    from hybriddp.device import local_alg
+
+    hl = DeviceHeadList.from_json(_signed(queries=[]))
+    assert hl.k == 1
+    assert local_alg(0, 0, hl, UniformReplay([])) == (0, 0)
+
+
+def test_seeded_and_system_sources() -> None:
+    import random
+
+    from hybriddp.device import SeededSource, SystemSource
+
+    ref = random.Random(11)
+    src = SeededSource(11)
+    for n in (1, 2, 7, 1000):
+        assert src.uniform() == ref.random()
+        assert src.below(n) == int(ref.random() * n)
+    sysrc = SystemSource()
+    assert all(0 <= sysrc.below(3) < 3 for _ in range(50)) and {sysrc.below(2) for _ in range(200)} == {0, 1}
+    u = [sysrc.uniform() for _ in range(200)]
+    assert all(0.0 <= x < 1.0 for x in u) and min(u) < 0.1 and max(u) > 0.9  # P(fail) = 2·0.9^200 ≈ 1e-9
+    assert UniformReplay([0.5, 0.99]).below(4) == 2
+
+
+# ----- device: one device's message ----------------------------------------------------------------------------
+
+def test_randomize_records_sampling_order_and_charge(tmp_path) -> None:
+    from hybriddp.device import DeviceLedger, randomize_records
+
+    doc = _signed(epsilon=2, delta=1e-5, f_c=0.5, m_c=2)  # an integer ε: charged as a float
+    records = [("a", "u"), ("b", None), ("a", "v"), ("c", "x")]
+    # sampling: ⌊0.6·4⌋ = 2 → record 2 (pool 0, 1, 3 left); ⌊0.5·3⌋ = 1 → record 1; then LocalAlg keeps both
+    # (v1 = 0.999 ≥ 1 − t; record 2 has k_a = 3: v2 = 0.999 ≥ 1 − t_a; record 1 has k_b = 1: one draw)
+    src = UniformReplay([0.6, 0.5, 0.999, 0.999, 0.999])
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=3.0, lifetime_delta=1e-4)
+    msg = randomize_records(doc, records, source=src, ledger=ledger, message_id="B" * 22)
+    assert msg == {"id": "B" * 22, "headlist": doc["content_hash"],
+                   "reports": [{"query": "a", "url": "v"}, {"query": "b", "url": None}]}
+    assert list(src._it) == []
+    saved = json.loads((tmp_path / "dev.json").read_text(encoding="utf-8"))
+    assert saved["rounds"] == {doc["content_hash"]: {"epsilon": 2.0, "delta": 1e-5}}
+    assert type(ledger.state["rounds"][doc["content_hash"]]["epsilon"]) is float
+    # a second message of the same round is refused by the ledger
+    with pytest.raises(DeviceError, match="already reported"):
+        randomize_records(doc, records, source=UniformReplay([0.0] * 10), ledger=ledger)
+
+
+def test_randomize_records_takes_all_records_when_fewer_than_m_c() -> None:
+    from hybriddp.device import randomize_records
+
+    doc = _signed(epsilon=1.0, delta=0.1, f_c=0.5, m_c=3)
+    src = UniformReplay([0.5, 0.0, 0.999, 0.999, 0.999])  # ⌊0.5·2⌋ = 1, then ⌊0·1⌋ = 0
+    msg = randomize_records(DeviceHeadList.from_json(doc), [("a", "u"), ("c", None)], source=src)
+    assert msg["reports"] == [{"query": None, "url": None}, {"query": "a", "url": "u"}]
+    assert len(msg["id"]) == 22
+    with pytest.raises(DeviceError, match=r"^message id 'short' is not valid"):
+        randomize_records(doc, [("a", "u")], source=src, message_id="short")
+
+
+@pytest.mark.parametrize(("records", "index", "shown"), [
+    ([("a", "u"), ("a",)], 1, "('a',)"),
+    ([("a", "u", "v")], 0, "('a', 'u', 'v')"),
+    ([(1, "u")], 0, "(1, 'u')"),
+    ([("a", 2)], 0, "('a', 2)"),
+    ([("a", "u"), ("b", None), "ab"], 2, "'ab'"),
+    ([None], 0, "None"),
+])
+def test_check_records_messages(tmp_path, records: list, index: int, shown: str) -> None:
+    from hybriddp.device import DeviceLedger, randomize_records
+
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=30.0, lifetime_delta=0.5)
+    with pytest.raises(DeviceError, match=exact_message(
+            f"record {index} = {shown} is not a (query, url) pair of strings; give each record as (query, clicked "
+            "URL), with url None when the record has none")):
+        randomize_records(_signed(), records, source=UniformReplay([]), ledger=ledger)
+    assert ledger.state["rounds"] == {}  # refused before the charge
+
+
+def test_check_records_url_level_without_urls(tmp_path) -> None:
+    from hybriddp.device import DeviceLedger, randomize_records
+
+    doc = _signed()
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=30.0, lifetime_delta=0.5)
+    with pytest.raises(DeviceError, match=exact_message(
+            "this device's 2 record(s) have no URL (they are (query, None)), but the head list "
+            f"{doc['content_hash'][:19]}… is URL-level (url_level true): every record would be reported as ⟨q,*⟩, "
+            "a click on an unlisted URL, "
+            "which biases the estimate of every listed URL. Give the device its (query, clicked URL) records (for a "
+            "table, name the URL column with --url-col), or use a head list built from a log without URLs "
+            "(url_level false).")):
+        randomize_records(doc, [("a", None), ["b", None]], source=UniformReplay([]), ledger=ledger)
+    assert ledger.state["rounds"] == {}
+    # one record with a URL is enough; a query-level list takes records without URLs; no records at all is fine
+    src = UniformReplay([0.0, 0.999, 0.999])
+    assert randomize_records(doc, [("a", None), ("a", "u")], source=src)["reports"] == [{"query": "a", "url": None}]
+    level = _signed(url_level=False, queries=[{"query": "a", "urls": []}])
+    assert randomize_records(level, [("a", None)], source=UniformReplay([0.0, 0.999]))["reports"] == [
+        {"query": "a", "url": None}]
+    msg = randomize_records(doc, [], source=UniformReplay([]), ledger=ledger)
+    assert msg["reports"] == [] and list(ledger.state["rounds"]) == [doc["content_hash"]]

@@ -217,3 +217,85 @@ def test_farey_successor_by_enumeration(n: int) -> None:
     for x, nxt in itertools.pairwise(grid):
         if x < 3:
             assert _farey_successor(x, n) == nxt, (x, n)
+
+
+# ----- client estimates: exact unbiasedness by enumerating every report outcome ----------------------------------
+
+def _report_distribution(k: int, kq: list[int], t: Fraction, tq: list[Fraction], p: list[Fraction]) -> list[Fraction]:
+    """P[report = entry] from ALGORITHM.md §5's table, summed over the record distribution p."""
+    entries = [(q, u) for q in range(k) for u in range(kq[q])]
+    r = []
+    for q2, u2 in entries:
+        total = Fraction(0)
+        for (q, u), pi in zip(entries, p, strict=True):
+            if q2 != q:
+                prob = (1 - t) / (k - 1) / kq[q2]
+            elif u2 == u:
+                prob = t * tq[q]
+            else:
+                prob = t * (1 - tq[q]) / (kq[q] - 1)
+            total += pi * prob
+        r.append(total)
+    return r
+
+
+def _compositions(n: int, parts: int):
+    """Every vector of ``parts`` non-negative integers summing to n."""
+    for cuts in itertools.combinations(range(n + parts - 1), parts - 1):
+        edges = (-1, *cuts, n + parts - 1)
+        yield [edges[i + 1] - edges[i] - 1 for i in range(parts)]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_client_estimates_and_variances_are_exactly_unbiased(n: int) -> None:
+    """With m_C = 1 the n reports are i.i.d. over the entries (ALGORITHM.md §6), so over all count vectors,
+    weighted by their multinomial probability: E[p̂] = p, and E[σ̂²] = E[(p̂ − p)²] for every entry and query
+    (the estimators are linear and the variance plug-ins unbiased). Head list: a (2 URLs + *), b (*), *."""
+    from hybriddp.client_estimates import estimate_client_probabilities
+    from hybriddp.randomizer import LocalAlgParams
+
+    hl = HeadList.from_lists([0, 1], [[0, 1], []])
+    lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, 1)
+    k, kq = 3, [3, 1, 1]
+    p = [Fraction(3, 10), Fraction(1, 10), Fraction(1, 5), Fraction(1, 4), Fraction(3, 20)]
+    p_query = [sum(p[:3]), p[3], p[4]]
+    r = _report_distribution(k, kq, Fraction(lp.t), [Fraction(x) for x in lp.tq], p)
+    assert sum(r) == 1
+    e_p, e_p2, e_v = np.zeros(5), np.zeros(5), np.zeros(5)
+    e_pq, e_pq2, e_vq = np.zeros(3), np.zeros(3), np.zeros(3)
+    for counts in _compositions(n, 5):
+        weight = Fraction(math.factorial(n))
+        for c, ri in zip(counts, r, strict=True):
+            weight *= ri ** c / math.factorial(c)
+        w = float(weight)
+        est = estimate_client_probabilities(np.array(counts), hl, lp)
+        assert est.n == n and est.variance_exact
+        e_p += w * est.p_record
+        e_p2 += w * (est.p_record - np.array([float(x) for x in p])) ** 2
+        e_v += w * est.var_record
+        e_pq += w * est.p_query
+        e_pq2 += w * (est.p_query - np.array([float(x) for x in p_query])) ** 2
+        e_vq += w * est.var_query
+    np.testing.assert_allclose(e_p, [float(x) for x in p], rtol=1e-9)
+    np.testing.assert_allclose(e_pq, [float(x) for x in p_query], rtol=1e-9)
+    np.testing.assert_allclose(e_v, e_p2, rtol=1e-9)
+    np.testing.assert_allclose(e_vq, e_pq2, rtol=1e-9)
+    np.testing.assert_array_equal(e_v[3:], e_vq[1:])  # k_q = 1: the query's variance
+
+
+def test_client_estimates_edges() -> None:
+    from hybriddp.client_estimates import estimate_client_probabilities
+    from hybriddp.randomizer import LocalAlgParams
+
+    hl = HeadList.from_lists([0, 1], [[0, 1], []])
+    lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, 2)
+    one = estimate_client_probabilities([0, 0, 1, 0, 0], hl, lp, m_c=2)
+    assert one.n == 1 and not one.variance_exact
+    assert one.p_record.tolist() == [0.0] * 5 and one.p_query.tolist() == [0.0] * 3
+    assert one.var_record.tolist() == [math.inf] * 5 and one.var_query.tolist() == [math.inf] * 3
+    two = estimate_client_probabilities([1, 0, 1, 0, 0], hl, lp, m_c=1)
+    assert two.n == 2 and two.variance_exact and np.isfinite(two.var_record).all()
+    hl1 = HeadList.from_lists([], [])
+    only = estimate_client_probabilities(np.array([5]), hl1, LocalAlgParams.build(hl1, 2.0, 0.1, 0.5, 2), m_c=2)
+    assert only.n == 5 and not only.variance_exact
+    assert (only.p_record.tolist(), only.var_record.tolist()) == ([1.0], [0.0])

@@ -14,6 +14,13 @@ Not part of the pytest run: it takes tens of minutes on 2 cores. Install the too
     python benchmarks/bench_mutation.py --modules blend noise       # a subset (mutmut reuses its cache)
     python benchmarks/bench_mutation.py --fresh --json              # from scratch, one JSON object
     python benchmarks/bench_mutation.py --report-only --survivors   # read mutants/ without running
+    nice -n 19 python benchmarks/bench_mutation.py --rerun-survivors   # after adding tests: re-test the rest
+
+``--rerun-survivors`` keeps the cached verdict of every mutant that was killed or timed out and re-tests
+all the others (survived, no tests, not checked, ...). That gives the same score as a fresh run as long as
+tests were only *added* since the cached run (a killed mutant stays killed when tests are added; mutmut
+itself re-tests every mutant of a function whose source changed, and collects the new tests' coverage).
+After a test was changed or removed, run ``--fresh`` instead.
 
 mutmut writes ``mutants/`` (git-ignored) in the repository root; ``--fresh`` deletes it first.
 ``mutmut show <name>`` prints the diff of one mutant.
@@ -109,9 +116,29 @@ def print_table(table: dict[str, Any], seconds: float | None) -> None:
         print(f"run time: {seconds:.0f} s")
 
 
-def run_mutmut(modules: list[str], max_children: int, log: Path) -> int:
-    """``mutmut run`` for the mutants of ``modules`` (all when every module is asked for), at nice 19."""
-    names = [] if set(modules) == set(MODULES) else [MODULES[m] + ".*" for m in modules]
+def reset_survivors(modules: list[str], root: Path = ROOT) -> int:
+    """Forget mutmut's verdict (set it to null, "not checked") for every mutant of ``modules`` that was
+    not killed or timed out; return how many. The next ``mutmut run`` without names re-tests exactly those."""
+    count = 0
+    for module in modules:
+        meta = root / "mutants" / "src" / "hybriddp" / (module + ".meta")
+        if not meta.exists():
+            continue
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        codes = data.get("exit_code_by_key", {})
+        for name, code in codes.items():
+            if code is not None and status(code) not in ("killed", "timeout"):
+                codes[name] = None
+                count += 1
+        meta.write_text(json.dumps(data, indent=4), encoding="utf-8")
+    return count
+
+
+def run_mutmut(modules: list[str], max_children: int, log: Path, all_names: bool = False) -> int:
+    """``mutmut run`` for the mutants of ``modules`` (all when every module is asked for), at nice 19.
+
+    With ``all_names`` no names are given: mutmut then tests only the mutants without a cached verdict."""
+    names = [] if all_names or set(modules) == set(MODULES) else [MODULES[m] + ".*" for m in modules]
     mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if mutmut is None:
         sys.exit("mutmut is not installed: pip install -e '.[mutation]'")
@@ -130,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="parallel test processes (default 2; the machine has 2 cores)")
     ap.add_argument("--fresh", action="store_true", help="delete mutants/ first (no cached results)")
     ap.add_argument("--report-only", action="store_true", help="do not run mutmut; read mutants/")
+    ap.add_argument("--rerun-survivors", action="store_true",
+                    help="keep the cached killed/timed-out verdicts, re-test every other mutant (valid after "
+                         "tests were only added)")
     ap.add_argument("--survivors", action="store_true", help="also list every mutant not killed or timed out")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
@@ -138,11 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     seconds = None
     exit_code = 0
     if not args.report_only:
+        if args.fresh and args.rerun_survivors:
+            ap.error("--fresh and --rerun-survivors exclude each other")
         if args.fresh and (ROOT / "mutants").exists():
             shutil.rmtree(ROOT / "mutants")
+        if args.rerun_survivors:
+            print(f"re-testing {reset_survivors(modules)} mutants not killed before", file=sys.stderr)
         log = ROOT / "mutants" / "bench-mutation.log"
         start = time.monotonic()
-        exit_code = run_mutmut(modules, args.max_children, log)
+        exit_code = run_mutmut(modules, args.max_children, log, all_names=args.rerun_survivors)
         seconds = time.monotonic() - start
         if exit_code != 0:
             print(f"mutmut run failed with exit code {exit_code}; see {log}", file=sys.stderr)

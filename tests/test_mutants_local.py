@@ -493,3 +493,116 @@ def test_check_records_url_level_without_urls(tmp_path) -> None:
         {"query": "a", "url": None}]
     msg = randomize_records(doc, [], source=UniformReplay([]), ledger=ledger)
     assert msg["reports"] == [] and list(ledger.state["rounds"]) == [doc["content_hash"]]
+
+
+# ----- randomizer: the batch twin by hand, its pool, the exact privacy loss -----------------------------------
+
+def _batch_setup():
+    import numpy as np
+
+    from hybriddp.headlist import HeadList
+    from hybriddp.randomizer import LocalAlgParams
+
+    # entries 0 ⟨a,u0⟩, 1 ⟨a,u1⟩, 2 ⟨a,*⟩, 3 ⟨b,*⟩, 4 ⟨*,*⟩; ε = 1, δ = 0.1, f_C = ½ as _device()
+    hl = HeadList.from_lists([0, 1], [[0, 1], []])
+    return np, hl, LocalAlgParams.build(hl, 1.0, 0.1, 0.5, 1)
+
+
+def test_local_alg_params_by_hand() -> None:
+    np, _, lp = _batch_setup()
+    e = math.exp(0.5)
+    t = (e + 0.05) / (e + 2)  # k = 3 and k_a = 3 share t; k_b = k_* = 1 keep everything
+    assert lp.k == 3 and lp.kq.tolist() == [3, 1, 1]
+    assert lp.t == pytest.approx(t, rel=1e-15) and lp.tq.tolist() == pytest.approx([t, 1.0, 1.0], rel=1e-15)
+    assert lp.one_minus_t == 1.0 - lp.t and lp.one_minus_tq.tolist() == [1.0 - x for x in lp.tq.tolist()]
+    assert lp.tq.dtype == np.float64 and lp.one_minus_tq.dtype == np.float64
+
+
+def test_randomize_batch_by_hand() -> None:
+    """The cases of test_local_alg_draws_by_hand as entries, three uniforms (v1, v2, v3) per report."""
+    from hybriddp.randomizer import randomize_batch
+
+    np, hl, lp = _batch_setup()
+    cases = [  # (record entry, v1, v2, v3, report entry)
+        (3, 0.0, 0.4, 0.5, 1), (3, 0.0, 0.6, 0.9, 4), (1, 0.0, 0.0, 0.99, 3), (4, 0.0, 0.99, 0.7, 3),
+        (4, 0.0, 0.2, 0.7, 2), (1, "1-t", 0.0, 0.5, 2), (1, "1-t", 0.0, 0.2, 0), (0, 0.99, 0.0, 0.2, 1),
+        (2, 0.99, 0.0, 0.99, 1), (1, 0.99, "1-tq", 0.5, 1), (3, 0.99, 0.0, 0.0, 3), (4, 0.99, 0.0, 0.0, 4),
+    ]
+
+    def value(v: object) -> float:
+        return lp.one_minus_t if v == "1-t" else float(lp.one_minus_tq[0]) if v == "1-tq" else float(v)
+
+    entries = np.array([c[0] for c in cases])
+    uniforms = np.array([[value(c[i]) for c in cases] for i in (1, 2, 3)])
+    got = randomize_batch(entries, hl, lp, uniforms=uniforms)
+    assert got.tolist() == [c[4] for c in cases] and got.dtype == np.int64
+    with pytest.raises(ValueError, match=exact_message("randomize_batch needs rng or uniforms")):
+        randomize_batch(entries, hl, lp)
+
+
+def test_randomize_batch_with_only_the_wildcard() -> None:
+    import numpy as np
+
+    from hybriddp.headlist import HeadList
+    from hybriddp.randomizer import LocalAlgParams, randomize_batch
+
+    hl = HeadList.from_lists([], [])
+    lp = LocalAlgParams.build(hl, 1.0, 0.1, 0.5, 1)
+    got = randomize_batch([0, 0, 0], hl, lp)  # needs no randomness at all
+    assert got.tolist() == [0, 0, 0] and got.dtype == np.int64
+
+
+def test_randomize_batch_thread_pool_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks run on ``threads`` threads (default: default_threads()); one thread or one chunk: no pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hybriddp import randomizer
+    from hybriddp.threads import set_default_threads
+
+    np, hl, lp = _batch_setup()
+    pools: list[int | None] = []
+
+    class CountingPool(ThreadPoolExecutor):
+        def __init__(self, max_workers: int | None = None) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers=max_workers)
+
+    monkeypatch.setattr(randomizer, "ThreadPoolExecutor", CountingPool)
+    monkeypatch.setattr(randomizer, "CHUNK", 4)
+    entries = np.arange(10) % 5  # three chunks
+    reference = randomizer.randomize_batch(entries, hl, lp, np.random.default_rng(3), threads=1)
+    assert pools == []
+    for threads, expected in [(3, [3]), (2, [2])]:
+        pools.clear()
+        got = randomizer.randomize_batch(entries, hl, lp, np.random.default_rng(3), threads=threads)
+        assert pools == expected and got.tolist() == reference.tolist()
+    pools.clear()
+    randomizer.randomize_batch(entries[:4], hl, lp, np.random.default_rng(3), threads=4)  # one chunk
+    assert pools == []
+    try:
+        for default, expected in [(5, [5]), (1, [])]:
+            set_default_threads(default)
+            pools.clear()
+            got = randomizer.randomize_batch(entries, hl, lp, np.random.default_rng(3))
+            assert pools == expected and got.tolist() == reference.tolist()
+    finally:
+        set_default_threads(None)
+
+
+def test_privacy_loss_delta_by_hand() -> None:
+    """Σ_y max(0, P[y|x] − e^ε P[y|x']), maximised over the pairs (x, x'), worked out by hand.
+
+    Rows x = 0, 1, 2. At ε = ln 2 the worst pair is x = 2 against x' = 0:
+    (0.2 − 1.7)⁺ + (0.3 − 0.2)⁺ + (0.5 − 0.1)⁺ = 0.5; every other pair gives less (e.g. 2 vs 1: 0.1).
+    At ε = 0 it is the total variation distance, largest for rows 0 and 2: 0.65. At ε = ln 100 nothing is left."""
+    import numpy as np
+
+    from hybriddp.randomizer import privacy_loss_delta
+
+    P = np.array([[0.85, 0.1, 0.05], [0.3, 0.5, 0.2], [0.2, 0.3, 0.5]])
+    assert privacy_loss_delta(P, math.log(2.0)) == pytest.approx(0.5, rel=1e-12)
+    assert privacy_loss_delta(P, 0.0) == pytest.approx(0.65, rel=1e-12)
+    assert privacy_loss_delta(P, math.log(100.0)) == 0.0
+    assert privacy_loss_delta(np.eye(2), 5.0) == 1.0  # a deterministic output: no ε helps
+    # the first two rows only: row 1 against row 0 gives (0.5 − 0.2)⁺ + (0.2 − 0.1)⁺ = 0.4, row 0 against 1 0.25
+    assert privacy_loss_delta(P[:2, :], math.log(2.0)) == pytest.approx(0.4, rel=1e-12)

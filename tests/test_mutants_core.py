@@ -299,3 +299,96 @@ def test_client_estimates_edges() -> None:
     only = estimate_client_probabilities(np.array([5]), hl1, LocalAlgParams.build(hl1, 2.0, 0.1, 0.5, 2), m_c=2)
     assert only.n == 5 and not only.variance_exact
     assert (only.p_record.tolist(), only.var_record.tolist()) == ([1.0], [0.0])
+
+
+# ----- the exact discrete Laplace sampler, traced by hand with scripted integers --------------------------------
+
+class ScriptedIntegers:
+    """Stands in for the integer source: ``integers(low, high, size)`` hands out the next scripted values (one per
+    element of an array ``high``, or ``size`` of them) and records each call as (low, high, size)."""
+
+    def __init__(self, *values: int) -> None:
+        self.values = list(values)
+        self.calls: list[tuple] = []
+
+    def integers(self, low: int, high, size: int | None = None) -> np.ndarray:
+        if np.ndim(high):
+            highs = [int(h) for h in np.asarray(high)]
+            self.calls.append((low, highs, size))
+        else:
+            highs = [int(high)] * size
+            self.calls.append((low, int(high), size))
+        out = [self.values.pop(0) for _ in highs]
+        assert all(low <= v < h for v, h in zip(out, highs, strict=True)), (out, highs)  # a valid script
+        return np.array(out, dtype=np.int64)
+
+
+# scale 3/2 (CKS20: t = 3, s = 2), two draws. Round 1 (both pending): U = (0, 1); Bernoulli(e^{−U/3}) by K = 1, 2, ..:
+# A ~ [integers(0, 3K) < U]: U = 0 stops at once (K = 1, odd: accept); U = 1: 0 < 1 (K = 2), 1 < 1 no: K = 2 even,
+# reject. V for U = 0: steps Bernoulli(e^{−1}) = [0 < 1], [0 < 1], [2 < 1] → K = 3 odd: a step; then [0 < 1],
+# [1 < 1] → K = 2: stop; V = 1. Y = ⌊(0 + 3·1)/2⌋ = 1, B = 0: +1 for the first draw.
+# Round 2 (the second draw): U = 0 accepted ([1 < 0] no); V = 0; Y = 0 with B = 1: rejected (−0 would double 0).
+# Round 3: U = 2 accepted ([2 < 2] no); V = 0; Y = ⌊2/2⌋ = 1, B = 1: −1.
+SCRIPT = [0, 1, 0, 0, 1, 0, 0, 2, 0, 1, 0,
+          0, 1, 0, 1, 1,
+          2, 2, 0, 1, 1]
+CALLS = [(0, 3, 2), (0, [3, 3], None), (0, [6], None), (0, [1], None), (0, [2], None), (0, [3], None),
+         (0, [1], None), (0, [2], None), (0, 2, 1),
+         (0, 3, 1), (0, [3], None), (0, [1], None), (0, [2], None), (0, 2, 1),
+         (0, 3, 1), (0, [3], None), (0, [1], None), (0, [2], None), (0, 2, 1)]
+
+
+def test_discrete_laplace_sampler_traced_by_hand() -> None:
+    from hybriddp.noise import sample_discrete_laplace
+
+    src = ScriptedIntegers(*SCRIPT)
+    got = sample_discrete_laplace(src, Fraction(3, 2), 2)
+    assert got.tolist() == [1, -1] and got.dtype == np.int64
+    assert src.calls == CALLS and src.values == []
+    src = ScriptedIntegers(*SCRIPT)  # the noise class uses the rational scale 3/2 of the float 1.5
+    x = DiscreteLaplaceNoise(src).sample(1.5, 2)
+    assert x.tolist() == [1.0, -1.0] and x.dtype == np.float64 and src.calls == CALLS
+    assert sample_discrete_laplace(ScriptedIntegers(), Fraction(3, 2), 0).tolist() == []
+
+
+def test_bernoulli_exp_frac_traced_by_hand() -> None:
+    """Three Bernoulli(e^{−num/5}) at once: num = 0 stops at K = 1 (true); num = 4: [3 < 4] (K = 2), [9 < 4] no:
+    false; num = 5: [4 < 5], [1 < 5] (K = 3), [14 < 5] no: true."""
+    from hybriddp.noise import _bernoulli_exp_frac
+
+    src = ScriptedIntegers(0, 3, 4, 9, 1, 14)
+    got = _bernoulli_exp_frac(src, np.array([0, 4, 5]), 5)
+    assert got.tolist() == [True, False, True]
+    assert src.calls == [(0, [5, 5, 5], None), (0, [10, 10], None), (0, [15], None)]
+
+
+def test_discrete_laplace_closed_forms_by_hand() -> None:
+    """t = 1/ln 2, so e^{−1/t} = 1/2: P[0] = (1/2)/(3/2) = 1/3, P[±1] = 1/6, P[±2] = 1/12; P[Y ≥ 1] = 1/3,
+    P[Y ≥ 2] = 1/6, P[Y ≥ 0] = 2/3, P[Y ≥ −1] = 5/6; Var = 2·(1/2)/(1/2)² = 4."""
+    from hybriddp.noise import discrete_laplace_pmf, discrete_laplace_tail, discrete_laplace_variance
+
+    t = 1 / math.log(2.0)
+    np.testing.assert_allclose(discrete_laplace_pmf(np.array([0, 1, -1, 2, -2]), t),
+                               [1 / 3, 1 / 6, 1 / 6, 1 / 12, 1 / 12], rtol=1e-14)
+    assert float(discrete_laplace_pmf(3, t)) == pytest.approx(1 / 24, rel=1e-14)
+    for k, tail in [(1, 1 / 3), (2, 1 / 6), (3, 1 / 12), (0, 2 / 3), (-1, 5 / 6), (-2, 11 / 12)]:
+        assert discrete_laplace_tail(k, t) == pytest.approx(tail, rel=1e-14)
+    assert discrete_laplace_variance(t) == pytest.approx(4.0, rel=1e-14)
+    noise = DiscreteLaplaceNoise(np.random.default_rng(0))
+    # survival(x) = P[Y > x] = P[Y ≥ ⌊x⌋ + 1] at the rational scale of 1/ln 2 (within 2^-20 of it)
+    t_used = effective_scale("discrete", t)
+    assert abs(t_used - t) < 2.0**-20 and t_used >= t
+    for x, k in [(0.0, 1), (0.5, 1), (1.0, 2), (-0.5, 0), (-1.0, 0), (-1.5, -1)]:
+        assert noise.survival(x, t) == pytest.approx(discrete_laplace_tail(k, t_used), rel=1e-14)
+    assert noise.variance(t) == pytest.approx(discrete_laplace_variance(t_used), rel=1e-14)
+
+
+def test_laplace_noise_closed_forms_by_hand() -> None:
+    """b = 2: Var = 2b² = 8; P[Y > 2 ln 2] = ½·½ = 1/4, P[Y > 0] = 1/2, P[Y > −2 ln 2] = 3/4."""
+    noise = LaplaceNoise(np.random.default_rng(0))
+    assert noise.variance(2.0) == 8.0 and noise.variance(0.5) == 0.5
+    ln2 = math.log(2.0)
+    assert noise.survival(2 * ln2, 2.0) == pytest.approx(0.25, rel=1e-15)
+    assert noise.survival(0.0, 2.0) == 0.5
+    assert noise.survival(-2 * ln2, 2.0) == pytest.approx(0.75, rel=1e-15)
+    assert noise.survival(-4 * ln2, 2.0) == pytest.approx(0.875, rel=1e-15)

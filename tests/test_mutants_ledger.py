@@ -322,3 +322,16 @@ def test_a_ledger_that_cannot_be_written_is_not_created(tmp_path: Path, monkeypa
     p = tmp_path / "l.db"
     with pytest.raises(LedgerError, match=exact_message(f"cannot create ledger {p}: No space left on device")):
         PrivacyLedger.open(p, lifetime_epsilon=1.0, lifetime_delta=1e-5)
+
+
+def test_report_tie_of_basic_and_advanced_takes_the_smaller_delta(tmp_path: Path) -> None:
+    """A user charged only ε = 0 (here a δ-only release) has basic ε = 0 and advanced ε = sqrt(2 ln(1/δ')·0) +
+    0·(e⁰ − 1) = 0: exactly equal. The best guarantee is then (0, Σδ) from basic composition, not (0, Σδ + δ')."""
+    p = tmp_path / "l.db"
+    with PrivacyLedger.open(p, lifetime_epsilon=1.0, lifetime_delta=1e-3) as led:
+        led.charge("r1", [Charge("g", ["z"], 0.0, 1e-5)])
+        led.charge("r2", [Charge("g", ["z"], 0.0, 2e-5)])
+        (z,) = led.report(1e-6)["cumulative"]
+    assert z["basic"] == {"epsilon": 0.0, "delta": pytest.approx(3e-5, rel=1e-12)}
+    assert z["advanced"] == {"epsilon": 0.0, "delta": pytest.approx(3e-5 + 1e-6, rel=1e-12)}
+    assert z["best"] == {"epsilon": 0.0, "delta": z["basic"]["delta"]}

@@ -606,3 +606,12 @@ def test_privacy_loss_delta_by_hand() -> None:
     assert privacy_loss_delta(np.eye(2), 5.0) == 1.0  # a deterministic output: no ε helps
     # the first two rows only: row 1 against row 0 gives (0.5 − 0.2)⁺ + (0.2 − 0.1)⁺ = 0.4, row 0 against 1 0.25
     assert privacy_loss_delta(P[:2, :], math.log(2.0)) == pytest.approx(0.4, rel=1e-12)
+
+
+def test_content_hash_of_a_lone_surrogate_hashes_its_code_point() -> None:
+    """'\\udfff' has no UTF-8 form; it is hashed as the three bytes ED BF BF of its code point (surrogatepass)."""
+    from hybriddp.device import content_hash
+
+    canonical = b'{"note":"x\xed\xbf\xbf"}'
+    assert content_hash({"note": "x\udfff", "content_hash": "ignored"}) == (
+        "sha256:" + hashlib.sha256(canonical).hexdigest())

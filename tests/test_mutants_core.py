@@ -392,3 +392,30 @@ def test_laplace_noise_closed_forms_by_hand() -> None:
     assert noise.survival(0.0, 2.0) == 0.5
     assert noise.survival(-2 * ln2, 2.0) == pytest.approx(0.75, rel=1e-15)
     assert noise.survival(-4 * ln2, 2.0) == pytest.approx(0.875, rel=1e-15)
+
+
+@pytest.mark.parametrize(("bad", "shown"), [(0.0, "0.0"), (-1.0, "-1.0"), (math.inf, "inf"), (math.nan, "nan")])
+def test_rational_scale_refusal_message(bad: float, shown: str) -> None:
+    from hybriddp.noise import rational_scale
+
+    with pytest.raises(ParameterError, match="^" + re.escape(
+            f"noise scale = {shown} is not allowed: it must be a finite number > 0.") + "$"):
+        rational_scale(bad)
+    assert rational_scale(5e-324) == Fraction(1, 2**20)  # the smallest positive scale is allowed
+
+
+def test_ceil_fraction_by_hand() -> None:
+    """The smallest p/q ≥ x with q ≤ N, found by listing every q ≤ N here:
+    x = 0.3 = 3/10 itself when N ≥ 10; N = 7: 1/3 (2/7 < 0.3 < 1/3); N = 3: 1/3; N = 2: 1/2; N = 1: 1.
+    x = 355/113 (π's convergent), N = 100: 22/7; N = 7: 22/7; N = 6: 19/6; N = 1: 4."""
+    from hybriddp.noise import ceil_fraction
+
+    cases = [(Fraction(3, 10), 10, Fraction(3, 10)), (Fraction(3, 10), 7, Fraction(1, 3)),
+             (Fraction(3, 10), 3, Fraction(1, 3)), (Fraction(3, 10), 2, Fraction(1, 2)), (Fraction(3, 10), 1, 1),
+             (Fraction(355, 113), 100, Fraction(22, 7)), (Fraction(355, 113), 7, Fraction(22, 7)),
+             (Fraction(355, 113), 6, Fraction(19, 6)), (Fraction(355, 113), 1, 4), (Fraction(7, 2), 1, 4),
+             (Fraction(-3, 10), 2, 0), (Fraction(5, 1), 1, 5)]
+    for x, n, expected in cases:
+        brute = min(Fraction(-(-x.numerator * q // x.denominator), q) for q in range(1, n + 1))
+        assert brute == expected
+        assert ceil_fraction(x, n) == expected, (x, n)

@@ -252,3 +252,18 @@ def test_device_ledger_refuses_a_non_finite_or_negative_charge_and_stays_usable(
         ledger.record("sha256:" + "a" * 64, epsilon, delta)
     ledger.record("sha256:" + "b" * 64, 1.0, 0.0)  # the refused round left nothing behind
     assert ledger.spent() == (1.0, 0.0)
+
+
+@pytest.mark.parametrize(("epsilon", "delta", "what"), [
+    (float("nan"), 0.0, "epsilon = nan is not allowed: it must be a finite number >= 0."),
+    (1.0, -1e-9, "delta = -1e-09 is not allowed: it must be a finite number >= 0."),
+    ("1", 0.0, "epsilon = '1' is a string, not a number (numbers are written without quotes); it must be a finite "
+               "number >= 0."),
+    (1.0, None, "delta = None is null, not a number; it must be a finite number >= 0."),
+])
+def test_device_ledger_round_charge_messages_whole(tmp_path: Path, epsilon: object, delta: object, what: str) -> None:
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=10.0, lifetime_delta=1e-6)
+    with pytest.raises(DeviceError, match=exact_message(
+            f"the round's {what} The head list is damaged or not from a hybriddp server; not reporting.")):
+        ledger.check("sha256:" + "a" * 64, epsilon, delta)  # type: ignore[arg-type]
+    ledger.check("sha256:" + "a" * 64, 0.0, 0.0)  # zero is a charge like any other

@@ -205,7 +205,7 @@ class PrivacyLedger:
 
     def pseudonym(self, user: str) -> str:
         """HMAC-SHA256(salt, user), hex, truncated to 128 bits."""
-        return hmac.new(self._salt, user.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
+        return hmac.new(self._salt, user.encode(), hashlib.sha256).hexdigest()[:32]  # UTF-8
 
     # ----- charging -------------------------------------------------------------------------
     def charge(self, round_name: str, charges: Sequence[Charge]) -> int:

@@ -35,8 +35,8 @@ def blend(p_o: np.ndarray, var_o: np.ndarray, p_c: np.ndarray, var_c: np.ndarray
     """
     vo = np.maximum(np.asarray(var_o, dtype=np.float64), VARIANCE_FLOOR)
     vc = np.maximum(np.asarray(var_c, dtype=np.float64), VARIANCE_FLOOR)
-    with np.errstate(invalid="ignore"):
-        w = np.where(np.isinf(vo), 0.0, np.where(np.isinf(vc), 1.0, vc / (vo + vc)))
+    with np.errstate(invalid="ignore"):  # σ²_O = ∞ alone gives σ²_C/∞ = 0; both infinite: ½ below
+        w = np.where(np.isinf(vc), 1.0, vc / (vo + vc))
     w = np.where(np.isinf(vo) & np.isinf(vc), 0.5, w)
     p = w * np.nan_to_num(p_o) + (1.0 - w) * np.nan_to_num(p_c)
     with np.errstate(invalid="ignore"):

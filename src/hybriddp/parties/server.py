@@ -65,6 +65,11 @@ class MessageCounter:
         self._seen: set[str] = set()
         self.result = ReportCounts(np.zeros(hl.n_entries, dtype=np.int64))
 
+    @property
+    def entry_map(self) -> dict[tuple[Any, Any], int]:
+        """(query, url) of every report a device can send (None = wildcard) → its head-list entry."""
+        return dict(self._entry)
+
     def entries(self, msg: Any, source: str = "device message") -> tuple[str, list[int]]:
         """(message id, head-list entry of each report) of one message, or the error naming the problem.
 

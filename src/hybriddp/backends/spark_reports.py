@@ -1,0 +1,147 @@
+"""Counting device reports per head-list entry with Spark, from a Parquet reports directory.
+
+The server's job of ALGORITHM.md §6 (EstimateClientProbabilities needs only the counts N(r, D_C)
+of reports per head-list entry) as one Spark job over the layout of
+:mod:`hybriddp.io.parquet_reports`: repeated (id, pos) rows (a resent message) are counted once,
+every row is checked (head-list hash, message id, ``pos < m_C``, report on the head list), and
+only one count per entry comes back to the driver. The checks are the server's
+(:class:`~hybriddp.parties.server.MessageCounter`): the same data gives the same counts, or the
+same refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hybriddp.errors import DataError, HeadListError
+from hybriddp.io.parquet_reports import REPORT_SCHEMA, check_report_schema, report_files
+from hybriddp.parties.release import CuratorRelease
+from hybriddp.parties.server import MessageCounter, ReportCounts
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_ID_PATTERN = "^[A-Za-z0-9_-]{22}$"
+WRONG_HEADLIST, BAD_ID, TOO_MANY, NOT_LISTED = -2, -3, -4, -1
+
+
+@dataclass
+class SparkCounts(ReportCounts):
+    """Report counts from Spark, with the rows read (``rows``) besides the messages and reports."""
+
+    rows: int = 0
+
+
+def entry_table(release: CuratorRelease) -> pa.Table:
+    """(query, url, entry) of every report a device can send for this release (null = wildcard)."""
+    emap = MessageCounter(release).entry_map
+    keys = list(emap)
+    return pa.table({"q": pa.array([k[0] for k in keys], pa.string()), "u": pa.array([k[1] for k in keys], pa.string()),
+                     "entry": pa.array([emap[k] for k in keys], pa.int64())})
+
+
+ReportPaths = str | Path | Sequence[str | Path]
+
+
+def read_reports(spark: SparkSession, path: ReportPaths) -> DataFrame:
+    """The reports directories (or files) as one DataFrame.
+
+    Local paths: every file's columns are checked on the driver first. URIs (``s3a://…``,
+    ``hdfs://…``, ``abfss://…``) go to Spark as they are, and the merged schema is checked.
+    """
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    remote = [str(p) for p in paths if "://" in str(p)]
+    files = [str(f) for f in report_files([p for p in paths if "://" not in str(p)])] if len(remote) < len(paths) \
+        else []
+    for f in files:
+        check_report_schema(Path(f), pq.read_schema(f))
+    df = spark.read.parquet(*files, *remote)
+    if remote:
+        check_report_schema(Path(remote[0]), pa.schema([(f.name, _arrow_type(f.dataType.simpleString()))
+                                                        for f in df.schema.fields]))
+    return df.select(*REPORT_SCHEMA.names)
+
+
+def _arrow_type(spark_type: str) -> pa.DataType:
+    """The Arrow type the schema check compares with, for a Spark column type."""
+    return {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "smallint": pa.int16(),
+            "tinyint": pa.int8()}.get(spark_type, pa.binary())
+
+
+def count_reports_spark(spark: SparkSession, release: CuratorRelease, path: ReportPaths) -> SparkCounts:
+    """Counts of reports per head-list entry of ``release`` from the Parquet reports at ``path`` (one or several).
+
+    Raises the :class:`DataError` / :class:`HeadListError` the server raises for the first bad
+    row found (file and message id named), so a refused directory is refused on every engine.
+    """
+    from pyspark.sql import functions as F
+
+    df = read_reports(spark, path)
+    entries = spark.createDataFrame(entry_table(release))
+    joined = df.join(F.broadcast(entries), df["query"].eqNullSafe(entries["q"]) & df["url"].eqNullSafe(entries["u"]),
+                     "left")
+    code = (F.when(F.col("id").isNull() | ~F.col("id").rlike(_ID_PATTERN), F.lit(BAD_ID))
+            .when(F.col("headlist").isNull() | (F.col("headlist") != release.hash), F.lit(WRONG_HEADLIST))
+            .when(F.col("pos").isNull() | (F.col("pos") < 0) | (F.col("pos") >= release.m_c), F.lit(TOO_MANY))
+            .otherwise(F.coalesce(F.col("entry"), F.lit(NOT_LISTED))))
+    # one shuffle of (id, pos, code): the copies of a resent report collapse into one row
+    dedup = (joined.select("id", "pos", code.alias("code")).groupBy("id", "pos")
+             .agg(F.count(F.lit(1)).alias("copies"), F.min("code").alias("code"), F.max("code").alias("code_max")))
+    rows = (dedup.groupBy("code", (F.col("code") != F.col("code_max")).alias("conflict"))
+            .agg(F.count(F.lit(1)).alias("n"), F.sum(F.when(F.col("pos") == 0, 1).otherwise(0)).alias("firsts"),
+                 F.sum("copies").alias("rows"),
+                 F.sum(F.when(F.col("pos") == 0, F.col("copies") - 1).otherwise(0)).alias("dups"))
+            .collect())
+    found = {r["code"] for r in rows}
+    for problem in (BAD_ID, WRONG_HEADLIST, TOO_MANY, NOT_LISTED):  # the server's order of checks
+        if problem in found:
+            _explain(joined, release, problem)
+    if any(r["conflict"] for r in rows):
+        r = dedup.filter(F.col("code") != F.col("code_max")).first()
+        raise DataError(f"message {r['id']}: sent more than once with different reports at pos = {r['pos']}; a "
+                        "resent message must repeat its reports exactly (is a device reusing message ids?)")
+    counts = np.zeros(release.head_list.n_entries, dtype=np.int64)
+    out = SparkCounts(counts)
+    for r in rows:
+        counts[r["code"]] = r["n"]
+        out.messages += int(r["firsts"])
+        out.duplicates += int(r["dups"])
+        out.rows += int(r["rows"])
+    out.reports = int(counts.sum())
+    return out
+
+
+def _explain(joined: DataFrame, release: CuratorRelease, code: int) -> None:
+    """Raise the server's error for one row of the first kind of problem found (``joined``: rows with ``entry``)."""
+    from pyspark.sql import functions as F
+
+    src = joined.withColumn("file", F.input_file_name())
+    if code == WRONG_HEADLIST:
+        r = src.filter(F.col("headlist").isNull() | (F.col("headlist") != release.hash)).first()
+        raise HeadListError(f"{r['file']}, message {r['id']}: report made for head list {str(r['headlist'])[:19]}…, "
+                            f"expected {release.hash[:19]}…; devices must randomize over the head list being "
+                            "estimated")
+    if code == BAD_ID:
+        r = src.filter(F.col("id").isNull() | ~F.col("id").rlike(_ID_PATTERN)).first()
+        raise DataError(f"{r['file']}: message id {r['id']!r:.40} is not 22 URL-safe base64 characters (16 random "
+                        "bytes); ids are made by hybriddp.device.new_message_id")
+    if code == TOO_MANY:
+        r = src.filter(F.col("pos").isNull() | (F.col("pos") < 0) | (F.col("pos") >= release.m_c)).first()
+        raise DataError(f"{r['file']}: message {r['id']} has a report at pos = {r['pos']} but the head list allows "
+                        f"m_C = {release.m_c} per device (pos 0 … {release.m_c - 1}); a device sends at most m_C "
+                        "reports (refused: counting more would break the devices' privacy accounting)")
+    r = src.filter(F.col("entry").isNull()).first()
+    queries = {q["query"] for q in release.headlist["queries"]}
+    where = f"{r['file']}, message {r['id']}"
+    if r["query"] is None:
+        raise DataError(f"{where}: the wildcard query has only the wildcard URL (url null), found url={r['url']!r}")
+    if r["query"] not in queries:
+        raise DataError(f"{where}: query {r['query']!r} is not in the head list")
+    raise DataError(f"{where}: URL {r['url']!r} is not in the head list for query {r['query']!r}")

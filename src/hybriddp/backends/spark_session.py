@@ -1,0 +1,91 @@
+"""Starting (or reusing) the Spark session of the Spark engine (docs/SCALE.md).
+
+PySpark is an optional extra (``pip install 'hybriddp[spark]'``) and needs Java 17 or newer.
+Both are checked here, once, with an error that says what to install: nothing else in hybriddp
+imports :mod:`pyspark` at module level.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from hybriddp.errors import HybridDPError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[2]"
+"""``local[N]`` runs Spark in this process's JVM with N worker threads; any other master URL
+(``spark://…``, ``yarn``, ``k8s://…``) runs on a cluster."""
+
+DEFAULT_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.session.timeZone": "UTC",
+}
+"""Settings for a small local session; a cluster's own ``spark-defaults.conf`` or ``--conf``
+options given to :func:`spark_session` win over them."""
+
+
+class SparkUnavailable(HybridDPError):
+    """PySpark or Java is missing: the Spark engine cannot start."""
+
+
+def require_pyspark() -> Any:
+    """Import :mod:`pyspark`, or raise :class:`SparkUnavailable` naming the fix."""
+    try:
+        import pyspark
+    except ImportError:
+        raise SparkUnavailable("the Spark engine needs PySpark: pip install 'hybriddp[spark]' "
+                               "(and Java 17 or newer on the PATH or in JAVA_HOME)") from None
+    java_home = os.environ.get("JAVA_HOME")
+    if not (java_home and os.path.exists(os.path.join(java_home, "bin", "java"))) and not shutil.which("java"):
+        raise SparkUnavailable("the Spark engine needs Java 17 or newer: install a JDK (e.g. apt-get install "
+                               "openjdk-17-jre-headless) or set JAVA_HOME")
+    return pyspark
+
+
+def _master_configured() -> bool:
+    """True when ``spark-submit --master`` or ``spark-defaults.conf`` already names a master.
+
+    Both reach the JVM as system properties, which a :class:`SparkConf` reads once the JVM gateway
+    is up (starting it here costs nothing extra: the session needs it anyway).
+    """
+    from pyspark import SparkConf, SparkContext
+
+    try:
+        SparkContext._ensure_initialized()
+    except Exception as exc:
+        raise SparkUnavailable(f"the JVM for Spark did not start ({' '.join(str(exc).split())[:300]}); check "
+                               "Java 17+ (java -version) and JAVA_HOME") from exc
+    return SparkConf().contains("spark.master")
+
+
+def spark_session(master: str | None = None, conf: dict[str, str] | None = None,
+                  app_name: str = "hybriddp") -> SparkSession:
+    """The active Spark session, or a new one on ``master`` (default :data:`DEFAULT_MASTER`).
+
+    ``conf`` adds or overrides settings (e.g. ``{"spark.driver.memory": "4g"}``). With
+    ``master=None`` under ``spark-submit --master URL``, that master is used.
+    """
+    require_pyspark()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None and not conf:
+        return active
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None or not _master_configured():
+        builder = builder.master(master or DEFAULT_MASTER)
+    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # Py4J / Java gateway failures surface as plain exceptions
+        raise SparkUnavailable(f"Spark did not start ({' '.join(str(exc).split())[:300]}); check Java 17+ "
+                               "(java -version) and the --spark-master value") from exc
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

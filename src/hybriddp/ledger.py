@@ -70,6 +70,12 @@ CREATE TABLE IF NOT EXISTS charges (
     epsilon REAL NOT NULL, delta REAL NOT NULL, PRIMARY KEY (user, round));
 CREATE INDEX IF NOT EXISTS charges_round ON charges(round);
 """
+# Constant SQL used next to other code, kept here: SQLite keywords and names are case-insensitive, so the
+# mutation tool's upper/lower-case mutants of it would be equivalent (docs/TESTING.md)
+_SQL_ROUND_EXISTS = "SELECT 1 FROM rounds WHERE name = ?"
+_SQL_PENDING_INSERT = "INSERT INTO pending VALUES (?, ?, ?, ?)"
+_SQL_ROUND_INSERT = "INSERT INTO rounds (name, created) VALUES (?, ?)"
+_SQL_ROUNDS = "SELECT id, name, created FROM rounds ORDER BY id"
 _FORMAT = "hybriddp-ledger-1"
 _COLUMNS = {"meta": {"key", "value"}, "rounds": {"id", "name", "created"},
             "charges": {"user", "round", "grp", "epsilon", "delta"}}
@@ -214,7 +220,7 @@ class PrivacyLedger:
         A user may be charged at most once per round (one release per user per round).
         Returns the round id.
         """
-        if self.conn.execute("SELECT 1 FROM rounds WHERE name = ?", (round_name,)).fetchone():
+        if self.conn.execute(_SQL_ROUND_EXISTS, (round_name,)).fetchone():
             raise LedgerError(f"round {round_name!r} is already in the ledger {self.path}; a user may be charged "
                               "once per round — use a new round name")
         rows: dict[str, tuple[str, float, float]] = {}
@@ -238,7 +244,7 @@ class PrivacyLedger:
             self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS pending (user TEXT PRIMARY KEY, grp TEXT, "
                               "epsilon REAL, delta REAL)")
             self.conn.execute("DELETE FROM pending")
-            self.conn.executemany("INSERT INTO pending VALUES (?, ?, ?, ?)",
+            self.conn.executemany(_SQL_PENDING_INSERT,
                                   ((k, g, e, d) for k, (g, e, d) in rows.items()))
             worst = self.conn.execute("""
                 SELECT p.user, p.epsilon + COALESCE(SUM(c.epsilon), 0) AS e, p.delta + COALESCE(SUM(c.delta), 0) AS d
@@ -253,7 +259,7 @@ class PrivacyLedger:
                     f"(epsilon {self.lifetime_epsilon}, delta {self.lifetime_delta}); the worst would reach "
                     f"epsilon {e:.4g}, delta {d:.3g}. Use a smaller --epsilon, leave those users out of this "
                     "round, or start a new budget period with a new ledger.")
-            cur = self.conn.execute("INSERT INTO rounds (name, created) VALUES (?, ?)",
+            cur = self.conn.execute(_SQL_ROUND_INSERT,
                                     (round_name, datetime.now(timezone.utc).isoformat(timespec="seconds")))
             rid = int(cur.lastrowid)
             self.conn.execute("INSERT INTO charges SELECT user, ?, grp, epsilon, delta FROM pending", (rid,))
@@ -276,7 +282,7 @@ class PrivacyLedger:
 
     def _report(self, delta_prime: float) -> dict[str, Any]:
         rounds = []
-        for rid, name, created in self.conn.execute("SELECT id, name, created FROM rounds ORDER BY id"):
+        for rid, name, created in self.conn.execute(_SQL_ROUNDS):
             groups = [{"group": g, "users": n, "epsilon": e, "delta": d} for g, n, e, d in self.conn.execute(
                 "SELECT grp, COUNT(*), MAX(epsilon), MAX(delta) FROM charges WHERE round = ? GROUP BY grp "
                 "ORDER BY grp", (rid,))]

@@ -5,7 +5,8 @@ throwaway PostgreSQL 15 cluster with durable settings, see tests/pgcluster.py; o
 sets up a BLENDER round over HTTP (opt-in users enrol and upload, head list published), then drives
 it from a separate process with concurrent keep-alive connections:
 
-1. ``--single`` single-message POSTs over ``--single-connections`` connections (latency p50/p99);
+1. ``--single`` single-message POSTs over ``--single-connections`` connections (latency p50/p99, and
+   the server's CPU time per request, ``single_server_cpu_us``, which a busy machine does not change);
 2. the rest of the N reports as JSON-array batches of ``--batch-size`` messages; at half of them the
    server is SIGKILLed and restarted on the same database, and every batch whose acknowledgement was
    not received is sent again (ids make that safe);
@@ -266,6 +267,30 @@ def generator(args: dict[str, Any], doc: dict[str, Any], progress: Any, phase: A
         out.put({"error": f"{type(exc).__name__}: {exc}", "unexpected": load.unexpected[:5]})
 
 
+def server_cpu_seconds(server: ServeProcess) -> float:
+    """CPU time (user + system) used so far by the server process and its children (workers, check pool).
+
+    Per single POST it is the server's cost of a request whatever else the machine runs, unlike the
+    rate, which a busy neighbour on these 2 shared cores lowers."""
+    import psutil
+
+    if server.proc is None:
+        return 0.0
+    try:
+        procs = [psutil.Process(server.proc.pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 # ----- checking the database itself -------------------------------------------------------------
 def stored_counts(db_url: str, rid: str, prefix: bytes, n: int, ordered: bool = False) -> dict[str, int]:
     """Read the database itself: message rows of round ``rid``, distinct ids, how many of the ``n``
@@ -353,7 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         prefix = bytes.fromhex(out.get(timeout=120)["prefix"])  # the generator is running
         kill_after = int(args.kill_at * (args.reports - args.single))
         down = (0.0, 0.0)  # when the server was killed and when it answered again (time.time())
+        cpu0, single_cpu = server_cpu_seconds(server), None
         while proc.is_alive() and (phase.value < 1 or progress.value < kill_after):
+            if single_cpu is None and phase.value >= 1:
+                single_cpu = server_cpu_seconds(server) - cpu0
             time.sleep(0.01)
         if proc.is_alive() and phase.value == 1:
             wall0 = time.time()
@@ -373,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             "single_reports_per_s": round(gen["single_reports_per_s"]),
             "batch_reports_per_s": round(batch_msgs / (gen["batch_seconds_total"] - downtime_in_batches)),
             "p50_ms": round(gen["p50_ms"], 2), "p99_ms": round(gen["p99_ms"], 2),
+            "single_server_cpu_us": None if single_cpu is None else round(single_cpu / args.single * 1e6, 1),
             "batch_p50_ms": round(gen["batch_p50_ms"], 1), "batch_p99_ms": round(gen["batch_p99_ms"], 1),
             "batch_max_ms": round(gen["batch_max_ms"], 1),
             "restart_seconds": round(restart_seconds, 2), "retries": gen["retries"],

@@ -8,6 +8,7 @@ transaction: all rows in one table or all in the other, never lost, never in bot
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -131,17 +132,20 @@ def test_settles_in_the_middle_of_a_concurrent_stream_lose_and_double_count_noth
     acked_ids: dict[int, set[str]] = {a.num: set(), b.num: set()}
     lock = threading.Lock()
 
-    def client(seed: int) -> None:
+    async def requests(seed: int) -> None:
         r = random.Random(seed)
         infos = {a.num: a, b.num: b}
         for _ in range(150):
             num = r.choice([a.num, b.num])
             pool = list(sent[num].items())
             batch = [pool[r.randrange(len(pool))] for _ in range(r.randint(1, 30))]  # retries overlap freely
-            ack = writer.submit(infos[num], batch).result(timeout=60)
+            ack = await asyncio.wait_for(writer.submit(infos[num], batch), 60)
             with lock:
                 acks.append((num, len(batch), ack))
                 acked_ids[num].update(m for m, _ in batch)
+
+    def client(seed: int) -> None:  # each thread its own event loop: the writer answers each loop's requests
+        asyncio.run(requests(seed))
 
     threads = [threading.Thread(target=client, args=(seed,)) for seed in range(4)]
     for t in threads:
@@ -170,6 +174,32 @@ def test_settles_in_the_middle_of_a_concurrent_stream_lose_and_double_count_noth
         assert store.entry_counts(info.num, N_ENTRIES).tolist() == want == store.recount(info.num, N_ENTRIES).tolist()
     store.start_close(a.id)
     assert rows(store) == (sum(rows(store, n)[0] for n in (a.num, b.num)), 0)  # the close settled every round
+
+
+def test_a_cancelled_request_neither_stops_the_writer_nor_loses_its_neighbours(sqlite_store: Store) -> None:
+    """A request whose wait is cancelled (the server stopping) is still stored once; the writer thread
+    goes on answering the others (answering a cancelled future must not raise in the writer)."""
+    store = sqlite_store
+    a = published_round(store)
+    writer = ReportWriter(store)
+    ids = [new_message_id() for _ in range(3)]
+
+    async def main() -> list[Any]:
+        gone = writer.submit(a, [(ids[0], [0])])
+        gone.cancel()
+        kept = [writer.submit(a, [(ids[1], [1])]), writer.submit(a, [(ids[2], [1]), (ids[0], [0])])]
+        return list(await asyncio.wait_for(asyncio.gather(*kept), 30))
+
+    async def retry(info: RoundInfo, mid: str) -> Any:
+        return await asyncio.wait_for(writer.submit(info, [(mid, [1])]), 30)
+    try:
+        acks = asyncio.run(main())
+        later = asyncio.run(retry(a, ids[1]))  # another event loop, later
+    finally:
+        writer.close()
+    assert [(k.acknowledged, k.counted) for k in acks] in ([(1, 1), (2, 1)], [(1, 1), (2, 2)])
+    assert (later.acknowledged, later.counted) == (1, 0)
+    assert store.recount(a.num, N_ENTRIES).tolist()[:2] == [1, 2]  # each id once: entry 0 once, entry 1 twice
 
 
 def test_a_mean_round_reads_its_values_from_both_tables(sqlite_store: Store) -> None:

@@ -143,8 +143,9 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         if collecting_round is not None:
             click.echo(f"collecting round page: http://{host}:{port}/rounds/{collecting_round}")
     # client addresses are never used: not even X-Forwarded-For is read (proxy_headers=False)
+    # http: uvicorn's httptools protocol sending each response in one write (hybriddp.service.http)
     options = {"host": host, "port": port, "log_level": log_level, "access_log": False, "server_header": False,
-               "proxy_headers": False}
+               "proxy_headers": False, "http": "hybriddp.service.http:Protocol"}
     if workers > 1:  # the database is set up (migrated, recovered); each worker builds its own app on it
         store.close()
         os.environ[WORKER_CONFIG] = json.dumps({

@@ -83,7 +83,8 @@ def local_server(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     sock.bind((host, 0))
     sock.listen(2048)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="auto"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="auto",
+                                           http="hybriddp.service.http:Protocol"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="hybriddp-local-server",
                               daemon=True)
     thread.start()

@@ -335,3 +335,18 @@ def test_report_tie_of_basic_and_advanced_takes_the_smaller_delta(tmp_path: Path
     assert z["basic"] == {"epsilon": 0.0, "delta": pytest.approx(3e-5, rel=1e-12)}
     assert z["advanced"] == {"epsilon": 0.0, "delta": pytest.approx(3e-5 + 1e-6, rel=1e-12)}
     assert z["best"] == {"epsilon": 0.0, "delta": z["basic"]["delta"]}
+
+
+def test_new_ledger_salt_is_256_random_bits(tmp_path: Path) -> None:
+    import sqlite3
+
+    salts = []
+    for name in ("a.db", "b.db"):
+        with PrivacyLedger.open(tmp_path / name, lifetime_epsilon=1.0, lifetime_delta=1e-5):
+            pass
+        conn = sqlite3.connect(tmp_path / name)
+        (salt,) = conn.execute("SELECT value FROM meta WHERE key = 'salt'").fetchone()
+        conn.close()
+        assert len(salt) == 64 and int(salt, 16) >= 0  # 32 bytes in hex
+        salts.append(salt)
+    assert salts[0] != salts[1]

@@ -137,7 +137,7 @@ def new_message_id() -> str:
 
     The id links nothing to the device: it only lets the server count a retried message once.
     """
-    return base64.urlsafe_b64encode(secrets.token_bytes(MESSAGE_ID_BYTES)).rstrip(b"=").decode()  # ASCII text
+    return base64.urlsafe_b64encode(secrets.token_bytes(MESSAGE_ID_BYTES))[:22].decode()  # 22 characters + "=="
 
 
 def check_message_id(value: Any) -> str:
@@ -368,7 +368,7 @@ class DeviceHeadList:
     def encode(self, query: str, url: str | None) -> tuple[int, int]:
         """Map a record onto HL: q ∉ HL → ⟨*,*⟩, u ∉ HL[q] → ⟨q,*⟩ (Fig. 6 line 6)."""
         qi = self.query_index.get(query, self.k - 1)
-        ui = self.url_index[qi].get(url, self.kq[qi] - 1) if url is not None else self.kq[qi] - 1
+        ui = self.url_index[qi].get(url, self.kq[qi] - 1)  # no URL (None) is never listed: ⟨q,*⟩
         return qi, ui
 
     def decode(self, qi: int, ui: int) -> dict[str, str | None]:

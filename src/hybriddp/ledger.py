@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-import secrets
+import os
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,6 +72,10 @@ CREATE INDEX IF NOT EXISTS charges_round ON charges(round);
 """
 # Constant SQL used next to other code, kept here: SQLite keywords and names are case-insensitive, so the
 # mutation tool's upper/lower-case mutants of it would be equivalent (docs/TESTING.md)
+_SQL_META_INSERT = "INSERT INTO meta VALUES (?, ?)"
+_SQL_META = "SELECT key, value FROM meta"
+_SQL_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
+_SQL_FORMAT = "SELECT value FROM meta WHERE key = 'format'"
 _SQL_ROUND_EXISTS = "SELECT 1 FROM rounds WHERE name = ?"
 _SQL_PENDING_INSERT = "INSERT INTO pending VALUES (?, ?, ?, ?)"
 _SQL_ROUND_INSERT = "INSERT INTO rounds (name, created) VALUES (?, ?)"
@@ -85,10 +89,9 @@ _RESTORE = ("restore it from a backup; do not start a new ledger in its place, s
 
 
 def _check_lifetime(epsilon: float | None, delta: float | None) -> None:
-    if epsilon is None or isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) \
-            or not 0 < epsilon < math.inf:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < math.inf:  # None too
         raise parameter_error("lifetime_epsilon (--lifetime-epsilon)", epsilon, "a finite number > 0")
-    if delta is None or isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
         raise parameter_error("lifetime_delta (--lifetime-delta)", delta, "in (0, 1)")
 
 
@@ -99,9 +102,9 @@ def _create(path: Path, epsilon: float, delta: float) -> None:
         try:
             conn.executescript(_SCHEMA)
             with conn:
-                conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+                conn.executemany(_SQL_META_INSERT, [
                     ("lifetime_epsilon", repr(float(epsilon))), ("lifetime_delta", repr(float(delta))),
-                    ("salt", secrets.token_hex(32)), ("format", _FORMAT)])
+                    ("salt", os.urandom(32).hex()), ("format", _FORMAT)])  # a 256-bit salt from the OS CSPRNG
         finally:
             conn.close()
 
@@ -120,14 +123,14 @@ def _connect(path: Path) -> sqlite3.Connection:
             f"--lifetime-delta; if it was a ledger in use, it was truncated: {_RESTORE}")
     if head != _SQLITE_MAGIC:
         raise LedgerError(f"{path} is not a hybriddp ledger: it is not an SQLite database (it starts with "
-                          f"{head[:16]!r}). Check the --ledger path; a new ledger is created at a path that does "
+                          f"{head!r}). Check the --ledger path; a new ledger is created at a path that does "
                           "not exist yet")
     conn = sqlite3.connect(path)
     try:
-        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {name for (name,) in conn.execute(_SQL_TABLES)}
         missing = [t for t in _COLUMNS if t not in tables or not _COLUMNS[t] <= {
             row[1] for row in conn.execute(f"PRAGMA table_info({t})")}]
-        fmt = None if missing else conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+        fmt = None if missing else conn.execute(_SQL_FORMAT).fetchone()
     except sqlite3.Error as exc:
         conn.close()
         raise LedgerError(f"{path} is damaged (SQLite: {exc}); {_RESTORE}") from None
@@ -150,7 +153,7 @@ class PrivacyLedger:
         self.conn = conn
         self.path = path
         try:
-            meta = dict(conn.execute("SELECT key, value FROM meta"))
+            meta = dict(conn.execute(_SQL_META))
             self.lifetime_epsilon = float(meta["lifetime_epsilon"])
             self.lifetime_delta = float(meta["lifetime_delta"])
             self._salt = bytes.fromhex(meta["salt"])
@@ -179,7 +182,7 @@ class PrivacyLedger:
                 raise LedgerError(f"ledger {p} does not exist; to create it give --lifetime-epsilon and "
                                   "--lifetime-delta")
             _check_lifetime(lifetime_epsilon, lifetime_delta)
-            parent = p.parent if str(p.parent) else Path(".")
+            parent = p.parent  # Path("x").parent is Path(".")
             if not parent.is_dir():
                 raise LedgerError(f"cannot create ledger {p}: the directory {parent} does not exist; create it first")
             try:

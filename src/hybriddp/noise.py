@@ -154,13 +154,13 @@ def sample_discrete_laplace(rng: IntegerSource, scale: Fraction, size: int) -> n
 def discrete_laplace_pmf(y: np.ndarray | int, scale: float) -> np.ndarray:
     """P[Y = y] = (1 − e^{−1/t})/(1 + e^{−1/t})·e^{−|y|/t}."""
     q = math.exp(-1.0 / scale)
-    return (1 - q) / (1 + q) * np.exp(-np.abs(np.asarray(y, dtype=np.float64)) / scale)
+    return (1 - q) / (1 + q) * np.exp(-np.abs(y) / scale)
 
 
 def discrete_laplace_tail(k: int, scale: float) -> float:
     """P[Y ≥ k] for an integer k ≥ 1: e^{−k/t}/(1 + e^{−1/t})."""
     q = math.exp(-1.0 / scale)
-    if k <= 0:
+    if k < 1:  # k ≤ 0
         return 1.0 - discrete_laplace_tail(1 - k, scale)  # symmetry: P[Y ≥ k] = 1 − P[Y ≥ 1−k]
     return math.exp(-k / scale) / (1 + q)
 
@@ -232,7 +232,7 @@ class DiscreteLaplaceNoise:
         tau = check_head_list_params(epsilon, delta, m_o)
         if m_o > 1:
             return float(math.ceil(tau))
-        t = float(rational_scale(2.0 * m_o / epsilon))
+        t = float(rational_scale(2.0 / epsilon))  # 2m_O/ε with m_O = 1
         # smallest integer k with P[1 + Y > k] = P[Y ≥ k] ≤ δ/2
         # pragma lines (mutation testing, docs/TESTING.md): the start k = ⌊x⌋ − 1 lies below the answer ⌈x⌉,
         # x = t·(ln(2/δ) − ln(1 + e^{−1/t})), and the upward search ends at the answer, so the downward search

@@ -219,7 +219,7 @@ class Hybrid(_Mechanism):
         w = self.weight_for(len(t), len(loc))
         s2 = self.sigma2 if sigma2 is None else float(_variance(sigma2))
         return MeanEstimate(self.name, float(w * mu_t + (1.0 - w) * mu_l),
-                            self.expected_squared_error(len(t), len(loc), s2, w), len(t), len(loc), clamped,
+                            self.expected_squared_error(len(t), len(loc), s2), len(t), len(loc), clamped,  # at w
                             s2, "given", w, self.guarantee)
 
 

@@ -2,7 +2,9 @@
 
 The server's job of ALGORITHM.md §6 (EstimateClientProbabilities needs only the counts N(r, D_C)
 of reports per head-list entry) as one Spark job over the layout of
-:mod:`hybriddp.io.parquet_reports`: repeated (id, pos) rows (a resent message) are counted once,
+:mod:`hybriddp.io.parquet_reports`: repeated (id, pos) rows (a resent message) are counted once
+(they are grouped by two 64-bit hashes of (id, pos): two different reports would have to collide
+in all 128 bits to be merged, probability below 10⁻²⁰ for 10⁹ reports),
 every row is checked (head-list hash, message id, ``pos < m_C``, report on the head list), and
 only one count per entry comes back to the driver. The checks are the server's
 (:class:`~hybriddp.parties.server.MessageCounter`): the same data gives the same counts, or the
@@ -91,20 +93,25 @@ def count_reports_spark(spark: SparkSession, release: CuratorRelease, path: Repo
             .when(F.col("headlist").isNull() | (F.col("headlist") != release.hash), F.lit(WRONG_HEADLIST))
             .when(F.col("pos").isNull() | (F.col("pos") < 0) | (F.col("pos") >= release.m_c), F.lit(TOO_MANY))
             .otherwise(F.coalesce(F.col("entry"), F.lit(NOT_LISTED))))
-    # one shuffle of (id, pos, code): the copies of a resent report collapse into one row
-    dedup = (joined.select("id", "pos", code.alias("code")).groupBy("id", "pos")
-             .agg(F.count(F.lit(1)).alias("copies"), F.min("code").alias("code"), F.max("code").alias("code_max")))
+    # one shuffle, keyed by a 128-bit hash of (id, pos) instead of the id string (less than half the bytes):
+    # the copies of a resent report collapse into one row
+    dedup = (joined.select(F.xxhash64("id", "pos").alias("h1"), F.xxhash64("pos", "id").alias("h2"),
+                           code.alias("code"), (F.col("pos") == 0).cast("int").alias("first"))
+             .groupBy("h1", "h2")
+             .agg(F.count(F.lit(1)).alias("copies"), F.min("code").alias("code"), F.max("code").alias("code_max"),
+                  F.min("first").alias("first")))
     rows = (dedup.groupBy("code", (F.col("code") != F.col("code_max")).alias("conflict"))
-            .agg(F.count(F.lit(1)).alias("n"), F.sum(F.when(F.col("pos") == 0, 1).otherwise(0)).alias("firsts"),
-                 F.sum("copies").alias("rows"),
-                 F.sum(F.when(F.col("pos") == 0, F.col("copies") - 1).otherwise(0)).alias("dups"))
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("first").alias("firsts"), F.sum("copies").alias("rows"),
+                 F.sum(F.col("first") * (F.col("copies") - 1)).alias("dups"))
             .collect())
     found = {r["code"] for r in rows}
     for problem in (BAD_ID, WRONG_HEADLIST, TOO_MANY, NOT_LISTED):  # the server's order of checks
         if problem in found:
             _explain(joined, release, problem)
     if any(r["conflict"] for r in rows):
-        r = dedup.filter(F.col("code") != F.col("code_max")).first()
+        r = (joined.select("id", "pos", code.alias("code")).groupBy("id", "pos")
+             .agg(F.min("code").alias("code"), F.max("code").alias("code_max"))
+             .filter(F.col("code") != F.col("code_max")).first())
         raise DataError(f"message {r['id']}: sent more than once with different reports at pos = {r['pos']}; a "
                         "resent message must repeat its reports exactly (is a device reusing message ids?)")
     counts = np.zeros(release.head_list.n_entries, dtype=np.int64)

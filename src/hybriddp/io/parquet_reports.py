@@ -69,25 +69,31 @@ class ReportsWriter:
         self._buffered = 0
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
-        """Queue rows (columns as :data:`REPORT_SCHEMA`); full files are written as they fill."""
+        """Queue rows (columns as :data:`REPORT_SCHEMA`); every file that fills up is written at once."""
         tbl = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         tbl = tbl.select(REPORT_SCHEMA.names).cast(REPORT_SCHEMA)
         self._buffer.extend(tbl.to_batches())
         self._buffered += tbl.num_rows
         if self._buffered >= self.rows_per_file:
-            self.flush()
+            self._write(final=False)
 
     def flush(self) -> None:
-        """Write the queued rows as the next part files (at most ``rows_per_file`` rows each)."""
+        """Write every queued row (the last file may be short)."""
+        self._write(final=True)
+
+    def _write(self, final: bool) -> None:
         if not self._buffered:
             return
         tbl = pa.Table.from_batches(self._buffer, REPORT_SCHEMA)
-        for a in range(0, tbl.num_rows, self.rows_per_file):
+        a = 0
+        while tbl.num_rows - a >= self.rows_per_file or (final and a < tbl.num_rows):
             part = tbl.slice(a, self.rows_per_file)
             pq.write_table(part, self.directory / f"part-{self.files:05d}.parquet", compression="snappy")
             self.files += 1
             self.rows += part.num_rows
-        self._buffer, self._buffered = [], 0
+            a += part.num_rows
+        rest = tbl.slice(a)
+        self._buffer, self._buffered = rest.to_batches(), rest.num_rows
 
 
 def write_reports_parquet(path: str | os.PathLike[str], messages: Iterable[dict[str, Any]],

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
 import numpy as np
 
 from hybriddp.cli import render
+from hybriddp.cli.engine import engine_options
 from hybriddp.cli.options import (
     input_options,
     load_input,
@@ -22,15 +24,16 @@ from hybriddp.cli.options import (
 from hybriddp.cli.privacy import charge_round, ledger_options
 from hybriddp.cli.run import output_options
 from hybriddp.device import DeviceLedger
-from hybriddp.errors import DataError
+from hybriddp.errors import DataError, parameter_error
 from hybriddp.headlist import read_device_json
 from hybriddp.io.atomic import check_output_path
 from hybriddp.io.exchange import read_messages, read_release_files, write_release_files, write_reports
+from hybriddp.io.parquet_reports import is_parquet_reports, read_parquet_messages, write_reports_parquet
 from hybriddp.noise import noise_factory
 from hybriddp.parties import curate, release_from_documents, serve_estimates
 from hybriddp.parties.device import log_messages
-from hybriddp.parties.release import check_headlist_budget
-from hybriddp.parties.server import MessageCounter
+from hybriddp.parties.release import CuratorRelease, check_headlist_budget
+from hybriddp.parties.server import MessageCounter, ReportCounts
 from hybriddp.pipeline import Stages, split_optin
 from hybriddp.records import RecordLog
 from hybriddp.result import OUTPUT_SUFFIXES
@@ -107,8 +110,10 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
 @click.option("--lifetime-epsilon", type=float, default=None, help="Lifetime ε of a new --device-ledger.")
 @click.option("--lifetime-delta", type=float, default=None, help="Lifetime δ of a new --device-ledger.")
 @seed_option()
-@click.option("--output", "-o", type=click.Path(dir_okay=False), default="reports.jsonl", show_default=True,
-              help="Reports file: a header line, one JSON line per device message, an end line (.gz ok).")
+@click.option("--output", "-o", type=click.Path(), default="reports.jsonl", show_default=True,
+              help="Reports file: a header line, one JSON line per device message, an end line (.gz ok); or, "
+                   "for a name ending in .parquet, a directory of Parquet files with one row per report "
+                   "(docs/FORMATS.md), for `estimate --engine spark`.")
 def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col: str | None, query_col: str,
                   url_col: str | None, row_per_user: bool, skip_bad_rows: bool, optin_fraction: float | None,
                   single_device: bool, device_ledger: str | None, lifetime_epsilon: float | None,
@@ -122,7 +127,12 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
     """
     doc = read_device_json(headlist_path)
     check_headlist_budget(doc, headlist_path)
-    check_output_path(output, "--output", (".jsonl", ".jsonl.gz", ".json", ".ndjson", ".gz"))
+    parquet_out = output.endswith(".parquet")
+    if parquet_out and os.path.exists(output) and not os.path.isdir(output):
+        raise parameter_error("--output", output, "a directory (or a new name) for Parquet reports",
+                              "An existing file is not replaced by a directory; choose another name.")
+    if not parquet_out:
+        check_output_path(output, "--output", (".jsonl", ".jsonl.gz", ".json", ".ndjson", ".gz", ".parquet"))
     if device_ledger is not None and not single_device:
         raise click.BadParameter("--device-ledger needs --single-device (one device, one ledger)",
                                  param_hint="--device-ledger")
@@ -146,8 +156,11 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
     with render.stage_progress(True) as on_stage:
         if on_stage:
             on_stage(f"randomizing {len(devices):,} devices")
-        n_msg, n_rep = write_reports(output, doc["content_hash"], log_messages(log, devices, doc, seed=seed),
-                                     commit=charge)
+        messages = log_messages(log, devices, doc, seed=seed)
+        if parquet_out:
+            n_msg, n_rep = write_reports_parquet(output, messages, commit=charge)
+        else:
+            n_msg, n_rep = write_reports(output, doc["content_hash"], messages, commit=charge)
     render.out.print(f"wrote {n_rep:,} reports from {n_msg:,} devices to {output}")
     if seed is not None:
         render.err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
@@ -158,22 +171,23 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
               help="Head-list JSON the devices randomized over.")
 @click.option("--optin-estimates", "optin_path", type=click.Path(dir_okay=False), required=True,
               help="Opt-in estimates written by `hybriddp headlist`.")
-@click.option("--reports", "reports_path", type=click.Path(dir_okay=False), required=True, multiple=True,
-              help="Reports file written by `hybriddp randomize` (.gz ok); repeat for several files. A message "
-                   "id seen twice is counted once.")
+@click.option("--reports", "reports_path", type=click.Path(), required=True, multiple=True,
+              help="Reports written by `hybriddp randomize`: a JSON Lines file (.gz ok) or a Parquet reports "
+                   "directory (or file); repeat for several. A message id seen twice is counted once. "
+                   "--engine spark reads Parquet only.")
 @output_options
+@engine_options("the reports")
 def estimate_cmd(headlist_path: str, optin_path: str, reports_path: tuple[str, ...], as_json: bool,
-                 output: str | None, top: int, no_project: bool) -> None:
-    """Server: estimate from client reports (ALGORITHM.md §6) and blend with the opt-in estimates (§7)."""
+                 output: str | None, top: int, no_project: bool, engine: str, spark_master: str | None) -> None:
+    """Server: estimate from client reports (ALGORITHM.md §6) and blend with the opt-in estimates (§7).
+
+    With --engine spark the reports (Parquet, one row per report) are checked and counted per
+    head-list entry by Spark; only those counts come back to this process."""
     if output:
         check_output_path(output, "--output", OUTPUT_SUFFIXES)
     hdoc, edoc = read_release_files(headlist_path, optin_path)
     rel = release_from_documents(hdoc, edoc, headlist_source=headlist_path, estimates_source=optin_path)
-    counter = MessageCounter(rel)
-    for path in reports_path:
-        for where, msg in read_messages(path):
-            counter.add(msg, where)
-    counts = counter.result
+    counts = count_report_paths(rel, reports_path, engine, spark_master)
     res = serve_estimates(rel, counts, project=False if no_project else None)
     render.warn_delta(rel.params.delta, counts.messages)
     if output:
@@ -189,3 +203,26 @@ def estimate_cmd(headlist_path: str, optin_path: str, reports_path: tuple[str, .
     render.out.print(line)
     if output:
         render.out.print(f"wrote {output}")
+
+
+def count_report_paths(rel: CuratorRelease, paths: tuple[str, ...], engine: str,
+                       spark_master: str | None) -> ReportCounts:
+    """Counts of the reports at ``paths`` (JSON Lines or Parquet) for ``rel``, on the chosen engine."""
+    if engine == "spark":
+        from hybriddp.backends.spark_backend import SparkBackend
+        from hybriddp.backends.spark_reports import count_reports_spark
+        not_parquet = [p for p in paths if not is_parquet_reports(p)]
+        if not_parquet:
+            raise DataError(f"--reports {not_parquet[0]}: --engine spark reads Parquet reports (a directory or "
+                            ".parquet file); write them with `hybriddp randomize --output DIR.parquet`, or use "
+                            "--engine numpy for JSON Lines")
+        with render.stage_progress(True) as on_stage:
+            if on_stage:
+                on_stage("counting reports with Spark")
+            return count_reports_spark(SparkBackend(master=spark_master).spark, rel, list(paths))
+    counter = MessageCounter(rel)
+    for path in paths:
+        reader = read_parquet_messages(path) if is_parquet_reports(path) else read_messages(path)
+        for where, msg in reader:
+            counter.add(msg, where)
+    return counter.result

@@ -35,9 +35,9 @@ def _stack(*decorators: F) -> F:
 def input_options(required: bool = True) -> F:
     """--input and the loader options (ALGORITHM.md §1 records; loaders in hybriddp.io.loaders)."""
     return _stack(
-        click.option("--input", "input_path", type=click.Path(dir_okay=False), required=required,
-                     help="Search log to read: AOL TSV (.gz ok), CSV/TSV, Parquet, or an items file "
-                          "(.dat: one user per line)."),
+        click.option("--input", "input_path", type=click.Path(), required=required,
+                     help="Search log to read: AOL TSV (.gz ok), CSV/TSV, Parquet (a file, or a directory of "
+                          "Parquet files: a partitioned log), or an items file (.dat: one user per line)."),
         click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
                      help="Input format. Default: detected from the extension and the header."),
         click.option("--user-col", default=None,
@@ -81,8 +81,10 @@ def _column_names(path: str, kind: str) -> list[str]:
 
     if kind != "parquet":
         return header_names(path, "," if kind == "csv" else "\t", quoted=kind == "csv")
+    from hybriddp.io.loaders import parquet_parts
+
     try:
-        return list(pq.read_schema(path).names)
+        return list(pq.read_schema(parquet_parts(path)[0]).names)
     except (OSError, ValueError, pa.ArrowException):
         return []
 

@@ -8,7 +8,9 @@ from contextlib import contextmanager
 import click
 
 from hybriddp.algorithms import ALGORITHMS, run_algorithm
+from hybriddp.backends import CountingBackend
 from hybriddp.cli import render
+from hybriddp.cli.engine import engine_options, make_backend
 from hybriddp.cli.options import (
     MAX_SCALE,
     check_scale,
@@ -59,8 +61,11 @@ def params_from_knobs(knobs: dict[str, object]) -> BlenderParams:
 def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | None, as_json: bool,
                         output: str | None, top: int, algorithm: str = "blender", noise: str = "discrete",
                         ledger: tuple[str, str | None, float | None, float | None] | None = None,
-                        source: str = "the log") -> None:
-    """Run BLENDER (or a baseline) on a loaded log and print/write the result."""
+                        source: str = "the log", backend: CountingBackend | None = None) -> None:
+    """Run BLENDER (or a baseline) on a loaded log and print/write the result.
+
+    ``backend`` counts (NumPy by default; :class:`~hybriddp.backends.spark_backend.SparkBackend`
+    for ``--engine spark``): same seed, same counts, same result."""
     check_output(output)  # fail before any work (and before a ledger is charged)
     check_algorithm_params(algorithm, params, log)
     check_group_sizes(log, params, algorithm, noise, source)
@@ -82,7 +87,7 @@ def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | No
             render.out.print(f"wrote {output}")
         return
     with render.interruptible(), render.stage_progress(not as_json) as on_stage, _row_per_user_hint(log):
-        run = run_blender(log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage))
+        run = run_blender(log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage), backend=backend)
         res = result_from_run(run)
     if ledger:  # simulation: every user is charged for the round before the result is shown
         charged = charge_round(*ledger, round_charges(run))
@@ -128,14 +133,23 @@ algorithm_option = click.option(
 @seed_option()
 @output_options
 @ledger_options
+@engine_options("opt-in records, head-list entries and reports")
 def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
             row_per_user: bool, skip_bad_rows: bool, seed: int | None, as_json: bool, output: str | None,
             top: int, ledger_path: str | None, round_name: str | None, lifetime_epsilon: float | None,
-            lifetime_delta: float | None, noise: str, **knobs: object) -> None:
+            lifetime_delta: float | None, noise: str, engine: str, spark_master: str | None,
+            **knobs: object) -> None:
     """Simulate BLENDER on your log (ALGORITHM.md §2): users are assigned to the opt-in group at random,
-    clients run LocalAlg; prints the Fig. 9 table, L1 and NDCG against the non-private truth."""
+    clients run LocalAlg; prints the Fig. 9 table, L1 and NDCG against the non-private truth.
+
+    With --engine spark every count (distinct opt-in records, head-list entries, client reports) runs
+    on Spark and the noise is drawn here, on the driver; the log itself is still loaded here."""
     check_output(output)  # before loading: nothing is read or computed for an unwritable --output
     params = params_from_knobs(knobs)
+    if engine == "spark" and algorithm != "blender":
+        raise click.BadParameter(f"--engine spark runs --algorithm blender only, not {algorithm}",
+                                 param_hint="--engine")
+    backend = make_backend(engine, spark_master)
     with render.interruptible(), render.bytes_progress("loading", not as_json) as progress:
         log = load_input(input_path, fmt, user_col, query_col, url_col, row_per_user, skip_bad_rows, progress)
     st = log.stats
@@ -143,7 +157,7 @@ def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | No
         render.err.print(f"skipped {st.rows_skipped_bad:,} malformed rows of {input_path}")
     ledger = (ledger_path, round_name, lifetime_epsilon, lifetime_delta) if ledger_path else None
     simulate_and_report(log, params, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm,
-                        ledger=ledger, noise=noise, source=input_path)
+                        ledger=ledger, noise=noise, source=input_path, backend=backend)
 
 
 @click.command("demo")

@@ -458,6 +458,61 @@ def _parquet_batches(path: str, columns: Sequence[str], progress: ProgressFn | N
         progress(total, total)
 
 
+def _log_path(path: str | os.PathLike[str]) -> str:
+    """A log file, or a directory of Parquet files (a partitioned log), else :class:`DataError`."""
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        parquet_parts(p)  # refuses a directory without .parquet files
+        return p
+    return check_file(p)
+
+
+def parquet_parts(path: str) -> list[str]:
+    """The Parquet files of a log: the file itself, or a directory's ``*.parquet`` files in name order
+    (recursively; names starting with ``.`` or ``_``, such as Spark's ``_SUCCESS``, are left out)."""
+    if not os.path.isdir(path):
+        return [path]
+    parts = sorted(os.path.join(d, f) for d, _, files in os.walk(path) for f in files
+                   if f.endswith(".parquet") and not f.startswith((".", "_")))
+    if not parts:
+        raise DataError(f"{path} is a directory without .parquet files; pass a log file, or a directory of "
+                        "Parquet files (a partitioned log, e.g. written by `hybriddp synth --partitioned`)")
+    return parts
+
+
+def _check_same_schema(part: str, first: str, schema: pa.Schema, columns: Sequence[str]) -> None:
+    """Every part of a partitioned log has the first part's columns."""
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(part).names
+    except (OSError, pa.ArrowException) as e:
+        raise _parquet_error(part, e) from e
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataError(f"{part} has no column {missing[0]!r}, which {first} has; every file of a partitioned "
+                        "log needs the same columns")
+
+
+def _parquet_parts_batches(parts: Sequence[str], columns: Sequence[str], progress: ProgressFn | None
+                           ) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The batches of every part in order; rows are numbered across parts (for error messages)."""
+    if len(parts) == 1:
+        yield from _parquet_batches(parts[0], columns, progress)
+        return
+    total = sum(os.path.getsize(f) for f in parts)
+    done = k_base = 0
+    for part in parts:
+        size = os.path.getsize(part)
+        inner = None if progress is None else (lambda b, _t, d=done: progress(d + b, total))
+        k_end = k_base
+        for batch, k0 in _parquet_batches(part, columns, inner):
+            k_end = k_base + k0 + batch.num_rows
+            yield batch, k_base + k0
+        k_base = k_end
+        done += size
+
+
 def _parquet_error(path: str, exc: BaseException) -> DataError:
     with open(path, "rb") as fh:
         magic = fh.read(4)
@@ -512,8 +567,10 @@ def load_table(
     ParameterError
         Neither or both of ``user_col`` and ``row_per_user``.
     """
-    p = check_file(path)
-    fmt = (format or _table_format(p)).lower()
+    p = _log_path(path)
+    fmt = (format or ("parquet" if os.path.isdir(p) else _table_format(p))).lower()
+    if os.path.isdir(p) and fmt != "parquet":
+        raise DataError(f"{p} is a directory; only a Parquet log may be a directory of .parquet files")
     if fmt not in ("csv", "tsv", "parquet"):
         raise DataError(f"unknown table format {format!r}: allowed are 'csv', 'tsv', 'parquet'")
     if row_per_user and user_col is not None:
@@ -528,10 +585,11 @@ def load_table(
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
+        parts = parquet_parts(p)
         try:
-            schema = pq.read_schema(p)
+            schema = pq.read_schema(parts[0])
         except (OSError, pa.ArrowException) as e:
-            raise _parquet_error(p, e) from e
+            raise _parquet_error(parts[0], e) from e
         present = schema.names
     else:
         present = header_names(p, "," if fmt == "csv" else "\t", fmt == "csv")
@@ -540,10 +598,12 @@ def load_table(
             raise _missing_column(p, c, role, present)
     if fmt == "parquet":
         _check_parquet_types(p, schema, wanted)
+        for part in parts[1:]:
+            _check_same_schema(part, parts[0], schema, columns)
 
     bad = _BadRows(p, skip_bad_rows, "comma" if fmt == "csv" else "tab")
     if fmt == "parquet":
-        blocks = _parquet_batches(p, columns, progress)
+        blocks = _parquet_parts_batches(parts, columns, progress)
     else:
         # every column is read (as bytes) to tell blank lines from rows with empty cells
         blocks = _read_delimited(p, delimiter="," if fmt == "csv" else "\t", quoted=fmt == "csv",
@@ -737,7 +797,9 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     known extension -> aol if the first line is the AOL header, else tsv (for ``.tsv``/``.txt``).
     A compression suffix (``.gz`` ...) is looked through.
     """
-    p = check_file(path)
+    p = _log_path(path)
+    if os.path.isdir(p):
+        return "parquet"
     ext = base_ext(p)
     if ext == ".dat":
         return "items"
@@ -764,7 +826,7 @@ def load_log(path: str | os.PathLike[str], *, format: str | None = None, **optio
     format does not take are ignored when they are None / False / their default, and refused
     otherwise (e.g. ``user_col='x'`` with ``format='aol'``).
     """
-    p = check_file(path)
+    p = _log_path(path)
     fmt = detect_format(p) if format is None else str(format).lower()
     if fmt not in FORMATS:
         raise DataError(f"unknown format {format!r}: allowed formats are {', '.join(FORMATS)}")

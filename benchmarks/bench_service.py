@@ -330,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="database URL (default: a temporary SQLite file); 'postgresql' starts a throwaway cluster")
     ap.add_argument("--reports", type=int, default=5_000_000, help="reports stored before the close (default 5e6)")
     ap.add_argument("--single", type=int, default=30_000, help="of which sent one per POST (default 30000)")
-    ap.add_argument("--single-connections", type=int, default=32)
+    ap.add_argument("--single-connections", type=int, default=64,
+                    help="concurrent connections of the single POSTs (default 64: devices in flight at once; each "
+                         "group commit waits for one fsync, 2-5 ms on this machine's disk, so with few connections "
+                         "the rate measures the disk's fsync latency rather than the server, see docs/RESULTS.md)")
     ap.add_argument("--workers", type=int, default=1, help="server processes (hybriddp serve --workers; default 1)")
     ap.add_argument("--batch-size", type=int, default=10_000, help="messages per batched POST (default 10000)")
     ap.add_argument("--batch-connections", type=int, default=16,

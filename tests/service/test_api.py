@@ -257,6 +257,12 @@ def test_blender_round_lifecycle_over_http(client: TestClient, store_url: str) -
     assert 'hybriddp_reports_total{result="duplicate"} 21' in metrics
     assert 'hybriddp_rounds{state="results-published"} 1' in metrics
     assert 'route="/api/v1/rounds/{round_id}/reports"' in metrics and rid not in metrics
+    # the report requests that reached the writer, one after another: five accepted and the one after the
+    # close (refused inside the writer's transaction), so six group commits of one request each
+    assert "\nhybriddp_report_group_requests_count 6\n" in metrics
+    assert "\nhybriddp_report_group_requests_sum 6.000000\n" in metrics
+    assert '\nhybriddp_report_group_requests_bucket{le="1"} 6\n' in metrics
+    assert "\nhybriddp_report_commit_seconds_count 6\n" in metrics
     assert client.get("/health").json() == {"status": "ok"}
 
 

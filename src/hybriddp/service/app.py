@@ -196,7 +196,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         raise
     token = admin_token.strip().encode("utf-8")
     metrics = Metrics()
-    writer = ReportWriter(store)
+    writer = ReportWriter(store, metrics=metrics)
     pool = CheckPool(check_workers) if check_workers > 0 else None
 
     @asynccontextmanager

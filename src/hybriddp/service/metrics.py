@@ -13,7 +13,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-"""Request latency histogram bounds, seconds."""
+"""Request latency (and group commit time) histogram bounds, seconds."""
+GROUP_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+"""Bounds of the histogram of report requests per group commit."""
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -27,6 +29,8 @@ class Metrics:
         self._lock = threading.Lock()
         self.reports = {"accepted": 0, "duplicate": 0, "refused": 0}
         self._latency: dict[tuple[str, str], list[float]] = {}  # (method, route) → bucket counts + [sum, count]
+        self._commit = [0.0] * (len(BUCKETS) + 2)  # group commits: seconds
+        self._group = [0.0] * (len(GROUP_BUCKETS) + 2)  # group commits: report requests
 
     def count_reports(self, accepted: int = 0, duplicate: int = 0, refused: int = 0) -> None:
         with self._lock:
@@ -36,12 +40,13 @@ class Metrics:
 
     def observe(self, method: str, route: str, seconds: float) -> None:
         with self._lock:
-            h = self._latency.setdefault((method, route), [0.0] * (len(BUCKETS) + 2))
-            i = bisect_left(BUCKETS, seconds)
-            if i < len(BUCKETS):
-                h[i] += 1
-            h[-2] += seconds
-            h[-1] += 1
+            _add(self._latency.setdefault((method, route), [0.0] * (len(BUCKETS) + 2)), BUCKETS, seconds)
+
+    def observe_group(self, requests: int, seconds: float) -> None:
+        """One group commit of the report writer: how many requests it stored, and how long it took."""
+        with self._lock:
+            _add(self._commit, BUCKETS, seconds)
+            _add(self._group, GROUP_BUCKETS, requests)
 
     def render(self, states: dict[str, int], all_states: tuple[str, ...]) -> str:
         """The exposition text."""
@@ -54,15 +59,37 @@ class Metrics:
             out += ["# HELP hybriddp_request_duration_seconds Request latency by route.",
                     "# TYPE hybriddp_request_duration_seconds histogram"]
             for (method, route), h in sorted(self._latency.items()):
-                labels = f'method="{method}",route="{_escape(route)}"'
-                cum = 0.0
-                for bound, n in zip(BUCKETS, h, strict=False):
-                    cum += n
-                    out.append(f'hybriddp_request_duration_seconds_bucket{{{labels},le="{bound}"}} {int(cum)}')
-                out.append(f'hybriddp_request_duration_seconds_bucket{{{labels},le="+Inf"}} {int(h[-1])}')
-                out.append(f"hybriddp_request_duration_seconds_sum{{{labels}}} {h[-2]:.6f}")
-                out.append(f"hybriddp_request_duration_seconds_count{{{labels}}} {int(h[-1])}")
+                out += _histogram("hybriddp_request_duration_seconds", f'method="{method}",route="{_escape(route)}",',
+                                  BUCKETS, h)
+            out += ["# HELP hybriddp_report_commit_seconds Time of one group commit of device reports (one "
+                    "transaction, one fsync with SQLite).", "# TYPE hybriddp_report_commit_seconds histogram"]
+            out += _histogram("hybriddp_report_commit_seconds", "", BUCKETS, self._commit)
+            out += ["# HELP hybriddp_report_group_requests Report requests stored by one group commit.",
+                    "# TYPE hybriddp_report_group_requests histogram"]
+            out += _histogram("hybriddp_report_group_requests", "", GROUP_BUCKETS, self._group)
         return "\n".join(out) + "\n"
+
+
+def _add(h: list[float], bounds: tuple[float, ...], value: float) -> None:
+    """Count ``value`` in histogram ``h`` (per-bucket counts, then sum and count)."""
+    i = bisect_left(bounds, value)
+    if i < len(bounds):
+        h[i] += 1
+    h[-2] += value
+    h[-1] += 1
+
+
+def _histogram(name: str, labels: str, bounds: tuple[float, ...], h: list[float]) -> list[str]:
+    """Exposition lines of one histogram: cumulative buckets, +Inf, sum, count. ``labels``: ``'a="x",'`` or ''."""
+    lines, cum = [], 0.0
+    for bound, n in zip(bounds, h, strict=False):
+        cum += n
+        lines.append(f'{name}_bucket{{{labels}le="{bound}"}} {int(cum)}')
+    lines.append(f'{name}_bucket{{{labels}le="+Inf"}} {int(h[-1])}')
+    bare = labels.rstrip(",")
+    lines.append(f"{name}_sum{{{bare}}} {h[-2]:.6f}" if bare else f"{name}_sum {h[-2]:.6f}")
+    lines.append(f"{name}_count{{{bare}}} {int(h[-1])}" if bare else f"{name}_count {int(h[-1])}")
+    return lines
 
 
 def _escape(label: str) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybriddp.service.errors import ServiceError
+from hybriddp.service.metrics import Metrics
 from hybriddp.service.store import ReportAck, RoundInfo, Store
 
 logger = logging.getLogger(__name__)
@@ -40,8 +41,10 @@ _STOP = object()
 class ReportWriter:
     """Queues report requests and stores them in groups, one transaction per group."""
 
-    def __init__(self, store: Store, max_group_messages: int = MAX_GROUP_MESSAGES) -> None:
+    def __init__(self, store: Store, max_group_messages: int = MAX_GROUP_MESSAGES,
+                 metrics: Metrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics  # group commits observed (requests per group, seconds), if given
         self.max_group = max_group_messages
         self._queue: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
@@ -92,7 +95,10 @@ class ReportWriter:
 
     def _store(self, group: list[tuple[RoundInfo, Sequence[tuple[str, Any]], asyncio.Future[Any]]]) -> None:
         try:
+            t0 = time.perf_counter()
             results: list[Any] = self.store.add_reports_many([(info, items) for info, items, _ in group])
+            if self.metrics is not None:
+                self.metrics.observe_group(len(group), time.perf_counter() - t0)
         except BaseException as exc:  # the whole group failed (database unavailable, or a bug): tell every request
             if not isinstance(exc, ServiceError):
                 logger.exception("storing %d report requests failed", len(group))

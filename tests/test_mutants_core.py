@@ -419,3 +419,53 @@ def test_ceil_fraction_by_hand() -> None:
         brute = min(Fraction(-(-x.numerator * q // x.denominator), q) for q in range(1, n + 1))
         assert brute == expected
         assert ceil_fraction(x, n) == expected, (x, n)
+
+
+def test_client_estimates_exactly_unbiased_with_k_q_two() -> None:
+    """As test_client_estimates_and_variances_are_exactly_unbiased, on a head list with k_q = 2, 3, 1 and 1
+    (a: u0 + *, b: u1, u2 + *, c: *, *), n = 3 reports, ε = 1.5, δ = 0.2, f_C = 0.7."""
+    from hybriddp.client_estimates import estimate_client_probabilities
+    from hybriddp.randomizer import LocalAlgParams
+
+    hl = HeadList.from_lists([0, 1, 2], [[0], [1, 2], []])
+    lp = LocalAlgParams.build(hl, 1.5, 0.2, 0.7, 1)
+    k, kq, n = 4, [2, 3, 1, 1], 3
+    p = [Fraction(1, 5), Fraction(1, 10), Fraction(3, 20), Fraction(1, 20), Fraction(1, 10), Fraction(1, 4),
+         Fraction(3, 20)]
+    p_query = [p[0] + p[1], p[2] + p[3] + p[4], p[5], p[6]]
+    r = _report_distribution(k, kq, Fraction(lp.t), [Fraction(x) for x in lp.tq], p)
+    e_p, e_p2, e_v = np.zeros(7), np.zeros(7), np.zeros(7)
+    e_pq, e_pq2, e_vq = np.zeros(4), np.zeros(4), np.zeros(4)
+    p_f, pq_f = np.array([float(x) for x in p]), np.array([float(x) for x in p_query])
+    for counts in _compositions(n, 7):
+        weight = Fraction(math.factorial(n))
+        for c, ri in zip(counts, r, strict=True):
+            weight *= ri ** c / math.factorial(c)
+        w = float(weight)
+        est = estimate_client_probabilities(counts, hl, lp)  # a plain list of counts
+        e_p += w * est.p_record
+        e_p2 += w * (est.p_record - p_f) ** 2
+        e_v += w * est.var_record
+        e_pq += w * est.p_query
+        e_pq2 += w * (est.p_query - pq_f) ** 2
+        e_vq += w * est.var_query
+    np.testing.assert_allclose(e_p, p_f, rtol=1e-9)
+    np.testing.assert_allclose(e_pq, pq_f, rtol=1e-9)
+    np.testing.assert_allclose(e_v, e_p2, rtol=1e-9)
+    np.testing.assert_allclose(e_vq, e_pq2, rtol=1e-9)
+
+
+def test_client_estimates_flag_exact_variances_on_every_path() -> None:
+    """variance_exact is the boolean m_C == 1 whatever path the estimate takes (k = 1, n < 2, the formulas)."""
+    from hybriddp.client_estimates import estimate_client_probabilities
+    from hybriddp.randomizer import LocalAlgParams
+
+    hl1 = HeadList.from_lists([], [])
+    hl = HeadList.from_lists([0, 1], [[0, 1], []])
+    for m_c, expected in [(1, True), (2, False)]:
+        lp1 = LocalAlgParams.build(hl1, 2.0, 0.1, 0.5, m_c)
+        lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, m_c)
+        for est in (estimate_client_probabilities([3], hl1, lp1, m_c=m_c),
+                    estimate_client_probabilities([0, 1, 0, 0, 0], hl, lp, m_c=m_c),
+                    estimate_client_probabilities([2, 1, 0, 3, 1], hl, lp, m_c=m_c)):
+            assert est.variance_exact is expected

@@ -40,8 +40,8 @@ def estimate_client_probabilities(
     Entries with k_q = 1 take the query's estimate and variance. k = 1: p̂ = 1, variance 0.
     No reports (n = 0): estimates 0 with infinite variance, so blending gives them weight 0.
     """
-    counts = np.asarray(report_counts, dtype=np.float64)
-    n = int(np.asarray(report_counts).sum())
+    counts = np.asarray(report_counts)
+    n = int(counts.sum())
     k = lp.k
     entry_q = hl.entry_query
     if k == 1:
@@ -51,23 +51,25 @@ def estimate_client_probabilities(
         return ClientEstimates(np.zeros(hl.n_entries), inf_r, np.zeros(k), inf_q, n, m_c == 1)
     t = lp.t
     r_rec = counts / n
-    r_q = np.bincount(entry_q, weights=counts, minlength=k) / n
+    r_q = np.bincount(entry_q, weights=counts) / n  # length k: the last entry is ⟨*,*⟩ of query k − 1
     a = (k * t - 1.0) / (k - 1)
     p_q = (r_q - (1.0 - t) / (k - 1)) / a
     var_q = r_q * (1.0 - r_q) / ((n - 1) * a * a)
 
-    kq = lp.kq[entry_q].astype(np.float64)
+    kq = lp.kq[entry_q]
     tq = lp.tq[entry_q]
     pq_e, varq_e, rq_e = p_q[entry_q], var_q[entry_q], r_q[entry_q]
     multi = kq > 1
-    kq1 = np.where(multi, kq - 1.0, 1.0)
+    # entries with k_q = 1 take the query's estimate below; for them k_q − 1 is read as 1 and D_q = t > 0
+    # (t_q = 1), so the formulas stay finite
+    kq1 = np.maximum(kq - 1.0, 1.0)
     d_q = t * (tq - (1.0 - tq) / kq1)
     other_url = t * (1.0 - tq) / kq1
     other_query = (1.0 - t) / ((k - 1) * kq)
-    p_rec = (r_rec - other_url * pq_e - other_query * (1.0 - pq_e)) / np.where(multi, d_q, 1.0)
+    p_rec = (r_rec - other_url * pq_e - other_query * (1.0 - pq_e)) / d_q
     c = other_query - other_url
     var_rec = (r_rec * (1.0 - r_rec) / (n - 1) + c * c * varq_e
-               + 2.0 * c * r_rec * (1.0 - rq_e) / ((n - 1) * a)) / np.where(multi, d_q * d_q, 1.0)
+               + 2.0 * c * r_rec * (1.0 - rq_e) / ((n - 1) * a)) / (d_q * d_q)
     p_rec = np.where(multi, p_rec, pq_e)
     var_rec = np.where(multi, var_rec, varq_e)
     return ClientEstimates(p_rec, var_rec, p_q, var_q, n, m_c == 1)

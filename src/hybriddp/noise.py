@@ -233,15 +233,14 @@ class DiscreteLaplaceNoise:
         if m_o > 1:
             return float(math.ceil(tau))
         t = float(rational_scale(2.0 / epsilon))  # 2m_O/ε with m_O = 1
-        # smallest integer k with P[1 + Y > k] = P[Y ≥ k] ≤ δ/2
-        # pragma lines (mutation testing, docs/TESTING.md): the start k = ⌊x⌋ − 1 lies below the answer ⌈x⌉,
-        # x = t·(ln(2/δ) − ln(1 + e^{−1/t})), and the upward search ends at the answer, so the downward search
-        # never runs (it only guards float error): mutants of the start and of the downward search are equivalent
+        # smallest integer k with P[1 + Y > k] = P[Y ≥ k] = e^{−k/t}/(1 + e^{−1/t}) ≤ δ/2, i.e. k ≥ x with
+        # x = t·(ln(2/δ) − ln(1 + e^{−1/t})): the answer is ⌈x⌉ (up to float rounding of the tail). The search
+        # starts at ⌊x⌋ − 1, one step or more below it (the margin covers float error in x), and goes up.
+        # pragma (mutation testing, docs/TESTING.md): mutants that lower the start change nothing, the search
+        # still ends at the answer; the start line is not mutated
         k = max(1, math.floor(t * (math.log(2.0 / delta) - math.log(1 + math.exp(-1.0 / t)))) - 1)  # pragma: no mutate
         while discrete_laplace_tail(k, t) > delta / 2:
             k += 1
-        while k > 1 and discrete_laplace_tail(k - 1, t) <= delta / 2:  # pragma: no mutate
-            k -= 1  # pragma: no mutate
         return float(k)
 
 

@@ -142,7 +142,7 @@ def output_distribution(lp: LocalAlgParams) -> np.ndarray:
     same = entry_q[:, None] == entry_q[None, :]
     kq_row = kq[entry_q][:, None]
     tq_row = lp.tq[entry_q][:, None]
-    other_url = np.where(kq_row > 1, lp.t * (1.0 - tq_row) / np.maximum(kq_row - 1, 1), 0.0)
+    other_url = lp.t * (1.0 - tq_row) / np.maximum(kq_row - 1, 1)  # k_q = 1: only the diagonal, set below
     P = np.where(same, np.broadcast_to(other_url, P.shape), P)
     P[np.arange(n), np.arange(n)] = lp.t * lp.tq[entry_q]
     return P

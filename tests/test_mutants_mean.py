@@ -252,3 +252,17 @@ def test_without_a_generator_the_noise_comes_from_os_entropy(cls: type) -> None:
 def test_properties_of_the_setting() -> None:
     mech = FullLM(lower=-1, upper=3, epsilon=2)
     assert mech.width == 4.0 and mech.epsilon == 2.0 and isinstance(mech.epsilon, float)
+
+
+@pytest.mark.parametrize("mechanism", [FullLM(**SETTING), OnlyTCM(**SETTING), Hybrid(**SETTING, sigma2=0.5)])
+def test_bad_groups_are_named_in_the_message(mechanism) -> None:
+    """Which group holds the bad value, with the NaN's position or the shape, whole."""
+    with pytest.raises(DataError, match="^" + re.escape(
+            "opt-in values: value #2 is NaN; every user needs one numeric value") + "$"):
+        mechanism.estimate([0.0, 1.0, math.nan], LOCAL, rng=np.random.default_rng(0))
+    with pytest.raises(DataError, match="^" + re.escape(
+            "local values: value #0 is NaN; every user needs one numeric value") + "$"):
+        mechanism.estimate(OPTIN, [math.nan, 1.0], rng=np.random.default_rng(0))
+    with pytest.raises(DataError, match="^" + re.escape(
+            "local values: expected a 1-D sequence of numbers, got shape (2, 1)") + "$"):
+        mechanism.estimate(OPTIN, [[1.0], [2.0]], rng=np.random.default_rng(0))

@@ -88,6 +88,8 @@ def cli(verbose: int) -> None:
                         stream=sys.stderr)
 
 
+import hybriddp.cli.export  # noqa: E402, F401  (registers `round export`)
+
 for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, experiment_cmd,
              audit_cmd, mean_group, tune_cmd, round_group, participate_cmd, serve_cmd):
     cli.add_command(_cmd)

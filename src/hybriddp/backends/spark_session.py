@@ -26,8 +26,8 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.session.timeZone": "UTC",
 }
-"""Settings for a small local session; a cluster's own ``spark-defaults.conf`` or ``--conf``
-options given to :func:`spark_session` win over them."""
+"""Settings for a small ``local[N]`` session, used only where ``spark-defaults.conf`` or
+``spark-submit --conf`` say nothing; a cluster session gets none of them (its own defaults apply)."""
 
 
 class SparkUnavailable(HybridDPError):
@@ -48,8 +48,8 @@ def require_pyspark() -> Any:
     return pyspark
 
 
-def _master_configured() -> bool:
-    """True when ``spark-submit --master`` or ``spark-defaults.conf`` already names a master.
+def _configured() -> Any:
+    """The settings ``spark-submit`` (``--master``, ``--conf``) or ``spark-defaults.conf`` already give.
 
     Both reach the JVM as system properties, which a :class:`SparkConf` reads once the JVM gateway
     is up (starting it here costs nothing extra: the session needs it anyway).
@@ -61,7 +61,7 @@ def _master_configured() -> bool:
     except Exception as exc:
         raise SparkUnavailable(f"the JVM for Spark did not start ({' '.join(str(exc).split())[:300]}); check "
                                "Java 17+ (java -version) and JAVA_HOME") from exc
-    return SparkConf().contains("spark.master")
+    return SparkConf()
 
 
 def spark_session(master: str | None = None, conf: dict[str, str] | None = None,
@@ -77,10 +77,14 @@ def spark_session(master: str | None = None, conf: dict[str, str] | None = None,
     active = SparkSession.getActiveSession()
     if active is not None and master is None and not conf:
         return active
+    configured = _configured()
     builder = SparkSession.builder.appName(app_name)
-    if master is not None or not _master_configured():
+    if master is not None or not configured.contains("spark.master"):
         builder = builder.master(master or DEFAULT_MASTER)
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    effective = master or configured.get("spark.master", DEFAULT_MASTER)
+    local = effective.startswith("local")
+    defaults = {k: v for k, v in DEFAULT_CONF.items() if local and not configured.contains(k)}
+    for key, value in {**defaults, **(conf or {})}.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()

@@ -114,39 +114,40 @@ def estimate_optin_probabilities(
     else:
         candidate = hl.is_wildcard & (entry_q != star_q)
     cand_idx = np.flatnonzero(candidate)
-    order = cand_idx[np.argsort(-p[cand_idx], kind="stable")]
+    order = cand_idx[np.lexsort((-p[cand_idx],))]  # lexsort is stable: ties keep the head list's order
     kept = np.zeros(hl.n_entries, dtype=bool)
     kept[order[:head_list_size]] = True
     keeps_url = np.bincount(entry_q[kept], minlength=hl.k) > 0  # q keeps ≥ 1 record
-    keeps_url[star_q] = True  # the * query always stays
+    # (the * query, never listed, has only ⟨*,*⟩, which maps to itself whatever keeps_url says of it)
     # target of every old entry: itself if kept; ⟨q,*⟩ if q stays; else ⟨*,*⟩
     stays = keeps_url[entry_q]
     target_old = np.where(kept | (hl.is_wildcard & stays), np.arange(hl.n_entries),
                           np.where(stays, hl.wildcard_entry[entry_q], hl.wildcard_entry[star_q]))
     # --- build the final HL: queries by p̂_O,q desc, URLs by p̂_O desc, wildcards last -------
-    p_folded = np.bincount(target_old, weights=p, minlength=hl.n_entries)
-    draws_folded = np.bincount(target_old, minlength=hl.n_entries).astype(np.int64)
-    p_q_old = np.bincount(entry_q, weights=p_folded, minlength=hl.k)
+    # full lengths without minlength: the last entry, ⟨*,*⟩ of the last query, maps to itself
+    p_folded = np.bincount(target_old, weights=p)
+    draws_folded = np.bincount(target_old).astype(np.int64)
+    p_q_old = np.bincount(entry_q, weights=p_folded)
     listed = np.flatnonzero(keeps_url[:star_q])
-    listed = listed[np.argsort(-p_q_old[listed], kind="stable")]
+    listed = listed[np.lexsort((-p_q_old[listed],))]
     new_query_ids, new_urls, old_entries = [], [], []
     for qi in listed.tolist():  # loop over head-list queries (≤ M), not over records
         lo, hi = hl.url_offsets[qi], hl.url_offsets[qi + 1] - 1
         mine = np.arange(lo, hi)
         mine = mine[kept[mine]]
-        mine = mine[np.argsort(-p_folded[mine], kind="stable")]
+        mine = mine[np.lexsort((-p_folded[mine],))]
         new_query_ids.append(int(hl.query_ids[qi]))
         new_urls.append(hl.entry_url[mine].tolist())
         old_entries.extend([*mine.tolist(), hi])
     old_entries.append(hl.wildcard_entry[star_q])
     final = HeadList.from_lists(new_query_ids, new_urls)
-    old_entries_arr = np.asarray(old_entries, dtype=np.int64)
+    old_entries_arr = np.array(old_entries)  # never empty (⟨*,*⟩): integers
     p_rec = p_folded[old_entries_arr]
     j_rec = draws_folded[old_entries_arr]
     var_y = noise.variance(b)
     fq = final.entry_query
-    p_query = np.bincount(fq, weights=p_rec, minlength=final.k)
-    j_query = np.bincount(fq, weights=j_rec, minlength=final.k).astype(np.int64)
+    p_query = np.bincount(fq, weights=p_rec)  # length final.k: ⟨*,*⟩ is last
+    j_query = np.bincount(fq, weights=j_rec).astype(np.int64)
     return OptinEstimates(
         head_list=final,
         p_record=p_rec, var_record=optin_variance(p_rec, j_rec, n, var_y), draws_record=j_rec,

@@ -115,7 +115,7 @@ def _bernoulli_exp_frac(rng: IntegerSource, num: np.ndarray, den: int) -> np.nda
 
 def _bernoulli_exp_minus_one(rng: IntegerSource, size: int) -> np.ndarray:
     """Bernoulli(e^{−1}) exactly."""
-    return _bernoulli_exp_frac(rng, np.ones(size, dtype=np.int64), 1)
+    return _bernoulli_exp_frac(rng, np.ones(size), 1)  # (made int64 there)
 
 
 def sample_discrete_laplace(rng: IntegerSource, scale: Fraction, size: int) -> np.ndarray:
@@ -134,13 +134,13 @@ def sample_discrete_laplace(rng: IntegerSource, scale: Fraction, size: int) -> n
         u = rng.integers(0, t, m)
         ok = _bernoulli_exp_frac(rng, u, t)
         u = u[ok]
-        v = np.zeros(len(u), dtype=np.int64)
-        going = np.ones(len(u), dtype=bool)
+        v = np.zeros_like(u)  # int64
+        going = np.full(len(u), True)
         while going.any():
             idx = np.flatnonzero(going)
             step = _bernoulli_exp_minus_one(rng, len(idx))
             v[idx[step]] += 1
-            going[idx[~step]] = False
+            going[idx] = step
         y = (u + t * v) // s
         b = rng.integers(0, 2, len(y))
         keep = ~((b == 1) & (y == 0))
@@ -217,7 +217,7 @@ class DiscreteLaplaceNoise:
 
     def sample(self, scale: float, size: int) -> np.ndarray:
         """Exact draws at the rational scale ≥ ``scale`` (returned as float64 of integers)."""
-        return sample_discrete_laplace(self.rng, rational_scale(scale), size).astype(np.float64)
+        return np.asarray(sample_discrete_laplace(self.rng, rational_scale(scale), size), dtype=np.float64)
 
     def variance(self, scale: float) -> float:
         """Variance at the rational scale actually used."""

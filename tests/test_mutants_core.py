@@ -469,3 +469,15 @@ def test_client_estimates_flag_exact_variances_on_every_path() -> None:
                     estimate_client_probabilities([0, 1, 0, 0, 0], hl, lp, m_c=m_c),
                     estimate_client_probabilities([2, 1, 0, 3, 1], hl, lp, m_c=m_c)):
             assert est.variance_exact is expected
+
+
+def test_discrete_threshold_when_the_tail_equals_half_delta_exactly() -> None:
+    """τ_d is the smallest k with P[Y ≥ k] ≤ δ/2, equality allowed: with δ = 2·P[Y ≥ 5] (doubling is exact in
+    floating point) that is k = 5, since P[Y ≥ 4] = e^{1/t}·P[Y ≥ 5] > δ/2."""
+    from hybriddp.noise import discrete_laplace_tail, rational_scale
+
+    for eps in (1.0, 2.5, 4.0):
+        t = float(rational_scale(2.0 / eps))
+        delta = 2.0 * discrete_laplace_tail(5, t)
+        assert delta / 2 == discrete_laplace_tail(5, t) < discrete_laplace_tail(4, t)
+        assert DiscreteLaplaceNoise(np.random.default_rng(0)).head_list_threshold(eps, delta, 1) == 5.0

@@ -267,3 +267,16 @@ def test_device_ledger_round_charge_messages_whole(tmp_path: Path, epsilon: obje
             f"the round's {what} The head list is damaged or not from a hybriddp server; not reporting.")):
         ledger.check("sha256:" + "a" * 64, epsilon, delta)  # type: ignore[arg-type]
     ledger.check("sha256:" + "a" * 64, 0.0, 0.0)  # zero is a charge like any other
+
+
+def test_new_message_ids_are_16_bytes_canonically_encoded() -> None:
+    """16 bytes are 128 bits; 22 base64 characters carry 132, so the last character holds 2 data bits and 4 zero
+    bits: it is one of A, Q, g, w. Decoding and re-encoding gives the id back (P[pass] for ids of more random
+    bytes: (1/16)^50)."""
+    import base64
+
+    for _ in range(50):
+        mid = new_message_id()
+        assert mid[-1] in "AQgw"
+        raw = base64.urlsafe_b64decode(mid + "==")
+        assert len(raw) == 16 and base64.urlsafe_b64encode(raw).decode() == mid + "=="

@@ -70,7 +70,7 @@ def ceil_fraction(x: Fraction, max_denominator: int = MAX_DENOMINATOR) -> Fracti
 def _farey_successor(x: Fraction, max_denominator: int) -> Fraction:
     """The smallest p/q > ``x`` with q ≤ ``max_denominator`` (x's right Farey neighbour)."""
     a, b = x.numerator, x.denominator
-    d0 = -pow(a, -1, b) % b if b > 1 else 0  # bc − ad = 1 needs ad ≡ −1 (mod b)
+    d0 = -pow(a, -1, b) % b  # bc − ad = 1 needs ad ≡ −1 (mod b); 0 for b = 1
     d = d0 + (max_denominator - d0) // b * b
     return Fraction((1 + a * d) // b, d)
 
@@ -102,20 +102,20 @@ def _bernoulli_exp_frac(rng: IntegerSource, num: np.ndarray, den: int) -> np.nda
     K = 1, 2, ...: draw A ~ Bernoulli(γ/K) = [integers(0, den·K) < num] until A = 0; the
     result is 1 iff the final K is odd.
     """
-    num = np.asarray(num, dtype=np.int64)
-    k = np.ones(len(num), dtype=np.int64)
-    active = np.ones(len(num), dtype=bool)
+    num = np.asarray(num)  # integers
+    k = np.full(len(num), 1)
+    active = np.full(len(num), True)
     while active.any():
         idx = np.flatnonzero(active)
         a = rng.integers(0, den * k[idx]) < num[idx]
         k[idx[a]] += 1
-        active[idx[~a]] = False
+        active[idx] = a
     return k % 2 == 1
 
 
 def _bernoulli_exp_minus_one(rng: IntegerSource, size: int) -> np.ndarray:
     """Bernoulli(e^{−1}) exactly."""
-    return _bernoulli_exp_frac(rng, np.ones(size), 1)  # (made int64 there)
+    return _bernoulli_exp_frac(rng, np.full(size, 1), 1)
 
 
 def sample_discrete_laplace(rng: IntegerSource, scale: Fraction, size: int) -> np.ndarray:

@@ -615,3 +615,17 @@ def test_content_hash_of_a_lone_surrogate_hashes_its_code_point() -> None:
     canonical = b'{"note":"x\xed\xbf\xbf"}'
     assert content_hash({"note": "x\udfff", "content_hash": "ignored"}) == (
         "sha256:" + hashlib.sha256(canonical).hexdigest())
+
+
+@pytest.mark.parametrize(("f_c", "m_c"), [(0.02, 1), (0.003, 1), (0.5, 1)])
+def test_max_epsilon_is_the_largest_that_works_even_when_the_first_guess_overflows(f_c: float, m_c: int) -> None:
+    """For f_C = 0.02 and 0.003 the guess m_C·ln(max float)/max(f_C, 1 − f_C) rounds so that e^{(1−f_C)ε} overflows;
+    the answer is stepped down to a float at which LocalAlg's thresholds can be computed, one step above it they
+    cannot."""
+    from hybriddp.device import max_epsilon
+
+    limit = max_epsilon(f_c, m_c)
+    assert limit == pytest.approx(m_c * math.log(1.7976931348623157e308) / max(f_c, 1 - f_c), rel=1e-14)
+    assert DeviceHeadList.from_json(_signed(epsilon=limit, f_c=f_c, m_c=m_c)).one_minus_tq[0] == 0.0
+    with pytest.raises(DeviceError, match="is too large"):
+        validate_headlist(_signed(epsilon=math.nextafter(limit, math.inf), f_c=f_c, m_c=m_c))

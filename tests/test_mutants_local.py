@@ -629,3 +629,12 @@ def test_max_epsilon_is_the_largest_that_works_even_when_the_first_guess_overflo
     assert DeviceHeadList.from_json(_signed(epsilon=limit, f_c=f_c, m_c=m_c)).one_minus_tq[0] == 0.0
     with pytest.raises(DeviceError, match="is too large"):
         validate_headlist(_signed(epsilon=math.nextafter(limit, math.inf), f_c=f_c, m_c=m_c))
+
+
+def test_randomize_batch_of_no_records() -> None:
+    from hybriddp.randomizer import randomize_batch
+
+    np, hl, lp = _batch_setup()
+    for entries in ([], np.array([], dtype=np.int64)):
+        got = randomize_batch(entries, hl, lp, np.random.default_rng(0))  # an empty list is read as integers
+        assert got.tolist() == [] and got.dtype == np.int64

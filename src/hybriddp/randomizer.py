@@ -120,7 +120,7 @@ def _randomize_chunk(entries: np.ndarray, hl: HeadList, lp: LocalAlgParams, unif
     kq_q = kq[q]
     alt_u = (v3 * (kq_q - 1)).astype(np.int64)
     alt_u += alt_u >= u
-    change_url = (kq_q > 1) & (v2 < lp.one_minus_tq[q])
+    change_url = v2 < lp.one_minus_tq[q]  # 1 − t_q = 0 where k_q = 1: never
     new_u = np.where(change_url, alt_u, u)
     branch1 = v1 < lp.one_minus_t
     return np.where(branch1, offsets[other_q] + other_u, offsets[q] + new_u)

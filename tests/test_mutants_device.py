@@ -280,3 +280,17 @@ def test_new_message_ids_are_16_bytes_canonically_encoded() -> None:
         assert mid[-1] in "AQgw"
         raw = base64.urlsafe_b64decode(mid + "==")
         assert len(raw) == 16 and base64.urlsafe_b64encode(raw).decode() == mid + "=="
+
+
+def test_an_integer_beyond_the_float_range_is_not_finite(tmp_path: Path) -> None:
+    """10^400 compares below math.inf as a Python int; as a number it is infinite and so refused."""
+    shown = "1" + "0" * 56 + "..."
+    with pytest.raises(DeviceError, match=exact_message(
+            f"lifetime epsilon (--lifetime-epsilon) = {shown} is not allowed: it must be a finite number > 0. ")):
+        DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=10**400, lifetime_delta=1e-5)
+    p = tmp_path / "huge.json"
+    p.write_text('{"lifetime": {"epsilon": 1' + "0" * 400 + ', "delta": 0.5}, "rounds": {}}', encoding="utf-8")
+    with pytest.raises(DeviceError, match=exact_message(
+            f"device ledger {p}: field lifetime.epsilon = {shown} is not allowed: it must be a finite number > 0. "
+            f"{FIX}")):
+        DeviceLedger(p)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from asyncrun import run_async
 from hybriddp.service.http import CoalescingTransport
 
 
@@ -71,7 +72,7 @@ def test_writes_of_one_turn_go_out_together_in_order(pair: tuple[socket.socket, 
         await asyncio.sleep(0.01)
         assert _received(pair[1]) == b"next"
         real.close()
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_close_sends_what_is_held_and_abort_drops_it(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -83,7 +84,7 @@ def test_close_sends_what_is_held_and_abort_drops_it(pair: tuple[socket.socket, 
         await asyncio.wait_for(sink.lost, 5)
         assert _received(pair[1]) == b"last words"
         assert t.is_closing()  # other attributes are the wrapped transport's
-    asyncio.run(main())
+    run_async(main())
 
     a, b = socket.socketpair()
     b.setblocking(False)
@@ -97,7 +98,7 @@ def test_close_sends_what_is_held_and_abort_drops_it(pair: tuple[socket.socket, 
         await asyncio.sleep(0.01)  # the flush scheduled by the write finds nothing held
         assert _received(b) == b""
     try:
-        asyncio.run(aborted())
+        run_async(aborted())
     finally:
         a.close()
         b.close()

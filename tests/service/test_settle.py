@@ -25,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 
 import hybriddp.service.store as store_module
+from asyncrun import run_async
 from hybriddp.device import new_message_id
 from hybriddp.service.store import RoundInfo, Store
 from hybriddp.service.writer import ReportWriter
@@ -193,8 +194,8 @@ def test_a_cancelled_request_neither_stops_the_writer_nor_loses_its_neighbours(s
     async def retry(info: RoundInfo, mid: str) -> Any:
         return await asyncio.wait_for(writer.submit(info, [(mid, [1])]), 30)
     try:
-        acks = asyncio.run(main())
-        later = asyncio.run(retry(a, ids[1]))  # another event loop, later
+        acks = run_async(main())
+        later = run_async(retry(a, ids[1]))  # another event loop, later
     finally:
         writer.close()
     assert [(k.acknowledged, k.counted) for k in acks] in ([(1, 1), (2, 1)], [(1, 1), (2, 2)])

@@ -274,7 +274,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
               openapi_extra={"requestBody": m.OPTIN_BODY}, responses=_errors(400, 401, 404, 409, 413, 415, 422, 503))
     async def upload(round_id: RoundId, request: Request,
                      creds: Annotated[HTTPAuthorizationCredentials | None, Security(optin_bearer)]) -> dict[str, int]:
-        body = await read_body(request, max_body_bytes)
+        body = await read_body(request.receive, max_body_bytes)
         token = None if creds is None else creds.credentials
         return {"accepted": await run_in_threadpool(_upload, store, round_id, body,
                                                     request.headers.get("content-type"), token)}
@@ -306,7 +306,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
               responses=_errors(400, 404, 409, 413, 415, 422, 503))
     async def post_reports(round_id: RoundId, request: Request) -> dict[str, int]:
         # Requests are served by ReportsEndpoint in front of the app; this route documents the endpoint.
-        body = await read_body(request, max_body_bytes)
+        body = await read_body(request.receive, max_body_bytes)
         return await accept_reports(store, writer, pool, metrics, round_id, body,
                                     request.headers.get("content-type"))
 

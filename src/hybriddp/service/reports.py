@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect
 
 from hybriddp.errors import HybridDPError
 from hybriddp.service import rounds
-from hybriddp.service.bodies import body_too_large, check_content_length
+from hybriddp.service.bodies import check_content_length, read_body
 from hybriddp.service.checkpool import CheckPool, check_here
 from hybriddp.service.errors import error_payload
 from hybriddp.service.metrics import Metrics
@@ -108,18 +108,6 @@ class ReportsEndpoint:
         single report's handling)."""
         headers = scope["headers"]
         check_content_length(headers, self.limit)
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            msg = await receive()
-            if msg["type"] != "http.request":  # http.disconnect
-                raise ClientDisconnect
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                raise body_too_large(self.limit)
-            chunks.append(chunk)
-            if not msg.get("more_body", False):
-                break
+        body = await read_body(receive, self.limit)
         content_type = next((v.decode("latin-1") for k, v in headers if k == b"content-type"), None)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks), content_type
+        return body, content_type

@@ -115,6 +115,11 @@ class RecentIds:
         with self._lock:
             return self._ids.get(round_num) or set()
 
+    def snapshot(self) -> dict[int, list[str]]:
+        """A copy of the ids held, by round (a settle reads it, under the write lock, just before it moves them)."""
+        with self._lock:
+            return {num: list(ids) for num, ids in self._ids.items()}
+
     def _forget(self) -> None:  # and read the whole table again at the next catch-up
         self._ids.clear()
         self._last = 0

@@ -61,6 +61,7 @@ from hybriddp.rng import SEED_WARNING
 from hybriddp.service import schema as s
 from hybriddp.service.errors import ConflictError, NotFoundError, StoreError
 from hybriddp.service.recent import Appends, RecentIds
+from hybriddp.service.settled import SettledIds
 
 DEFAULT_LIFETIME_EPSILON = 16.0
 """Lifetime ε of every opt-in user in a new database (``hybriddp serve --lifetime-epsilon``)."""
@@ -77,7 +78,7 @@ REPORT_STATES = ("headlist-published", "collecting-reports")
 # The report path's statements, written at the driver level (it runs them for every group commit);
 # only integers are formatted into them.
 _OPEN_ROUND = ("UPDATE rounds SET state = 'collecting-reports' WHERE num = %d AND state IN "
-               f"({', '.join(repr(st) for st in REPORT_STATES)}) RETURNING num")
+               f"({', '.join(repr(st) for st in REPORT_STATES)}) RETURNING n_messages")
 _ROWS_PER_INSERT = 8000 if sqlite3.sqlite_version_info >= (3, 32) else 300
 """Rows per SQLite INSERT statement of messages, 3 parameters each (SQLite >= 3.32 binds up to 32,766
 parameters, older 999)."""
@@ -281,6 +282,8 @@ class Store:
         """SQLite: :meth:`settle_if_due` settles once ``messages_recent`` holds this many rows (tests make it small)."""
         self._recent = RecentIds()
         """SQLite: the ids in ``messages_recent`` (that table has no index on them; :mod:`hybriddp.service.recent`)."""
+        self._settled = SettledIds()
+        """SQLite: hashes of the ids in ``messages``; new ids skip its probe (:mod:`hybriddp.service.settled`)."""
         try:
             self._setup(lifetime_epsilon, lifetime_delta)
             if self.dialect == "sqlite":
@@ -624,10 +627,10 @@ class Store:
             stored.clear()
             appends[:] = [self._recent.catch_up(conn)] if self.dialect == "sqlite" and any(
                 items for _, items in requests) else [None]
-            open_rounds = set()
+            open_rounds: dict[int, int] = {}  # round → its stored messages before this group
             for num in sorted({info.num for info, _ in requests}):  # locks the round rows in one order
-                if conn.exec_driver_sql(_OPEN_ROUND % int(num)).first():
-                    open_rounds.add(num)
+                if (row := conn.exec_driver_sql(_OPEN_ROUND % int(num)).first()) is not None:
+                    open_rounds[num] = int(row[0])
             results: list[ReportAck | ConflictError] = []
             by_round: dict[int, list[tuple[int, Sequence[tuple[str, Any]]]]] = {}  # round → (request, items)
             kinds: dict[int, str] = {}
@@ -644,7 +647,7 @@ class Store:
             reports = [0] * len(requests)
             for num, reqs in by_round.items():
                 stored[num] = self._store_round_reports(conn, num, kinds[num] == "mean", reqs, counted, reports,
-                                                        appends[0])
+                                                        appends[0], open_rounds[num])
                 acked = sum(len(items) for _, items in reqs)
                 new = sum(counted[i] for i, _ in reqs)
                 n_rep = sum(reports[i] for i, _ in reqs)
@@ -661,7 +664,7 @@ class Store:
 
     def _store_round_reports(self, conn: Connection, num: int, mean: bool,
                              reqs: list[tuple[int, Sequence[tuple[str, Any]]]], counted: list[int],
-                             reports: list[int], appends: Appends | None) -> list[str]:
+                             reports: list[int], appends: Appends | None, n_stored: int) -> list[str]:
         """Insert one round's messages of a group; credit each new one to the request that sent it; the new ids.
 
         Of several messages with one id (stored earlier, or repeated in the group) only the first is
@@ -684,7 +687,7 @@ class Store:
         order = sorted(range(n), key=ids.__getitem__)
         pick = operator.itemgetter(*order) if n > 1 else (lambda seq: (seq[0],))
         firsts = payloads if mean else [p[0] if p else None for p in payloads]
-        new = self._insert_messages(conn, num, mean, pick(ids), pick(firsts), appends)
+        new = self._insert_messages(conn, num, mean, pick(ids), pick(firsts), appends, n_stored)
         owners = np.asarray(owner, dtype=np.int64)
         lens = np.ones(n, dtype=np.int64) if mean else np.fromiter(map(len, payloads), dtype=np.int64, count=n)
         if len(new) == n:
@@ -715,7 +718,7 @@ class Store:
         return new
 
     def _insert_messages(self, conn: Connection, round_num: int, mean: bool, ids: Sequence[str],
-                         values: Sequence[Any], appends: Appends | None) -> list[str]:
+                         values: Sequence[Any], appends: Appends | None, n_stored: int) -> list[str]:
         """Store the messages ``ids`` (sorted; PostgreSQL: ON CONFLICT DO NOTHING RETURNING) with their first
         entries (or, for a mean round, values) ``values``, in that order; the ids that were new.
 
@@ -735,13 +738,17 @@ class Store:
                    "ON CONFLICT DO NOTHING RETURNING message_id")
             return list(conn.exec_driver_sql(sql, (list(ids), list(values))).scalars().all())
         assert appends is not None  # caught up in this transaction
-        return self._append_recent(conn, num, mean, ids, values, appends)
+        return self._append_recent(conn, num, mean, ids, values, appends, n_stored)
 
     def _append_recent(self, conn: Connection, num: int, mean: bool, ids: Sequence[str],
-                       values: Sequence[Any], appends: Appends) -> list[str]:
+                       values: Sequence[Any], appends: Appends, n_stored: int) -> list[str]:
         """SQLite: append the messages whose id is in neither ``messages_recent`` (this process's
-        :class:`RecentIds`, caught up in this transaction) nor ``messages`` (its primary key) to
-        ``messages_recent``; ``ids`` are sorted, so equal ones are neighbours and the first is kept."""
+        :class:`RecentIds`, caught up in this transaction) nor ``messages`` to ``messages_recent``;
+        ``ids`` are sorted, so equal ones are neighbours and the first is kept. ``n_stored``: the
+        round's stored messages before this transaction (both tables).
+
+        Only the ids that :class:`SettledIds` cannot rule out (retries, hash collisions) are looked up
+        in ``messages``' primary key; the others are appended without that lookup."""
         keep: list[bool] | None = None
         if len(ids) > 1 and any(map(operator.eq, ids[1:], ids[:-1])):  # repeated in the group
             keep = [True, *map(operator.ne, ids[1:], ids[:-1])]
@@ -751,7 +758,26 @@ class Store:
         if keep is not None:
             ids = list(itertools.compress(ids, keep))
             values = list(itertools.compress(values, keep))
+        if not ids:
+            return []
+        maybe = self._settled.maybe_settled(conn, num, n_stored - len(known), ids)
+        if not maybe.any():  # the common case
+            return self._append_rows(conn, num, mean, ids, values, appends, probe=False)
+        if maybe.all():
+            return self._append_rows(conn, num, mean, ids, values, appends, probe=True)
+        sure, unsure = np.flatnonzero(~maybe).tolist(), np.flatnonzero(maybe).tolist()
+        return (self._append_rows(conn, num, mean, [ids[i] for i in sure], [values[i] for i in sure], appends,
+                                  probe=False)
+                + self._append_rows(conn, num, mean, [ids[i] for i in unsure], [values[i] for i in unsure],
+                                    appends, probe=True))
+
+    def _append_rows(self, conn: Connection, num: int, mean: bool, ids: Sequence[str], values: Sequence[Any],
+                     appends: Appends, *, probe: bool) -> list[str]:
+        """Append ``ids`` (none of them recent) to ``messages_recent``; with ``probe``, only those not in
+        ``messages`` (its primary key is read), else all of them. The ids appended."""
         pay = "NULL, v.column3" if mean else "v.column3, NULL"
+        unsettled = (f" WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.round_num = {num} AND m.message_id = "
+                     "v.column2)") if probe else ""
         new: list[str] = []
         for i in range(0, len(ids), _ROWS_PER_INSERT):
             part_ids = ids[i:i + _ROWS_PER_INSERT]
@@ -765,8 +791,7 @@ class Store:
             # not come back. Otherwise the rows this statement inserted are read back by their seq range.
             inserted = int(conn.exec_driver_sql(
                 f"INSERT INTO messages_recent (seq, round_num, message_id, entry, value) SELECT v.column1, {num}, "
-                f"v.column2, {pay} FROM (VALUES {','.join(['(?,?,?)'] * k)}) AS v WHERE NOT EXISTS (SELECT 1 FROM "
-                f"messages m WHERE m.round_num = {num} AND m.message_id = v.column2)", tuple(flat)).rowcount)
+                f"v.column2, {pay} FROM (VALUES {','.join(['(?,?,?)'] * k)}) AS v{unsettled}", tuple(flat)).rowcount)
             if inserted == k:
                 appends.stored(start, start + k - 1)
                 new += part_ids
@@ -797,11 +822,20 @@ class Store:
             return 0
 
         def run(conn: Connection) -> int:
+            moving.clear()
             have = int(conn.exec_driver_sql("SELECT count(*) FROM messages_recent").scalar_one())
-            moved = _settle(conn) if have and have >= min_rows else 0
+            moved = 0
+            if have and have >= min_rows:
+                self._recent.catch_up(conn)  # now it holds every row of the table: the ids about to move
+                moving.update(self._recent.snapshot())
+                moved = _settle(conn)
             self._recent.catch_up(conn)  # under the write lock: forgets what moved, or what another process moved
             return moved
-        return self._write(run)
+        moving: dict[int, list[str]] = {}
+        generation = self._settled.generation
+        moved = self._write(run)
+        self._settled.merge(moving, generation)  # committed: their hashes join the settled ones
+        return moved
 
     def _add_counts(self, conn: Connection, round_num: int, counts: np.ndarray) -> None:
         """Add a group's new reports to ``entry_counts`` (one upsert; integers only, written inline)."""

@@ -4,7 +4,8 @@
 on the message id): random 16-byte ids in a B-tree would dirty nearly every leaf page of the
 index on each commit, appended rows dirty only the last few pages. Deduplication of the ids in
 it therefore happens here, against :class:`RecentIds`; ids already settled into ``messages``
-are found by that table's primary key (see :meth:`hybriddp.service.store.Store.add_reports_many`).
+are ruled out by :mod:`hybriddp.service.settled` or found by that table's primary key (see
+:meth:`hybriddp.service.store.Store.add_reports_many`).
 
 The set is derived state, rebuilt from the table: every write transaction that stores reports
 first calls :meth:`RecentIds.catch_up`. It runs under SQLite's write lock (``BEGIN

@@ -20,9 +20,10 @@ start-up recovery (:meth:`Store.unfinished`).
 
 On SQLite, device message ids are random, so inserting them straight into the large
 ``messages`` B-tree would dirty (and make each commit rewrite) nearly every leaf page. New
-messages go to the small ``messages_recent`` instead, with the same primary key, and only when
-their id is not in ``messages`` (a read, inside the same write transaction: SQLite has one
-writer at a time, so the check and the insert cannot be separated by another insert). Once it
+messages go to the small ``messages_recent`` instead, and only when their id is not in
+``messages`` (decided inside the same write transaction: SQLite has one writer at a time, so the
+check and the insert cannot be separated by another insert; :mod:`hybriddp.service.settled`
+rules out most ids without reading that table). Once it
 holds :data:`SETTLE_ROWS` rows, :meth:`Store.settle` moves them to ``messages`` in key order,
 one transaction that touches each leaf page once; closing a round settles too. An id is thus in
 at most one of the two tables, and every read of stored messages reads both.
@@ -619,8 +620,8 @@ class Store:
         :class:`ConflictError` for its requests, the others are stored. A message id already
         stored (or earlier in the group) is acknowledged and not counted again: on PostgreSQL the
         primary key decides (``ON CONFLICT DO NOTHING RETURNING``); on SQLite the recent ids held in
-        memory, caught up under the write lock, and ``messages``' primary key
-        (:meth:`_append_recent`), so concurrent retries cannot double-count.
+        memory, caught up under the write lock, and ``messages``' primary key for the ids that the
+        settled-id hashes cannot rule out (:meth:`_append_recent`), so concurrent retries cannot double-count.
         The new messages' reports are added to ``entry_counts`` in the same transaction.
         """
         def run(conn: Connection) -> list[ReportAck | ConflictError]:

@@ -73,6 +73,26 @@ def test_file_workflow_reproduces_run(files, tmp_path) -> None:
     assert [r["p_blended"] for r in out["queries"]] == [r["p_blended"] for r in run_obj["queries"]]
 
 
+def test_estimator_option_reaches_run_and_estimate(files, tmp_path) -> None:
+    """--estimator pooled: run and the file workflow agree, say so in their parameters, and blend
+    differently from the paper's weights (the same opt-in and client estimates)."""
+    log = files / "log.tsv"
+    paper = json.loads(invoke("run", "--input", log, *RUN, "--json").stdout)
+    pooled = json.loads(invoke("run", "--input", log, *RUN, "--estimator", "pooled", "--json").stdout)
+    assert (paper["params"]["estimator"], pooled["params"]["estimator"]) == ("paper", "pooled")
+    assert [r["p_optin"] for r in pooled["records"]] == [r["p_optin"] for r in paper["records"]]
+    assert [r["p_blended"] for r in pooled["records"]] != [r["p_blended"] for r in paper["records"]]
+    hl, est, rep = tmp_path / "hl.json", tmp_path / "optin.json", tmp_path / "reports.jsonl.gz"
+    invoke("headlist", "--input", log, *RUN, "--out-headlist", hl, "--out-estimates", est)
+    invoke("randomize", "--headlist", hl, "--input", log, "--optin-fraction", "0.3", "--seed", "3", "--output", rep)
+    out = json.loads(invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep,
+                            "--estimator", "pooled", "--json").stdout)
+    assert [r["p_blended"] for r in out["records"]] == [r["p_blended"] for r in pooled["records"]]
+    assert out["params"]["estimator"] == "pooled"
+    bad = invoke("run", "--input", log, *RUN, "--estimator", "median", ok=False)
+    assert bad.exit_code == 2 and "median" in bad.output and "pooled" in bad.output
+
+
 def test_randomize_production_path_and_single_device(files, tmp_path) -> None:
     hl, est = tmp_path / "hl.json", tmp_path / "optin.json"
     invoke("headlist", "--input", files / "log.tsv", "--head-list-size", "20", "--out-headlist", hl,

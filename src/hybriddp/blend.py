@@ -11,9 +11,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hybriddp.params import ESTIMATORS
+
 if TYPE_CHECKING:
     from hybriddp.client_estimates import ClientEstimates
     from hybriddp.curator import OptinEstimates
+    from hybriddp.headlist import HeadList
+    from hybriddp.randomizer import LocalAlgParams
+
+POOLED_MAX_PASSES = 50
+"""At most this many passes of :func:`blend_pooled`; it stops earlier once no weight moves by 1e-12."""
 
 VARIANCE_FLOOR = 1e-300
 """Variances are floored here so the weight is always defined (ALGORITHM.md §7)."""
@@ -72,9 +79,47 @@ class BlendOutput:
         return self.records_projected if self.records_projected is not None else self.records.p
 
 
-def blend_estimates(optin: OptinEstimates, client: ClientEstimates, project: bool = True) -> BlendOutput:
-    """BlendProbabilities for records and for queries (ALGORITHM.md §7)."""
+def blend_estimates(optin: OptinEstimates, client: ClientEstimates, project: bool = True, *,
+                    estimator: str = "paper", lp: LocalAlgParams | None = None) -> BlendOutput:
+    """BlendProbabilities for records and for queries (ALGORITHM.md §7); ``estimator`` names the
+    weights (:data:`ESTIMATORS`; ``pooled`` needs the clients' LocalAlg parameters ``lp``)."""
     rec = blend(optin.p_record, optin.var_record, client.p_record, client.var_record)
     qry = blend(optin.p_query, optin.var_query, client.p_query, client.var_query)
+    if estimator == "pooled":
+        if lp is None:
+            raise ValueError("the pooled estimator needs the clients' LocalAlg parameters (lp)")
+        rec, qry = blend_pooled(optin, client, lp, rec, qry)
+    elif estimator != "paper":
+        raise ValueError(f"estimator {estimator!r} is not one of {', '.join(ESTIMATORS)}")
     projected = project_to_simplex(rec.p) if project else None
     return BlendOutput(rec, qry, projected, qry.p)
+
+
+def blend_pooled(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams, rec: Blended,
+                 qry: Blended, max_passes: int = POOLED_MAX_PASSES) -> tuple[Blended, Blended]:
+    """Blends whose weights do not move with the estimates they weigh (ALGORITHM.md §7, "Pooled weights").
+
+    The paper's weight uses σ̂²_O at p̂_O and σ̂²_C at p̂_C. A group whose estimate came out low then
+    also reports a low variance and gets more weight: the blend is biased low. Here both variances
+    are evaluated at the blended estimate p̄ of the previous pass (clamped into [0, 1]), starting from
+    the paper's blend, until p̄ is a fixed point: p̄ = w(p̄)·p̂_O + (1−w(p̄))·p̂_C. The optimally
+    weighted p̄ is uncorrelated with the difference p̂_O − p̂_C (w·σ²_O = (1−w)·σ²_C), so the weight's
+    error no longer correlates with what it multiplies to first order, and the reported variance
+    w²σ²_O(p̄) + (1−w)²σ²_C(p̄) is that of the weights actually used.
+    """
+    from hybriddp.client_estimates import client_variances
+    from hybriddp.curator import optin_variance
+
+    hl: HeadList = optin.head_list
+    for _ in range(max_passes):
+        w_r, w_q = rec.weight_optin, qry.weight_optin
+        p_r, p_q = np.clip(rec.p, 0.0, 1.0), np.clip(qry.p, 0.0, 1.0)
+        vc_r, vc_q = client_variances(p_r, p_q, hl, lp, client.n)
+        rec = blend(optin.p_record, optin_variance(p_r, optin.draws_record, optin.n, optin.noise_variance),
+                    client.p_record, vc_r)
+        qry = blend(optin.p_query, optin_variance(p_q, optin.draws_query, optin.n, optin.noise_variance),
+                    client.p_query, vc_q)
+        if np.abs(rec.weight_optin - w_r).max(initial=0.0) < 1e-12 and np.abs(
+                qry.weight_optin - w_q).max(initial=0.0) < 1e-12:
+            break
+    return rec, qry

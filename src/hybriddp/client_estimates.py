@@ -49,27 +49,59 @@ def estimate_client_probabilities(
     if n < 2:
         inf_r, inf_q = np.full(hl.n_entries, np.inf), np.full(k, np.inf)
         return ClientEstimates(np.zeros(hl.n_entries), inf_r, np.zeros(k), inf_q, n, m_c == 1)
-    t = lp.t
     r_rec = counts / n
     r_q = np.bincount(entry_q, weights=counts) / n  # length k: the last entry is ⟨*,*⟩ of query k − 1
-    a = (k * t - 1.0) / (k - 1)
-    p_q = (r_q - (1.0 - t) / (k - 1)) / a
-    var_q = r_q * (1.0 - r_q) / ((n - 1) * a * a)
-
-    kq = lp.kq[entry_q]
-    tq = lp.tq[entry_q]
-    pq_e, varq_e, rq_e = p_q[entry_q], var_q[entry_q], r_q[entry_q]
-    multi = kq > 1
-    # entries with k_q = 1 take the query's estimate below; for them k_q − 1 is read as 1 and D_q = t > 0
-    # (t_q = 1), so the formulas stay finite
-    kq1 = np.maximum(kq - 1.0, 1.0)
-    d_q = t * (tq - (1.0 - tq) / kq1)
-    other_url = t * (1.0 - tq) / kq1
-    other_query = (1.0 - t) / ((k - 1) * kq)
-    p_rec = (r_rec - other_url * pq_e - other_query * (1.0 - pq_e)) / d_q
-    c = other_query - other_url
-    var_rec = (r_rec * (1.0 - r_rec) / (n - 1) + c * c * varq_e
-               + 2.0 * c * r_rec * (1.0 - rq_e) / ((n - 1) * a)) / (d_q * d_q)
-    p_rec = np.where(multi, p_rec, pq_e)
-    var_rec = np.where(multi, var_rec, varq_e)
+    g = _Geometry(hl, lp)
+    p_q = (r_q - (1.0 - g.t) / (k - 1)) / g.a
+    pq_e = p_q[entry_q]
+    p_rec = (r_rec - g.other_url * pq_e - g.other_query * (1.0 - pq_e)) / g.d_q
+    p_rec = np.where(g.multi, p_rec, pq_e)
+    var_rec, var_q = g.variances(r_rec, r_q, n)
     return ClientEstimates(p_rec, var_rec, p_q, var_q, n, m_c == 1)
+
+
+def client_variances(p_record: np.ndarray, p_query: np.ndarray, hl: HeadList, lp: LocalAlgParams,
+                     n: int) -> tuple[np.ndarray, np.ndarray]:
+    """σ²_C of records and queries evaluated at probabilities ``p_record``, ``p_query`` (not at the
+    clients' own estimates): the formulas of :func:`estimate_client_probabilities` at the report
+    frequencies those probabilities imply, r_q = a·p_q + (1−t)/(k−1) and
+    r_⟨q,u⟩ = D_q·p_⟨q,u⟩ + t(1−t_q)/(k_q−1)·p_q + (1−t)(1−p_q)/((k−1)k_q) (ALGORITHM.md §6). At the
+    clients' own estimates this gives back their estimated variances exactly."""
+    k = lp.k
+    if k == 1:
+        return np.zeros(1), np.zeros(1)
+    if n < 2:
+        return np.full(hl.n_entries, np.inf), np.full(k, np.inf)
+    g = _Geometry(hl, lp)
+    r_q = g.a * np.asarray(p_query, dtype=np.float64) + (1.0 - g.t) / (k - 1)
+    pq_e = np.asarray(p_query, dtype=np.float64)[hl.entry_query]
+    r_rec = g.d_q * np.asarray(p_record, dtype=np.float64) + g.other_url * pq_e + g.other_query * (1.0 - pq_e)
+    return g.variances(np.clip(r_rec, 0.0, 1.0), np.clip(r_q, 0.0, 1.0), n)
+
+
+class _Geometry:
+    """The constants of LocalAlg's report distribution per entry (ALGORITHM.md §6)."""
+
+    def __init__(self, hl: HeadList, lp: LocalAlgParams) -> None:
+        k, t = lp.k, lp.t
+        self.t, self.entry_q = t, hl.entry_query
+        self.a = (k * t - 1.0) / (k - 1)
+        kq = lp.kq[self.entry_q]
+        tq = lp.tq[self.entry_q]
+        self.multi = kq > 1
+        # entries with k_q = 1 take the query's estimate; for them k_q − 1 is read as 1 and D_q = t > 0
+        # (t_q = 1), so the formulas stay finite
+        kq1 = np.maximum(kq - 1.0, 1.0)
+        self.d_q = t * (tq - (1.0 - tq) / kq1)
+        self.other_url = t * (1.0 - tq) / kq1
+        self.other_query = (1.0 - t) / ((k - 1) * kq)
+
+    def variances(self, r_rec: np.ndarray, r_q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Delta-method σ²_C of records and queries at report frequencies ``r_rec``, ``r_q``."""
+        a = self.a
+        var_q = r_q * (1.0 - r_q) / ((n - 1) * a * a)
+        varq_e, rq_e = var_q[self.entry_q], r_q[self.entry_q]
+        c = self.other_query - self.other_url
+        var_rec = (r_rec * (1.0 - r_rec) / (n - 1) + c * c * varq_e
+                   + 2.0 * c * r_rec * (1.0 - rq_e) / ((n - 1) * a)) / (self.d_q * self.d_q)
+        return np.where(self.multi, var_rec, varq_e), var_q

@@ -67,8 +67,11 @@ def check_seed(seed: int | None, name: str = "seed (--seed)") -> None:
 
 OPTION_NAMES = {
     "epsilon": "--epsilon", "delta": "--delta", "optin_fraction": "--optin-fraction", "f_o": "--f-o",
-    "f_c": "--f-c", "head_list_size": "--head-list-size", "m_o": "--m-o", "m_c": "--m-c",
+    "f_c": "--f-c", "head_list_size": "--head-list-size", "m_o": "--m-o", "m_c": "--m-c", "estimator": "--estimator",
 }
+ESTIMATORS = ("paper", "pooled")
+"""How the blend's weights are made: ``paper`` (Fig. 7: each group's variance at its own estimate) or
+``pooled`` (both variances at the blended estimate; ALGORITHM.md §7, "Pooled weights")."""
 
 
 def _label(name: str) -> str:
@@ -207,6 +210,9 @@ class BlenderParams:
         Records sampled per opt-in user / per client (without replacement).
     project:
         Project the blended record vector onto the probability simplex (ALGORITHM.md §7).
+    estimator:
+        How the blend weighs the two groups: ``paper`` (Fig. 7, each group's variance at its own
+        estimate) or ``pooled`` (both at the blended estimate: unbiased weights; ALGORITHM.md §7).
     """
 
     epsilon: float = 4.0
@@ -218,8 +224,11 @@ class BlenderParams:
     m_o: int = 1
     m_c: int = 1
     project: bool = True
+    estimator: str = "paper"
 
     def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise parameter_error(_label("estimator"), self.estimator, " or ".join(ESTIMATORS))
         check_records_per_user("m_o", self.m_o)
         check_records_per_user("m_c", self.m_c)
         check_fraction("f_c", self.f_c)
@@ -241,7 +250,7 @@ class BlenderParams:
         """b_S = b_T = 2·m_O/ε."""
         return head_list_scale(self.epsilon, self.m_o)
 
-    def to_dict(self) -> dict[str, float | int | bool]:
+    def to_dict(self) -> dict[str, float | int | bool | str]:
         """Plain dict for JSON output."""
         return asdict(self)
 

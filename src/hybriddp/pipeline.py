@@ -109,7 +109,7 @@ def run_blender(
     with stages.stage("randomize clients"):
         counts = simulate_devices(d_c, hl, lp, seed=seed, backend=backend)
     with stages.stage("estimate client probabilities"):
-        out = server_side(rel, counts, params.project)
+        out = server_side(rel, counts, params.project, params.estimator)
     return BlenderRun(params, log, rel, cur, out.lp, counts, out.client, out.blended, len(optin_users),
                       len(client_users), d_c, seed, stages, client_users)
 

@@ -539,11 +539,15 @@ def test_round_commands_refuse_cleanly(service: Service, tmp_path: Any) -> None:
 
 
 # ----- demo --service -------------------------------------------------------------------------------------
-def test_demo_through_the_service_reproduces_the_seeded_demo() -> None:
+@pytest.mark.parametrize("estimator", ["paper", "pooled"])
+def test_demo_through_the_service_reproduces_the_seeded_demo(estimator: str) -> None:
     """Same seed: the round through HTTP and SQLite (opt-in uploads, the server's curator, device messages from
-    the device randomizer, batched) gives exactly the simulation's JSON, every estimate and metric."""
-    plain = json.loads(_cli("demo", "--scale", 0.02, "--seed", 11, "--json").stdout)
-    served = json.loads(_cli("demo", "--service", "--scale", 0.02, "--seed", 11, "--json").stdout)
+    the device randomizer, batched) gives exactly the simulation's JSON, every estimate and metric; the round's
+    ``estimator`` parameter reaches the server's close."""
+    plain = json.loads(_cli("demo", "--scale", 0.02, "--seed", 11, "--estimator", estimator, "--json").stdout)
+    served = json.loads(_cli("demo", "--service", "--scale", 0.02, "--seed", 11, "--estimator", estimator,
+                             "--json").stdout)
+    assert plain["params"]["estimator"] == served["params"]["estimator"] == estimator
     service = served.pop("service")
     plain.pop("stage_seconds")
     served.pop("stage_seconds")

@@ -178,7 +178,8 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
 @output_options
 @engine_options("the reports")
 def estimate_cmd(headlist_path: str, optin_path: str, reports_path: tuple[str, ...], as_json: bool,
-                 output: str | None, top: int, no_project: bool, engine: str, spark_master: str | None) -> None:
+                 output: str | None, top: int, no_project: bool, estimator: str | None, engine: str,
+                 spark_master: str | None) -> None:
     """Server: estimate from client reports (ALGORITHM.md §6) and blend with the opt-in estimates (§7).
 
     With --engine spark the reports (Parquet, one row per report) are checked and counted per
@@ -188,7 +189,7 @@ def estimate_cmd(headlist_path: str, optin_path: str, reports_path: tuple[str, .
     hdoc, edoc = read_release_files(headlist_path, optin_path)
     rel = release_from_documents(hdoc, edoc, headlist_source=headlist_path, estimates_source=optin_path)
     counts = count_report_paths(rel, reports_path, engine, spark_master)
-    res = serve_estimates(rel, counts, project=False if no_project else None)
+    res = serve_estimates(rel, counts, project=False if no_project else None, estimator=estimator)
     render.warn_delta(rel.params.delta, counts.messages)
     if output:
         res.write(output)

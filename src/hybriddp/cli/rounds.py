@@ -18,7 +18,15 @@ import click
 from rich.table import Table
 
 from hybriddp.cli import render
-from hybriddp.cli.options import input_options, load_input, make_params, noise_option, privacy_options, seed_option
+from hybriddp.cli.options import (
+    estimator_option,
+    input_options,
+    load_input,
+    make_params,
+    noise_option,
+    privacy_options,
+    seed_option,
+)
 from hybriddp.errors import DataError, parameter_error
 from hybriddp.rng import SEED_WARNING
 
@@ -171,6 +179,7 @@ def round_group() -> None:
 @noise_option()
 @click.option("--no-project", is_flag=True,
               help="Skip the projection of blended record estimates onto the probability simplex.")
+@estimator_option
 @click.option("--lower", type=float, default=None, help="--kind mean: lower bound of the values (values below are "
                                                         "clamped to it), in the values' unit.")
 @click.option("--upper", type=float, default=None, help="--kind mean: upper bound of the values, in their unit.")
@@ -179,18 +188,18 @@ def round_group() -> None:
 @seed_option(help="EXPERIMENTS ONLY: the server's curator uses this seed, so the round has NO privacy.")
 @json_option
 def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str | None, noise: str, no_project: bool,
-               lower: float | None, upper: float | None, sigma2: float | None, seed: int | None, as_json: bool,
-               **knobs: Any) -> None:
+               estimator: str | None, lower: float | None, upper: float | None, sigma2: float | None,
+               seed: int | None, as_json: bool, **knobs: Any) -> None:
     """Create a round (state collecting-optin) with all BLENDER parameters (ALGORITHM.md §2), or a mean round
     (--kind mean --epsilon --lower --upper; ALGORITHM.md §11). Prints the round and its id."""
     if kind == "blender":
         if lower is not None or upper is not None or sigma2 is not None:
             raise parameter_error("--lower/--upper/--sigma2", next(v for v in (lower, upper, sigma2) if v is not None),
                                   "unset with --kind blender", "They describe the values of a --kind mean round.")
-        p = make_params(project=not no_project, **knobs)
+        p = make_params(project=not no_project, estimator=estimator or "paper", **knobs)
         params: dict[str, Any] = {"epsilon": p.epsilon, "delta": p.delta, "head_list_size": p.head_list_size,
                                   "m_o": p.m_o, "m_c": p.m_c, "f_o": p.f_o, "f_c": p.f_c, "noise": noise,
-                                  "project": p.project}
+                                  "project": p.project, "estimator": p.estimator}
     else:
         if lower is None or upper is None:
             raise parameter_error("--lower/--upper", None, "given with --kind mean (the public range of the values)",

@@ -14,6 +14,7 @@ from hybriddp.cli.engine import engine_options, make_backend
 from hybriddp.cli.options import (
     MAX_SCALE,
     check_scale,
+    estimator_option,
     input_options,
     int_range,
     load_input,
@@ -41,7 +42,9 @@ def output_options(f):
                      help="Rows of the Fig. 9 table (>= 1).")(f)
     f = click.option("--no-project", is_flag=True,
                      help="Skip the projection of blended record estimates onto the probability simplex.")(f)
+    f = estimator_option(f)
     return f
+
 
 
 def check_output(output: str | None) -> None:
@@ -53,9 +56,10 @@ def check_output(output: str | None) -> None:
 
 
 def params_from_knobs(knobs: dict[str, object]) -> BlenderParams:
-    """Validated parameters from the command's knobs (``no_project`` is popped)."""
+    """Validated parameters from the command's knobs (``no_project`` and ``estimator`` are popped)."""
     no_project = bool(knobs.pop("no_project", False))
-    return make_params(project=not no_project, **knobs)  # type: ignore[arg-type]
+    estimator = knobs.pop("estimator", None) or "paper"
+    return make_params(project=not no_project, estimator=estimator, **knobs)  # type: ignore[arg-type]
 
 
 def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | None, as_json: bool,

@@ -157,20 +157,22 @@ class ServerOutput:
     blended: BlendOutput
 
 
-def server_side(release: CuratorRelease, counts: np.ndarray, project: bool) -> ServerOutput:
-    """EstimateClientProbabilities (ALGORITHM.md §6) and BlendProbabilities (§7) from report counts."""
+def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, estimator: str = "paper") -> ServerOutput:
+    """EstimateClientProbabilities (ALGORITHM.md §6) and BlendProbabilities (§7) from report counts,
+    with the blend's weights named by ``estimator`` (:data:`hybriddp.params.ESTIMATORS`)."""
     hl = release.head_list
     doc = release.headlist
     lp = LocalAlgParams.build(hl, float(doc["epsilon"]), float(doc["delta"]), release.f_c, release.m_c)
     client = estimate_client_probabilities(counts, hl, lp, release.m_c)
-    return ServerOutput(lp, client, blend_estimates(release.optin, client, project))
+    return ServerOutput(lp, client, blend_estimates(release.optin, client, project, estimator=estimator, lp=lp))
 
 
 def serve_estimates(release: CuratorRelease, counts: ReportCounts | np.ndarray, *,
-                    project: bool | None = None, sizes: dict[str, int] | None = None) -> Result:
+                    project: bool | None = None, estimator: str | None = None,
+                    sizes: dict[str, int] | None = None) -> Result:
     """The server's result: client estimates from ``counts``, blended with the release's opt-in estimates.
 
-    ``project`` None uses the release's parameter. Raises :class:`DataError` when there are no
+    ``project`` and ``estimator`` None use the release's parameters. Raises :class:`DataError` when there are no
     reports at all (nothing to estimate from the clients).
     """
     c = counts.counts if isinstance(counts, ReportCounts) else np.asarray(counts, dtype=np.int64)
@@ -181,10 +183,11 @@ def serve_estimates(release: CuratorRelease, counts: ReportCounts | np.ndarray, 
         raise DataError("no reports; nothing to estimate from the clients. Collect device messages "
                         "(`hybriddp randomize`) for this head list first")
     params = release.params
-    if project is not None and project != params.project:
+    if (project is not None and project != params.project) or (estimator is not None and estimator != params.estimator):
         from dataclasses import replace
-        params = replace(params, project=project)
-    out = server_side(release, c, params.project)
+        params = replace(params, project=params.project if project is None else project,
+                         estimator=params.estimator if estimator is None else estimator)
+    out = server_side(release, c, params.project, params.estimator)
     all_sizes = {**release.sizes, **(sizes or {}), "reports": out.client.n}
     if isinstance(counts, ReportCounts):
         all_sizes.update(messages=counts.messages, duplicate_messages=counts.duplicates)

@@ -114,7 +114,7 @@ def round_params(params: BlenderParams, noise: str) -> dict[str, Any]:
     """A round's ``params`` object for ``POST /api/v1/rounds``."""
     return {"epsilon": params.epsilon, "delta": params.delta, "head_list_size": params.head_list_size,
             "m_o": params.m_o, "m_c": params.m_c, "f_o": params.f_o, "f_c": params.f_c, "noise": noise,
-            "project": params.project, "optin_fraction": params.optin_fraction}
+            "project": params.project, "estimator": params.estimator, "optin_fraction": params.optin_fraction}
 
 
 def _optin_vocabulary(log: RecordLog, rows: np.ndarray) -> dict[str, list[str]]:

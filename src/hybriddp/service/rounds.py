@@ -105,7 +105,7 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
 def blender_params(params: dict[str, Any]) -> BlenderParams:
     """The library parameters of a BLENDER round."""
     try:
-        return BlenderParams(**{k: params[k] for k in _BLENDER_FIELDS})
+        return BlenderParams(**{k: params[k] for k in _BLENDER_FIELDS if k in params})  # older rounds: defaults
     except TypeError as exc:  # e.g. a string where a number belongs
         raise parameter_error("params", {k: params[k] for k in _BLENDER_FIELDS}, f"numbers of the right type ({exc})"
                               ) from None

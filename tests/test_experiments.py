@@ -88,7 +88,7 @@ def test_missing_points_when_m_too_large(quick_all: Path) -> None:
 
 def test_trials_csv_rows_and_report_claims(quick_all: Path) -> None:
     rows = read_csv(quick_all / "trials.csv")
-    assert {r["algorithm"] for r in rows} == {"blender", "optin-only", "client-only", "local-only",
+    assert {r["algorithm"] for r in rows} == {"blender", "optin-only", "client-only", "blender-pooled", "local-only",
                                               "local-only-hashed", "blender-tuned"}
     tuned = [r for r in rows if r["algorithm"] == "blender-tuned"]
     assert tuned and all(r["head_list_size"] == "10" and r["epsilon"] in ("2.0", "4.0") for r in tuned)
@@ -269,7 +269,7 @@ def test_rows_of_older_code_are_run_again_and_replaced(tmp_path: Path, caplog) -
     assert again.n_ran == first.n_runs and "different algorithm code" in caplog.text
     assert run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True).n_ran == 0
     rows = read_csv(trials)  # the stale rows were replaced, not kept beside the new ones
-    assert len(rows) == 3 * first.n_runs  # one row per algorithm of each BLENDER run: no stale duplicates
+    assert len(rows) == 4 * first.n_runs  # one row per algorithm of each BLENDER run: no stale duplicates
     assert {r["code"] for r in rows} == {family_fingerprint("blender")}
 
 
@@ -284,3 +284,31 @@ def test_code_fingerprint_ignores_documentation_not_code() -> None:
     tuned = module_closure(FAMILY_ROOTS["blender-tuned"])
     assert {"hybriddp.tune.search", "hybriddp.experiments.tuned"} <= set(tuned)
     assert family_fingerprint("blender") != family_fingerprint("blender-tuned")
+
+
+def test_estimators_figure_pairs_the_papers_blend_with_the_pooled_one(quick_all: Path) -> None:
+    summary = json.loads((quick_all / "summary.json").read_text())
+    pts = summary["figures"]["estimators"]
+    assert {p["algorithm"] for p in pts} == {"blender", "blender-pooled"}
+    assert {p["metric"] for p in pts} == {"l1", "ndcg", "ndcg_queries_at_10"}
+    rows = read_csv(quick_all / "trials.csv")
+    pooled = {(r["epsilon"], r["trial"]) for r in rows if r["algorithm"] == "blender-pooled"}
+    assert pooled and pooled <= {(r["epsilon"], r["trial"]) for r in rows if r["algorithm"] == "blender"}
+
+
+def test_blender_family_pooled_member_is_the_same_run_blended_with_pooled_weights() -> None:
+    """``blender-pooled`` shares the run (head list, samples, truth) and differs only in its weights:
+    with ``estimator="pooled"`` the family's ``blender`` is the same result."""
+    from dataclasses import replace
+
+    from hybriddp.algorithms import blender_family
+    from hybriddp.params import BlenderParams
+
+    log = zipf_log(3_000, seed=4)
+    params = BlenderParams(epsilon=4.0, optin_fraction=0.3, head_list_size=10)
+    paper = blender_family(log, params, seed=9)
+    pooled = blender_family(log, replace(params, estimator="pooled"), seed=9)
+    assert paper["blender-pooled"].p_record.tolist() == pooled["blender"].p_record.tolist()
+    assert paper["blender-pooled"].metrics == pooled["blender"].metrics
+    assert paper["blender"].p_record.tolist() != paper["blender-pooled"].p_record.tolist()
+    assert paper["blender"].head_list.query_ids.tolist() == paper["blender-pooled"].head_list.query_ids.tolist()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hybriddp.blend import project_to_simplex
+from hybriddp.blend import blend_estimates, project_to_simplex
 from hybriddp.evaluate import ground_truth, score, truth_vectors
 from hybriddp.noise import DiscreteLaplaceNoise
 from hybriddp.params import BlenderParams
@@ -49,7 +49,8 @@ def blender_family(
     log: RecordLog, params: BlenderParams, *, seed: int | None = None,
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, stages: Stages | None = None,
 ) -> dict[str, Result]:
-    """``blender``, ``optin-only`` and ``client-only`` from one BLENDER run (paired)."""
+    """``blender``, ``optin-only``, ``client-only`` and ``blender-pooled`` (the same estimates blended with
+    pooled weights, ALGORITHM.md §7) from one BLENDER run (paired)."""
     run = run_blender(log, params, seed=seed, noise_factory=noise_factory, stages=stages)
     full = result_from_run(run)
     cur = run.curator
@@ -62,6 +63,10 @@ def blender_family(
         guarantees=curator_guarantees(params.epsilon, params.delta), **base), log, parts, params.project)
     out["client-only"] = _finish(Result(
         "client-only", p_record=run.client.p_record.copy(), p_query=run.client.p_query.copy(),
+        guarantees=full.guarantees, **base), log, parts, params.project)
+    pooled = blend_estimates(cur.optin, run.client, False, estimator="pooled", lp=run.lp)
+    out["blender-pooled"] = _finish(Result(
+        "blender-pooled", p_record=pooled.records.p.copy(), p_query=pooled.queries.p.copy(),
         guarantees=full.guarantees, **base), log, parts, params.project)
     return out
 

@@ -56,7 +56,7 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
                    scale: float, row_per_user: bool, quick: bool) -> None:
-    """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes or all.
+    """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators or all.
 
     \b
     fig9   top-10 query table at the paper defaults
@@ -66,6 +66,8 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     fig13  L1 vs opt-in percentage, several M     fig14  NDCG, same runs
     fig15  L1 vs ε, several M                     fig16  NDCG, same runs
     sizes  beyond the paper: NDCG vs head-list size M, BLENDER vs both local-only baselines
+    estimators  beyond the paper: L1 / NDCG / NDCG@10 vs ε, the paper's blend weights
+           against pooled ones (the same runs blended both ways)
 
     Writes trials.csv, figN.csv, figN.png, summary.json and report.md (claims of the paper
     checked against the numbers) to --out.

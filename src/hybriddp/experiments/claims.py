@@ -323,6 +323,32 @@ def tuned_vs_defaults_claim(runs: RunSet, points: list[Point], metric: str = "nd
                   "(NDCG@10, paired trials)", text, not worse and avg >= 0)]
 
 
+def estimator_claims(runs: RunSet, points: list[Point]) -> list[Claim]:
+    """Beyond the paper (issue 13): pooled blend weights are never significantly worse than the paper's.
+
+    ``blender-pooled`` is the same run as ``blender`` blended differently, so every trial is a pair.
+    Per metric, it holds when no point has pooled significantly worse (paired 95% interval entirely
+    on the worse side) and the mean difference over the points is not on the worse side.
+    """
+    out = []
+    for metric in ("l1", "ndcg", "ndcg_queries_at_10"):
+        sign = 1.0 if metric.startswith("l1") else -1.0  # worse side positive
+        diffs = [(point, d) for point in points
+                 if (d := paired_difference(runs.rows("blender-pooled", point), runs.rows("blender", point), metric,
+                                            point.head_list_size, sign)) is not None]
+        if not diffs:
+            continue
+        worse = [x for x in diffs if x[1][3] >= 2 and x[1][1] > 0]
+        better = [x for x in diffs if x[1][3] >= 2 and x[1][2] < 0]
+        avg = sum(d[0] for _, d in diffs) / len(diffs)
+        text = (f"pooled − paper (worse side positive) from {min(d[0] for _, d in diffs):+.4f} to "
+                f"{max(d[0] for _, d in diffs):+.4f}, mean {avg:+.4f} over {len(diffs)} ε; significantly worse "
+                f"(paired 95% CI) at {len(worse)}, significantly better at {len(better)}")
+        out.append(Claim("estimators", f"beyond the paper: {metric}: pooled blend weights are never significantly "
+                         "worse than the paper's (paired trials)", text, not worse and avg <= 0))
+    return out
+
+
 def sizes_claims(pts: _Points) -> list[Claim]:
     """Beyond the paper: BLENDER's generalized NDCG against both local-only baselines at every M
     where BLENDER's list forms (the defaults otherwise: ε, opt-in share, f_O, f_C)."""
@@ -449,6 +475,8 @@ def all_claims(kind: str, base: Point, runs: RunSet, figure_points: dict[str, li
         out += tuned_vs_defaults_claim(runs, [point for _, _, point in figures["fig12"].points(base)])
     if "sizes" in fig:
         out += sizes_claims(fig["sizes"])
+    if "estimators" in fig:
+        out += estimator_claims(runs, [point for _, _, point in figures["estimators"].points(base)])
     if kind == "yandex":
         sizes = sorted({p.head_list_size for name in ("fig13", "fig14", "fig15", "fig16") if name in fig
                         for p in fig[name].points})

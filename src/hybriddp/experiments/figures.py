@@ -15,6 +15,8 @@ Grids (paper §4.2; ``quick`` shrinks every grid for tests):
 * Figs. 13 / 14 — opt-in fraction 1%, 1.5%, 2%, 2.5%, 3%, …, 10% (4.5% included); L1 /
   generalized NDCG of BLENDER for several M (AOL 10, 25, 50, 100; Yandex 50, 100, 250, 500).
 * Figs. 15 / 16 — ε = 1, 1.5, …, 5; L1 / generalized NDCG of BLENDER for the same M.
+* ``estimators`` (beyond the paper) — ε = 1, 1.5, …, 5 at the dataset's M; L1, generalized NDCG and
+  NDCG@10 of BLENDER with the paper's blend weights and with pooled ones, from the same runs.
 """
 
 from __future__ import annotations
@@ -23,17 +25,19 @@ from dataclasses import dataclass, replace
 
 from hybriddp.params import BlenderParams
 
-FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16", "sizes")
+FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16", "sizes", "estimators")
 """Every figure ``hybriddp experiment`` makes (the paper's, and ``sizes`` beyond it); ``all`` means all of them."""
 
-FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blender", "local-only": "local-only",
-             "local-only-hashed": "local-only-hashed", "blender-tuned": "blender-tuned"}
+FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blender", "blender-pooled": "blender",
+             "local-only": "local-only", "local-only-hashed": "local-only-hashed", "blender-tuned": "blender-tuned"}
 """The run that produces each algorithm: one BLENDER run gives ``blender``, ``optin-only`` and
-``client-only`` (paired, :func:`hybriddp.algorithms.blender_family`); ``blender-tuned`` is
+``client-only``, and ``blender-pooled`` (its estimates with pooled blend weights) (paired,
+:func:`hybriddp.algorithms.blender_family`); ``blender-tuned`` is
 BLENDER with the knobs tune picks from an earlier round (:mod:`hybriddp.experiments.tuned`)."""
 
-FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only"), "local-only": ("local-only",),
-                     "local-only-hashed": ("local-only-hashed",), "blender-tuned": ("blender-tuned",)}
+FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only", "blender-pooled"),
+                     "local-only": ("local-only",), "local-only-hashed": ("local-only-hashed",),
+                     "blender-tuned": ("blender-tuned",)}
 
 HEAD_LIST_SIZES = {"aol": (10, 25, 50, 100), "yandex": (50, 100, 250, 500)}
 """M of Figures 13–16 per dataset (paper Figs. 13a/b–16a/b); a log file uses the AOL sizes."""
@@ -160,6 +164,9 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
         Figure("sizes", "Beyond the paper: generalized NDCG vs head-list size M, BLENDER vs local-only",
                "head_list_size", tuple(float(m) for m in sizes), ("ndcg",),
                ("blender", "local-only", "local-only-hashed")),
+        Figure("estimators", "Beyond the paper: the paper's blend weights against pooled ones (ALGORITHM.md §7), "
+               "paired: the same run blended both ways", "epsilon", eps, ("l1", "ndcg", "ndcg_queries_at_10"),
+               ("blender", "blender-pooled")),
     ]
     return {f.name: f for f in figs}
 

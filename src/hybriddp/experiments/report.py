@@ -116,6 +116,8 @@ def write_report(meta: dict[str, Any], figs: dict[str, Figure], points: dict[str
         "et al. (LDPMiner, CCS 2016; NDCG ≈ 0.3), a weaker discovery method than PEM.",
         "* `blender-tuned` (Fig. 12) is BLENDER with the f_O and f_C that `hybriddp tune -M 10` picks from the DP "
         "files of an earlier round run at the paper's defaults (a second release; tuning reads nothing else).",
+        "* `blender-pooled` (figure `estimators`) is the same BLENDER run blended with pooled weights (both "
+        "variances at the blended estimate, docs/ALGORITHM.md §7) instead of the paper's: paired by construction.",
     ]
     if p["delta"] >= 1.0 / max(meta["n_users"], 1):
         lines.append(f"* note: δ = {p['delta']:g} is not below 1/n_users = {1.0 / meta['n_users']:.3g} (neither is the "

@@ -208,6 +208,17 @@ def test_cli_table_with_prior() -> None:
     assert "no extra privacy cost" in r.stdout
 
 
+def test_cli_estimator_reaches_the_simulations() -> None:
+    """Same seed, pooled blend weights: the simulations blend differently (other NDCG and L1 figures)."""
+    common = ("tune", "--population", 20_000, "--optin-fraction", 0.2, "--epsilon", 4, "--trials", 2, "--seed", 1,
+              "--workers", 1, "--json")
+    paper = json.loads(invoke(*common).stdout)
+    pooled = json.loads(invoke(*common, "--estimator", "pooled").stdout)
+    assert (paper["search"]["estimator"], pooled["search"]["estimator"]) == ("paper", "pooled")
+    figures = ("ndcg", "l1", "paper_defaults")
+    assert [paper[k] for k in figures] != [pooled[k] for k in figures]
+
+
 @pytest.mark.parametrize(("args", "needles"), [
     (("--population", 500), ("--population", "500", "1,000")),
     (("--optin-fraction", 0), ("--optin-fraction", "0")),

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from hybriddp.cli import render
-from hybriddp.cli.options import noise_option, seed_option
+from hybriddp.cli.options import estimator_option, noise_option, seed_option
 from hybriddp.errors import ParameterError
 from hybriddp.tune import (
     PrivatizedInputs,
@@ -94,11 +94,12 @@ def print_tune(res: TuneResult) -> None:
 @seed_option(help="Seed of the fit and the simulations (tuning reads DP outputs only, so seeding costs no "
                   "privacy). Default: OS randomness.")
 @noise_option()
+@estimator_option
 @click.option("--workers", type=int, default=None, help="Worker processes for the simulations (default: CPUs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def tune_cmd(population: int, optin_fraction: float, epsilon: float, delta: float | None, target_ndcg: float,
              headlist_path: str | None, estimates_path: str | None, head_list_size: int | None, trials: int,
-             seed: int | None, noise: str, workers: int | None, as_json: bool) -> None:
+             seed: int | None, noise: str, estimator: str | None, workers: int | None, as_json: bool) -> None:
     """Recommend f_O, f_C and the largest head-list size M whose expected generalized NDCG reaches
     --target-ndcg, by simulating BLENDER on a synthetic population fitted only to the curator's
     differentially private outputs (post-processing: no extra privacy cost). Prints the expected
@@ -122,7 +123,8 @@ def tune_cmd(population: int, optin_fraction: float, epsilon: float, delta: floa
     render.warn_delta(delta, population)
     with render.interruptible(), render.stage_progress(not as_json) as on_stage:
         res = tune(population, optin_fraction, epsilon, delta, target_ndcg=target_ndcg, inputs=inputs, trials=trials,
-                   seed=seed, noise=noise, workers=workers, progress=on_stage, head_list_size=head_list_size)
+                   seed=seed, noise=noise, workers=workers, progress=on_stage, head_list_size=head_list_size,
+                   estimator=estimator or "paper")
     if as_json:
         render.print_json(res.to_json())
         return

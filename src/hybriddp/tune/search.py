@@ -116,7 +116,7 @@ def tune(
     population: int, optin_fraction: float, epsilon: float, delta: float | None = None, *,
     target_ndcg: float = 0.95, inputs: PrivatizedInputs | None = None, trials: int = 3,
     seed: int | None = None, noise: str = "discrete", workers: int | None = None,
-    progress: ProgressFn | None = None, head_list_size: int | None = None,
+    progress: ProgressFn | None = None, head_list_size: int | None = None, estimator: str = "paper",
 ) -> TuneResult:
     """Pick f_O, f_C and the largest M whose expected generalized NDCG reaches ``target_ndcg``.
 
@@ -172,7 +172,7 @@ def tune(
             log = model.sample_log(population, np.random.default_rng(int(a)))
             pops.append(_Population(log, Truth.from_records(log.query, log.url), int(b)))
         _POPULATIONS[group] = pops
-    _SETTINGS.update(delta=delta, noise=noise)
+    _SETTINGS.update(delta=delta, noise=noise, estimator=estimator)
     workers = max(1, min(workers or os.cpu_count() or 1, 32))
     try:
         with _Simulator(workers, epsilon, optin_fraction) as sim:
@@ -181,6 +181,7 @@ def tune(
     finally:
         _POPULATIONS.clear()
     result.search["simulations"] = sim.simulations
+    result.search["estimator"] = estimator
     result.search["fit_seconds"] = round(fit_seconds, 2)
     result.search["seconds"] = round(time.perf_counter() - started, 2)
     result.search["workers"] = workers

@@ -130,7 +130,7 @@ def test_tune_api_takes_only_privatized_inputs() -> None:
             assert not params & {"log", "records", "query", "url", "sampled"}, (name, params)
     assert set(inspect.signature(T.tune).parameters) == {
         "population", "optin_fraction", "epsilon", "delta", "target_ndcg", "inputs", "trials", "seed", "noise",
-        "workers", "progress", "head_list_size"}
+        "workers", "progress", "head_list_size", "estimator"}
     fields = typing.get_type_hints(T.PrivatizedInputs)
     assert RecordLog not in fields.values()
 

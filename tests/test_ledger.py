@@ -248,3 +248,23 @@ def test_device_without_urls_refused_by_a_url_level_head_list(tmp_path) -> None:
     assert len(randomize_records(_url_level_doc(True), [("google", None), ("google", "http://x")])["reports"]) == 2
     with pytest.raises(DeviceError, match=r"record 1 = \('google',\) is not a \(query, url\) pair"):
         randomize_records(_url_level_doc(True), [("google", "u"), ("google",)])
+
+
+def test_report_keeps_every_bit_of_the_charged_values(tmp_path) -> None:
+    """SQLite writes a REAL as text with 15 digits (1/3 → 0.333333333333333): the report must not
+    rebuild the charges from such text. Values that need 17 digits come back exactly, and users with
+    the same charges still share one history."""
+    eps, delta = 0.1 + 0.2, 1e-6 / 3  # 0.30000000000000004, 3.333333333333333e-07
+    led = PrivacyLedger.open(tmp_path / "l.db", lifetime_epsilon=10.0, lifetime_delta=1e-4)
+    led.charge("r1", [Charge("clients", ["a", "b", "c"], eps, delta), Charge("optin-S", ["d"], 1 / 3, 1e-7)])
+    led.charge("r2", [Charge("clients", ["a", "b"], 2 / 3, delta)])
+    rep = led.report()
+    led.close()
+    assert sorted(c["users"] for c in rep["cumulative"]) == [1, 1, 2]
+    two = next(c for c in rep["cumulative"] if c["users"] == 2)
+    assert two["charges"] == [{"epsilon": eps, "delta": delta}, {"epsilon": 2 / 3, "delta": delta}]
+    assert two["basic"]["epsilon"] == eps + 2 / 3
+    ones = sorted((c["charges"][0]["epsilon"], c["charges"][0]["delta"]) for c in rep["cumulative"]
+                  if c["users"] == 1)
+    assert ones == sorted([(eps, delta), (1 / 3, 1e-7)])
+    assert rep["users"] == 4

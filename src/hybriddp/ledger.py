@@ -290,15 +290,21 @@ class PrivacyLedger:
                 "SELECT grp, COUNT(*), MAX(epsilon), MAX(delta) FROM charges WHERE round = ? GROUP BY grp "
                 "ORDER BY grp", (rid,))]
             rounds.append({"round": name, "created": created, "groups": groups})
-        # users with the same history share a guarantee: aggregate by history inside SQLite
+        # users with the same history share a guarantee: aggregate by history inside SQLite. A history
+        # is the list of its charges' kinds (distinct (round, group, ε, δ), numbered by DENSE_RANK in
+        # the same order as the query below that reads their ε and δ as floats): SQLite's REAL-to-text
+        # conversion keeps 15 digits only (1/3 → 0.333333333333333), so values never pass through text.
+        kinds = [(float(e), float(d)) for e, d, _, _ in self.conn.execute(
+            "SELECT DISTINCT epsilon, delta, round, grp FROM charges ORDER BY round, grp, epsilon, delta")]
         histories: dict[tuple[tuple[float, float], ...], int] = {}
         n_users = 0
         for h, n in self.conn.execute("""
                 SELECT h, COUNT(*) FROM (
-                    SELECT user, group_concat(epsilon || ':' || delta, ',') AS h
-                    FROM (SELECT user, epsilon, delta FROM charges ORDER BY user, round) GROUP BY user)
+                    SELECT user, group_concat(kind, ',') AS h
+                    FROM (SELECT user, round, DENSE_RANK() OVER (ORDER BY round, grp, epsilon, delta) AS kind
+                          FROM charges ORDER BY user, round, kind) GROUP BY user)
                 GROUP BY h"""):
-            key = tuple((float(e), float(d)) for e, d in (x.split(":") for x in h.split(",")))
+            key = tuple(kinds[int(k) - 1] for k in h.split(","))
             histories[key] = histories.get(key, 0) + n
             n_users += n
         cumulative = []

@@ -77,15 +77,9 @@ _MIX_INV = pow(_MIX, -1, 2**64)
 _MASK = 2**64 - 1
 
 
-def scramble(i: int) -> int:
-    """A bijection of 64-bit integers that spreads consecutive counters over the whole range."""
-    x = i ^ (i >> 33)
-    x = (x * _MIX) & _MASK
-    return x ^ (x >> 33)
-
-
-def scramble_array(i: np.ndarray) -> np.ndarray:
-    """:func:`scramble` of every element of a uint64 array (NumPy's uint64 arithmetic wraps modulo 2^64)."""
+def scramble(i: np.ndarray) -> np.ndarray:
+    """A bijection of 64-bit integers that spreads consecutive counters over the whole range, applied to
+    every element of a uint64 array (NumPy's uint64 arithmetic wraps modulo 2^64)."""
     x = i ^ (i >> np.uint64(33))
     x = x * np.uint64(_MIX)
     return x ^ (x >> np.uint64(33))
@@ -149,19 +143,15 @@ class Load:
         self.retries = 0
         self.unexpected: list[str] = []
 
-    def message_id(self, i: int) -> bytes:
-        """Message ``i``'s id: a scrambled counter, then the run's prefix. Ids look random (as devices'
-        do: each lands at a random place in the primary key's B-tree) and map back to ``i``. With
-        ``ordered`` the counter is not scrambled: ids arrive in key order (a best case, for comparison)."""
-        key = i if self.ordered else scramble(i)
-        return base64.urlsafe_b64encode(key.to_bytes(8, "big") + self.prefix).rstrip(b"=")
-
     def message_ids(self, start: int, stop: int) -> list[bytes]:
-        """:meth:`message_id` of ``start .. stop-1``, built with NumPy (the generator shares the server's two
-        cores, so its own work per message is kept small): 16 bytes padded to 18 encode to 24 base64
-        characters whose first 22 are the id."""
+        """The ids of messages ``start .. stop-1``: a scrambled counter (8 bytes, big-endian), then the run's
+        prefix, in URL-safe base64. Ids look random (as devices' do: each lands at a random place in the
+        primary key's B-tree) and map back to their counter. With ``ordered`` the counter is not scrambled:
+        ids arrive in key order (a best case, for comparison). Built with NumPy (the generator shares the
+        server's two cores, so its own work per message is kept small): 16 bytes padded to 18 encode to 24
+        base64 characters whose first 22 are the id."""
         i = np.arange(start, stop, dtype=np.uint64)
-        keys = i if self.ordered else scramble_array(i)
+        keys = i if self.ordered else scramble(i)
         raw = np.zeros((len(i), 18), dtype=np.uint8)
         raw[:, :8] = keys.astype(">u8").view(np.uint8).reshape(-1, 8)
         raw[:, 8:16] = np.frombuffer(self.prefix, dtype=np.uint8)

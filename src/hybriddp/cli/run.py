@@ -46,7 +46,6 @@ def output_options(f):
     return f
 
 
-
 def check_output(output: str | None) -> None:
     """--output must be writable: checked before anything is loaded or computed."""
     if output:

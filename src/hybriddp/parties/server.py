@@ -183,10 +183,10 @@ def serve_estimates(release: CuratorRelease, counts: ReportCounts | np.ndarray, 
         raise DataError("no reports; nothing to estimate from the clients. Collect device messages "
                         "(`hybriddp randomize`) for this head list first")
     params = release.params
-    if (project is not None and project != params.project) or (estimator is not None and estimator != params.estimator):
+    overrides = {k: v for k, v in (("project", project), ("estimator", estimator)) if v is not None}
+    if overrides:
         from dataclasses import replace
-        params = replace(params, project=params.project if project is None else project,
-                         estimator=params.estimator if estimator is None else estimator)
+        params = replace(params, **overrides)
     out = server_side(release, c, params.project, params.estimator)
     all_sizes = {**release.sizes, **(sizes or {}), "reports": out.client.n}
     if isinstance(counts, ReportCounts):

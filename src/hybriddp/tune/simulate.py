@@ -40,7 +40,7 @@ def _simulate(task: tuple[str, str, int, float, float, int, float, float]) -> tu
     pop = _POPULATIONS[group][i]
     log = pop.log
     params = BlenderParams(epsilon=epsilon, delta=_SETTINGS["delta"], optin_fraction=c, f_o=f_o, f_c=f_c,
-                           head_list_size=m, estimator=_SETTINGS.get("estimator", "paper"))
+                           head_list_size=m, estimator=_SETTINGS["estimator"])
     noise = noise_factory(_SETTINGS["noise"])
     try:
         if kind == "hls":

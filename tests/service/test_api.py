@@ -628,3 +628,17 @@ def test_round_ids_never_look_like_command_line_options() -> None:
     assert all(ROUND_ID.fullmatch(i) and not i.startswith("-") for i in ids)
     assert len(set(ids)) == len(ids)
     assert sum(i.startswith("A") for i in ids) > 20  # still spread over the other 63 first characters
+
+
+
+def test_parameters_stored_before_a_field_existed_take_its_default() -> None:
+    """A round stored before ``estimator`` existed reads as the paper's weights, and a bad value in such an
+    old dict is still refused by name."""
+    from hybriddp.errors import ParameterError
+    from hybriddp.service.rounds import blender_params
+
+    old = {"epsilon": 4.0, "delta": 1e-5, "head_list_size": 50, "m_o": 1, "m_c": 1, "f_o": 0.95, "f_c": 0.85,
+           "project": True, "optin_fraction": 0.05}
+    assert blender_params(old).estimator == "paper"
+    with pytest.raises(ParameterError, match=r"m_c \(--m-c\) = 'x' is not allowed"):
+        blender_params({**old, "m_c": "x"})

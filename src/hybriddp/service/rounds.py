@@ -104,11 +104,11 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def blender_params(params: dict[str, Any]) -> BlenderParams:
     """The library parameters of a BLENDER round."""
+    given = {k: params[k] for k in _BLENDER_FIELDS if k in params}  # older rounds lack newer fields: defaults
     try:
-        return BlenderParams(**{k: params[k] for k in _BLENDER_FIELDS if k in params})  # older rounds: defaults
+        return BlenderParams(**given)
     except TypeError as exc:  # e.g. a string where a number belongs
-        raise parameter_error("params", {k: params[k] for k in _BLENDER_FIELDS}, f"numbers of the right type ({exc})"
-                              ) from None
+        raise parameter_error("params", given, f"numbers of the right type ({exc})") from None
 
 
 def mean_mechanism(params: dict[str, Any]) -> Hybrid:

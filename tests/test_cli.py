@@ -179,3 +179,27 @@ def test_demo_small_scale_json() -> None:
     assert obj["sizes"]["users"] == round(0.05 * 519_371)
     assert obj["head_list_records"] > 0 and 0 < obj["ndcg"] <= 1
     assert obj["figure9"][0]["query"] == "google"  # the calibrated head: google is the top query
+
+
+def test_reuse_estimator_through_the_file_workflow(files, tmp_path) -> None:
+    """--estimator reuse: the curator's estimates file (version 3) marks the reused records and carries
+    |D_S|; `estimate` reproduces `run --estimator reuse` from the files, and refuses to switch the
+    release to an estimator that does not reuse S (that is the curator's choice) with exit 2."""
+    log = files / "log.tsv"
+    paper = json.loads(invoke("run", "--input", log, *RUN, "--json").stdout)
+    reuse = json.loads(invoke("run", "--input", log, *RUN, "--estimator", "reuse", "--json").stdout)
+    assert reuse["params"]["estimator"] == "reuse"
+    assert [r["p_client"] for r in reuse["records"]] == [r["p_client"] for r in paper["records"]]
+    assert [r["p_optin"] for r in reuse["records"]] != [r["p_optin"] for r in paper["records"]]
+    hl, est, rep = tmp_path / "hl.json", tmp_path / "optin.json", tmp_path / "reports.jsonl.gz"
+    invoke("headlist", "--input", log, *RUN, "--estimator", "reuse", "--out-headlist", hl, "--out-estimates", est)
+    doc = json.loads(est.read_text())
+    assert doc["version"] == 3 and doc["n_s"] > 0 and sum(doc["reused"]) == reuse["head_list_records"]
+    assert "reused" not in hl.read_text() and "p_record" not in hl.read_text()  # devices get the lists only
+    invoke("randomize", "--headlist", hl, "--input", log, "--optin-fraction", "0.3", "--seed", "3", "--output", rep)
+    out = json.loads(invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep,
+                            "--json").stdout)
+    assert [r["p_blended"] for r in out["records"]] == [r["p_blended"] for r in reuse["records"]]
+    bad = invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep, "--estimator", "paper",
+                 ok=False)
+    assert bad.exit_code == 2 and "reuse" in bad.output and "Traceback" not in bad.output

@@ -89,6 +89,44 @@ def test_release_documents_are_bound_and_validated(release) -> None:
         release_from_documents(other, e)
 
 
+def test_reuse_release_round_trips_and_is_validated(log) -> None:
+    """A release that reuses S (ALGORITHM.md §4.1) is version 3: its variances come back exactly from the
+    documents, the run equals the parties through the documents, and a bad ``reused``/``n_s`` or an
+    estimator that does not match the version is refused by name."""
+    from dataclasses import replace
+
+    from hybriddp.device import content_hash
+
+    params = replace(PARAMS, estimator="reuse")
+    run = run_blender(log, params, seed=21)
+    optin, clients = split_optin(log.n_users, params.optin_fraction, 21)
+    rel, _ = curate(log, params, optin_users=optin, seed=21)
+    h, e = json.loads(json.dumps([rel.headlist, rel.estimates]))
+    assert e["version"] == 3 and e["n_s"] == run.curator.optin.n_s > 0
+    back = release_from_documents(h, e)
+    assert np.array_equal(back.optin.var_record, run.curator.optin.var_record)
+    assert np.array_equal(back.optin.var_query, run.curator.optin.var_query)
+    assert back.optin.reused.sum() == back.head_list.n_records  # every kept record reuses its S count
+    res = serve_estimates(back, count_messages(back, log_messages(log, clients, back.headlist, seed=21)))
+    assert np.array_equal(res.p_record, run.blended.records_final)
+
+    def broken(**fields: object) -> dict:
+        d = copy.deepcopy(e)
+        d.update(fields)
+        d["content_hash"] = content_hash(d)
+        return d
+
+    star = len(e["reused"]) - 1  # ⟨*,*⟩ is never reused
+    for fields, match in [({"reused": e["reused"][:-1]}, "reused"), ({"reused": [2] * len(e["reused"])}, "reused"),
+                          ({"reused": [*e["reused"][:-1], 1]}, f"entry {star}"), ({"n_s": -1}, "n_s"),
+                          ({"version": 2}, "estimator"), ({"version": 4}, "version"),
+                          ({"params": {**e["params"], "estimator": "pooled"}}, "estimator")]:
+        with pytest.raises(DataError, match=match):
+            release_from_documents(h, broken(**fields))
+    with pytest.raises(DataError, match="curator's choice"):
+        serve_estimates(back, np.ones(back.head_list.n_entries, dtype=np.int64), estimator="pooled")
+
+
 def test_nan_never_reaches_a_document(release) -> None:
     d = copy.deepcopy(release.estimates)
     d["p_record"][0] = float("nan")

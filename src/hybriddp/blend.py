@@ -85,7 +85,7 @@ def blend_estimates(optin: OptinEstimates, client: ClientEstimates, project: boo
     weights (:data:`ESTIMATORS`; ``pooled`` needs the clients' LocalAlg parameters ``lp``)."""
     rec = blend(optin.p_record, optin.var_record, client.p_record, client.var_record)
     qry = blend(optin.p_query, optin.var_query, client.p_query, client.var_query)
-    if estimator == "pooled":
+    if estimator in ("pooled", "reuse"):  # reuse: S already entered the opt-in estimates (§4.1)
         if lp is None:
             raise ValueError("the pooled estimator needs the clients' LocalAlg parameters (lp)")
         rec, qry = blend_pooled(optin, client, lp, rec, qry)
@@ -108,17 +108,15 @@ def blend_pooled(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgPar
     w²σ²_O(p̄) + (1−w)²σ²_C(p̄) is that of the weights actually used.
     """
     from hybriddp.client_estimates import client_variances
-    from hybriddp.curator import optin_variance
 
     hl: HeadList = optin.head_list
     for _ in range(max_passes):
         w_r, w_q = rec.weight_optin, qry.weight_optin
         p_r, p_q = np.clip(rec.p, 0.0, 1.0), np.clip(qry.p, 0.0, 1.0)
         vc_r, vc_q = client_variances(p_r, p_q, hl, lp, client.n)
-        rec = blend(optin.p_record, optin_variance(p_r, optin.draws_record, optin.n, optin.noise_variance),
-                    client.p_record, vc_r)
-        qry = blend(optin.p_query, optin_variance(p_q, optin.draws_query, optin.n, optin.noise_variance),
-                    client.p_query, vc_q)
+        vo_r, vo_q = optin.variances_at(p_r, p_q)
+        rec = blend(optin.p_record, vo_r, client.p_record, vc_r)
+        qry = blend(optin.p_query, vo_q, client.p_query, vc_q)
         if np.abs(rec.weight_optin - w_r).max(initial=0.0) < 1e-12 and np.abs(
                 qry.weight_optin - w_q).max(initial=0.0) < 1e-12:
             break

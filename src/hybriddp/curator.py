@@ -24,7 +24,17 @@ def create_head_list(
     query: np.ndarray, url: np.ndarray, *, epsilon: float, delta: float, m_o: int,
     noise: NoiseSource, backend: CountingBackend | None = None,
 ) -> HeadList:
-    """CreateHeadList(ε, δ, S, m_O) — paper Fig. 3, ALGORITHM.md §3.
+    """CreateHeadList(ε, δ, S, m_O) — paper Fig. 3, ALGORITHM.md §3: HL_S only
+    (see :func:`create_head_list_with_counts`, which also returns the kept records' noisy counts)."""
+    return create_head_list_with_counts(query, url, epsilon=epsilon, delta=delta, m_o=m_o, noise=noise,
+                                        backend=backend)[0]
+
+
+def create_head_list_with_counts(
+    query: np.ndarray, url: np.ndarray, *, epsilon: float, delta: float, m_o: int,
+    noise: NoiseSource, backend: CountingBackend | None = None,
+) -> tuple[HeadList, np.ndarray]:
+    """CreateHeadList(ε, δ, S, m_O) — paper Fig. 3, ALGORITHM.md §3 — and its noisy counts.
 
     Parameters
     ----------
@@ -34,18 +44,24 @@ def create_head_list(
 
     Returns
     -------
-    HL_S: the kept records grouped by query, plus ⟨q,*⟩ for each kept q and ⟨*,*⟩.
-    Only records that occur in D_S can be kept (no external dictionary).
+    HL_S: the kept records grouped by query, plus ⟨q,*⟩ for each kept q and ⟨*,*⟩; and, per entry of
+    HL_S, the noisy count N(r, D_S) + Y_r that kept the record (NaN for the wildcards, which were
+    never counted). Releasing the kept records' noisy counts with them costs nothing beyond
+    Theorem 1 (ALGORITHM.md §3.3). Only records that occur in D_S can be kept (no external dictionary).
     """
     check_head_list_params(epsilon, delta, m_o)
     tau = noise.head_list_threshold(epsilon, delta, m_o)  # Fig. 3 line 2 (recomputed for discrete noise)
     b = head_list_scale(epsilon, m_o)  # b_S = 2·m_O/ε (Fig. 3 line 1)
     backend = backend or default_backend()
     keys, counts = backend.count_distinct(record_keys(query, url))  # N(r, D_S) for r ∈ D_S
-    keep = counts + noise.sample(b, len(keys)) > tau  # Fig. 3 lines 3-6
+    noisy = counts + noise.sample(b, len(keys))
+    keep = noisy > tau  # Fig. 3 lines 3-6
     q, u = split_keys(keys[keep])
     log.info("CreateHeadList: %d of %d distinct records passed tau=%.4f", keep.sum(), len(keys), tau)
-    return HeadList.from_records(q, u)
+    hl = HeadList.from_records(q, u)
+    s_counts = np.full(hl.n_entries, np.nan)
+    s_counts[hl.map_records(q, u)] = noisy[keep]  # a record without URL level is its query's ⟨q,*⟩
+    return hl, s_counts
 
 
 @dataclass
@@ -53,7 +69,8 @@ class OptinEstimates:
     """Output of EstimateOptinProbabilities (ALGORITHM.md §4): the final HL and its estimates.
 
     Arrays indexed by entry of ``head_list`` (record level) or by query position (query
-    level); ``draws_*`` is J, the number of noise draws an estimate sums.
+    level); ``draws_*`` is J, the number of noise draws an estimate sums. ``reused`` marks the
+    records whose estimate also counts S (ALGORITHM.md §4.1; None: none does), whose |D_S| is ``n_s``.
     """
 
     head_list: HeadList
@@ -65,24 +82,59 @@ class OptinEstimates:
     draws_query: np.ndarray
     n: int  # |D_T|
     noise_variance: float  # variance of one draw, Var(Y)
+    reused: np.ndarray | None = None
+    n_s: int = 0  # |D_S|, when records reuse S
+
+    def variances_at(self, p_record: np.ndarray, p_query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """σ̂²_O of every record and query evaluated at the given probabilities: the estimates' own
+        for the release, a blend for the pooled weights (ALGORITHM.md §4, §4.1, §7)."""
+        if self.reused is None:
+            return (optin_variance(p_record, self.draws_record, self.n, self.noise_variance),
+                    optin_variance(p_query, self.draws_query, self.n, self.noise_variance))
+        return reuse_variances(p_record, p_query, self.draws_record, self.reused, self.head_list.entry_query,
+                               self.n, self.n_s, self.noise_variance)
 
 
-def optin_variance(p: np.ndarray, draws: np.ndarray, n: int, noise_variance: float) -> np.ndarray:
+def optin_variance(p: np.ndarray, draws: np.ndarray, n: int | np.ndarray, noise_variance: float) -> np.ndarray:
     """σ̂²_O = p̂(1−p̂)/(n−1) + J·Var(Y)/(n(n−1))  (Theorem 4 corrected, ALGORITHM.md §4).
 
     With Laplace noise Var(Y) = 2b², ALGORITHM.md's 2·J·b²/(|D_T|(|D_T|−1)). p̂ is clamped into
-    [0, 1] inside p(1−p) only. Fewer than 2 records give an infinite variance (no data).
+    [0, 1] inside p(1−p) only. Fewer than 2 records give an infinite variance (no data). ``n`` may
+    be one size per estimate (a record that reuses S counts |D_S| + |D_T| records, §4.1).
     """
-    if n < 2:
-        return np.full(len(p), np.inf)
+    n_arr = np.broadcast_to(np.asarray(n, dtype=np.float64), np.shape(p))
     pc = np.clip(p, 0.0, 1.0)
-    return pc * (1.0 - pc) / (n - 1) + draws * noise_variance / (n * (n - 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        var = pc * (1.0 - pc) / (n_arr - 1) + draws * noise_variance / (n_arr * (n_arr - 1))
+    return np.where(n_arr < 2, np.inf, var)
+
+
+def reuse_variances(p_record: np.ndarray, p_query: np.ndarray, draws: np.ndarray, reused: np.ndarray,
+                    entry_query: np.ndarray, n_t: int, n_s: int,
+                    noise_variance: float) -> tuple[np.ndarray, np.ndarray]:
+    """Record and query variances when some records pool S and T (ALGORITHM.md §4.1).
+
+    A reused record is (N_S + N_T + Y_S + Y_T)/n with n = |D_S| + |D_T| (its J counts both draws);
+    every other entry is a T estimate over |D_T|. A query sums P₁ (its reused records: one sample of
+    n records) and P₂ (its other entries: T only), which share T's multinomial:
+    Var = P₁(1−P₁)/(n−1) + P₂(1−P₂)/(|D_T|−1) − 2P₁P₂/n + the noise terms, with P₂ = p̂_q − P₁.
+    """
+    n = n_t + n_s
+    var_rec = optin_variance(p_record, draws, np.where(reused, n, n_t), noise_variance)
+    k = len(p_query)
+    p1 = np.clip(np.bincount(entry_query, weights=np.where(reused, np.clip(p_record, 0.0, 1.0), 0.0),
+                             minlength=k), 0.0, 1.0)
+    p2 = np.clip(np.clip(p_query, 0.0, 1.0) - p1, 0.0, 1.0)
+    j1 = np.bincount(entry_query, weights=np.where(reused, draws, 0), minlength=k)
+    j2 = np.bincount(entry_query, weights=np.where(reused, 0, draws), minlength=k)
+    pooled = optin_variance(p1, j1, n, noise_variance) - 2.0 * p1 * p2 / n
+    return var_rec, pooled + optin_variance(p2, j2, n_t, noise_variance)
 
 
 def estimate_optin_probabilities(
     query: np.ndarray, url: np.ndarray, head_list_s: HeadList, *, epsilon: float, m_o: int,
     head_list_size: int, noise: NoiseSource, url_level: bool = True,
-    backend: CountingBackend | None = None,
+    backend: CountingBackend | None = None, s_counts: np.ndarray | None = None, n_s: int = 0,
 ) -> OptinEstimates:
     """EstimateOptinProbabilities(ε, T, m_O, HL_S, M) — paper Fig. 4, ALGORITHM.md §4.
 
@@ -95,6 +147,10 @@ def estimate_optin_probabilities(
 
     ``url_level=False`` (single-item logs): the records are the ⟨q,*⟩ entries themselves, so
     trimming ranks and drops whole queries.
+
+    ``s_counts`` (per HL_S entry, from :func:`create_head_list_with_counts`) and ``n_s`` = |D_S|:
+    reuse S (ALGORITHM.md §4.1) — every record that stays in the final list is estimated from
+    S ∪ T, (N̂_S + N̂_T)/(|D_S| + |D_T|), with J = 2; trimming still ranks by T alone.
     """
     check_positive_int("head_list_size", head_list_size)
     backend = backend or default_backend()
@@ -144,16 +200,18 @@ def estimate_optin_probabilities(
     old_entries_arr = np.array(old_entries)  # never empty (⟨*,*⟩): integers
     p_rec = p_folded[old_entries_arr]
     j_rec = draws_folded[old_entries_arr]
-    var_y = noise.variance(b)
+    reused = None
+    if s_counts is not None:  # §4.1: a kept record (never folded into) adds its noisy S count
+        reused = kept[old_entries_arr] & np.isfinite(s_counts[old_entries_arr])
+        p_rec = np.where(reused, (p_rec * n + np.nan_to_num(s_counts[old_entries_arr])) / max(n + n_s, 1), p_rec)
+        j_rec = j_rec + reused
     fq = final.entry_query
     p_query = np.bincount(fq, weights=p_rec)  # length final.k: ⟨*,*⟩ is last
     j_query = np.bincount(fq, weights=j_rec).astype(np.int64)
-    return OptinEstimates(
-        head_list=final,
-        p_record=p_rec, var_record=optin_variance(p_rec, j_rec, n, var_y), draws_record=j_rec,
-        p_query=p_query, var_query=optin_variance(p_query, j_query, n, var_y), draws_query=j_query,
-        n=n, noise_variance=var_y,
-    )
+    est = OptinEstimates(final, p_rec, p_rec, j_rec, p_query, p_query, j_query, n, noise.variance(b), reused,
+                         n_s if reused is not None else 0)
+    est.var_record, est.var_query = est.variances_at(p_rec, p_query)
+    return est
 
 
 def require_nonempty(hl: HeadList, *, n_records_s: int, tau: float) -> None:

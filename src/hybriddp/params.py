@@ -69,9 +69,13 @@ OPTION_NAMES = {
     "epsilon": "--epsilon", "delta": "--delta", "optin_fraction": "--optin-fraction", "f_o": "--f-o",
     "f_c": "--f-c", "head_list_size": "--head-list-size", "m_o": "--m-o", "m_c": "--m-c", "estimator": "--estimator",
 }
-ESTIMATORS = ("paper", "pooled")
-"""How the blend's weights are made: ``paper`` (Fig. 7: each group's variance at its own estimate) or
-``pooled`` (both variances at the blended estimate; ALGORITHM.md §7, "Pooled weights")."""
+ESTIMATORS = ("paper", "pooled", "reuse")
+"""Which estimates: ``paper`` (opt-in estimates from T; Fig. 7 weights: each group's variance at its own
+estimate), ``pooled`` (the same estimates; both variances at the blended estimate: ALGORITHM.md §7,
+"Pooled weights") or ``reuse`` (the curator also releases the kept records' noisy counts from S and the
+opt-in estimates count S ∪ T, §4.1; pooled weights)."""
+REUSES_S = frozenset({"reuse"})
+"""Estimators whose opt-in estimates the curator makes from S ∪ T (ALGORITHM.md §4.1)."""
 
 
 def _label(name: str) -> str:
@@ -211,8 +215,9 @@ class BlenderParams:
     project:
         Project the blended record vector onto the probability simplex (ALGORITHM.md §7).
     estimator:
-        How the blend weighs the two groups: ``paper`` (Fig. 7, each group's variance at its own
-        estimate) or ``pooled`` (both at the blended estimate: unbiased weights; ALGORITHM.md §7).
+        Which estimates (:data:`ESTIMATORS`): ``paper`` (Fig. 7, each group's variance at its own
+        estimate), ``pooled`` (both at the blended estimate: unbiased weights; ALGORITHM.md §7) or
+        ``reuse`` (the opt-in estimates also count S, §4.1; pooled weights).
     """
 
     epsilon: float = 4.0

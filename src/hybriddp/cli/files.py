@@ -14,6 +14,7 @@ import numpy as np
 from hybriddp.cli import render
 from hybriddp.cli.engine import engine_options
 from hybriddp.cli.options import (
+    estimator_option,
     input_options,
     load_input,
     make_params,
@@ -50,6 +51,7 @@ optin_fraction_option = click.option(
 @privacy_options(with_optin=False)
 @optin_fraction_option
 @noise_option()
+@estimator_option
 @seed_option()
 @click.option("--out-headlist", type=click.Path(dir_okay=False), default="headlist.json", show_default=True,
               help="Head-list JSON for devices (lists, ε, δ, f_C, m_C, content hash; no estimates).")
@@ -58,7 +60,8 @@ optin_fraction_option = click.option(
 @ledger_options
 def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
                  row_per_user: bool, skip_bad_rows: bool, optin_fraction: float | None, noise: str,
-                 seed: int | None, out_headlist: str, out_estimates: str, ledger_path: str | None,
+                 estimator: str | None, seed: int | None, out_headlist: str, out_estimates: str,
+                 ledger_path: str | None,
                  round_name: str | None, lifetime_epsilon: float | None, lifetime_delta: float | None,
                  **knobs: Any) -> None:
     """Curator: build the head list from opt-in users' raw records (ALGORITHM.md §3, §4).
@@ -68,7 +71,8 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
     users in the same step that makes both files visible: a refused round writes nothing.
     Keep the raw opt-in log under access control and delete it when no longer needed.
     """
-    params = make_params(optin_fraction=optin_fraction if optin_fraction is not None else 0.05, **knobs)
+    params = make_params(optin_fraction=optin_fraction if optin_fraction is not None else 0.05,
+                         estimator=estimator or "paper", **knobs)
     check_output_path(out_headlist, "--out-headlist")
     check_output_path(out_estimates, "--out-estimates")
     if render.same_file(out_headlist, out_estimates):

@@ -192,9 +192,12 @@ def make_params(epsilon: float, delta: float, optin_fraction: float = 0.05, f_o:
 
 
 def estimator_option(f):
-    """``--estimator``: how the blend weighs the opt-in and client estimates."""
+    """``--estimator``: which opt-in estimates, and how the blend weighs them against the clients'."""
     return click.option("--estimator", type=click.Choice(ESTIMATORS), default=None,
-                        help="Blend weights: 'paper' (Fig. 7: each group's variance at its own estimate; biased low "
-                             "when a group's estimate is noisy) or 'pooled' (both variances at the blended estimate, "
-                             "iterated to a fixed point: unbiased to first order, with a variance that matches the "
-                             "error; docs/ALGORITHM.md §7). Default: paper (estimate: the one in the release).")(f)
+                        help="'paper' (opt-in estimates from T; Fig. 7 weights, each group's variance at its own "
+                             "estimate: biased low when a group's estimate is noisy), 'pooled' (the same estimates; "
+                             "both variances at the blended estimate, iterated to a fixed point: unbiased to first "
+                             "order, with a variance that matches the error; docs/ALGORITHM.md §7) or 'reuse' (the "
+                             "curator also releases the kept records' noisy counts from S, at no privacy cost, and "
+                             "estimates them from S and T together, §4.1; pooled weights). Default: paper "
+                             "(estimate: the one in the release).")(f)

@@ -19,10 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybriddp.backends import CountingBackend, default_backend
-from hybriddp.curator import OptinEstimates, create_head_list, estimate_optin_probabilities, require_nonempty
+from hybriddp.curator import (
+    OptinEstimates,
+    create_head_list_with_counts,
+    estimate_optin_probabilities,
+    require_nonempty,
+)
 from hybriddp.headlist import HeadList
 from hybriddp.noise import DiscreteLaplaceNoise, NoiseSource
-from hybriddp.params import BlenderParams
+from hybriddp.params import REUSES_S, BlenderParams
 from hybriddp.parties.release import CuratorRelease, estimates_document
 from hybriddp.privacy import charges
 from hybriddp.records import RecordLog, SampledRecords, sample_records
@@ -68,7 +73,8 @@ def curator_side(
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
     stages: Stages | None = None,
 ) -> CuratorOutput:
-    """Partition O into S and T (|S| = round(f_O·|O|)), CreateHeadList on S, estimates on T."""
+    """Partition O into S and T (|S| = round(f_O·|O|)), CreateHeadList on S, estimates on T (and on
+    S's released noisy counts too when ``params.estimator`` reuses S, ALGORITHM.md §4.1)."""
     stages = stages or Stages()
     backend = backend or default_backend()
     with stages.stage("sample opt-in records"):
@@ -81,14 +87,16 @@ def curator_side(
     with stages.stage("create head list"):  # Fig. 2 line 2
         noise_s = noise_for(noise_factory, seed, "headlist_noise")
         tau = noise_s.head_list_threshold(params.epsilon, params.delta, params.m_o)
-        hl_s = create_head_list(d_s.query, d_s.url, epsilon=params.epsilon, delta=params.delta,
-                                m_o=params.m_o, noise=noise_s, backend=backend)
+        hl_s, s_counts = create_head_list_with_counts(d_s.query, d_s.url, epsilon=params.epsilon,
+                                                      delta=params.delta, m_o=params.m_o, noise=noise_s,
+                                                      backend=backend)
         require_nonempty(hl_s, n_records_s=len(d_s), tau=tau)
     with stages.stage("estimate opt-in probabilities"):  # Fig. 2 line 3
         optin = estimate_optin_probabilities(
             d_t.query, d_t.url, hl_s, epsilon=params.epsilon, m_o=params.m_o,
             head_list_size=params.head_list_size, noise=noise_for(noise_factory, seed, "optin_noise"),
-            url_level=log.has_urls, backend=backend)
+            url_level=log.has_urls, backend=backend,
+            **({"s_counts": s_counts, "n_s": len(d_s)} if params.estimator in REUSES_S else {}))
     return CuratorOutput(hl_s, optin, d_s, d_t, len(users_s), len(users_t), noise_s.name, tau, users_s, users_t)
 
 

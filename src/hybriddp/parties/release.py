@@ -6,7 +6,9 @@
 * the **opt-in estimates** (``hybriddp-optin-estimates`` v2): the curator's DP estimates over
   that head list (p̂_O per entry and per query, the draw counts J, |D_T|, Var Y), the
   parameters, the noise, public sizes; it names the head list's hash in ``headlist`` and has
-  its own ``content_hash``. Only the server that blends reads it.
+  its own ``content_hash``. Only the server that blends reads it. Version 3 adds ``reused`` (1 for
+  a record estimated from S ∪ T, ALGORITHM.md §4.1) and ``n_s`` = |D_S|; it is written only when S
+  is reused, so releases without reuse stay version 2.
 
 Everything in both is a function of the (ε, δ)-DP outputs and of public sizes (ALGORITHM.md
 §3, §4); raw records never are. :func:`release_from_documents` validates both field by field
@@ -21,19 +23,21 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.curator import OptinEstimates, optin_variance
+from hybriddp.curator import OptinEstimates
 from hybriddp.device import content_hash
 from hybriddp.errors import DataError, HeadListError, HybridDPError
 from hybriddp.headlist import HeadList, from_device_json, validate_device_json
 from hybriddp.ledger import Charge
 from hybriddp.noise import NOISE_LABELS
-from hybriddp.params import BlenderParams
+from hybriddp.params import REUSES_S, BlenderParams
 from hybriddp.privacy import Guarantee, curator_guarantees
 from hybriddp.records import Vocabulary
 from hybriddp.rng import SEED_WARNING
 
 OPTIN_FORMAT = "hybriddp-optin-estimates"
 OPTIN_VERSION = 2
+OPTIN_VERSION_REUSE = 3
+"""The version of a release whose records reuse S (ALGORITHM.md §4.1): version 2 plus ``reused``, ``n_s``."""
 
 
 @dataclass
@@ -95,7 +99,7 @@ def estimates_document(optin: OptinEstimates, headlist_doc: dict[str, Any], para
     if noise not in NOISE_LABELS:
         raise DataError(f"noise = {noise!r}: unknown; use one of {', '.join(NOISE_LABELS)}")
     doc: dict[str, Any] = {
-        "format": OPTIN_FORMAT, "version": OPTIN_VERSION,
+        "format": OPTIN_FORMAT, "version": OPTIN_VERSION if optin.reused is None else OPTIN_VERSION_REUSE,
         "headlist": headlist_doc["content_hash"],
         "n": int(optin.n), "noise_variance": float(optin.noise_variance),
         "p_record": [float(x) for x in optin.p_record.tolist()],
@@ -105,6 +109,8 @@ def estimates_document(optin: OptinEstimates, headlist_doc: dict[str, Any], para
         "params": params.to_dict(), "noise": noise, "seed": seed,
         "sizes": {k: int(v) for k, v in sizes.items()},
     }
+    if optin.reused is not None:
+        doc.update(reused=[int(x) for x in optin.reused.tolist()], n_s=int(optin.n_s))
     if seed is not None:
         doc["warning"] = SEED_WARNING
     for key in ("p_record", "p_query"):
@@ -160,9 +166,9 @@ def check_estimates_document(doc: Any, headlist_doc: dict[str, Any], hl: HeadLis
     if doc.get("format") != OPTIN_FORMAT:
         raise _fail(source, "format", doc.get("format"), f"expected {OPTIN_FORMAT!r}; pass the file "
                     "`hybriddp headlist --out-estimates` wrote")
-    if doc.get("version") != OPTIN_VERSION:
-        raise _fail(source, "version", doc.get("version"), f"this hybriddp reads version {OPTIN_VERSION}; re-run "
-                    "`hybriddp headlist` to write the estimates again")
+    if doc.get("version") not in (OPTIN_VERSION, OPTIN_VERSION_REUSE):
+        raise _fail(source, "version", doc.get("version"), f"this hybriddp reads versions {OPTIN_VERSION} and "
+                    f"{OPTIN_VERSION_REUSE}; re-run `hybriddp headlist` to write the estimates again")
     if doc.get("content_hash") != content_hash(doc):
         raise DataError(f"{source}: content_hash does not match the content; the file was altered or damaged. "
                         "Use the file `hybriddp headlist` wrote")
@@ -173,7 +179,9 @@ def check_estimates_document(doc: Any, headlist_doc: dict[str, Any], hl: HeadLis
     n = _int(doc, "n", source, 0)
     _float(doc, "noise_variance", source)
     p_rec = _vector(doc, "p_record", source, hl.n_entries, False)
-    _vector(doc, "draws_record", source, hl.n_entries, True)
+    j_rec = _vector(doc, "draws_record", source, hl.n_entries, True)
+    if doc["version"] == OPTIN_VERSION_REUSE:
+        _check_reuse(doc, source, hl, j_rec)
     p_q = _vector(doc, "p_query", source, hl.k, False)
     _vector(doc, "draws_query", source, hl.k, True)
     if n == 0 and (p_rec.any() or p_q.any()):  # an empty T gives all-zero estimates (ALGORITHM.md §4)
@@ -192,6 +200,21 @@ def check_estimates_document(doc: Any, headlist_doc: dict[str, Any], hl: HeadLis
     if not isinstance(params, dict):
         raise _fail(source, "params", params, "it must be an object of BLENDER parameters")
     return doc
+
+
+def _check_reuse(doc: dict[str, Any], source: str, hl: HeadList, draws: np.ndarray) -> None:
+    """Version 3's fields: ``reused`` (0/1 per entry; a reused record sums two draws, S's and T's) and ``n_s``."""
+    _int(doc, "n_s", source, 0)
+    v = doc.get("reused")
+    if not (isinstance(v, list) and len(v) == hl.n_entries and all(type(x) is int and x in (0, 1) for x in v)):
+        got = f"a list of {len(v)}" if isinstance(v, list) else v
+        raise _fail(source, "reused", got, f"it must be a list of {hl.n_entries} values 0 or 1 (one per head-list "
+                    "entry); pass the estimates file written with this head list")
+    bad = np.flatnonzero((np.asarray(v, dtype=bool) & (draws < 2)) | (np.asarray(v, dtype=bool) & hl.is_wildcard
+                                                                       & (hl.entry_query == hl.k - 1)))
+    if len(bad):
+        raise _fail(source, "reused", f"entry {int(bad[0])}", "a reused record sums two noise draws (draws_record "
+                    "≥ 2) and ⟨*,*⟩ is never reused; use the file `hybriddp headlist` wrote")
 
 
 def _params(doc: dict[str, Any], source: str) -> BlenderParams:
@@ -242,6 +265,11 @@ def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_so
     p_q = np.asarray(edoc["p_query"], dtype=np.float64)
     j_q = np.asarray(edoc["draws_query"], dtype=np.int64)
     n, var_y = int(edoc["n"]), float(edoc["noise_variance"])
-    optin = OptinEstimates(hl, p_rec, optin_variance(p_rec, j_rec, n, var_y), j_rec,
-                           p_q, optin_variance(p_q, j_q, n, var_y), j_q, n, var_y)
+    reused = np.asarray(edoc["reused"], dtype=bool) if edoc["version"] == OPTIN_VERSION_REUSE else None
+    if (params.estimator in REUSES_S) != (reused is not None):
+        raise _fail(estimates_source, "params", {"estimator": params.estimator}, f"a version {edoc['version']} file "
+                    f"{'does not reuse' if reused is None else 'reuses'} S, which estimator {params.estimator!r} "
+                    f"{'needs' if reused is None else 'does not do'}; use the file `hybriddp headlist` wrote")
+    optin = OptinEstimates(hl, p_rec, p_rec, j_rec, p_q, p_q, j_q, n, var_y, reused, int(edoc.get("n_s", 0)))
+    optin.var_record, optin.var_query = optin.variances_at(p_rec, p_q)
     return CuratorRelease(hdoc, edoc, hl, qv, uv, optin, params, str(edoc["noise"]), edoc.get("seed"))

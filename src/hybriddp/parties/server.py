@@ -21,6 +21,7 @@ from hybriddp.blend import BlendOutput, blend_estimates
 from hybriddp.client_estimates import ClientEstimates, estimate_client_probabilities
 from hybriddp.device import DeviceError, check_message_id
 from hybriddp.errors import DataError, HeadListError
+from hybriddp.params import ESTIMATORS, REUSES_S
 from hybriddp.parties.release import CuratorRelease
 from hybriddp.randomizer import LocalAlgParams
 from hybriddp.result import BlendParts, Result
@@ -183,6 +184,12 @@ def serve_estimates(release: CuratorRelease, counts: ReportCounts | np.ndarray, 
         raise DataError("no reports; nothing to estimate from the clients. Collect device messages "
                         "(`hybriddp randomize`) for this head list first")
     params = release.params
+    if estimator is not None and (estimator in REUSES_S) != (params.estimator in REUSES_S):
+        raise DataError(f"estimator {estimator!r}: this release's opt-in estimates were made with estimator "
+                        f"{params.estimator!r}, which {'reuses' if params.estimator in REUSES_S else 'does not reuse'} "
+                        "S; whether S is reused is the curator's choice (ALGORITHM.md §4.1). Pick "
+                        f"{' or '.join(e for e in ESTIMATORS if (e in REUSES_S) == (params.estimator in REUSES_S))}, "
+                        "or make the head list again with the estimator you want")
     overrides = {k: v for k, v in (("project", project), ("estimator", estimator)) if v is not None}
     if overrides:
         from dataclasses import replace

@@ -88,8 +88,8 @@ def test_missing_points_when_m_too_large(quick_all: Path) -> None:
 
 def test_trials_csv_rows_and_report_claims(quick_all: Path) -> None:
     rows = read_csv(quick_all / "trials.csv")
-    assert {r["algorithm"] for r in rows} == {"blender", "optin-only", "client-only", "blender-pooled", "local-only",
-                                              "local-only-hashed", "blender-tuned"}
+    assert {r["algorithm"] for r in rows} == {"blender", "optin-only", "client-only", "blender-pooled", "blender-reuse",
+                                              "local-only", "local-only-hashed", "blender-tuned"}
     tuned = [r for r in rows if r["algorithm"] == "blender-tuned"]
     assert tuned and all(r["head_list_size"] == "10" and r["epsilon"] in ("2.0", "4.0") for r in tuned)
     for r in tuned:  # this tiny population forms no pilot list to fit: the error is kept, the point is missing
@@ -269,7 +269,7 @@ def test_rows_of_older_code_are_run_again_and_replaced(tmp_path: Path, caplog) -
     assert again.n_ran == first.n_runs and "different algorithm code" in caplog.text
     assert run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True).n_ran == 0
     rows = read_csv(trials)  # the stale rows were replaced, not kept beside the new ones
-    assert len(rows) == 4 * first.n_runs  # one row per algorithm of each BLENDER run: no stale duplicates
+    assert len(rows) == 5 * first.n_runs  # one row per algorithm of each BLENDER run: no stale duplicates
     assert {r["code"] for r in rows} == {family_fingerprint("blender")}
 
 
@@ -289,11 +289,13 @@ def test_code_fingerprint_ignores_documentation_not_code() -> None:
 def test_estimators_figure_pairs_the_papers_blend_with_the_pooled_one(quick_all: Path) -> None:
     summary = json.loads((quick_all / "summary.json").read_text())
     pts = summary["figures"]["estimators"]
-    assert {p["algorithm"] for p in pts} == {"blender", "blender-pooled"}
+    assert {p["algorithm"] for p in pts} == {"blender", "blender-pooled", "blender-reuse"}
     assert {p["metric"] for p in pts} == {"l1", "ndcg", "ndcg_queries_at_10"}
     rows = read_csv(quick_all / "trials.csv")
-    pooled = {(r["epsilon"], r["trial"]) for r in rows if r["algorithm"] == "blender-pooled"}
-    assert pooled and pooled <= {(r["epsilon"], r["trial"]) for r in rows if r["algorithm"] == "blender"}
+    paper = {(r["epsilon"], r["trial"]) for r in rows if r["algorithm"] == "blender"}
+    for algo in ("blender-pooled", "blender-reuse"):
+        mine = {(r["epsilon"], r["trial"]) for r in rows if r["algorithm"] == algo}
+        assert mine and mine <= paper
 
 
 def test_blender_family_pooled_member_is_the_same_run_blended_with_pooled_weights() -> None:
@@ -312,3 +314,8 @@ def test_blender_family_pooled_member_is_the_same_run_blended_with_pooled_weight
     assert paper["blender-pooled"].metrics == pooled["blender"].metrics
     assert paper["blender"].p_record.tolist() != paper["blender-pooled"].p_record.tolist()
     assert paper["blender"].head_list.query_ids.tolist() == paper["blender-pooled"].head_list.query_ids.tolist()
+    # likewise ``blender-reuse`` is the run with ``estimator="reuse"``, and its records come out closer to the truth
+    reuse = blender_family(log, replace(params, estimator="reuse"), seed=9)
+    assert paper["blender-reuse"].p_record.tolist() == reuse["blender"].p_record.tolist()
+    assert reuse["blender-pooled"].p_record.tolist() == paper["blender-pooled"].p_record.tolist()
+    assert paper["blender-reuse"].metrics["l1"] < paper["blender"].metrics["l1"]

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pytest
 
-from hybriddp.curator import create_head_list_with_counts, estimate_optin_probabilities
+from hybriddp.curator import create_head_list_with_counts, estimate_optin_probabilities, reuse_s
 from hybriddp.headlist import WILDCARD, HeadList
 from hybriddp.noise import DiscreteLaplaceNoise, discrete_laplace_pmf, discrete_laplace_tail, rational_scale
 from hybriddp.params import head_list_scale
@@ -166,8 +166,8 @@ def test_reuse_estimates_are_unbiased_with_matching_variances() -> None:
         s = rng.choice(len(recs), size=n_s, p=probs)
         t = rng.choice(len(recs), size=n_t, p=probs)
         hl_s, s_counts = create_head_list_with_counts(rq[s], ru[s], epsilon=eps, delta=1e-5, m_o=1, noise=noise)
-        est = estimate_optin_probabilities(rq[t], ru[t], hl_s, epsilon=eps, m_o=1, head_list_size=10, noise=noise,
-                                           s_counts=s_counts, n_s=n_s)
+        est = reuse_s(estimate_optin_probabilities(rq[t], ru[t], hl_s, epsilon=eps, m_o=1, head_list_size=10,
+                                                   noise=noise, s_counts=s_counts, n_s=n_s))
         hl = est.head_list
         keys = list(zip(np.append(hl.query_ids, WILDCARD)[hl.entry_query].tolist(), hl.entry_url.tolist(),
                         strict=True))

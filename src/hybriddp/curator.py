@@ -84,6 +84,7 @@ class OptinEstimates:
     noise_variance: float  # variance of one draw, Var(Y)
     reused: np.ndarray | None = None
     n_s: int = 0  # |D_S|, when records reuse S
+    s_counts: np.ndarray | None = None  # curator only: S's released count per final entry (NaN: none)
 
     def variances_at(self, p_record: np.ndarray, p_query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """σ̂²_O of every record and query evaluated at the given probabilities: the estimates' own
@@ -149,8 +150,8 @@ def estimate_optin_probabilities(
     trimming ranks and drops whole queries.
 
     ``s_counts`` (per HL_S entry, from :func:`create_head_list_with_counts`) and ``n_s`` = |D_S|:
-    reuse S (ALGORITHM.md §4.1) — every record that stays in the final list is estimated from
-    S ∪ T, (N̂_S + N̂_T)/(|D_S| + |D_T|), with J = 2; trimming still ranks by T alone.
+    the estimates remember S's count of every record that stays in the final list (trimming ranks by
+    T alone), for :func:`reuse_s`; the estimates themselves are still T's.
     """
     check_positive_int("head_list_size", head_list_size)
     backend = backend or default_backend()
@@ -200,18 +201,40 @@ def estimate_optin_probabilities(
     old_entries_arr = np.array(old_entries)  # never empty (⟨*,*⟩): integers
     p_rec = p_folded[old_entries_arr]
     j_rec = draws_folded[old_entries_arr]
-    reused = None
-    if s_counts is not None:  # §4.1: a kept record (never folded into) adds its noisy S count
-        reused = kept[old_entries_arr] & np.isfinite(s_counts[old_entries_arr])
-        p_rec = np.where(reused, (p_rec * n + np.nan_to_num(s_counts[old_entries_arr])) / max(n + n_s, 1), p_rec)
-        j_rec = j_rec + reused
-    fq = final.entry_query
-    p_query = np.bincount(fq, weights=p_rec)  # length final.k: ⟨*,*⟩ is last
-    j_query = np.bincount(fq, weights=j_rec).astype(np.int64)
-    est = OptinEstimates(final, p_rec, p_rec, j_rec, p_query, p_query, j_query, n, noise.variance(b), reused,
-                         n_s if reused is not None else 0)
+    final_s = None
+    if s_counts is not None:  # a kept record is its HL_S entry, never folded into (§4.1)
+        final_s = np.where(kept[old_entries_arr], s_counts[old_entries_arr], np.nan)
+    return _estimates(final, p_rec, j_rec, n, noise.variance(b), None, n_s if final_s is not None else 0, final_s)
+
+
+def _estimates(hl: HeadList, p_rec: np.ndarray, j_rec: np.ndarray, n: int, var_y: float, reused: np.ndarray | None,
+               n_s: int, s_counts: np.ndarray | None) -> OptinEstimates:
+    """Query sums and every variance from the record estimates (ALGORITHM.md §4, §4.1)."""
+    p_query = np.bincount(hl.entry_query, weights=p_rec)  # length hl.k: ⟨*,*⟩ is last
+    j_query = np.bincount(hl.entry_query, weights=j_rec).astype(np.int64)
+    est = OptinEstimates(hl, p_rec, p_rec, j_rec, p_query, p_query, j_query, n, var_y, reused, n_s, s_counts)
     est.var_record, est.var_query = est.variances_at(p_rec, p_query)
     return est
+
+
+def reuse_s(optin: OptinEstimates) -> OptinEstimates:
+    """Reuse S (ALGORITHM.md §4.1): every final record with a released S count is estimated from S ∪ T,
+
+      p̂_O,r = (N̂_S,r + N̂_T,r)/(|D_S| + |D_T|),  J_r = 2,
+
+    the other entries (wildcards) stay T's. Needs estimates made with ``s_counts``; estimates that
+    already reuse S come back unchanged.
+    """
+    if optin.reused is not None:
+        return optin
+    if optin.s_counts is None:
+        raise ValueError("these opt-in estimates were made without S's counts (pass s_counts to "
+                         "estimate_optin_probabilities)")
+    reused = np.isfinite(optin.s_counts)
+    n = optin.n + optin.n_s
+    p_rec = np.where(reused, (optin.p_record * optin.n + np.nan_to_num(optin.s_counts)) / max(n, 1), optin.p_record)
+    return _estimates(optin.head_list, p_rec, optin.draws_record + reused, optin.n, optin.noise_variance, reused,
+                      optin.n_s, optin.s_counts)
 
 
 def require_nonempty(hl: HeadList, *, n_records_s: int, tau: float) -> None:

@@ -324,31 +324,34 @@ def tuned_vs_defaults_claim(runs: RunSet, points: list[Point], metric: str = "nd
 
 
 def estimator_claims(runs: RunSet, points: list[Point]) -> list[Claim]:
-    """Beyond the paper (issue 13): pooled blend weights are never significantly worse than the paper's.
+    """Beyond the paper (issue 13): pooled blend weights, and reusing S, are never significantly worse
+    than the paper's estimates.
 
-    ``blender-pooled`` is the same run as ``blender`` blended differently, so every trial is a pair.
-    Per metric, it holds when no point has pooled significantly worse (paired 95% interval entirely
-    on the worse side) and, over the points, the 95% interval of the mean difference does not lie
-    entirely on the worse side either.
+    ``blender-pooled`` and ``blender-reuse`` are the same run as ``blender`` estimated differently, so
+    every trial is a pair. Per estimator and metric, it holds when no point has it significantly worse
+    (paired 95% interval entirely on the worse side) and, over the points, the 95% interval of the mean
+    difference does not lie entirely on the worse side either.
     """
     out = []
-    for metric in ("l1", "ndcg", "ndcg_queries_at_10"):
-        sign = 1.0 if metric.startswith("l1") else -1.0  # worse side positive
-        diffs = [(point, d) for point in points
-                 if (d := paired_difference(runs.rows("blender-pooled", point), runs.rows("blender", point), metric,
-                                            point.head_list_size, sign)) is not None]
-        if not diffs:
-            continue
-        worse = [x for x in diffs if x[1][3] >= 2 and x[1][1] > 0]
-        better = [x for x in diffs if x[1][3] >= 2 and x[1][2] < 0]
-        avg, avg_lo, avg_hi = mean_ci([d[0] for _, d in diffs])
-        text = (f"pooled − paper (worse side positive) from {min(d[0] for _, d in diffs):+.4f} to "
-                f"{max(d[0] for _, d in diffs):+.4f}, mean {avg:+.4f} [{avg_lo:+.4f}, {avg_hi:+.4f}] over "
-                f"{len(diffs)} ε; significantly worse (paired 95% CI) at {len(worse)}, significantly better at "
-                f"{len(better)}")
-        holds = not worse and not (len(diffs) >= 2 and avg_lo > 0)
-        out.append(Claim("estimators", f"beyond the paper: {metric}: pooled blend weights are never significantly "
-                         "worse than the paper's (paired trials)", text, holds))
+    for algo, short, what in (("blender-pooled", "pooled", "pooled blend weights are"),
+                              ("blender-reuse", "reuse", "reusing S (with pooled weights) is")):
+        for metric in ("l1", "ndcg", "ndcg_queries_at_10"):
+            sign = 1.0 if metric.startswith("l1") else -1.0  # worse side positive
+            diffs = [(point, d) for point in points
+                     if (d := paired_difference(runs.rows(algo, point), runs.rows("blender", point), metric,
+                                                point.head_list_size, sign)) is not None]
+            if not diffs:
+                continue
+            worse = [x for x in diffs if x[1][3] >= 2 and x[1][1] > 0]
+            better = [x for x in diffs if x[1][3] >= 2 and x[1][2] < 0]
+            avg, avg_lo, avg_hi = mean_ci([d[0] for _, d in diffs])
+            text = (f"{short} − paper (worse side positive) from {min(d[0] for _, d in diffs):+.4f} to "
+                    f"{max(d[0] for _, d in diffs):+.4f}, mean {avg:+.4f} [{avg_lo:+.4f}, {avg_hi:+.4f}] over "
+                    f"{len(diffs)} ε; significantly worse (paired 95% CI) at {len(worse)}, significantly better at "
+                    f"{len(better)}")
+            holds = not worse and not (len(diffs) >= 2 and avg_lo > 0)
+            out.append(Claim("estimators", f"beyond the paper: {metric}: {what} never significantly worse than the "
+                             "paper's estimates (paired trials)", text, holds))
     return out
 
 

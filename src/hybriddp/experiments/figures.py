@@ -16,7 +16,8 @@ Grids (paper §4.2; ``quick`` shrinks every grid for tests):
   generalized NDCG of BLENDER for several M (AOL 10, 25, 50, 100; Yandex 50, 100, 250, 500).
 * Figs. 15 / 16 — ε = 1, 1.5, …, 5; L1 / generalized NDCG of BLENDER for the same M.
 * ``estimators`` (beyond the paper) — ε = 1, 1.5, …, 5 at the dataset's M; L1, generalized NDCG and
-  NDCG@10 of BLENDER with the paper's blend weights and with pooled ones, from the same runs.
+  NDCG@10 of BLENDER with the paper's blend weights, with pooled ones, and with the opt-in estimates
+  reusing S (ALGORITHM.md §4.1), from the same runs.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16", "s
 """Every figure ``hybriddp experiment`` makes (the paper's, and ``sizes`` beyond it); ``all`` means all of them."""
 
 FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blender", "blender-pooled": "blender",
-             "local-only": "local-only", "local-only-hashed": "local-only-hashed", "blender-tuned": "blender-tuned"}
+             "blender-reuse": "blender", "local-only": "local-only", "local-only-hashed": "local-only-hashed",
+             "blender-tuned": "blender-tuned"}
 """The run that produces each algorithm: one BLENDER run gives ``blender``, ``optin-only`` and
-``client-only``, and ``blender-pooled`` (its estimates with pooled blend weights) (paired,
+``client-only``, ``blender-pooled`` (its estimates with pooled blend weights) and ``blender-reuse``
+(its opt-in estimates also counting S, pooled weights) (paired,
 :func:`hybriddp.algorithms.blender_family`); ``blender-tuned`` is
 BLENDER with the knobs tune picks from an earlier round (:mod:`hybriddp.experiments.tuned`)."""
 
-FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only", "blender-pooled"),
+FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only", "blender-pooled", "blender-reuse"),
                      "local-only": ("local-only",), "local-only-hashed": ("local-only-hashed",),
                      "blender-tuned": ("blender-tuned",)}
 
@@ -164,9 +167,9 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
         Figure("sizes", "Beyond the paper: generalized NDCG vs head-list size M, BLENDER vs local-only",
                "head_list_size", tuple(float(m) for m in sizes), ("ndcg",),
                ("blender", "local-only", "local-only-hashed")),
-        Figure("estimators", "Beyond the paper: the paper's blend weights against pooled ones (ALGORITHM.md §7), "
-               "paired: the same run blended both ways", "epsilon", eps, ("l1", "ndcg", "ndcg_queries_at_10"),
-               ("blender", "blender-pooled")),
+        Figure("estimators", "Beyond the paper: the paper's estimates against pooled blend weights (ALGORITHM.md "
+               "§7) and reused S counts (§4.1), paired: the same run estimated three ways", "epsilon", eps,
+               ("l1", "ndcg", "ndcg_queries_at_10"), ("blender", "blender-pooled", "blender-reuse")),
     ]
     return {f.name: f for f in figs}
 

@@ -22,11 +22,12 @@ from hybriddp.io.atomic import atomic_path
 ALGORITHM_LABELS = {"blender": "blended (BLENDER)", "optin-only": "opt-in only",
                     "client-only": "client only", "blender-tuned": "BLENDER, knobs from hybriddp tune",
                     "blender-pooled": "BLENDER, pooled blend weights",
+                    "blender-reuse": "BLENDER, S reused + pooled weights",
                     "local-only": "local-only, record dictionary (PEM/OLH + LocalAlg)",
                     "local-only-hashed": "local-only, no dictionary (32-bit PEM/OLH + LocalAlg)"}
 ALGORITHM_COLORS = {"blender": "tab:green", "optin-only": "tab:orange", "client-only": "tab:blue",
                     "blender-tuned": "tab:olive", "local-only": "tab:red", "local-only-hashed": "tab:purple",
-                    "blender-pooled": "tab:cyan"}
+                    "blender-pooled": "tab:cyan", "blender-reuse": "tab:brown"}
 MARKERS = "osD^vP*X"
 
 

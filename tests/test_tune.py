@@ -209,7 +209,8 @@ def test_cli_table_with_prior() -> None:
 
 
 def test_cli_estimator_reaches_the_simulations() -> None:
-    """Same seed, pooled blend weights: the simulations blend differently (other NDCG and L1 figures)."""
+    """Same seed, pooled blend weights or S reused: the simulations estimate differently (other NDCG and L1
+    figures; with S reused, f_O trades differently, so tune may pick other knobs)."""
     common = ("tune", "--population", 20_000, "--optin-fraction", 0.2, "--epsilon", 4, "--trials", 2, "--seed", 1,
               "--workers", 1, "--json")
     paper = json.loads(invoke(*common).stdout)
@@ -217,6 +218,9 @@ def test_cli_estimator_reaches_the_simulations() -> None:
     assert (paper["search"]["estimator"], pooled["search"]["estimator"]) == ("paper", "pooled")
     figures = ("ndcg", "l1", "paper_defaults")
     assert [paper[k] for k in figures] != [pooled[k] for k in figures]
+    reuse = json.loads(invoke(*common, "--estimator", "reuse").stdout)
+    assert reuse["search"]["estimator"] == "reuse"
+    assert reuse["paper_defaults"]["l1"] != paper["paper_defaults"]["l1"]
 
 
 @pytest.mark.parametrize(("args", "needles"), [

@@ -17,6 +17,8 @@ from scipy import stats
 
 from hybriddp.audit import (
     MECHANISMS,
+    MechanismAudit,
+    Scenario,
     beta_ppf,
     betainc,
     clopper_pearson_lower,
@@ -28,11 +30,11 @@ from hybriddp.audit import (
     run_audit,
 )
 from hybriddp.cli import cli
-from hybriddp.curator import create_head_list, estimate_optin_probabilities
+from hybriddp.curator import create_head_list, create_head_list_with_counts, estimate_optin_probabilities
 from hybriddp.device import budget_split, keep_probability
 from hybriddp.errors import ParameterError
 from hybriddp.headlist import WILDCARD, HeadList
-from hybriddp.noise import noise_factory
+from hybriddp.noise import discrete_laplace_pmf, noise_factory
 from hybriddp.randomizer import LocalAlgParams, output_distribution, privacy_loss_delta
 
 # ----- Clopper–Pearson without SciPy, checked against SciPy ---------------------------------------
@@ -74,7 +76,9 @@ def test_lower_bound_does_not_exceed_claim(mechanism: str, noise: str) -> None:
     assert res.delta_lower_bound <= res.delta
     assert not res.violation
     assert res.epsilon_lower_bound >= 0.7 * res.epsilon_claimed  # the chosen events have power
-    assert res.epsilon_lower_bound <= spec.details["closed_form"]["epsilon_event"]
+    # the best of the scenarios' closed forms (headlist also has the released counts' one)
+    assert res.epsilon_lower_bound <= max(cf["epsilon_event"] for key, cf in spec.details.items()
+                                          if key.startswith("closed_form"))
     assert len(res.tests) == 4 * len(spec.scenarios)
 
 
@@ -170,7 +174,7 @@ def test_headlist_adapter_is_create_head_list(noise: str) -> None:
     """Given the same noise, CreateHeadList itself keeps exactly what the adapter says, trial by trial."""
     trials, eps, delta = 1500, 4.0, 1e-2
     spec = headlist_audit(eps, delta, noise=noise, trials=trials)
-    swap, presence = spec.scenarios
+    swap, presence, _ = spec.scenarios
     factory = noise_factory(noise)
     b = 2.0 / eps
     c1, c2 = spec.details["counts_x"]
@@ -197,6 +201,110 @@ def test_headlist_adapter_is_create_head_list(noise: str) -> None:
         hl = create_head_list(np.array([1]), np.array([0]), epsilon=eps, delta=delta, m_o=1, noise=real)
         assert not _kept(hl, 0, 0)
     assert not kept_xp.any()
+
+
+@pytest.mark.parametrize("noise", ["discrete", "laplace"])
+def test_released_counts_adapter_is_create_head_list_with_counts(noise: str) -> None:
+    """The released counts (ALGORITHM.md §3.3): create_head_list_with_counts releases exactly the adapter's
+    values, trial by trial given the same noise (N(r) + Y_r when r is kept, nothing when it is not)."""
+    trials, eps, delta = 1000, 4.0, 1e-2
+    spec = headlist_audit(eps, delta, noise=noise, trials=trials)
+    released = spec.scenarios[2]
+    c1, c2 = spec.details["released_counts_x"]
+    assert c1 >= 2 and c2 >= 1  # both records are in D_S on both sides: one draw each, as the adapter assumes
+    out_x, out_xp = released.adapter(np.random.default_rng(13), trials)
+    src = noise_factory(noise)(np.random.default_rng(13))
+    b = 2.0 / eps
+    y_x, y_xp = src.sample(b, 2 * trials).reshape(trials, 2), src.sample(b, 2 * trials).reshape(trials, 2)
+    seen = np.zeros(4, dtype=bool)  # (r1 kept, r2 kept) patterns met, so every branch is compared
+    for counts, outs, draws in (((c1, c2), out_x, y_x), ((c1 - 1, c2 + 1), out_xp, y_xp)):
+        query = np.zeros(sum(counts), dtype=np.int64)
+        url = np.repeat([0, 1], counts)  # r1 = <0,0> (smaller key, first draw), r2 = <0,1>
+        for i in range(trials):
+            hl, s_counts = create_head_list_with_counts(query, url, epsilon=eps, delta=delta, m_o=1,
+                                                        noise=ReplayNoise(src, draws[i]))
+            e = hl.map_records(np.array([0, 0]), np.array([0, 1]))
+            kept = np.array([_kept(hl, 0, 0), _kept(hl, 0, 1)])
+            np.testing.assert_array_equal(np.where(kept, s_counts[e], np.nan), outs[i])
+            np.testing.assert_array_equal(~np.isnan(outs[i]), kept)
+            seen[2 * kept[0] + kept[1]] = True
+    assert seen.all()
+
+
+def _released_counts_closed_form(noise: str, counts: tuple[int, int], s: int, s2: int, tau: float,
+                                 b: float) -> float:
+    """P[E] from the noise's own law, independently of the audit code: discrete Laplace pmf summed over a
+    wide window, or SciPy's Laplace cdf."""
+    c1, c2 = counts
+    if noise == "discrete":
+        y = np.arange(-400, 401)
+        pmf = discrete_laplace_pmf(y, b)
+        r1 = pmf[(c1 + y > tau) & (c1 + y >= s)].sum()
+        r2 = pmf[(c2 + y <= tau) | (c2 + y <= s2)].sum()
+        return float(r1 * r2)
+    r1 = stats.laplace.sf(max(tau, s) - c1, scale=b)
+    r2 = stats.laplace.cdf(max(tau, s2) - c2, scale=b)
+    return float(r1 * r2)
+
+
+@pytest.mark.parametrize("noise", ["discrete", "laplace"])
+def test_released_counts_event_matches_closed_form(noise: str) -> None:
+    """The closed form of the released-counts event agrees with an independent computation and with the
+    adapter's event frequencies (5 standard errors)."""
+    trials = 200_000
+    spec = headlist_audit(4.0, 1e-2, noise=noise, trials=trials)
+    d = spec.details
+    cf = d["closed_form_counts"]
+    s, s2 = d["released_count_thresholds"]
+    for counts, p in ((d["released_counts_x"], cf["p_x"]), (d["released_counts_x_prime"], cf["p_x_prime"])):
+        assert p == pytest.approx(_released_counts_closed_form(noise, tuple(counts), s, s2, d["tau"], d["b"]),
+                                  rel=1e-9)
+    assert cf["epsilon_event"] == pytest.approx(math.log((cf["p_x"] - 1e-2) / cf["p_x_prime"]))
+    assert cf["epsilon_event"] <= 4.0
+    released = spec.scenarios[2]
+    out_x, out_xp = released.adapter(np.random.default_rng(14), trials)
+    for out, p in ((out_x, cf["p_x"]), (out_xp, cf["p_x_prime"])):
+        k = int(np.count_nonzero(released.events[0].indicator(out)))
+        assert abs(k / trials - p) <= 5 * math.sqrt(p * (1 - p) / trials), (k / trials, p)
+
+
+@pytest.mark.parametrize("noise", ["discrete", "laplace"])
+def test_released_counts_bound_does_not_exceed_claim(noise: str) -> None:
+    """The released counts stay within (ε, δ), and the event has power: with Laplace noise the counts
+    prove more than the keep decisions alone can (their best event's exact ε is 3.72 at ε = 4)."""
+    trials = 300_000
+    spec = headlist_audit(4.0, 1e-2, noise=noise, trials=trials)
+    released = MechanismAudit("headlist", 4.0, 1e-2, (spec.scenarios[2],), spec.details)
+    res = run_audit(released, trials, np.random.default_rng(15))
+    assert not res.violation
+    assert 0.9 * 4.0 <= res.epsilon_lower_bound <= spec.details["closed_form_counts"]["epsilon_event"] <= 4.0
+    assert res.delta_lower_bound <= 1e-2
+    if noise == "laplace":
+        assert res.epsilon_lower_bound > spec.details["closed_form"]["epsilon_event"]
+
+
+@pytest.mark.parametrize("noise", ["discrete", "laplace"])
+def test_releasing_true_counts_is_caught(noise: str) -> None:
+    """A broken release that publishes a kept record's true count N(r) instead of N(r) + Y_r (same keep
+    decisions) is refuted by the scenario's own event: ε_lb > ε and δ_lb > δ."""
+    trials = 100_000
+    spec = headlist_audit(4.0, 1e-2, noise=noise, trials=trials)
+    honest = spec.scenarios[2]
+    true_x = np.array(spec.details["released_counts_x"], dtype=np.float64)
+    true_xp = np.array(spec.details["released_counts_x_prime"], dtype=np.float64)
+
+    def leaky(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        out_x, out_xp = honest.adapter(rng, n)
+        return np.where(np.isnan(out_x), np.nan, true_x), np.where(np.isnan(out_xp), np.nan, true_xp)
+
+    broken = Scenario(honest.name, honest.x, honest.x_prime, leaky, honest.events)
+    res = run_audit(MechanismAudit("headlist", 4.0, 1e-2, (broken,), spec.details), trials,
+                    np.random.default_rng(16))
+    assert res.violation
+    assert res.epsilon_lower_bound > 4.0 and res.delta_lower_bound > 1e-2
+    good = run_audit(MechanismAudit("headlist", 4.0, 1e-2, (honest,), spec.details), trials,
+                     np.random.default_rng(16))
+    assert not good.violation
 
 
 @pytest.mark.parametrize("noise", ["discrete", "laplace"])

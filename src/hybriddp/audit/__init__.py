@@ -30,12 +30,14 @@ outputs_x')`` running the real code vectorized over trials, and the events on it
   Neyman–Pearson output set with the best predicted bound, found from
   :func:`~hybriddp.randomizer.output_distribution` (E = {report = x} against a record of
   another query: likelihood ratio e^{ε'_Q}·k_q·e^{ε'_U}/(e^{ε'_U} + k_q − 1) ≈ e^{0.95ε}).
-* ``headlist`` — CreateHeadList (ALGORITHM.md §3, Fig. 3). Two pairs. (a) The ε-tight one: r1 seen
+* ``headlist`` — CreateHeadList (ALGORITHM.md §3, Fig. 3). Three pairs. (a) The ε-tight one: r1 seen
   c1 times and r2 c2 times in x, one user moved from r1 to r2 in x'; E = {r1 kept, r2 not kept},
   with (c1, c2) around τ (searched on the closed form) so that both keep decisions sit in the
   geometric tails of the noise: likelihood ratio e^{2/b} = e^ε. (b) The δ-dominated one: r once
   in x, absent from x'; E = {r ∈ HL} has P[E|x] ≤ δ/2 and P[E|x'] = 0, so it can only bound δ
-  (p_lo − δ < 0: ε_lb is 0 for any δ).
+  (p_lo − δ < 0: ε_lb is 0 for any δ). (c) The released noisy counts (ALGORITHM.md §3.3): the swap
+  pair of (a) whose output is the count N(r) + Y of each kept record, and E = {r1 released with count
+  ≥ s, r2 not released or released with count ≤ s2}, searched on the closed form.
   The default δ is 1e-2 rather than the paper's 1e-5: at 1e-5 the survival probability is ≤ 5e-6
   (7.3e-7 with the discrete threshold, which rounds τ up to an integer) and 10^6 trials see ~5
   events (or ~1), too few to measure; at 1e-2 it is 5e-3 (2.2e-3 discrete), and the δ bound

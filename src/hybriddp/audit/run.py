@@ -39,7 +39,7 @@ CHUNK = 1 << 20
 """Trials per adapter call: memory stays bounded whatever ``trials`` is."""
 
 MAX_TRIALS = 10**9
-"""Largest ``trials``: the slowest mechanism (headlist, two scenarios) runs ~0.5 million trials per second on
+"""Largest ``trials``: the slowest mechanism (headlist, three scenarios) runs ~0.5 million trials per second on
 one core, so 10⁹ trials take about an hour."""
 
 MAX_EPSILON = LN_MAX

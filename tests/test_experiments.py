@@ -269,7 +269,7 @@ def test_rows_of_older_code_are_run_again_and_replaced(tmp_path: Path, caplog) -
     assert again.n_ran == first.n_runs and "different algorithm code" in caplog.text
     assert run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True).n_ran == 0
     rows = read_csv(trials)  # the stale rows were replaced, not kept beside the new ones
-    assert len(rows) == 5 * first.n_runs  # one row per algorithm of each BLENDER run: no stale duplicates
+    assert len(rows) == 4 * first.n_runs  # one row per algorithm of each BLENDER run: no stale duplicates
     assert {r["code"] for r in rows} == {family_fingerprint("blender")}
 
 
@@ -314,8 +314,29 @@ def test_blender_family_pooled_member_is_the_same_run_blended_with_pooled_weight
     assert paper["blender-pooled"].metrics == pooled["blender"].metrics
     assert paper["blender"].p_record.tolist() != paper["blender-pooled"].p_record.tolist()
     assert paper["blender"].head_list.query_ids.tolist() == paper["blender-pooled"].head_list.query_ids.tolist()
-    # likewise ``blender-reuse`` is the run with ``estimator="reuse"``, and its records come out closer to the truth
-    reuse = blender_family(log, replace(params, estimator="reuse"), seed=9)
-    assert paper["blender-reuse"].p_record.tolist() == reuse["blender"].p_record.tolist()
-    assert reuse["blender-pooled"].p_record.tolist() == paper["blender-pooled"].p_record.tolist()
-    assert paper["blender-reuse"].metrics["l1"] < paper["blender"].metrics["l1"]
+
+
+
+def test_blender_reuse_is_a_run_of_its_own_paired_by_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``blender-reuse`` family runs BLENDER with ``estimator="reuse"`` on the point's seed: the same
+    S/T split and samples as the point's ``blender`` run (so the same HL_S), its own trimmed list and
+    estimates; a row of its own in trials.csv."""
+    from dataclasses import replace
+
+    from hybriddp.algorithms import blender_family
+    from hybriddp.experiments import runner
+    from hybriddp.experiments.figures import Point
+    from hybriddp.params import BlenderParams
+    from hybriddp.pipeline import run_blender
+
+    log = zipf_log(3_000, seed=4)
+    point = Point.of(BlenderParams(epsilon=4.0, optin_fraction=0.3, head_list_size=10))
+    monkeypatch.setattr(runner, "_LOG", log)
+    rows, table = runner.run_task(runner.Task("blender-reuse", point, 0, 9), "test")
+    assert [r["algorithm"] for r in rows] == ["blender-reuse"] and table is None and not rows[0]["error"]
+    reuse = run_blender(log, replace(point.params(), estimator="reuse"), seed=9)
+    paper = run_blender(log, point.params(), seed=9)
+    assert reuse.curator.head_list_s.query_ids.tolist() == paper.curator.head_list_s.query_ids.tolist()
+    assert reuse.curator.optin.reused is not None and paper.curator.optin.reused is None
+    assert rows[0]["l1"] == pytest.approx(blender_family(log, replace(point.params(), estimator="reuse"),
+                                                         seed=9)["blender"].metrics["l1"])

@@ -22,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 
 from hybriddp.blend import blend_estimates, project_to_simplex
-from hybriddp.curator import reuse_s
 from hybriddp.evaluate import ground_truth, score, truth_vectors
 from hybriddp.noise import DiscreteLaplaceNoise
 from hybriddp.params import BlenderParams
@@ -50,9 +49,8 @@ def blender_family(
     log: RecordLog, params: BlenderParams, *, seed: int | None = None,
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, stages: Stages | None = None,
 ) -> dict[str, Result]:
-    """``blender``, ``optin-only``, ``client-only``, ``blender-pooled`` (the same estimates blended with
-    pooled weights, ALGORITHM.md §7) and ``blender-reuse`` (the opt-in estimates from S ∪ T, §4.1, with
-    pooled weights) from one BLENDER run (paired)."""
+    """``blender``, ``optin-only``, ``client-only`` and ``blender-pooled`` (the same estimates blended with
+    pooled weights, ALGORITHM.md §7) from one BLENDER run (paired)."""
     run = run_blender(log, params, seed=seed, noise_factory=noise_factory, stages=stages)
     full = result_from_run(run)
     cur = run.curator
@@ -66,11 +64,10 @@ def blender_family(
     out["client-only"] = _finish(Result(
         "client-only", p_record=run.client.p_record.copy(), p_query=run.client.p_query.copy(),
         guarantees=full.guarantees, **base), log, parts, params.project)
-    t_only = cur.optin_t if cur.optin_t is not None else cur.optin
-    for name, optin in (("blender-pooled", t_only), ("blender-reuse", reuse_s(t_only))):
-        mix = blend_estimates(optin, run.client, False, estimator="pooled", lp=run.lp)
-        out[name] = _finish(Result(name, p_record=mix.records.p.copy(), p_query=mix.queries.p.copy(),
-                                   guarantees=full.guarantees, **base), log, parts, params.project)
+    pooled = blend_estimates(cur.optin, run.client, False, estimator="pooled", lp=run.lp)
+    out["blender-pooled"] = _finish(Result(
+        "blender-pooled", p_record=pooled.records.p.copy(), p_query=pooled.queries.p.copy(),
+        guarantees=full.guarantees, **base), log, parts, params.project)
     return out
 
 

@@ -136,6 +136,7 @@ def estimate_optin_probabilities(
     query: np.ndarray, url: np.ndarray, head_list_s: HeadList, *, epsilon: float, m_o: int,
     head_list_size: int, noise: NoiseSource, url_level: bool = True,
     backend: CountingBackend | None = None, s_counts: np.ndarray | None = None, n_s: int = 0,
+    rank_with_s: bool = False,
 ) -> OptinEstimates:
     """EstimateOptinProbabilities(ε, T, m_O, HL_S, M) — paper Fig. 4, ALGORITHM.md §4.
 
@@ -150,8 +151,9 @@ def estimate_optin_probabilities(
     trimming ranks and drops whole queries.
 
     ``s_counts`` (per HL_S entry, from :func:`create_head_list_with_counts`) and ``n_s`` = |D_S|:
-    the estimates remember S's count of every record that stays in the final list (trimming ranks by
-    T alone), for :func:`reuse_s`; the estimates themselves are still T's.
+    the estimates remember S's count of every record that stays in the final list, for :func:`reuse_s`;
+    the estimates themselves are still T's. ``rank_with_s`` (``--estimator reuse``, ALGORITHM.md §4.1):
+    trimming ranks the records by their S ∪ T estimate instead of T's alone.
     """
     check_positive_int("head_list_size", head_list_size)
     backend = backend or default_backend()
@@ -171,7 +173,12 @@ def estimate_optin_probabilities(
     else:
         candidate = hl.is_wildcard & (entry_q != star_q)
     cand_idx = np.flatnonzero(candidate)
-    order = cand_idx[np.lexsort((-p[cand_idx],))]  # lexsort is stable: ties keep the head list's order
+    rank = p
+    if rank_with_s:
+        if s_counts is None:
+            raise ValueError("rank_with_s needs S's counts (s_counts)")
+        rank = np.where(np.isfinite(s_counts), (p * n + np.nan_to_num(s_counts)) / max(n + n_s, 1), p)
+    order = cand_idx[np.lexsort((-rank[cand_idx],))]  # lexsort is stable: ties keep the head list's order
     kept = np.zeros(hl.n_entries, dtype=bool)
     kept[order[:head_list_size]] = True
     keeps_url = np.bincount(entry_q[kept], minlength=hl.k) > 0  # q keeps ≥ 1 record

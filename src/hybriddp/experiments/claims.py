@@ -327,10 +327,11 @@ def estimator_claims(runs: RunSet, points: list[Point]) -> list[Claim]:
     """Beyond the paper (issue 13): pooled blend weights, and reusing S, are never significantly worse
     than the paper's estimates.
 
-    ``blender-pooled`` and ``blender-reuse`` are the same run as ``blender`` estimated differently, so
-    every trial is a pair. Per estimator and metric, it holds when no point has it significantly worse
-    (paired 95% interval entirely on the worse side) and, over the points, the 95% interval of the mean
-    difference does not lie entirely on the worse side either.
+    ``blender-pooled`` is the same run as ``blender`` blended differently, and ``blender-reuse`` a run
+    with the same seed (the same S/T split, samples and noise streams), so every trial is a pair. Per
+    estimator and metric, it holds when no point has it significantly worse (paired 95% interval
+    entirely on the worse side) and, over the points, the 95% interval of the mean difference does not
+    lie entirely on the worse side either.
     """
     out = []
     for algo, short, what in (("blender-pooled", "pooled", "pooled blend weights are"),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 FAMILY_ROOTS: dict[str, tuple[str, ...]] = {
     "blender": ("hybriddp.algorithms",),
+    "blender-reuse": ("hybriddp.algorithms",),
     "local-only": ("hybriddp.algorithms",),
     "local-only-hashed": ("hybriddp.algorithms",),
     "blender-tuned": ("hybriddp.algorithms", "hybriddp.tune", "hybriddp.experiments.tuned"),

@@ -15,9 +15,9 @@ Grids (paper §4.2; ``quick`` shrinks every grid for tests):
 * Figs. 13 / 14 — opt-in fraction 1%, 1.5%, 2%, 2.5%, 3%, …, 10% (4.5% included); L1 /
   generalized NDCG of BLENDER for several M (AOL 10, 25, 50, 100; Yandex 50, 100, 250, 500).
 * Figs. 15 / 16 — ε = 1, 1.5, …, 5; L1 / generalized NDCG of BLENDER for the same M.
-* ``estimators`` (beyond the paper) — ε = 1, 1.5, …, 5 at the dataset's M; L1, generalized NDCG and
-  NDCG@10 of BLENDER with the paper's blend weights, with pooled ones, and with the opt-in estimates
-  reusing S (ALGORITHM.md §4.1), from the same runs.
+* ``estimators`` (beyond the paper) — ε = 1, 1.5, …, 5 at M = 10 (Fig. 12's) and the dataset's M;
+  L1, generalized NDCG and NDCG@10 of BLENDER with the paper's blend weights, with pooled ones (from
+  the same runs), and with ``--estimator reuse`` (ALGORITHM.md §4.1; runs with the same seeds).
 """
 
 from __future__ import annotations
@@ -30,15 +30,16 @@ FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16", "s
 """Every figure ``hybriddp experiment`` makes (the paper's, and ``sizes`` beyond it); ``all`` means all of them."""
 
 FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blender", "blender-pooled": "blender",
-             "blender-reuse": "blender", "local-only": "local-only", "local-only-hashed": "local-only-hashed",
+             "blender-reuse": "blender-reuse", "local-only": "local-only", "local-only-hashed": "local-only-hashed",
              "blender-tuned": "blender-tuned"}
 """The run that produces each algorithm: one BLENDER run gives ``blender``, ``optin-only`` and
-``client-only``, ``blender-pooled`` (its estimates with pooled blend weights) and ``blender-reuse``
-(its opt-in estimates also counting S, pooled weights) (paired,
-:func:`hybriddp.algorithms.blender_family`); ``blender-tuned`` is
+``client-only``, and ``blender-pooled`` (its estimates with pooled blend weights) (paired,
+:func:`hybriddp.algorithms.blender_family`); ``blender-reuse`` is BLENDER with ``--estimator reuse``
+(a run of its own, with the point's seed: paired by seed); ``blender-tuned`` is
 BLENDER with the knobs tune picks from an earlier round (:mod:`hybriddp.experiments.tuned`)."""
 
-FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only", "blender-pooled", "blender-reuse"),
+FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only", "blender-pooled"),
+                     "blender-reuse": ("blender-reuse",),
                      "local-only": ("local-only",), "local-only-hashed": ("local-only-hashed",),
                      "blender-tuned": ("blender-tuned",)}
 
@@ -146,7 +147,10 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
     sizes = HEAD_LIST_SIZES.get(dataset_kind, HEAD_LIST_SIZES["aol"])
     eps, fcs, opt = EPSILONS, F_CS, OPTIN_FRACTIONS
     fig12_m = FIG12_HEAD_LIST_SIZE
+    preset = dataset_kind if dataset_kind in HEAD_LIST_SIZES else "aol"  # a file: AOL's defaults
+    est_sizes = (fig12_m, BlenderParams.paper_defaults(preset).head_list_size)
     if quick:
+        est_sizes = (fig12_m,)
         eps, fcs, opt, sizes = (2.0, 4.0), (0.5, 0.85), (0.05, 0.1), (sizes[0], sizes[-1])
     m_label = "head-list sizes M"
     figs = [
@@ -168,8 +172,8 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
                "head_list_size", tuple(float(m) for m in sizes), ("ndcg",),
                ("blender", "local-only", "local-only-hashed")),
         Figure("estimators", "Beyond the paper: the paper's estimates against pooled blend weights (ALGORITHM.md "
-               "§7) and reused S counts (§4.1), paired: the same run estimated three ways", "epsilon", eps,
-               ("l1", "ndcg", "ndcg_queries_at_10"), ("blender", "blender-pooled", "blender-reuse")),
+               "§7) and reused S counts (§4.1), paired by seed; M = 10 as in Fig. 12, and the dataset's M", "epsilon",
+               eps, ("l1", "ndcg", "ndcg_queries_at_10"), ("blender", "blender-pooled", "blender-reuse"), est_sizes),
     ]
     return {f.name: f for f in figs}
 

@@ -118,8 +118,9 @@ def write_report(meta: dict[str, Any], figs: dict[str, Figure], points: dict[str
         "files of an earlier round run at the paper's defaults (a second release; tuning reads nothing else).",
         "* `blender-pooled` (figure `estimators`) is the same BLENDER run blended with pooled weights (both "
         "variances at the blended estimate, docs/ALGORITHM.md §7) instead of the paper's: paired by construction.",
-        "* `blender-reuse` (figure `estimators`) is the same run again, its opt-in record estimates also counting "
-        "the noisy S counts CreateHeadList released with the head list (docs/ALGORITHM.md §4.1), pooled weights.",
+        "* `blender-reuse` (figure `estimators`) is BLENDER with `--estimator reuse`, with the same seed as the "
+        "point's `blender` run (paired by seed): the noisy S counts CreateHeadList released rank the records for "
+        "trimming and enter their opt-in estimates (docs/ALGORITHM.md §4.1); pooled weights.",
     ]
     if p["delta"] >= 1.0 / max(meta["n_users"], 1):
         lines.append(f"* note: δ = {p['delta']:g} is not below 1/n_users = {1.0 / meta['n_users']:.3g} (neither is the "

@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +318,9 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
             tuned, info = tuned_params(_LOG, task.point, task.seed)
             extra = {"tuned_f_o": info["tuned_f_o"], "tuned_f_c": info["tuned_f_c"]}
             results = {"blender-tuned": blender_family(_LOG, tuned, seed=task.seed)["blender"]}
+        elif task.family == "blender-reuse":  # the same seed as the point's blender run: paired
+            results = {"blender-reuse": blender_family(_LOG, replace(params, estimator="reuse"),
+                                                       seed=task.seed)["blender"]}
         else:
             results = {task.family: run_algorithm(task.family, _LOG, params, seed=task.seed)}
     except HybridDPError as exc:

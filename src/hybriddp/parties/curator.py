@@ -57,7 +57,6 @@ class CuratorOutput:
     tau: float
     users_s: np.ndarray | None = None  # user indices of S and T (for the privacy ledger)
     users_t: np.ndarray | None = None
-    optin_t: OptinEstimates | None = None  # T's estimates with S's counts beside them (``optin`` may reuse S)
 
 
 def noise_for(factory: NoiseFactory, seed: int | None, stream: str) -> NoiseSource:
@@ -97,10 +96,11 @@ def curator_side(
         optin = estimate_optin_probabilities(
             d_t.query, d_t.url, hl_s, epsilon=params.epsilon, m_o=params.m_o,
             head_list_size=params.head_list_size, noise=noise_for(noise_factory, seed, "optin_noise"),
-            url_level=log.has_urls, backend=backend, s_counts=s_counts, n_s=len(d_s))
-    final = reuse_s(optin) if params.estimator in REUSES_S else optin
-    return CuratorOutput(hl_s, final, d_s, d_t, len(users_s), len(users_t), noise_s.name, tau, users_s, users_t,
-                         optin)
+            url_level=log.has_urls, backend=backend, s_counts=s_counts, n_s=len(d_s),
+            rank_with_s=params.estimator in REUSES_S)
+    if params.estimator in REUSES_S:
+        optin = reuse_s(optin)
+    return CuratorOutput(hl_s, optin, d_s, d_t, len(users_s), len(users_t), noise_s.name, tau, users_s, users_t)
 
 
 def release(log: RecordLog, params: BlenderParams, cur: CuratorOutput, seed: int | None, *,

@@ -236,3 +236,30 @@ def test_selection_bias_of_kept_counts_matches_the_truncated_law(count: int) -> 
         assert abs(seen.mean() - exact) <= 5 * seen.std(ddof=1) / math.sqrt(len(seen))
     if count >= tau_d + 3:
         assert exact < 0.01  # far above the threshold the bias vanishes
+
+
+class NoNoise(DiscreteLaplaceNoise):
+    """Zero noise (structure tests only); the discrete noise's variance and threshold."""
+
+    def sample(self, scale: float, size: int) -> np.ndarray:
+        return np.zeros(size)
+
+
+def test_reuse_ranks_trimming_by_s_and_t_together() -> None:
+    """M = 1 among three records of one query. T alone prefers (1, 10) (3 of 10 T records against 2); S
+    (1,000 records) says (1, 11) is three times as frequent. The paper's trimming keeps (1, 10); with
+    rank_with_s the pooled estimate keeps (1, 11), and the trimmed records fold into ⟨1,*⟩ either way."""
+    hl = HeadList.from_lists([1], [[10, 11, 12]])
+    s_counts = np.array([100.0, 300.0, 50.0, np.nan, np.nan])
+    q = np.array([1] * 10)
+    u = np.array([10, 10, 10, 11, 11, 12, 99, 99, 99, 99])
+    for rank, kept_url in ((False, 10), (True, 11)):
+        est = estimate_optin_probabilities(q, u, hl, epsilon=4.0, m_o=1, head_list_size=1, noise=NoNoise(None),
+                                           s_counts=s_counts, n_s=1000, rank_with_s=rank)
+        assert est.head_list.entry_url.tolist() == [kept_url, WILDCARD, WILDCARD]
+        t_count = {10: 3, 11: 2}
+        assert est.p_record[1] * 10 == pytest.approx(10 - t_count[kept_url])  # ⟨1,*⟩: the rest of query 1
+        assert np.isfinite(est.s_counts).tolist() == [True, False, False]
+    with pytest.raises(ValueError, match="s_counts"):
+        estimate_optin_probabilities(q, u, hl, epsilon=4.0, m_o=1, head_list_size=1, noise=NoNoise(None),
+                                     rank_with_s=True)

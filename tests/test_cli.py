@@ -77,13 +77,13 @@ def test_estimator_option_reaches_run_and_estimate(files, tmp_path) -> None:
     """--estimator pooled: run and the file workflow agree, say so in their parameters, and blend
     differently from the paper's weights (the same opt-in and client estimates)."""
     log = files / "log.tsv"
-    paper = json.loads(invoke("run", "--input", log, *RUN, "--json").stdout)
+    paper = json.loads(invoke("run", "--input", log, *RUN, "--estimator", "paper", "--json").stdout)
     pooled = json.loads(invoke("run", "--input", log, *RUN, "--estimator", "pooled", "--json").stdout)
     assert (paper["params"]["estimator"], pooled["params"]["estimator"]) == ("paper", "pooled")
     assert [r["p_optin"] for r in pooled["records"]] == [r["p_optin"] for r in paper["records"]]
     assert [r["p_blended"] for r in pooled["records"]] != [r["p_blended"] for r in paper["records"]]
     hl, est, rep = tmp_path / "hl.json", tmp_path / "optin.json", tmp_path / "reports.jsonl.gz"
-    invoke("headlist", "--input", log, *RUN, "--out-headlist", hl, "--out-estimates", est)
+    invoke("headlist", "--input", log, *RUN, "--estimator", "paper", "--out-headlist", hl, "--out-estimates", est)
     invoke("randomize", "--headlist", hl, "--input", log, "--optin-fraction", "0.3", "--seed", "3", "--output", rep)
     out = json.loads(invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep,
                             "--estimator", "pooled", "--json").stdout)
@@ -182,17 +182,17 @@ def test_demo_small_scale_json() -> None:
 
 
 def test_reuse_estimator_through_the_file_workflow(files, tmp_path) -> None:
-    """--estimator reuse: the curator's estimates file (version 3) marks the reused records and carries
-    |D_S|; `estimate` reproduces `run --estimator reuse` from the files, and refuses to switch the
-    release to an estimator that does not reuse S (that is the curator's choice) with exit 2."""
+    """--estimator reuse, the default: the curator's estimates file (version 3) marks the reused records
+    and carries |D_S|; `estimate` reproduces `run` from the files, and refuses to switch the release to
+    an estimator that does not reuse S (that is the curator's choice) with exit 2."""
     log = files / "log.tsv"
-    paper = json.loads(invoke("run", "--input", log, *RUN, "--json").stdout)
-    reuse = json.loads(invoke("run", "--input", log, *RUN, "--estimator", "reuse", "--json").stdout)
+    paper = json.loads(invoke("run", "--input", log, *RUN, "--estimator", "paper", "--json").stdout)
+    reuse = json.loads(invoke("run", "--input", log, *RUN, "--json").stdout)
     assert reuse["params"]["estimator"] == "reuse"
     assert reuse["head_list_records"] == paper["head_list_records"]  # M records either way, ranked by S ∪ T
     assert [r["p_optin"] for r in reuse["records"]] != [r["p_optin"] for r in paper["records"]]
     hl, est, rep = tmp_path / "hl.json", tmp_path / "optin.json", tmp_path / "reports.jsonl.gz"
-    invoke("headlist", "--input", log, *RUN, "--estimator", "reuse", "--out-headlist", hl, "--out-estimates", est)
+    invoke("headlist", "--input", log, *RUN, "--out-headlist", hl, "--out-estimates", est)
     doc = json.loads(est.read_text())
     assert doc["version"] == 3 and doc["n_s"] > 0 and sum(doc["reused"]) == reuse["head_list_records"]
     assert "reused" not in hl.read_text() and "p_record" not in hl.read_text()  # devices get the lists only

@@ -307,7 +307,7 @@ def test_blender_family_pooled_member_is_the_same_run_blended_with_pooled_weight
     from hybriddp.params import BlenderParams
 
     log = zipf_log(3_000, seed=4)
-    params = BlenderParams(epsilon=4.0, optin_fraction=0.3, head_list_size=10)
+    params = BlenderParams(epsilon=4.0, optin_fraction=0.3, head_list_size=10, estimator="paper")
     paper = blender_family(log, params, seed=9)
     pooled = blender_family(log, replace(params, estimator="pooled"), seed=9)
     assert paper["blender-pooled"].p_record.tolist() == pooled["blender"].p_record.tolist()

@@ -127,6 +127,24 @@ def test_reuse_release_round_trips_and_is_validated(log) -> None:
         serve_estimates(back, np.ones(back.head_list.n_entries, dtype=np.int64), estimator="pooled")
 
 
+def test_a_release_written_before_the_estimator_field_reads_as_the_papers(log) -> None:
+    """Files from before ``estimator`` existed (version 2, no ``params.estimator``) are the paper's
+    estimates: they read as ``paper`` (LEGACY_ESTIMATOR), not as today's default ``reuse``."""
+    from dataclasses import replace
+
+    from hybriddp.device import content_hash
+    from hybriddp.params import DEFAULT_ESTIMATOR
+
+    assert DEFAULT_ESTIMATOR == "reuse" and BlenderParams().estimator == "reuse"
+    rel, _ = curate(log, replace(PARAMS, estimator="paper"), seed=3)
+    old = copy.deepcopy(rel.estimates)
+    del old["params"]["estimator"]
+    old["content_hash"] = content_hash(old)
+    back = release_from_documents(rel.headlist, old)
+    assert back.params.estimator == "paper" and back.optin.reused is None
+    assert np.array_equal(back.optin.var_record, rel.optin.var_record)
+
+
 def test_nan_never_reaches_a_document(release) -> None:
     d = copy.deepcopy(release.estimates)
     d["p_record"][0] = float("nan")

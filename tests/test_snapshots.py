@@ -63,9 +63,10 @@ def _log() -> Any:
 
 # ----- the cases -------------------------------------------------------------------------------
 
-def blender_case(epsilon: float, m_o: int, noise: str) -> Entry:
+def blender_case(epsilon: float, m_o: int, noise: str, estimator: str = "paper") -> Entry:
     """run_blender: the head list, the opt-in, client and blended estimates (records and queries)."""
-    params = BlenderParams(epsilon=epsilon, optin_fraction=0.3, head_list_size=20, m_o=m_o, m_c=m_o)
+    params = BlenderParams(epsilon=epsilon, optin_fraction=0.3, head_list_size=20, m_o=m_o, m_c=m_o,
+                           estimator=estimator)
     run = run_blender(_log(), params, seed=7, noise_factory=noise_factory(noise))
     hl = run.head_list
     cur, cli, bl = run.curator, run.client, run.blended
@@ -81,7 +82,7 @@ def blender_case(epsilon: float, m_o: int, noise: str) -> Entry:
 
 def algorithm_case(name: str) -> Entry:
     """run_algorithm at ε = 4: head list, final estimates and metrics."""
-    params = BlenderParams(epsilon=4.0, optin_fraction=0.3, head_list_size=20)
+    params = BlenderParams(epsilon=4.0, optin_fraction=0.3, head_list_size=20, estimator="paper")
     res = run_algorithm(name, _log(), params, seed=7)
     hl = res.head_list
     return {
@@ -104,13 +105,13 @@ def mean_case() -> Entry:
     }
 
 
-def cli_files_case(tmp_path: Path) -> Entry:
+def cli_files_case(tmp_path: Path, estimator: str = "paper") -> Entry:
     """headlist → randomize → estimate --json on an AOL-format file."""
     log = tmp_path / "log.tsv"
     write_aol(zipf_log(n_users=6000, seed=5), log)
     hl, est, rep = tmp_path / "hl.json", tmp_path / "optin.json", tmp_path / "reports.jsonl"
     invoke("headlist", "--input", log, "--optin-fraction", "0.3", "--head-list-size", "20", "--seed", "3",
-           "--out-headlist", hl, "--out-estimates", est)
+           "--estimator", estimator, "--out-headlist", hl, "--out-estimates", est)
     invoke("randomize", "--headlist", hl, "--input", log, "--optin-fraction", "0.3", "--seed", "3", "--output", rep)
     out = json.loads(invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep,
                             "--json").stdout)
@@ -128,10 +129,13 @@ def cli_files_case(tmp_path: Path) -> Entry:
 CASES: dict[str, Callable[[Path], Entry]] = {
     **{f"blender eps={eps} m_o={m_o} noise={noise}": (lambda _p, e=eps, m=m_o, n=noise: blender_case(e, m, n))
        for eps in (5.0, 2.5, 1.2, 4.0) for m_o in (1, 2) for noise in ("discrete", "laplace")},
+    **{f"blender eps=4.0 m_o={m_o} noise=discrete estimator=reuse":
+       (lambda _p, m=m_o: blender_case(4.0, m, "discrete", "reuse")) for m_o in (1, 2)},
     **{f"algorithm {name} eps=4": (lambda _p, a=name: algorithm_case(a))
        for name in ("optin-only", "client-only", "local-only", "central")},
     "mean simulate n=2000 c=0.1 eps=1": lambda _p: mean_case(),
     "cli headlist/randomize/estimate eps=4": cli_files_case,
+    "cli headlist/randomize/estimate eps=4 estimator=reuse": lambda p: cli_files_case(p, "reuse"),
 }
 
 

@@ -76,6 +76,11 @@ estimate), ``pooled`` (the same estimates; both variances at the blended estimat
 opt-in estimates count S ∪ T, §4.1; pooled weights)."""
 REUSES_S = frozenset({"reuse"})
 """Estimators whose opt-in estimates the curator makes from S ∪ T (ALGORITHM.md §4.1)."""
+DEFAULT_ESTIMATOR = "reuse"
+"""The default: never significantly worse than the paper's in the paired experiments on the presets and
+the real samples, and much better in L1 and NDCG (docs/results/README.md). ``paper`` is one option away."""
+LEGACY_ESTIMATOR = "paper"
+"""What a release file or a service round stored before the ``estimator`` field existed used."""
 
 
 def _label(name: str) -> str:
@@ -217,7 +222,8 @@ class BlenderParams:
     estimator:
         Which estimates (:data:`ESTIMATORS`): ``paper`` (Fig. 7, each group's variance at its own
         estimate), ``pooled`` (both at the blended estimate: unbiased weights; ALGORITHM.md §7) or
-        ``reuse`` (the opt-in estimates also count S, §4.1; pooled weights).
+        ``reuse`` (the default, :data:`DEFAULT_ESTIMATOR`: S's released counts also choose the records
+        and enter their opt-in estimates, §4.1; pooled weights).
     """
 
     epsilon: float = 4.0
@@ -229,7 +235,7 @@ class BlenderParams:
     m_o: int = 1
     m_c: int = 1
     project: bool = True
-    estimator: str = "paper"
+    estimator: str = DEFAULT_ESTIMATOR
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:

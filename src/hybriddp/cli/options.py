@@ -9,7 +9,16 @@ import click
 
 from hybriddp.errors import parameter_error
 from hybriddp.io.loaders import load_log
-from hybriddp.params import ESTIMATORS, LN_MAX, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams, check_seed
+from hybriddp.params import (
+    DEFAULT_ESTIMATOR,
+    ESTIMATORS,
+    LN_MAX,
+    MAX_RECORDS_PER_USER,
+    MAX_SEED,
+    MIN_DELTA,
+    BlenderParams,
+    check_seed,
+)
 from hybriddp.records import RecordLog
 
 FORMATS = ["aol", "csv", "tsv", "parquet", "items"]
@@ -185,7 +194,7 @@ def check_scale(scale: float) -> None:
 
 def make_params(epsilon: float, delta: float, optin_fraction: float = 0.05, f_o: float = 0.95,
                 f_c: float = 0.85, head_list_size: int = 50, m_o: int = 1, m_c: int = 1,
-                project: bool = True, estimator: str = "paper") -> BlenderParams:
+                project: bool = True, estimator: str = DEFAULT_ESTIMATOR) -> BlenderParams:
     """Validated parameters (errors name the option)."""
     return BlenderParams(epsilon=epsilon, delta=delta, optin_fraction=optin_fraction, f_o=f_o, f_c=f_c,
                          head_list_size=head_list_size, m_o=m_o, m_c=m_c, project=project, estimator=estimator)
@@ -199,5 +208,5 @@ def estimator_option(f):
                              "both variances at the blended estimate, iterated to a fixed point: unbiased to first "
                              "order, with a variance that matches the error; docs/ALGORITHM.md §7) or 'reuse' (the "
                              "curator also releases the kept records' noisy counts from S, at no privacy cost, and "
-                             "estimates them from S and T together, §4.1; pooled weights). Default: paper "
+                             "estimates them from S and T together, §4.1; pooled weights). Default: reuse "
                              "(estimate: the one in the release).")(f)

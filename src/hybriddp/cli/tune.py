@@ -10,6 +10,7 @@ from rich.table import Table
 from hybriddp.cli import render
 from hybriddp.cli.options import estimator_option, noise_option, seed_option
 from hybriddp.errors import ParameterError
+from hybriddp.params import DEFAULT_ESTIMATOR
 from hybriddp.tune import (
     PrivatizedInputs,
     TuneResult,
@@ -124,7 +125,7 @@ def tune_cmd(population: int, optin_fraction: float, epsilon: float, delta: floa
     with render.interruptible(), render.stage_progress(not as_json) as on_stage:
         res = tune(population, optin_fraction, epsilon, delta, target_ndcg=target_ndcg, inputs=inputs, trials=trials,
                    seed=seed, noise=noise, workers=workers, progress=on_stage, head_list_size=head_list_size,
-                   estimator=estimator or "paper")
+                   estimator=estimator or DEFAULT_ESTIMATOR)
     if as_json:
         render.print_json(res.to_json())
         return

@@ -79,9 +79,10 @@ class Point:
         return cls(float(p.epsilon), float(p.delta), float(p.optin_fraction), float(p.f_c), int(p.head_list_size))
 
     def params(self) -> BlenderParams:
-        """The validated :class:`BlenderParams` of this point (f_O, m_O, m_C: paper defaults)."""
+        """The validated :class:`BlenderParams` of this point (f_O, m_O, m_C: paper defaults; the paper's
+        estimator, which the paper's figures reproduce: ``blender-reuse`` asks for its own)."""
         return BlenderParams(epsilon=self.epsilon, delta=self.delta, optin_fraction=self.optin_fraction,
-                             f_c=self.f_c, head_list_size=self.head_list_size)
+                             f_c=self.f_c, head_list_size=self.head_list_size, estimator="paper")
 
     def key(self) -> str:
         """Canonical text (also what the trial seed is hashed from)."""

@@ -29,7 +29,7 @@ from hybriddp.errors import DataError, HeadListError, HybridDPError
 from hybriddp.headlist import HeadList, from_device_json, validate_device_json
 from hybriddp.ledger import Charge
 from hybriddp.noise import NOISE_LABELS
-from hybriddp.params import REUSES_S, BlenderParams
+from hybriddp.params import LEGACY_ESTIMATOR, REUSES_S, BlenderParams
 from hybriddp.privacy import Guarantee, curator_guarantees
 from hybriddp.records import Vocabulary
 from hybriddp.rng import SEED_WARNING
@@ -222,8 +222,8 @@ def _params(doc: dict[str, Any], source: str) -> BlenderParams:
     unknown = sorted(set(doc["params"]) - known)
     if unknown:
         raise _fail(source, "params", unknown, f"unknown parameter(s); known: {', '.join(sorted(known))}")
-    try:
-        return BlenderParams(**doc["params"])
+    try:  # a file written before the estimator field: the paper's
+        return BlenderParams(**{"estimator": LEGACY_ESTIMATOR, **doc["params"]})
     except HybridDPError as exc:
         raise DataError(f"{source}: field 'params': {exc}") from None
     except TypeError as exc:  # a wrongly typed field, e.g. a string ε

@@ -39,7 +39,7 @@ from hybriddp.ledger import Charge
 from hybriddp.mean import VARIANCE_SHARE, Hybrid, HybridUnknownVariance
 from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
 from hybriddp.noise import NOISE_CLASSES, noise_factory
-from hybriddp.params import BlenderParams, check_seed
+from hybriddp.params import LEGACY_ESTIMATOR, BlenderParams, check_seed
 from hybriddp.parties import CuratorRelease, ReportCounts, curate, release_from_documents, serve_estimates
 from hybriddp.parties.server import MessageCounter
 from hybriddp.records import NO_URL, ArrayVocabulary, RecordLog
@@ -105,6 +105,7 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
 def blender_params(params: dict[str, Any]) -> BlenderParams:
     """The library parameters of a BLENDER round."""
     given = {k: params[k] for k in _BLENDER_FIELDS if k in params}  # older rounds lack newer fields: defaults
+    given.setdefault("estimator", LEGACY_ESTIMATOR)  # a round stored before the field: the paper's
     try:
         return BlenderParams(**given)
     except TypeError as exc:  # e.g. a string where a number belongs

@@ -59,7 +59,8 @@ class CuratorObservation:
     Attributes
     ----------
     counts : float array, descending
-        p̂_O·|D_T| of the listed (non-wildcard) records: noisy counts in T.
+        p̂_O·|D_T| of the listed (non-wildcard) records: noisy counts in T. A release that reuses S
+        (ALGORITHM.md §4.1) estimates them from S ∪ T: p̂_O·(|D_S| + |D_T|), ``n_counted`` records.
     n_t, n_s : int
         |D_T| and |D_S| (records sampled from T and S).
     noise : str
@@ -70,6 +71,11 @@ class CuratorObservation:
         CreateHeadList's threshold for that noise.
     head_list_s_records : int or None
         |HL_S|, the records CreateHeadList kept (None when the file does not say).
+    n_counted : int
+        The records behind ``counts``: |D_T|, or |D_S| + |D_T| when S is reused (0 means |D_T|). The
+        fit then treats the listed counts as counts in that many records, ranked by themselves, which
+        is how ``reuse`` trims; the S counts' selection above τ and their second noise draw are left out of
+        the model.
     """
 
     counts: np.ndarray
@@ -79,6 +85,12 @@ class CuratorObservation:
     scale: float
     tau: float
     head_list_s_records: int | None = None
+    n_counted: int = 0
+
+    @property
+    def n_counts(self) -> int:
+        """Records behind the listed counts (:attr:`n_counted`, or |D_T|)."""
+        return self.n_counted or self.n_t
 
     @classmethod
     def from_inputs(cls, inputs: PrivatizedInputs) -> CuratorObservation:
@@ -100,8 +112,9 @@ class CuratorObservation:
         if not isinstance(n_s, int) or n_s < 1:
             f_o = float(params["f_o"])
             n_s = max(1, round(n_t * f_o / (1.0 - f_o)))
-        return cls(np.sort(values * n_t)[::-1], n_t, int(n_s), noise, _noise_scale(noise, eps, m_o),
-                   _threshold(noise, eps, delta, m_o), int(hls) if isinstance(hls, int) else None)
+        n_counted = n_t + int(est.n_s) if est.reused is not None else n_t
+        return cls(np.sort(values * n_counted)[::-1], n_t, int(n_s), noise, _noise_scale(noise, eps, m_o),
+                   _threshold(noise, eps, delta, m_o), int(hls) if isinstance(hls, int) else None, n_counted)
 
 
 def _noise_scale(noise: str, epsilon: float, m_o: int) -> float:
@@ -212,7 +225,7 @@ class _CuratorReplay:
         passed = self.u_pass[:, :rc] < pp[None, :]
         h = passed.sum(1)
         rep, rank = np.nonzero(passed)
-        lam = obs.n_t * p[rank]
+        lam = obs.n_counts * p[rank]
         count = np.empty(len(rank))
         big = lam >= 40.0
         count[big] = np.maximum(np.round(lam[big] + np.sqrt(lam[big]) * self.z[rep[big], rank[big]]), 0.0)
@@ -270,7 +283,7 @@ def fit_rank_law(obs: CuratorObservation, *, reps: int = 48, seed: int | None = 
     if m < 3:
         raise DataError(f"{m} listed records are too few to fit a rank-frequency law (need >= 3)")
     ranks = np.arange(1, m + 1, dtype=np.float64)
-    slope, icpt = np.polyfit(np.log(ranks), np.log(np.maximum(counts, 0.5) / obs.n_t), 1)
+    slope, icpt = np.polyfit(np.log(ranks), np.log(np.maximum(counts, 0.5) / obs.n_counts), 1)
     a0 = float(np.clip(-slope, 0.3, 3.0))
     start = (float(math.exp(icpt)), a0)
     replay = _CuratorReplay(obs, reps, seed)

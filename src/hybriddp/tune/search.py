@@ -15,6 +15,7 @@ from hybriddp.errors import HeadListError, parameter_error
 from hybriddp.metrics import Truth
 from hybriddp.noise import noise_factory
 from hybriddp.params import (
+    DEFAULT_ESTIMATOR,
     LN_MAX,
     check_delta,
     check_epsilon_for_head_list,
@@ -116,7 +117,7 @@ def tune(
     population: int, optin_fraction: float, epsilon: float, delta: float | None = None, *,
     target_ndcg: float = 0.95, inputs: PrivatizedInputs | None = None, trials: int = 3,
     seed: int | None = None, noise: str = "discrete", workers: int | None = None,
-    progress: ProgressFn | None = None, head_list_size: int | None = None, estimator: str = "paper",
+    progress: ProgressFn | None = None, head_list_size: int | None = None, estimator: str = DEFAULT_ESTIMATOR,
 ) -> TuneResult:
     """Pick f_O, f_C and the largest M whose expected generalized NDCG reaches ``target_ndcg``.
 

@@ -203,3 +203,11 @@ def test_reuse_estimator_through_the_file_workflow(files, tmp_path) -> None:
     bad = invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep, "--estimator", "paper",
                  ok=False)
     assert bad.exit_code == 2 and "reuse" in bad.output and "Traceback" not in bad.output
+
+
+def test_human_output_names_the_estimator(files) -> None:
+    """Estimates differ by estimator, so the human summary says which one made them."""
+    log = files / "log.tsv"
+    assert "estimator: reuse" in invoke("run", "--input", log, *RUN).stdout
+    assert "estimator: paper — BLENDER as published" in invoke("run", "--input", log, *RUN, "--estimator",
+                                                                 "paper").stdout

@@ -93,6 +93,14 @@ def _print_metrics(m: dict[str, Any]) -> None:
               f"queries@10 {m['ndcg_queries_at_10']:.4f})")
 
 
+ESTIMATOR_NOTES = {
+    "reuse": "S's noisy counts join T's (docs/ALGORITHM.md §4.1)",
+    "paper": "BLENDER as published (Fig. 4, Fig. 7)",
+    "pooled": "the paper's estimates, pooled weights (§7)",
+}
+"""One line per ``--estimator`` value, printed with every result."""
+
+
 def print_summary(res: Result) -> None:
     """Sizes, head list, metrics and the privacy guarantee, after the table."""
     s = res.sizes
@@ -104,6 +112,8 @@ def print_summary(res: Result) -> None:
             line += f", {m['top_url_rate']:.1%} click its top URL"
         out.print(line)
     out.print(f"head list: {head_list_size(res.head_list, res.url_level)} (M = {res.params.head_list_size})")
+    est = res.params.estimator
+    out.print(f"estimator: {est} — {ESTIMATOR_NOTES.get(est, est)}")
     if "users" in s:
         out.print(f"users: {s['users']:,} ({s['optin_users']:,} opt-in: {s['optin_users_s']:,} in S, "
                   f"{s['optin_users_t']:,} in T; {s['clients']:,} clients)")

@@ -207,6 +207,7 @@ def estimator_option(f):
                              "estimate: biased low when a group's estimate is noisy), 'pooled' (the same estimates; "
                              "both variances at the blended estimate, iterated to a fixed point: unbiased to first "
                              "order, with a variance that matches the error; docs/ALGORITHM.md §7) or 'reuse' (the "
-                             "curator also releases the kept records' noisy counts from S, at no privacy cost, and "
-                             "estimates them from S and T together, §4.1; pooled weights). Default: reuse "
+                             "curator also releases the kept records' noisy counts from S, at no privacy cost; S and T "
+                             "together then choose the M records and estimate them, §4.1; pooled weights). Default: "
+                             "reuse "
                              "(estimate: the one in the release).")(f)

@@ -17,7 +17,7 @@ from hybriddp.audit.scenario import (
     predicted_lower_bound,
 )
 from hybriddp.errors import parameter_error
-from hybriddp.noise import effective_scale, noise_factory
+from hybriddp.noise import NoiseSource, effective_scale, noise_factory
 from hybriddp.params import check_head_list_params, head_list_scale
 from hybriddp.rng import make_rng
 
@@ -81,7 +81,7 @@ def headlist_audit(epsilon: float = 4.0, delta: float = 1e-2, *, noise: str = "d
         "closed_form": {"p_x": p_x, "p_x_prime": p_xp, "epsilon_event": _event_epsilon(p_x, p_xp, delta),
                         "presence_p_x": surv(tau - 1.0, b), "presence_p_x_prime": 0.0},
     }
-    released, released_details = _released_counts_scenario(epsilon, delta, noise, trials)
+    released, released_details = _released_counts_scenario(epsilon, delta, noise, trials, factory, tau, b)
     details.update(released_details)
     swap = Scenario(
         "one user moves from r1 to r2", f"N(r1)={c1}, N(r2)={c2}", f"N(r1)={c1 - 1}, N(r2)={c2 + 1}",
@@ -92,8 +92,9 @@ def headlist_audit(epsilon: float = 4.0, delta: float = 1e-2, *, noise: str = "d
     return MechanismAudit("headlist", float(epsilon), float(delta), (swap, presence, released), details)
 
 
-def _released_counts_scenario(epsilon: float, delta: float, noise: str,
-                              trials: int) -> tuple[Scenario, dict[str, object]]:
+def _released_counts_scenario(epsilon: float, delta: float, noise: str, trials: int,
+                              factory: Callable[[np.random.Generator], NoiseSource],
+                              tau: float, b: float) -> tuple[Scenario, dict[str, object]]:
     """CreateHeadList's released noisy counts (ALGORITHM.md §3.3): the swap pair, on the counts themselves.
 
     Output per trial and record (columns r1, r2): N(r, D_S) + Y_r when r is kept, NaN when it is
@@ -112,12 +113,9 @@ def _released_counts_scenario(epsilon: float, delta: float, noise: str,
     vector, whose L1 sensitivity is 2, the best event has likelihood ratio e^{2/b} = e^ε
     (E = {N̂(r1) ≥ c1, N̂(r2) ≤ c2} with c1 > τ, c2 ≥ τ: P[E|x] = P[Y ≥ 0]², ¼ for Laplace noise,
     where at ε = 4, δ = 1e-2 the keep decisions alone reach P[E|x] ≈ 0.2 at a smaller ratio).
+    ``factory``, ``tau`` and ``b`` are :func:`headlist_audit`'s noise class, threshold and scale.
     """
-    factory = noise_factory(noise)
-    probe = factory(make_rng(0))
-    tau = probe.head_list_threshold(epsilon, delta, 1)
-    b = head_list_scale(epsilon, 1)
-    surv = probe.survival  # P[Y > x]
+    surv = factory(make_rng(0)).survival  # P[Y > x]
     discrete = noise == "discrete"  # integer counts and noise: c + Y > τ_d iff c + Y ≥ τ_d + 1
     lowest = tau + 1.0 if discrete else tau  # the smallest released count (its infimum for Laplace)
 

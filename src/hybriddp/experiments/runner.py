@@ -299,6 +299,7 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
     the error and ``head_list_records = 0``: the point is then missing from the figure.
     """
     from hybriddp.algorithms import blender_family, run_algorithm
+    from hybriddp.pipeline import run_blender
 
     if _LOG is None:
         raise RuntimeError("run_task: no log loaded (set_log first)")
@@ -317,10 +318,9 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
 
             tuned, info = tuned_params(_LOG, task.point, task.seed)
             extra = {"tuned_f_o": info["tuned_f_o"], "tuned_f_c": info["tuned_f_c"]}
-            results = {"blender-tuned": blender_family(_LOG, tuned, seed=task.seed)["blender"]}
+            results = {"blender-tuned": run_blender(_LOG, tuned, seed=task.seed).result()}
         elif task.family == "blender-reuse":  # the same seed as the point's blender run: paired
-            results = {"blender-reuse": blender_family(_LOG, replace(params, estimator="reuse"),
-                                                       seed=task.seed)["blender"]}
+            results = {"blender-reuse": run_blender(_LOG, replace(params, estimator="reuse"), seed=task.seed).result()}
         else:
             results = {task.family: run_algorithm(task.family, _LOG, params, seed=task.seed)}
     except HybridDPError as exc:

@@ -31,7 +31,6 @@ from hybriddp.io.atomic import check_output_path
 from hybriddp.io.exchange import read_messages, read_release_files, write_release_files, write_reports
 from hybriddp.io.parquet_reports import is_parquet_reports, read_parquet_messages, write_reports_parquet
 from hybriddp.noise import noise_factory
-from hybriddp.params import DEFAULT_ESTIMATOR
 from hybriddp.parties import curate, release_from_documents, serve_estimates
 from hybriddp.parties.device import log_messages
 from hybriddp.parties.release import CuratorRelease, check_headlist_budget
@@ -73,7 +72,7 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
     Keep the raw opt-in log under access control and delete it when no longer needed.
     """
     params = make_params(optin_fraction=optin_fraction if optin_fraction is not None else 0.05,
-                         estimator=estimator or DEFAULT_ESTIMATOR, **knobs)
+                         estimator=estimator, **knobs)
     check_output_path(out_headlist, "--out-headlist")
     check_output_path(out_estimates, "--out-estimates")
     if render.same_file(out_headlist, out_estimates):

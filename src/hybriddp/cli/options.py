@@ -194,10 +194,12 @@ def check_scale(scale: float) -> None:
 
 def make_params(epsilon: float, delta: float, optin_fraction: float = 0.05, f_o: float = 0.95,
                 f_c: float = 0.85, head_list_size: int = 50, m_o: int = 1, m_c: int = 1,
-                project: bool = True, estimator: str = DEFAULT_ESTIMATOR) -> BlenderParams:
-    """Validated parameters (errors name the option)."""
+                project: bool = True, estimator: str | None = None) -> BlenderParams:
+    """Validated parameters (errors name the option); ``estimator`` None (``--estimator`` not given) is
+    :data:`~hybriddp.params.DEFAULT_ESTIMATOR`."""
     return BlenderParams(epsilon=epsilon, delta=delta, optin_fraction=optin_fraction, f_o=f_o, f_c=f_c,
-                         head_list_size=head_list_size, m_o=m_o, m_c=m_c, project=project, estimator=estimator)
+                         head_list_size=head_list_size, m_o=m_o, m_c=m_c, project=project,
+                         estimator=estimator or DEFAULT_ESTIMATOR)
 
 
 def estimator_option(f):
@@ -209,5 +211,4 @@ def estimator_option(f):
                              "order, with a variance that matches the error; docs/ALGORITHM.md §7) or 'reuse' (the "
                              "curator also releases the kept records' noisy counts from S, at no privacy cost; S and T "
                              "together then choose the M records and estimate them, §4.1; pooled weights). Default: "
-                             "reuse "
-                             "(estimate: the one in the release).")(f)
+                             "reuse (estimate: the one in the release).")(f)

@@ -28,7 +28,6 @@ from hybriddp.cli.options import (
     seed_option,
 )
 from hybriddp.errors import DataError, parameter_error
-from hybriddp.params import DEFAULT_ESTIMATOR
 from hybriddp.rng import SEED_WARNING
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -197,7 +196,7 @@ def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str |
         if lower is not None or upper is not None or sigma2 is not None:
             raise parameter_error("--lower/--upper/--sigma2", next(v for v in (lower, upper, sigma2) if v is not None),
                                   "unset with --kind blender", "They describe the values of a --kind mean round.")
-        p = make_params(project=not no_project, estimator=estimator or DEFAULT_ESTIMATOR, **knobs)
+        p = make_params(project=not no_project, estimator=estimator, **knobs)
         params: dict[str, Any] = {"epsilon": p.epsilon, "delta": p.delta, "head_list_size": p.head_list_size,
                                   "m_o": p.m_o, "m_c": p.m_c, "f_o": p.f_o, "f_c": p.f_c, "noise": noise,
                                   "project": p.project, "estimator": p.estimator}

@@ -27,7 +27,7 @@ from hybriddp.cli.privacy import charge_round, ledger_options
 from hybriddp.errors import HeadListError, parameter_error
 from hybriddp.groups import check_algorithm_params, check_group_sizes
 from hybriddp.noise import noise_factory
-from hybriddp.params import DEFAULT_ESTIMATOR, BlenderParams
+from hybriddp.params import BlenderParams
 from hybriddp.pipeline import Stages, result_from_run, round_charges, run_blender
 from hybriddp.records import RecordLog
 
@@ -57,7 +57,7 @@ def check_output(output: str | None) -> None:
 def params_from_knobs(knobs: dict[str, object]) -> BlenderParams:
     """Validated parameters from the command's knobs (``no_project`` and ``estimator`` are popped)."""
     no_project = bool(knobs.pop("no_project", False))
-    estimator = knobs.pop("estimator", None) or DEFAULT_ESTIMATOR
+    estimator = knobs.pop("estimator", None)
     return make_params(project=not no_project, estimator=estimator, **knobs)  # type: ignore[arg-type]
 
 

@@ -210,8 +210,8 @@ def _check_reuse(doc: dict[str, Any], source: str, hl: HeadList, draws: np.ndarr
         got = f"a list of {len(v)}" if isinstance(v, list) else v
         raise _fail(source, "reused", got, f"it must be a list of {hl.n_entries} values 0 or 1 (one per head-list "
                     "entry); pass the estimates file written with this head list")
-    bad = np.flatnonzero((np.asarray(v, dtype=bool) & (draws < 2)) | (np.asarray(v, dtype=bool) & hl.is_wildcard
-                                                                       & (hl.entry_query == hl.k - 1)))
+    reused = np.asarray(v, dtype=bool)
+    bad = np.flatnonzero(reused & ((draws < 2) | (hl.is_wildcard & (hl.entry_query == hl.k - 1))))
     if len(bad):
         raise _fail(source, "reused", f"entry {int(bad[0])}", "a reused record sums two noise draws (draws_record "
                     "≥ 2) and ⟨*,*⟩ is never reused; use the file `hybriddp headlist` wrote")

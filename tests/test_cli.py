@@ -211,3 +211,19 @@ def test_human_output_names_the_estimator(files) -> None:
     assert "estimator: reuse" in invoke("run", "--input", log, *RUN).stdout
     assert "estimator: paper — BLENDER as published" in invoke("run", "--input", log, *RUN, "--estimator",
                                                                  "paper").stdout
+
+
+def test_consistent_estimator_makes_every_query_the_sum_of_its_entries(files) -> None:
+    """--estimator consistent (ALGORITHM.md §7.1): in the JSON every query's p_blended is the sum of its entries'
+    unprojected blends (URLs and ⟨q,*⟩), which --estimator reuse does not give; the text output names it."""
+    log = files / "log.tsv"
+    sums = {}
+    for est in ("reuse", "consistent"):
+        doc = json.loads(invoke("run", "--input", log, *RUN, "--estimator", est, "--json").stdout)
+        assert doc["params"]["estimator"] == est
+        total: dict[str, float] = {}
+        for r in doc["records"]:
+            total[r["query"]] = total.get(r["query"], 0.0) + r["p_blended_raw"]
+        sums[est] = max(abs(total[q["query"]] - q["p_blended"]) for q in doc["queries"] if q["query"] in total)
+    assert sums["consistent"] < 1e-12 < 1e-6 < sums["reuse"], sums
+    assert "estimator: consistent" in invoke("run", "--input", log, *RUN, "--estimator", "consistent").stdout

@@ -19,13 +19,15 @@ and the truth: their comparison is paired.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from hybriddp.blend import blend_estimates, project_to_simplex
 from hybriddp.evaluate import ground_truth, score, truth_vectors
 from hybriddp.noise import DiscreteLaplaceNoise
-from hybriddp.params import BlenderParams
-from hybriddp.pipeline import NoiseFactory, Stages, curator_side, result_from_run, run_blender
+from hybriddp.params import REUSES_S, BlenderParams
+from hybriddp.pipeline import BlenderRun, NoiseFactory, Stages, curator_side, result_from_run, run_blender
 from hybriddp.privacy import LOCAL, Guarantee, curator_guarantees
 from hybriddp.records import RecordLog
 from hybriddp.result import Result
@@ -69,6 +71,17 @@ def blender_family(
         "blender-pooled", p_record=pooled.records.p.copy(), p_query=pooled.queries.p.copy(),
         guarantees=full.guarantees, **base), log, parts, params.project)
     return out
+
+
+def reblended(run: BlenderRun, estimator: str) -> BlenderRun:
+    """The same run (head list, samples, reports) blended with another estimator that makes the same
+    opt-in estimates, e.g. ``consistent`` from a ``reuse`` run (ALGORITHM.md §7.1): a paired comparison."""
+    if (estimator in REUSES_S) != (run.params.estimator in REUSES_S):
+        raise ValueError(f"a {run.params.estimator!r} run cannot be reblended as {estimator!r}: "
+                         "their opt-in estimates differ")
+    params = replace(run.params, estimator=estimator)
+    blended = blend_estimates(run.curator.optin, run.client, params.project, estimator=estimator, lp=run.lp)
+    return replace(run, params=params, blended=blended)
 
 
 def run_central(log: RecordLog, params: BlenderParams, *, seed: int | None = None,

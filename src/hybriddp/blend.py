@@ -85,10 +85,14 @@ def blend_estimates(optin: OptinEstimates, client: ClientEstimates, project: boo
     weights (:data:`ESTIMATORS`; ``pooled`` needs the clients' LocalAlg parameters ``lp``)."""
     rec = blend(optin.p_record, optin.var_record, client.p_record, client.var_record)
     qry = blend(optin.p_query, optin.var_query, client.p_query, client.var_query)
-    if estimator in ("pooled", "reuse"):  # reuse: S already entered the opt-in estimates (§4.1)
+    if estimator in ("pooled", "reuse", "consistent"):  # reuse: S already entered the opt-in estimates (§4.1)
         if lp is None:
             raise ValueError("the pooled estimator needs the clients' LocalAlg parameters (lp)")
         rec, qry = blend_pooled(optin, client, lp, rec, qry)
+        if estimator == "consistent":  # §7.1: every query = the sum of its entries
+            from hybriddp.consistency import make_consistent
+
+            rec, qry = make_consistent(optin, client, lp, rec, qry)
     elif estimator != "paper":
         raise ValueError(f"estimator {estimator!r} is not one of {', '.join(ESTIMATORS)}")
     projected = project_to_simplex(rec.p) if project else None

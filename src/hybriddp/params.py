@@ -69,12 +69,13 @@ OPTION_NAMES = {
     "epsilon": "--epsilon", "delta": "--delta", "optin_fraction": "--optin-fraction", "f_o": "--f-o",
     "f_c": "--f-c", "head_list_size": "--head-list-size", "m_o": "--m-o", "m_c": "--m-c", "estimator": "--estimator",
 }
-ESTIMATORS = ("paper", "pooled", "reuse")
+ESTIMATORS = ("paper", "pooled", "reuse", "consistent")
 """Which estimates: ``paper`` (opt-in estimates from T; Fig. 7 weights: each group's variance at its own
 estimate), ``pooled`` (the same estimates; both variances at the blended estimate: ALGORITHM.md §7,
 "Pooled weights") or ``reuse`` (the curator also releases the kept records' noisy counts from S and the
-opt-in estimates count S ∪ T, §4.1; pooled weights)."""
-REUSES_S = frozenset({"reuse"})
+opt-in estimates count S ∪ T, §4.1; pooled weights) or ``consistent`` (``reuse``, then every query's
+subtree made consistent by generalized least squares, §7.1: a query is the sum of its entries)."""
+REUSES_S = frozenset({"reuse", "consistent"})
 """Estimators whose opt-in estimates the curator makes from S ∪ T (ALGORITHM.md §4.1)."""
 DEFAULT_ESTIMATOR = "reuse"
 """The default: never significantly worse than the paper's in the paired experiments on the presets and

@@ -539,7 +539,7 @@ def test_round_commands_refuse_cleanly(service: Service, tmp_path: Any) -> None:
 
 
 # ----- demo --service -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("estimator", ["paper", "pooled", "reuse"])
+@pytest.mark.parametrize("estimator", ["paper", "pooled", "reuse", "consistent"])
 def test_demo_through_the_service_reproduces_the_seeded_demo(estimator: str) -> None:
     """Same seed: the round through HTTP and SQLite (opt-in uploads, the server's curator, device messages from
     the device randomizer, batched) gives exactly the simulation's JSON, every estimate and metric; the round's

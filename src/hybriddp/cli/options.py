@@ -210,5 +210,7 @@ def estimator_option(f):
                              "both variances at the blended estimate, iterated to a fixed point: unbiased to first "
                              "order, with a variance that matches the error; docs/ALGORITHM.md §7) or 'reuse' (the "
                              "curator also releases the kept records' noisy counts from S, at no privacy cost; S and T "
-                             "together then choose the M records and estimate them, §4.1; pooled weights). Default: "
+                             "together then choose the M records and estimate them, §4.1; pooled weights) or "
+                             "'consistent' ('reuse', then each query's estimate and its entries' made to agree, query ="
+                             " sum of its entries, by generalized least squares: lower record error, §7.1). Default: "
                              "reuse (estimate: the one in the release).")(f)

@@ -97,6 +97,7 @@ ESTIMATOR_NOTES = {
     "reuse": "S's noisy counts join T's (docs/ALGORITHM.md §4.1)",
     "paper": "BLENDER as published (Fig. 4, Fig. 7)",
     "pooled": "the paper's estimates, pooled weights (§7)",
+    "consistent": "reuse, then queries = sums of their entries (§7.1)",
 }
 """One line per ``--estimator`` value, printed with every result."""
 

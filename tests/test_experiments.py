@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -89,7 +90,7 @@ def test_missing_points_when_m_too_large(quick_all: Path) -> None:
 def test_trials_csv_rows_and_report_claims(quick_all: Path) -> None:
     rows = read_csv(quick_all / "trials.csv")
     assert {r["algorithm"] for r in rows} == {"blender", "optin-only", "client-only", "blender-pooled", "blender-reuse",
-                                              "local-only", "local-only-hashed", "blender-tuned"}
+                                              "blender-consistent", "local-only", "local-only-hashed", "blender-tuned"}
     tuned = [r for r in rows if r["algorithm"] == "blender-tuned"]
     assert tuned and all(r["head_list_size"] == "10" and r["epsilon"] in ("2.0", "4.0") for r in tuned)
     for r in tuned:  # this tiny population forms no pilot list to fit: the error is kept, the point is missing
@@ -289,11 +290,11 @@ def test_code_fingerprint_ignores_documentation_not_code() -> None:
 def test_estimators_figure_pairs_the_papers_blend_with_the_pooled_one(quick_all: Path) -> None:
     summary = json.loads((quick_all / "summary.json").read_text())
     pts = summary["figures"]["estimators"]
-    assert {p["algorithm"] for p in pts} == {"blender", "blender-pooled", "blender-reuse"}
-    assert {p["metric"] for p in pts} == {"l1", "ndcg", "ndcg_queries_at_10"}
+    assert {p["algorithm"] for p in pts} == {"blender", "blender-pooled", "blender-reuse", "blender-consistent"}
+    assert {p["metric"] for p in pts} == {"l1", "l1_queries", "ndcg", "ndcg_queries_at_10"}
     rows = read_csv(quick_all / "trials.csv")
     paper = {(r["epsilon"], r["trial"]) for r in rows if r["algorithm"] == "blender"}
-    for algo in ("blender-pooled", "blender-reuse"):
+    for algo in ("blender-pooled", "blender-reuse", "blender-consistent"):
         mine = {(r["epsilon"], r["trial"]) for r in rows if r["algorithm"] == algo}
         assert mine and mine <= paper
 
@@ -320,7 +321,8 @@ def test_blender_family_pooled_member_is_the_same_run_blended_with_pooled_weight
 def test_blender_reuse_is_a_run_of_its_own_paired_by_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ``blender-reuse`` family runs BLENDER with ``estimator="reuse"`` on the point's seed: the same
     S/T split and samples as the point's ``blender`` run (so the same HL_S), its own trimmed list and
-    estimates; a row of its own in trials.csv."""
+    estimates; a row of its own in trials.csv. ``blender-consistent`` is that run made consistent (§7.1): the
+    same result as a run with ``estimator="consistent"``."""
     from dataclasses import replace
 
     from hybriddp.algorithms import blender_family
@@ -333,10 +335,15 @@ def test_blender_reuse_is_a_run_of_its_own_paired_by_seed(monkeypatch: pytest.Mo
     point = Point.of(BlenderParams(epsilon=4.0, optin_fraction=0.3, head_list_size=10))
     monkeypatch.setattr(runner, "_LOG", log)
     rows, table = runner.run_task(runner.Task("blender-reuse", point, 0, 9), "test")
-    assert [r["algorithm"] for r in rows] == ["blender-reuse"] and table is None and not rows[0]["error"]
+    assert [r["algorithm"] for r in rows] == ["blender-reuse", "blender-consistent"] and table is None
+    assert not rows[0]["error"] and not rows[1]["error"]
     reuse = run_blender(log, replace(point.params(), estimator="reuse"), seed=9)
     paper = run_blender(log, point.params(), seed=9)
     assert reuse.curator.head_list_s.query_ids.tolist() == paper.curator.head_list_s.query_ids.tolist()
     assert reuse.curator.optin.reused is not None and paper.curator.optin.reused is None
     assert rows[0]["l1"] == pytest.approx(blender_family(log, replace(point.params(), estimator="reuse"),
                                                          seed=9)["blender"].metrics["l1"])
+    consistent = run_blender(log, replace(point.params(), estimator="consistent"), seed=9).result()
+    assert rows[1]["l1"] == pytest.approx(consistent.metrics["l1"]) and rows[1]["l1"] != rows[0]["l1"]
+    assert consistent.p_query.tolist() == pytest.approx(np.bincount(consistent.head_list.entry_query,
+                                                                    weights=consistent.blended.records.p).tolist())

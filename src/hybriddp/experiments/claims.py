@@ -327,16 +327,18 @@ def estimator_claims(runs: RunSet, points: list[Point]) -> list[Claim]:
     """Beyond the paper (issue 13): pooled blend weights, and reusing S, are never significantly worse
     than the paper's estimates.
 
-    ``blender-pooled`` is the same run as ``blender`` blended differently, and ``blender-reuse`` a run
-    with the same seed (the same S/T split, samples and noise streams), so every trial is a pair. Per
+    ``blender-pooled`` is the same run as ``blender`` blended differently, ``blender-reuse`` a run
+    with the same seed (the same S/T split, samples and noise streams) and ``blender-consistent`` that
+    run made consistent (§7.1), so every trial is a pair. Per
     estimator and metric, it holds when no point has it significantly worse (paired 95% interval
     entirely on the worse side) and, over the points, the 95% interval of the mean difference does not
     lie entirely on the worse side either.
     """
     out = []
     for algo, short, what in (("blender-pooled", "pooled", "pooled blend weights are"),
-                              ("blender-reuse", "reuse", "reusing S (with pooled weights) is")):
-        for metric in ("l1", "ndcg", "ndcg_queries_at_10"):
+                              ("blender-reuse", "reuse", "reusing S (with pooled weights) is"),
+                              ("blender-consistent", "consistent", "reusing S with consistent queries is")):
+        for metric in ("l1", "l1_queries", "ndcg", "ndcg_queries_at_10"):
             sign = 1.0 if metric.startswith("l1") else -1.0  # worse side positive
             diffs = [(point, d) for point in points
                      if (d := paired_difference(runs.rows(algo, point), runs.rows("blender", point), metric,

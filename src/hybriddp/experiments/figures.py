@@ -30,16 +30,18 @@ FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16", "s
 """Every figure ``hybriddp experiment`` makes (the paper's, and ``sizes`` beyond it); ``all`` means all of them."""
 
 FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blender", "blender-pooled": "blender",
-             "blender-reuse": "blender-reuse", "local-only": "local-only", "local-only-hashed": "local-only-hashed",
+             "blender-reuse": "blender-reuse", "blender-consistent": "blender-reuse",
+             "local-only": "local-only", "local-only-hashed": "local-only-hashed",
              "blender-tuned": "blender-tuned"}
 """The run that produces each algorithm: one BLENDER run gives ``blender``, ``optin-only`` and
 ``client-only``, and ``blender-pooled`` (its estimates with pooled blend weights) (paired,
 :func:`hybriddp.algorithms.blender_family`); ``blender-reuse`` is BLENDER with ``--estimator reuse``
-(a run of its own, with the point's seed: paired by seed); ``blender-tuned`` is
+(a run of its own, with the point's seed: paired by seed), and ``blender-consistent`` that run with
+consistent queries (ALGORITHM.md §7.1); ``blender-tuned`` is
 BLENDER with the knobs tune picks from an earlier round (:mod:`hybriddp.experiments.tuned`)."""
 
 FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only", "blender-pooled"),
-                     "blender-reuse": ("blender-reuse",),
+                     "blender-reuse": ("blender-reuse", "blender-consistent"),
                      "local-only": ("local-only",), "local-only-hashed": ("local-only-hashed",),
                      "blender-tuned": ("blender-tuned",)}
 
@@ -173,8 +175,9 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
                "head_list_size", tuple(float(m) for m in sizes), ("ndcg",),
                ("blender", "local-only", "local-only-hashed")),
         Figure("estimators", "Beyond the paper: the paper's estimates against pooled blend weights (ALGORITHM.md "
-               "§7) and reused S counts (§4.1), paired by seed; M = 10 as in Fig. 12, and the dataset's M", "epsilon",
-               eps, ("l1", "ndcg", "ndcg_queries_at_10"), ("blender", "blender-pooled", "blender-reuse"), est_sizes),
+               "§7), reused S counts (§4.1) and consistent queries (§7.1), paired by seed; M = 10 as in Fig. 12, and "
+               "the dataset's M", "epsilon", eps, ("l1", "l1_queries", "ndcg", "ndcg_queries_at_10"),
+               ("blender", "blender-pooled", "blender-reuse", "blender-consistent"), est_sizes),
     ]
     return {f.name: f for f in figs}
 

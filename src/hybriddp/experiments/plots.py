@@ -23,11 +23,13 @@ ALGORITHM_LABELS = {"blender": "blended (BLENDER)", "optin-only": "opt-in only",
                     "client-only": "client only", "blender-tuned": "BLENDER, knobs from hybriddp tune",
                     "blender-pooled": "BLENDER, pooled blend weights",
                     "blender-reuse": "BLENDER, S reused + pooled weights",
+                    "blender-consistent": "BLENDER, S reused + consistent queries",
                     "local-only": "local-only, record dictionary (PEM/OLH + LocalAlg)",
                     "local-only-hashed": "local-only, no dictionary (32-bit PEM/OLH + LocalAlg)"}
 ALGORITHM_COLORS = {"blender": "tab:green", "optin-only": "tab:orange", "client-only": "tab:blue",
                     "blender-tuned": "tab:olive", "local-only": "tab:red", "local-only-hashed": "tab:purple",
-                    "blender-pooled": "tab:cyan", "blender-reuse": "tab:brown"}
+                    "blender-pooled": "tab:cyan", "blender-reuse": "tab:brown",
+                    "blender-consistent": "tab:pink"}
 MARKERS = "osD^vP*X"
 
 

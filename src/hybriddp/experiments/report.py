@@ -121,6 +121,9 @@ def write_report(meta: dict[str, Any], figs: dict[str, Figure], points: dict[str
         "* `blender-reuse` (figure `estimators`) is BLENDER with `--estimator reuse`, with the same seed as the "
         "point's `blender` run (paired by seed): the noisy S counts CreateHeadList released rank the records for "
         "trimming and enter their opt-in estimates (docs/ALGORITHM.md §4.1); pooled weights.",
+        "* `blender-consistent` (figure `estimators`) is the same run as `blender-reuse` with every query's subtree "
+        "made consistent (query = the sum of its entries) by generalized least squares (docs/ALGORITHM.md §7.1): "
+        "paired by construction.",
     ]
     if p["delta"] >= 1.0 / max(meta["n_users"], 1):
         lines.append(f"* note: δ = {p['delta']:g} is not below 1/n_users = {1.0 / meta['n_users']:.3g} (neither is the "

@@ -320,7 +320,10 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
             extra = {"tuned_f_o": info["tuned_f_o"], "tuned_f_c": info["tuned_f_c"]}
             results = {"blender-tuned": run_blender(_LOG, tuned, seed=task.seed).result()}
         elif task.family == "blender-reuse":  # the same seed as the point's blender run: paired
-            results = {"blender-reuse": run_blender(_LOG, replace(params, estimator="reuse"), seed=task.seed).result()}
+            from hybriddp.algorithms import reblended
+
+            run = run_blender(_LOG, replace(params, estimator="reuse"), seed=task.seed)
+            results = {"blender-reuse": run.result(), "blender-consistent": reblended(run, "consistent").result()}
         else:
             results = {task.family: run_algorithm(task.family, _LOG, params, seed=task.seed)}
     except HybridDPError as exc:

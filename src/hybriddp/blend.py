@@ -6,6 +6,7 @@ of w·p̂_O + (1−w)·p̂_C, giving w²σ²_O + (1−w)²σ²_C.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
 
 POOLED_MAX_PASSES = 50
 """At most this many passes of :func:`blend_pooled`; it stops earlier once no weight moves by 1e-12."""
+
+QUADRATURE_NODES = 8
+"""Gauss–Hermite nodes per group in :func:`blend_mse` (8 × 8 pseudo-rounds per entry)."""
+
+QUADRATURE_TOLERANCE = 1e-4
+"""The pseudo-rounds of :func:`blend_mse` stop once no entry's squared error moves by this fraction in a pass."""
 
 VARIANCE_FLOOR = 1e-300
 """Variances are floored here so the weight is always defined (ALGORITHM.md §7)."""
@@ -124,4 +131,69 @@ def blend_pooled(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgPar
         if np.abs(rec.weight_optin - w_r).max(initial=0.0) < 1e-12 and np.abs(
                 qry.weight_optin - w_q).max(initial=0.0) < 1e-12:
             break
-    return rec, qry
+    mse_r, mse_q = blend_mse(optin, client, lp, rec.p, qry.p, max_passes)
+    return Blended(rec.p, mse_r, rec.weight_optin), Blended(qry.p, mse_q, qry.weight_optin)
+
+
+def blend_mse(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams, p_record: np.ndarray,
+              p_query: np.ndarray, max_passes: int = POOLED_MAX_PASSES,
+              nodes: int = QUADRATURE_NODES) -> tuple[np.ndarray, np.ndarray]:
+    """The pooled blend's mean squared error at the blended estimate p̄, weights' randomness included
+    (ALGORITHM.md §7, "Reported variance").
+
+    w²σ²_O(p̄) + (1−w)²σ²_C(p̄) is the variance of a blend whose weights are fixed. The pooled weights
+    are computed from the data, and where an estimate is small against its own noise (a ⟨q,*⟩ seen a
+    few times in T) their randomness adds several percent to the error. Here every entry is blended
+    again in pseudo-rounds at p̄: p̂_O = p̄ + σ_O(p̄)·x, p̂_C = p̄ + σ_C(p̄)·y over the 8 × 8 Gauss–Hermite
+    nodes (x, y), each with the pooled iteration, and the result is the quadrature of (p̂ − p̄)². It is
+    exact for fixed weights (it gives back w²σ²_O + (1−w)²σ²_C) and deterministic. Each entry varies
+    alone: a record's query is held at p̄_q, a query's records at p̄.
+    """
+    from hybriddp.client_estimates import client_variances
+
+    hl = optin.head_list
+    x, wx = np.polynomial.hermite_e.hermegauss(nodes)
+    wx = wx / wx.sum()
+    grid = (np.repeat(x, nodes)[:, None], np.tile(x, nodes)[:, None], np.outer(wx, wx).ravel()[:, None])
+    p_r, p_q = np.clip(p_record, 0.0, 1.0), np.clip(p_query, 0.0, 1.0)
+
+    def records(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return optin.record_variances_at(p), client_variances(p, p_q, hl, lp, client.n)[0]
+
+    def queries(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return optin.query_variances_at(p, p_r), client_variances(p_r, p, hl, lp, client.n)[1]
+
+    return _quadrature(p_r, records, grid, max_passes), _quadrature(p_q, queries, grid, max_passes)
+
+
+def _quadrature(p: np.ndarray, variances: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+                grid: tuple[np.ndarray, np.ndarray, np.ndarray], max_passes: int) -> np.ndarray:
+    """Σ_nodes weight·(p̂ − p)² of the pooled blend of pseudo-estimates p ± σ·node (see :func:`blend_mse`).
+
+    Each pseudo-round's fixed point p̂ = w(p̂)·p̂_O + (1 − w(p̂))·p̂_C lies between p̂_O and p̂_C; it is found by
+    Steffensen's acceleration of the pooled iteration (kept inside that interval), which converges in a few
+    passes where the plain iteration can need dozens.
+    """
+    xo, xc, weight = grid
+    vo, vc = variances(p)
+    p_o = p + np.sqrt(np.where(np.isfinite(vo), vo, 0.0)) * xo  # a group without data gets weight 0 anyway
+    p_c = p + np.sqrt(np.where(np.isfinite(vc), vc, 0.0)) * xc
+    lo, hi = np.minimum(p_o, p_c), np.maximum(p_o, p_c)
+
+    def step(x: np.ndarray) -> np.ndarray:  # one pass of the pooled iteration
+        v_o, v_c = variances(np.clip(x, 0.0, 1.0))
+        return blend(p_o, v_o, p_c, v_c).p
+
+    x = blend(p_o, vo, p_c, vc).p
+    mse = (weight * (x - p) ** 2).sum(axis=0)
+    for _ in range(max_passes):
+        g1 = step(x)
+        g2 = step(g1)
+        den = g2 - 2.0 * g1 + x
+        with np.errstate(divide="ignore", invalid="ignore"):
+            acc = x - (g1 - x) ** 2 / den
+        x = np.where((den != 0) & (acc >= lo) & (acc <= hi), acc, g2)
+        prev, mse = mse, (weight * (x - p) ** 2).sum(axis=0)
+        if np.all(np.abs(mse - prev) <= QUADRATURE_TOLERANCE * mse):
+            break
+    return np.where(np.isinf(vo) & np.isinf(vc), np.inf, mse)

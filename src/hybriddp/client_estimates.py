@@ -66,7 +66,8 @@ def client_variances(p_record: np.ndarray, p_query: np.ndarray, hl: HeadList, lp
     clients' own estimates): the formulas of :func:`estimate_client_probabilities` at the report
     frequencies those probabilities imply, r_q = a·p_q + (1−t)/(k−1) and
     r_⟨q,u⟩ = D_q·p_⟨q,u⟩ + t(1−t_q)/(k_q−1)·p_q + (1−t)(1−p_q)/((k−1)k_q) (ALGORITHM.md §6). At the
-    clients' own estimates this gives back their estimated variances exactly."""
+    clients' own estimates this gives back their estimated variances exactly. Elementwise: the last axis is
+    the entries (queries), and leading axes of either argument broadcast."""
     k = lp.k
     if k == 1:
         return np.zeros(1), np.zeros(1)
@@ -74,7 +75,7 @@ def client_variances(p_record: np.ndarray, p_query: np.ndarray, hl: HeadList, lp
         return np.full(hl.n_entries, np.inf), np.full(k, np.inf)
     g = _Geometry(hl, lp)
     r_q = g.a * np.asarray(p_query, dtype=np.float64) + (1.0 - g.t) / (k - 1)
-    pq_e = np.asarray(p_query, dtype=np.float64)[hl.entry_query]
+    pq_e = np.asarray(p_query, dtype=np.float64)[..., hl.entry_query]
     r_rec = g.d_q * np.asarray(p_record, dtype=np.float64) + g.other_url * pq_e + g.other_query * (1.0 - pq_e)
     return g.variances(np.clip(r_rec, 0.0, 1.0), np.clip(r_q, 0.0, 1.0), n)
 
@@ -100,7 +101,7 @@ class _Geometry:
         """Delta-method σ²_C of records and queries at report frequencies ``r_rec``, ``r_q``."""
         a = self.a
         var_q = r_q * (1.0 - r_q) / ((n - 1) * a * a)
-        varq_e, rq_e = var_q[self.entry_q], r_q[self.entry_q]
+        varq_e, rq_e = var_q[..., self.entry_q], r_q[..., self.entry_q]
         c = self.other_query - self.other_url
         var_rec = (r_rec * (1.0 - r_rec) / (n - 1) + c * c * varq_e
                    + 2.0 * c * r_rec * (1.0 - rq_e) / ((n - 1) * a)) / (self.d_q * self.d_q)

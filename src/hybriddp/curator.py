@@ -89,11 +89,21 @@ class OptinEstimates:
     def variances_at(self, p_record: np.ndarray, p_query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """σ̂²_O of every record and query evaluated at the given probabilities: the estimates' own
         for the release, a blend for the pooled weights (ALGORITHM.md §4, §4.1, §7)."""
+        return self.record_variances_at(p_record), self.query_variances_at(p_query, p_record)
+
+    def record_variances_at(self, p_record: np.ndarray) -> np.ndarray:
+        """σ̂²_O of every record at ``p_record``; elementwise, so the last axis is the entries and any
+        leading axes broadcast (ALGORITHM.md §4, §4.1)."""
+        n = self.n if self.reused is None else np.where(self.reused, self.n + self.n_s, self.n)
+        return optin_variance(p_record, self.draws_record, n, self.noise_variance)
+
+    def query_variances_at(self, p_query: np.ndarray, p_record: np.ndarray) -> np.ndarray:
+        """σ̂²_O of every query at ``p_query`` (last axis: queries; leading axes broadcast), with the records
+        at ``p_record`` (1-D) where a query's variance also depends on its records' (reused S, §4.1)."""
         if self.reused is None:
-            return (optin_variance(p_record, self.draws_record, self.n, self.noise_variance),
-                    optin_variance(p_query, self.draws_query, self.n, self.noise_variance))
+            return optin_variance(p_query, self.draws_query, self.n, self.noise_variance)
         return reuse_variances(p_record, p_query, self.draws_record, self.reused, self.head_list.entry_query,
-                               self.n, self.n_s, self.noise_variance)
+                               self.n, self.n_s, self.noise_variance)[1]
 
 
 def optin_variance(p: np.ndarray, draws: np.ndarray, n: int | np.ndarray, noise_variance: float) -> np.ndarray:
@@ -119,10 +129,11 @@ def reuse_variances(p_record: np.ndarray, p_query: np.ndarray, draws: np.ndarray
     every other entry is a T estimate over |D_T|. A query sums P₁ (its reused records: one sample of
     n records) and P₂ (its other entries: T only), which share T's multinomial:
     Var = P₁(1−P₁)/(n−1) + P₂(1−P₂)/(|D_T|−1) − 2P₁P₂/n + the noise terms, with P₂ = p̂_q − P₁.
+    ``p_query`` may have leading axes (``p_record`` is 1-D): they broadcast.
     """
     n = n_t + n_s
     var_rec = optin_variance(p_record, draws, np.where(reused, n, n_t), noise_variance)
-    k = len(p_query)
+    k = np.shape(p_query)[-1]
     p1 = np.clip(np.bincount(entry_query, weights=np.where(reused, np.clip(p_record, 0.0, 1.0), 0.0),
                              minlength=k), 0.0, 1.0)
     p2 = np.clip(np.clip(p_query, 0.0, 1.0) - p1, 0.0, 1.0)

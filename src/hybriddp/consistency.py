@@ -54,7 +54,8 @@ def subtree_covariances(optin: OptinEstimates, client: ClientEstimates, lp: Loca
                         w_q: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per query q, with the blends y_e = w_e·p̂_O,e + (1−w_e)·p̂_C,e and y_q likewise and the
     residual g·y = Σ_{e∈q} y_e − y_q: returns Cov(y_e, g·y) per entry, Cov(y_q, g·y) per query and
-    Var(g·y) per query (ALGORITHM.md §7.1), evaluated at the clamped opt-in estimates."""
+    Var(g·y) per query (ALGORITHM.md §7.1), evaluated at the record probabilities ``at`` (clamped into
+    [0, 1]; the queries at their sums)."""
     hl = optin.head_list
     eq, k = hl.entry_query, hl.k
     seg = _segment_sum(eq, k)
@@ -78,7 +79,7 @@ def subtree_covariances(optin: OptinEstimates, client: ClientEstimates, lp: Loca
     cov_fc = np.zeros(hl.n_entries)
     g = _Geometry(hl, lp) if lp.k > 1 else None
     if n_c >= 2 and g is not None:
-        c = (g.other_query - g.other_url)
+        c = g.other_query - g.other_url
         r = np.clip(g.d_q * p + g.other_url * p_q[eq] + g.other_query * (1.0 - p_q[eq]), 0.0, 1.0)
         h = 1.0 - w_rec
         h_q = -(1.0 - w_q)
@@ -89,7 +90,8 @@ def subtree_covariances(optin: OptinEstimates, client: ClientEstimates, lp: Loca
     s_q = w_q * seg(s_o)
     if g is not None:
         cq = seg(cov_fc) / g.a  # Cov(p̂_C,q, client part of g·y)
-        s_rec = s_rec + (1.0 - w_rec) * np.where(g.multi, (cov_fc + (g.other_query - g.other_url) * cq[eq]) / g.d_q,
+        c = g.other_query - g.other_url
+        s_rec = s_rec + (1.0 - w_rec) * np.where(g.multi, (cov_fc + c * cq[eq]) / g.d_q,
                                                  cq[eq])  # a single entry is its query's direct estimate
         s_q = s_q + (1.0 - w_q) * cq
     var_g = seg(s_rec) - s_q  # = gΣgᵀ

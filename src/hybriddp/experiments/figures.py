@@ -55,6 +55,7 @@ FIG12_HEAD_LIST_SIZE = 10  # "head list size=10" (paper Fig. 12 caption)
 
 METRIC_LABELS = {
     "l1": "L1 over head-list records (lower is better)",
+    "l1_queries": "L1 over head-list queries (lower is better)",
     "ndcg": "generalized NDCG (higher is better)",
     "ndcg_queries_at_10": "NDCG@10 over queries (higher is better)",
 }

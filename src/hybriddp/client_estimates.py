@@ -74,10 +74,8 @@ def client_variances(p_record: np.ndarray, p_query: np.ndarray, hl: HeadList, lp
     if n < 2:
         return np.full(hl.n_entries, np.inf), np.full(k, np.inf)
     g = _Geometry(hl, lp)
-    r_q = g.a * np.asarray(p_query, dtype=np.float64) + (1.0 - g.t) / (k - 1)
-    pq_e = np.asarray(p_query, dtype=np.float64)[..., hl.entry_query]
-    r_rec = g.d_q * np.asarray(p_record, dtype=np.float64) + g.other_url * pq_e + g.other_query * (1.0 - pq_e)
-    return g.variances(np.clip(r_rec, 0.0, 1.0), np.clip(r_q, 0.0, 1.0), n)
+    r_rec, r_q = g.frequencies(p_record, p_query)
+    return g.variances(r_rec, r_q, n)
 
 
 class _Geometry:
@@ -85,7 +83,7 @@ class _Geometry:
 
     def __init__(self, hl: HeadList, lp: LocalAlgParams) -> None:
         k, t = lp.k, lp.t
-        self.t, self.entry_q = t, hl.entry_query
+        self.k, self.t, self.entry_q = k, t, hl.entry_query
         self.a = (k * t - 1.0) / (k - 1)
         kq = lp.kq[self.entry_q]
         tq = lp.tq[self.entry_q]
@@ -96,13 +94,25 @@ class _Geometry:
         self.d_q = t * (tq - (1.0 - tq) / kq1)
         self.other_url = t * (1.0 - tq) / kq1
         self.other_query = (1.0 - t) / ((k - 1) * kq)
+        self.c = self.other_query - self.other_url  # p̂_C,⟨q,u⟩ = (r̂ − other_query + c·p̂_C,q)/D_q
+
+    def frequencies(self, p_record: np.ndarray, p_query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The report frequencies (clamped into [0, 1]) that record and query probabilities imply:
+        r_q = a·p_q + (1−t)/(k−1), r_⟨q,u⟩ = D_q·p_⟨q,u⟩ + other_url·p_q + other_query·(1 − p_q) (ALGORITHM.md §6).
+        Elementwise over the last axis; leading axes broadcast."""
+        p_query = np.asarray(p_query, dtype=np.float64)
+        r_q = self.a * p_query + (1.0 - self.t) / (self.k - 1)
+        pq_e = p_query[..., self.entry_q]
+        r_rec = (self.d_q * np.asarray(p_record, dtype=np.float64) + self.other_url * pq_e
+                 + self.other_query * (1.0 - pq_e))
+        return np.clip(r_rec, 0.0, 1.0), np.clip(r_q, 0.0, 1.0)
 
     def variances(self, r_rec: np.ndarray, r_q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Delta-method σ²_C of records and queries at report frequencies ``r_rec``, ``r_q``."""
         a = self.a
         var_q = r_q * (1.0 - r_q) / ((n - 1) * a * a)
         varq_e, rq_e = var_q[..., self.entry_q], r_q[..., self.entry_q]
-        c = self.other_query - self.other_url
+        c = self.c
         var_rec = (r_rec * (1.0 - r_rec) / (n - 1) + c * c * varq_e
                    + 2.0 * c * r_rec * (1.0 - rq_e) / ((n - 1) * a)) / (self.d_q * self.d_q)
         return np.where(self.multi, var_rec, varq_e), var_q

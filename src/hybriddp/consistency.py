@@ -16,7 +16,7 @@ of the released estimates: privacy is unchanged.
 * clients: p̂_C,q = (Σ_e f_e − c₀)/a and p̂_C,e = (f_e − o_q + c·p̂_C,q)/D_q are linear in the report
   frequencies f of q's entries, whose covariance is (diag(r) − rrᵀ)/(n − 1);
 * opt-in: p̂_O,q = Σ_e p̂_O,e, and Cov(p̂_O,e, p̂_O,e') = −p_e p_e'/n_ee' (n_ee' = |D_T| when neither
-  entry reuses S, |D_S| + |D_T| otherwise), with the variances of :meth:`OptinEstimates.variances_at`
+  entry reuses S, |D_S| + |D_T| otherwise), with the variances of :meth:`OptinEstimates.record_variances_at`
   on the diagonal;
 * the blend: y = W·O + (I − W)·C with the blend's weights, the two groups independent.
 
@@ -67,7 +67,7 @@ def subtree_covariances(optin: OptinEstimates, client: ClientEstimates, lp: Loca
     n_all = n_t + optin.n_s
     s_o = np.zeros(hl.n_entries)
     if n_t >= 2:
-        var_o, _ = optin.variances_at(p, p_q)
+        var_o = optin.record_variances_at(p)
         reused = optin.reused if optin.reused is not None else np.zeros(hl.n_entries, dtype=bool)
         beta = 1.0 / n_t - 1.0 / n_all
         p_t = np.where(reused, 0.0, p)  # entries whose pairs are T-only
@@ -79,8 +79,8 @@ def subtree_covariances(optin: OptinEstimates, client: ClientEstimates, lp: Loca
     cov_fc = np.zeros(hl.n_entries)
     g = _Geometry(hl, lp) if lp.k > 1 else None
     if n_c >= 2 and g is not None:
-        c = g.other_query - g.other_url
-        r = np.clip(g.d_q * p + g.other_url * p_q[eq] + g.other_query * (1.0 - p_q[eq]), 0.0, 1.0)
+        c = g.c
+        r, _ = g.frequencies(p, p_q)
         h = 1.0 - w_rec
         h_q = -(1.0 - w_q)
         v = np.where(g.multi, h / g.d_q + (c * seg(h)[eq] / g.d_q + h_q[eq]) / g.a, (h + h_q[eq]) / g.a)
@@ -90,8 +90,7 @@ def subtree_covariances(optin: OptinEstimates, client: ClientEstimates, lp: Loca
     s_q = w_q * seg(s_o)
     if g is not None:
         cq = seg(cov_fc) / g.a  # Cov(p̂_C,q, client part of g·y)
-        c = g.other_query - g.other_url
-        s_rec = s_rec + (1.0 - w_rec) * np.where(g.multi, (cov_fc + c * cq[eq]) / g.d_q,
+        s_rec = s_rec + (1.0 - w_rec) * np.where(g.multi, (cov_fc + g.c * cq[eq]) / g.d_q,
                                                  cq[eq])  # a single entry is its query's direct estimate
         s_q = s_q + (1.0 - w_q) * cq
     var_g = seg(s_rec) - s_q  # = gΣgᵀ

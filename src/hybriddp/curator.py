@@ -102,8 +102,8 @@ class OptinEstimates:
         at ``p_record`` (1-D) where a query's variance also depends on its records' (reused S, §4.1)."""
         if self.reused is None:
             return optin_variance(p_query, self.draws_query, self.n, self.noise_variance)
-        return reuse_variances(p_record, p_query, self.draws_record, self.reused, self.head_list.entry_query,
-                               self.n, self.n_s, self.noise_variance)[1]
+        return reuse_query_variances(p_record, p_query, self.draws_record, self.reused, self.head_list.entry_query,
+                                     self.n, self.n_s, self.noise_variance)
 
 
 def optin_variance(p: np.ndarray, draws: np.ndarray, n: int | np.ndarray, noise_variance: float) -> np.ndarray:
@@ -120,19 +120,18 @@ def optin_variance(p: np.ndarray, draws: np.ndarray, n: int | np.ndarray, noise_
     return np.where(n_arr < 2, np.inf, var)
 
 
-def reuse_variances(p_record: np.ndarray, p_query: np.ndarray, draws: np.ndarray, reused: np.ndarray,
-                    entry_query: np.ndarray, n_t: int, n_s: int,
-                    noise_variance: float) -> tuple[np.ndarray, np.ndarray]:
-    """Record and query variances when some records pool S and T (ALGORITHM.md §4.1).
+def reuse_query_variances(p_record: np.ndarray, p_query: np.ndarray, draws: np.ndarray, reused: np.ndarray,
+                          entry_query: np.ndarray, n_t: int, n_s: int, noise_variance: float) -> np.ndarray:
+    """Query variances when some records pool S and T (ALGORITHM.md §4.1).
 
-    A reused record is (N_S + N_T + Y_S + Y_T)/n with n = |D_S| + |D_T| (its J counts both draws);
-    every other entry is a T estimate over |D_T|. A query sums P₁ (its reused records: one sample of
+    A reused record is (N_S + N_T + Y_S + Y_T)/n with n = |D_S| + |D_T| (its J counts both draws;
+    its variance is :meth:`OptinEstimates.record_variances_at`); every other entry is a T estimate
+    over |D_T|. A query sums P₁ (its reused records: one sample of
     n records) and P₂ (its other entries: T only), which share T's multinomial:
     Var = P₁(1−P₁)/(n−1) + P₂(1−P₂)/(|D_T|−1) − 2P₁P₂/n + the noise terms, with P₂ = p̂_q − P₁.
     ``p_query`` may have leading axes (``p_record`` is 1-D): they broadcast.
     """
     n = n_t + n_s
-    var_rec = optin_variance(p_record, draws, np.where(reused, n, n_t), noise_variance)
     k = np.shape(p_query)[-1]
     p1 = np.clip(np.bincount(entry_query, weights=np.where(reused, np.clip(p_record, 0.0, 1.0), 0.0),
                              minlength=k), 0.0, 1.0)
@@ -140,7 +139,7 @@ def reuse_variances(p_record: np.ndarray, p_query: np.ndarray, draws: np.ndarray
     j1 = np.bincount(entry_query, weights=np.where(reused, draws, 0), minlength=k)
     j2 = np.bincount(entry_query, weights=np.where(reused, 0, draws), minlength=k)
     pooled = optin_variance(p1, j1, n, noise_variance) - 2.0 * p1 * p2 / n
-    return var_rec, pooled + optin_variance(p2, j2, n_t, noise_variance)
+    return pooled + optin_variance(p2, j2, n_t, noise_variance)
 
 
 def estimate_optin_probabilities(

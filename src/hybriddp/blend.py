@@ -90,9 +90,11 @@ def blend_estimates(optin: OptinEstimates, client: ClientEstimates, project: boo
                     estimator: str = "paper", lp: LocalAlgParams | None = None) -> BlendOutput:
     """BlendProbabilities for records and for queries (ALGORITHM.md §7); ``estimator`` names the
     weights (:data:`ESTIMATORS`; ``pooled`` needs the clients' LocalAlg parameters ``lp``)."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator {estimator!r} is not one of {', '.join(ESTIMATORS)}")
     rec = blend(optin.p_record, optin.var_record, client.p_record, client.var_record)
     qry = blend(optin.p_query, optin.var_query, client.p_query, client.var_query)
-    if estimator in ("pooled", "reuse", "consistent"):  # reuse: S already entered the opt-in estimates (§4.1)
+    if estimator != "paper":  # pooled weights; reuse and consistent: S already entered the opt-in estimates (§4.1)
         if lp is None:
             raise ValueError("the pooled estimator needs the clients' LocalAlg parameters (lp)")
         rec, qry = blend_pooled(optin, client, lp, rec, qry)
@@ -100,8 +102,6 @@ def blend_estimates(optin: OptinEstimates, client: ClientEstimates, project: boo
             from hybriddp.consistency import make_consistent
 
             rec, qry = make_consistent(optin, client, lp, rec, qry)
-    elif estimator != "paper":
-        raise ValueError(f"estimator {estimator!r} is not one of {', '.join(ESTIMATORS)}")
     projected = project_to_simplex(rec.p) if project else None
     return BlendOutput(rec, qry, projected, qry.p)
 

@@ -72,7 +72,7 @@ OPTION_NAMES = {
 ESTIMATORS = ("paper", "pooled", "reuse", "consistent")
 """Which estimates: ``paper`` (opt-in estimates from T; Fig. 7 weights: each group's variance at its own
 estimate), ``pooled`` (the same estimates; both variances at the blended estimate: ALGORITHM.md §7,
-"Pooled weights") or ``reuse`` (the curator also releases the kept records' noisy counts from S and the
+"Pooled weights"), ``reuse`` (the curator also releases the kept records' noisy counts from S and the
 opt-in estimates count S ∪ T, §4.1; pooled weights) or ``consistent`` (``reuse``, then every query's
 subtree made consistent by generalized least squares, §7.1: a query is the sum of its entries)."""
 REUSES_S = frozenset({"reuse", "consistent"})

@@ -16,8 +16,9 @@ Grids (paper §4.2; ``quick`` shrinks every grid for tests):
   generalized NDCG of BLENDER for several M (AOL 10, 25, 50, 100; Yandex 50, 100, 250, 500).
 * Figs. 15 / 16 — ε = 1, 1.5, …, 5; L1 / generalized NDCG of BLENDER for the same M.
 * ``estimators`` (beyond the paper) — ε = 1, 1.5, …, 5 at M = 10 (Fig. 12's) and the dataset's M;
-  L1, generalized NDCG and NDCG@10 of BLENDER with the paper's blend weights, with pooled ones (from
-  the same runs), and with ``--estimator reuse`` (ALGORITHM.md §4.1; runs with the same seeds).
+  record and query L1, generalized NDCG and NDCG@10 of BLENDER with the paper's blend weights, with
+  pooled ones (from the same runs), with ``--estimator reuse`` (ALGORITHM.md §4.1; runs with the same
+  seeds) and with ``--estimator consistent`` (§7.1; the reuse runs reblended).
 """
 
 from __future__ import annotations

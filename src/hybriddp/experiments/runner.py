@@ -298,7 +298,7 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
     is empty at a small opt-in fraction; :class:`~hybriddp.errors.HybridDPError`) gives rows with
     the error and ``head_list_records = 0``: the point is then missing from the figure.
     """
-    from hybriddp.algorithms import blender_family, run_algorithm
+    from hybriddp.algorithms import blender_family, reblended, run_algorithm
     from hybriddp.pipeline import run_blender
 
     if _LOG is None:
@@ -320,8 +320,6 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
             extra = {"tuned_f_o": info["tuned_f_o"], "tuned_f_c": info["tuned_f_c"]}
             results = {"blender-tuned": run_blender(_LOG, tuned, seed=task.seed).result()}
         elif task.family == "blender-reuse":  # the same seed as the point's blender run: paired
-            from hybriddp.algorithms import reblended
-
             run = run_blender(_LOG, replace(params, estimator="reuse"), seed=task.seed)
             results = {"blender-reuse": run.result(), "blender-consistent": reblended(run, "consistent").result()}
         else:

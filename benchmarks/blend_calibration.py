@@ -6,8 +6,9 @@ as many rounds as you like and prints one table per estimator (and ``--json``: o
 
     python benchmarks/blend_calibration.py --trials 20000 [--json]
 
-The list is the tests' six-query list (20 entries; ⟨q,*⟩ and ⟨*,*⟩ among the smallest, with expected T
-counts of 1.7–2.7), |D_T| = 500, |D_S| = 9,500, 20,000 reports, ε = 4 (ALGORITHM.md §7, §7.1).
+The list is ``hybriddp.calibration.six_queries()``, also the tests' (20 entries; ⟨q,*⟩ and ⟨*,*⟩
+among the smallest, with expected T counts of 1.7–2.7), |D_T| = 500, |D_S| = 9,500, 20,000 reports,
+ε = 4 (ALGORITHM.md §7, §7.1).
 """
 
 from __future__ import annotations
@@ -18,16 +19,8 @@ import time
 
 import numpy as np
 
-from hybriddp.calibration import calibrate
-from hybriddp.headlist import HeadList
+from hybriddp.calibration import calibrate, six_queries
 from hybriddp.randomizer import LocalAlgParams
-
-
-def six_queries() -> tuple[HeadList, np.ndarray]:
-    """The tests' six-query list (tests/test_blend.py) and its distribution."""
-    hl = HeadList.from_lists(list(range(6)), [[1, 2, 3], [4], [12], [5, 6, 7, 8, 9], [13], [10, 11]])
-    w = np.linspace(3.0, 0.5, hl.n_entries) ** 2
-    return hl, w / w.sum()
 
 
 def main() -> None:

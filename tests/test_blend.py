@@ -12,6 +12,7 @@ import pytest
 
 from calibrated import six_queries_calibration
 from hybriddp.blend import blend, blend_estimates, project_to_simplex
+from hybriddp.calibration import six_queries as calibration_list
 from hybriddp.client_estimates import client_variances, estimate_client_probabilities
 from hybriddp.curator import estimate_optin_probabilities
 from hybriddp.headlist import WILDCARD, HeadList
@@ -42,12 +43,10 @@ def entry_keys(hl: HeadList) -> list[tuple[int, int]]:
 
 
 def six_queries() -> tuple[HeadList, np.ndarray, np.ndarray, list[tuple[int, int]], np.ndarray, np.ndarray]:
-    """A head list of six queries (20 entries) with a known distribution p over its entries: the
-    list, p, its CDF, the entries' (query, URL) keys and those keys' query and URL ids. Every
-    query has a real URL: EstimateOptinProbabilities drops queries that keep none (ALGORITHM.md §4)."""
-    hl = HeadList.from_lists(list(range(6)), [[1, 2, 3], [4], [12], [5, 6, 7, 8, 9], [13], [10, 11]])
-    w = np.linspace(3.0, 0.5, hl.n_entries) ** 2
-    p = w / w.sum()
+    """The calibration list (:func:`hybriddp.calibration.six_queries`: six queries, 20 entries) with a known
+    distribution p over its entries: the list, p, its CDF, the entries' (query, URL) keys and those keys'
+    query and URL ids."""
+    hl, p = calibration_list()
     cdf = np.cumsum(p)
     cdf[-1] = 1.0
     keys = entry_keys(hl)

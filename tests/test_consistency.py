@@ -14,14 +14,13 @@ import pytest
 
 from calibrated import six_queries_calibration
 from hybriddp.blend import blend, blend_estimates
-from hybriddp.calibration import optin_estimates
+from hybriddp.calibration import optin_estimates, six_queries
 from hybriddp.client_estimates import estimate_client_probabilities
 from hybriddp.consistency import make_consistent, subtree_covariances
 from hybriddp.curator import OptinEstimates
 from hybriddp.headlist import WILDCARD, HeadList
 from hybriddp.params import head_list_scale
 from hybriddp.randomizer import LocalAlgParams, output_distribution
-from test_blend import six_queries
 
 HL6 = six_queries()[0]
 

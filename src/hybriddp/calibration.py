@@ -24,6 +24,15 @@ from hybriddp.params import head_list_scale
 from hybriddp.randomizer import LocalAlgParams, output_distribution
 
 
+def six_queries() -> tuple[HeadList, np.ndarray]:
+    """The calibration list: six queries, 20 entries (URLs, each query's ⟨q,*⟩, and ⟨*,*⟩), with a known
+    distribution p decreasing along the list, so the ⟨q,*⟩ of the last queries and ⟨*,*⟩ are the smallest.
+    Every query has a real URL: EstimateOptinProbabilities drops queries that keep none (ALGORITHM.md §4)."""
+    hl = HeadList.from_lists(list(range(6)), [[1, 2, 3], [4], [12], [5, 6, 7, 8, 9], [13], [10, 11]])
+    w = np.linspace(3.0, 0.5, hl.n_entries) ** 2
+    return hl, w / w.sum()
+
+
 def optin_estimates(hl: HeadList, p_record: np.ndarray, n_t: int, n_s: int, epsilon: float) -> OptinEstimates:
     """Opt-in estimates of ``hl`` at ``p_record`` with their variances there: every real record reuses S when
     ``n_s`` > 0 (J = 2, |D_S| + |D_T| records), the wildcards are T's (§4.1); Laplace noise, m_O = 1."""

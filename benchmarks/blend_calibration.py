@@ -2,7 +2,9 @@
 
 Issue 13's target: every entry unbiased (|z| < 3) over ≥ 5,000 rounds and the reported variance within 5% of
 the empirical mean squared error. The unit tests check the same with margins; this script measures it with
-as many rounds as you like and prints one table per estimator (and ``--json``: one object).
+as many rounds as you like and prints one table per estimator (and ``--json``: one object): per entry z,
+the bias over the RMSE (a z-test over n rounds flags a bias at |z| ≥ 3 once it exceeds about 3/√n of the
+RMSE: 4.2% at 5,000 rounds, 2.1% at 20,000) and the reported variance over the empirical MSE.
 
     python benchmarks/blend_calibration.py --trials 20000 [--json]
 
@@ -38,8 +40,9 @@ def main() -> None:
             **calibrate(hl, p, lp, ("reuse", "consistent"), n_t=500, n_s=9_500, n_c=20_000, epsilon=4.0,
                         trials=args.trials, seed=args.seed + 1)}
     for name, cal in runs.items():
-        out[name] = {lvl: {"z": cal.z(lvl).tolist(), "variance_ratio": cal.variance_ratio(lvl).tolist(),
-                           "mse": cal.mse(lvl)} for lvl in ("records", "queries")}
+        out[name] = {lvl: {"z": cal.z(lvl).tolist(), "bias_over_rmse": cal.relative_bias(lvl).tolist(),
+                           "variance_ratio": cal.variance_ratio(lvl).tolist(), "mse": cal.mse(lvl)}
+                     for lvl in ("records", "queries")}
     out["seconds"] = time.perf_counter() - start
     if args.json:
         print(json.dumps(out))
@@ -48,12 +51,14 @@ def main() -> None:
     for name in runs:
         for lvl in ("records", "queries"):
             d = out[name][lvl]
-            z, r = np.array(d["z"]), np.array(d["variance_ratio"])
+            z, r, b = np.array(d["z"]), np.array(d["variance_ratio"]), np.array(d["bias_over_rmse"])
             print(f"\n{name} {lvl}: total MSE {d['mse']:.4g}; max |z| {np.abs(z).max():.2f}; "
-                  f"variance/MSE {r.min():.3f}–{r.max():.3f} (mean {r.mean():.3f})")
-            print("  entry " + " ".join(f"{i:>6d}" for i in range(len(z))))
-            print("  z     " + " ".join(f"{x:>6.2f}" for x in z))
-            print("  ratio " + " ".join(f"{x:>6.3f}" for x in r))
+                  f"max |bias|/RMSE {np.abs(b).max():.3f}; variance/MSE {r.min():.3f}–{r.max():.3f} "
+                  f"(mean {r.mean():.3f})")
+            print("  entry     " + " ".join(f"{i:>6d}" for i in range(len(z))))
+            print("  z         " + " ".join(f"{x:>6.2f}" for x in z))
+            print("  bias/RMSE " + " ".join(f"{x:>6.3f}" for x in b))
+            print("  ratio     " + " ".join(f"{x:>6.3f}" for x in r))
 
 
 if __name__ == "__main__":

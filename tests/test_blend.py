@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from calibrated import six_queries_calibration
-from hybriddp.blend import blend, blend_estimates, project_to_simplex
+from hybriddp.blend import blend, blend_error, blend_estimates, project_to_simplex
+from hybriddp.calibration import optin_estimates
 from hybriddp.calibration import six_queries as calibration_list
 from hybriddp.client_estimates import client_variances, estimate_client_probabilities
 from hybriddp.curator import estimate_optin_probabilities
 from hybriddp.headlist import WILDCARD, HeadList
 from hybriddp.noise import LaplaceNoise
-from hybriddp.randomizer import LocalAlgParams, randomize_batch
+from hybriddp.randomizer import LocalAlgParams, output_distribution, randomize_batch
 
 # ----- helpers ---------------------------------------------------------------------------------
 
@@ -209,9 +210,9 @@ def test_pooled_weights_remove_the_bias_of_the_papers_blend() -> None:
     reports). The paper's weights use each group's variance at its own estimate, so a group whose estimate
     came out low gets more weight: its blend is biased low by more than 6 standard errors on some entry
     (measured: z down to −18), and its reported variance understates the empirical MSE (mean ratio 0.94;
-    0.74 on one entry). Pooled weights: every entry's |z| < 5 (measured max 2.8); the reported variance (the
+    0.74 on one entry). Pooled weights: every entry's |z| < 5 (measured max 1.9); the reported variance (the
     blend's MSE at p̄ by quadrature, §7) within 3% of the empirical MSE on average and 10% on every entry
-    (measured: mean 1.016, 0.979–1.052); total MSE no higher."""
+    (measured: mean 1.017, 0.980–1.052); total MSE no higher."""
     cal = six_queries_calibration(False)
     paper, pooled = cal["paper"], cal["pooled"]
     assert paper.z().min() < -6 and paper.variance_ratio().mean() < 0.96, (paper.z(), paper.variance_ratio())
@@ -222,17 +223,56 @@ def test_pooled_weights_remove_the_bias_of_the_papers_blend() -> None:
 
 
 def test_reuse_blend_is_unbiased_with_a_variance_that_matches_its_error() -> None:
-    """--estimator reuse (ALGORITHM.md §4.1, §7) over 5,000 seeded rounds: |D_S| = 9,500 and |D_T| = 500
-    opt-in records (f_O = 0.95), 20,000 client reports. Every entry's |z| < 4 (measured: max 2.1; issue 13
-    asks < 3); the reported variance within 3% of the empirical MSE on average and 10% on every entry
-    (measured: mean 1.006, 0.957–1.051), queries alike (measured: z ≤ 2.3, ratios 0.976–1.056); the total
-    MSE at most half the pooled blend's without S (measured 0.32)."""
+    """--estimator reuse, the default (ALGORITHM.md §4.1, §7), over 5,000 seeded rounds: |D_S| = 9,500 and
+    |D_T| = 500 opt-in records (f_O = 0.95), 20,000 client reports. Every entry's and query's |z| < 4
+    (measured: max 2.1 and 2.7; issue 13 asks < 3, benchmarks/blend_calibration.py measures 2.0 and 2.9 at
+    20,000 rounds); the reported variance within 3% of the empirical MSE on average and 10% on every entry
+    (measured: mean 1.006, 0.957–1.055), queries alike (measured: ratios 0.976–1.060); the total MSE at
+    most half the pooled blend's without S (measured 0.32)."""
     reuse = six_queries_calibration(True)["reuse"]
-    assert np.abs(reuse.z()).max() < 4, reuse.z()
     for level in ("records", "queries"):
+        assert np.abs(reuse.z(level)).max() < 4, (level, reuse.z(level))
         ratio = reuse.variance_ratio(level)
         assert abs(ratio.mean() - 1) < 0.03 and np.all(np.abs(ratio - 1) < 0.10), (level, ratio)
     assert reuse.mse() <= 0.5 * six_queries_calibration(False)["pooled"].mse()
+
+
+def test_quadrature_bias_and_mse_match_a_monte_carlo_of_the_pooled_blend() -> None:
+    """blend_error (ALGORITHM.md §7, "Bias correction", "Reported variance") integrates the pooled blend over
+    8 × 8 Gauss–Hermite pseudo-rounds, solving each fixed point by Steffensen's method. Checked here against
+    100,000 random pseudo-rounds of the same law (p̂_O ~ N(p, σ²_O(p)), p̂_C ~ N(p, σ²_C(p)), each entry with
+    its query held at p_q), each fixed point x = w(x)·p̂_O + (1 − w(x))·p̂_C found by bisection between p̂_O
+    and p̂_C: per entry, the mean error within 5 standard errors and the MSE within 5 standard errors or 1%.
+    The smallest ⟨q,*⟩ is measurably biased (the quadrature: −2.3% of its RMSE; the Monte Carlo must agree
+    beyond 5 standard errors), which is what the correction removes."""
+    hl, p = calibration_list()
+    lp = LocalAlgParams.build(hl, 4.0, 1e-5, 0.85, 1)
+    opt = optin_estimates(hl, p, 500, 9_500, 4.0)
+    p_q = np.bincount(hl.entry_query, weights=p)
+    cli = estimate_client_probabilities(np.round(20_000 * (p @ output_distribution(lp))), hl, lp)
+    err, _ = blend_error(opt, cli, lp, p, p_q)
+
+    def variances(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return opt.record_variances_at(x), client_variances(x, p_q, hl, lp, cli.n)[0]
+
+    vo, vc = variances(p)
+    rng = np.random.default_rng(11)
+    p_o = p + np.sqrt(vo) * rng.standard_normal((100_000, len(p)))
+    p_c = p + np.sqrt(vc) * rng.standard_normal((100_000, len(p)))
+    lo, hi = np.minimum(p_o, p_c), np.maximum(p_o, p_c)  # the blend maps [lo, hi] into itself
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        v_o, v_c = variances(np.clip(mid, 0.0, 1.0))
+        above = blend(p_o, v_o, p_c, v_c).p > mid
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    e = 0.5 * (lo + hi) - p
+    se_mean = e.std(0) / math.sqrt(len(e))
+    mse = (e**2).mean(0)
+    se_mse = (e**2).std(0) / math.sqrt(len(e))
+    assert np.all(np.abs(err.bias - e.mean(0)) < 5 * se_mean), (err.bias, e.mean(0), se_mean)
+    assert np.all(np.abs(err.mse - mse) < np.maximum(5 * se_mse, 0.01 * mse)), (err.mse / mse)
+    smallest = int(np.argmin(np.where(hl.is_wildcard[:-1], p[:-1], np.inf)))
+    assert e.mean(0)[smallest] < -5 * se_mean[smallest] and err.bias[smallest] < -0.01 * math.sqrt(mse[smallest])
 
 
 def test_client_variances_at_the_clients_own_estimates_are_their_estimated_variances() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -24,10 +24,10 @@ POOLED_MAX_PASSES = 50
 """At most this many passes of :func:`blend_pooled`; it stops earlier once no weight moves by 1e-12."""
 
 QUADRATURE_NODES = 8
-"""Gauss–Hermite nodes per group in :func:`blend_mse` (8 × 8 pseudo-rounds per entry)."""
+"""Gauss–Hermite nodes per group in :func:`blend_error` (8 × 8 pseudo-rounds per entry)."""
 
 QUADRATURE_TOLERANCE = 1e-4
-"""The pseudo-rounds of :func:`blend_mse` stop once no entry's squared error moves by this fraction in a pass."""
+"""The pseudo-rounds of :func:`blend_error` stop once no entry's squared error moves by this fraction in a pass."""
 
 VARIANCE_FLOOR = 1e-300
 """Variances are floored here so the weight is always defined (ALGORITHM.md §7)."""
@@ -131,23 +131,31 @@ def blend_pooled(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgPar
         if np.abs(rec.weight_optin - w_r).max(initial=0.0) < 1e-12 and np.abs(
                 qry.weight_optin - w_q).max(initial=0.0) < 1e-12:
             break
-    mse_r, mse_q = blend_mse(optin, client, lp, rec.p, qry.p, max_passes)
-    return Blended(rec.p, mse_r, rec.weight_optin), Blended(qry.p, mse_q, qry.weight_optin)
+    err_r, err_q = blend_error(optin, client, lp, rec.p, qry.p, max_passes)
+    return (Blended(rec.p - err_r.bias, err_r.mse - err_r.bias**2, rec.weight_optin),
+            Blended(qry.p - err_q.bias, err_q.mse - err_q.bias**2, qry.weight_optin))
 
 
-def blend_mse(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams, p_record: np.ndarray,
-              p_query: np.ndarray, max_passes: int = POOLED_MAX_PASSES,
-              nodes: int = QUADRATURE_NODES) -> tuple[np.ndarray, np.ndarray]:
-    """The pooled blend's mean squared error at the blended estimate p̄, weights' randomness included
-    (ALGORITHM.md §7, "Reported variance").
+class BlendError(NamedTuple):
+    """The pooled blend's error at p̄ by quadrature (:func:`blend_error`), per entry or query."""
+
+    bias: np.ndarray  # E[p̂] − p̄
+    mse: np.ndarray  # E[(p̂ − p̄)²]
+
+
+def blend_error(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams, p_record: np.ndarray,
+                p_query: np.ndarray, max_passes: int = POOLED_MAX_PASSES,
+                nodes: int = QUADRATURE_NODES) -> tuple[BlendError, BlendError]:
+    """The pooled blend's bias and mean squared error at the blended estimate p̄, weights' randomness
+    included (ALGORITHM.md §7, "Bias correction" and "Reported variance"); records, then queries.
 
     w²σ²_O(p̄) + (1−w)²σ²_C(p̄) is the variance of a blend whose weights are fixed. The pooled weights
     are computed from the data, and where an estimate is small against its own noise (a ⟨q,*⟩ seen a
     few times in T) their randomness adds several percent to the error. Here every entry is blended
     again in pseudo-rounds at p̄: p̂_O = p̄ + σ_O(p̄)·x, p̂_C = p̄ + σ_C(p̄)·y over the 8 × 8 Gauss–Hermite
-    nodes (x, y), each with the pooled iteration, and the result is the quadrature of (p̂ − p̄)². It is
-    exact for fixed weights (it gives back w²σ²_O + (1−w)²σ²_C) and deterministic. Each entry varies
-    alone: a record's query is held at p̄_q, a query's records at p̄.
+    nodes (x, y), each with the pooled iteration, and the results are the quadratures of p̂ − p̄ and
+    (p̂ − p̄)². For fixed weights they are exact (0 and w²σ²_O + (1−w)²σ²_C); they are deterministic.
+    Each entry varies alone: a record's query is held at p̄_q, a query's records at p̄.
     """
     from hybriddp.client_estimates import client_variances
 
@@ -167,8 +175,9 @@ def blend_mse(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams
 
 
 def _quadrature(p: np.ndarray, variances: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
-                grid: tuple[np.ndarray, np.ndarray, np.ndarray], max_passes: int) -> np.ndarray:
-    """Σ_nodes weight·(p̂ − p)² of the pooled blend of pseudo-estimates p ± σ·node (see :func:`blend_mse`).
+                grid: tuple[np.ndarray, np.ndarray, np.ndarray], max_passes: int) -> BlendError:
+    """Σ_nodes weight·(p̂ − p) and Σ_nodes weight·(p̂ − p)² of the pooled blend of pseudo-estimates
+    p ± σ·node (see :func:`blend_error`).
 
     Each pseudo-round's fixed point p̂ = w(p̂)·p̂_O + (1 − w(p̂))·p̂_C lies between p̂_O and p̂_C; it is found by
     Steffensen's acceleration of the pooled iteration (kept inside that interval), which converges in a few
@@ -196,4 +205,5 @@ def _quadrature(p: np.ndarray, variances: Callable[[np.ndarray], tuple[np.ndarra
         prev, mse = mse, (weight * (x - p) ** 2).sum(axis=0)
         if np.all(np.abs(mse - prev) <= QUADRATURE_TOLERANCE * mse):
             break
-    return np.where(np.isinf(vo) & np.isinf(vc), np.inf, mse)
+    no_data = np.isinf(vo) & np.isinf(vc)
+    return BlendError(np.where(no_data, 0.0, (weight * (x - p)).sum(axis=0)), np.where(no_data, np.inf, mse))

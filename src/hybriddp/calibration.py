@@ -78,6 +78,12 @@ class Calibration:
         err = self._err(level)
         return err.mean(0) / (err.std(0, ddof=1) / math.sqrt(len(err)))
 
+    def relative_bias(self, level: str = "records") -> np.ndarray:
+        """Mean error over the root mean squared error, per entry (or query): the bias in units of the error
+        it rides on. A z-test over n rounds flags it at |z| ≥ 3 once it exceeds about 3/√n."""
+        err = self._err(level)
+        return err.mean(0) / np.sqrt((err**2).mean(0))
+
     def variance_ratio(self, level: str = "records") -> np.ndarray:
         """Mean reported variance over the empirical mean squared error, per entry (or query)."""
         var = self.var_records if level == "records" else self.var_queries

@@ -105,7 +105,7 @@ def test_every_query_is_the_sum_of_its_entries() -> None:
     sums = np.bincount(hl.entry_query, weights=out.records.p)
     np.testing.assert_allclose(out.queries.p, sums, rtol=0, atol=1e-15)
     assert np.abs(np.bincount(hl.entry_query, weights=pooled.records.p) - pooled.queries.p)[:-1].min() > 1e-6
-    assert out.queries.p[-1] == pooled.queries.p[-1] and out.records.p[-1] == pooled.records.p[-1]  # ⟨*,*⟩
+    assert out.queries.p[-1] == out.records.p[-1] == pooled.records.p[-1]  # ⟨*,*⟩: its one entry, untouched
     assert np.all(out.records.var <= pooled.records.var) and np.all(out.queries.var <= pooled.queries.var)
     assert np.all(out.records.var > 0) and np.all(out.queries.var > 0)
     # the weights are the pooled blend's: consistency only post-processes the blends
@@ -127,18 +127,20 @@ def test_no_data_in_a_group_leaves_the_blend_alone() -> None:
 
 def test_consistent_blend_is_unbiased_and_lowers_the_record_error() -> None:
     """The 5,000 seeded rounds of tests/calibrated.py (|D_S| = 9,500, |D_T| = 500, 20,000 reports), each blended
-    with reuse and made consistent: every record's and every query's |z| < 4 (measured: max 2.5; Σ is evaluated
+    with reuse and made consistent: every record's and every query's |z| < 4 (measured: max 2.4 and 3.0; Σ is evaluated
     at the corrected estimate, §7.1; at the opt-in estimates, one pass, the corrected ⟨q,*⟩ and queries were
     biased, z to −12 on an aol-like list), the records' total MSE at most 70% of reuse's (measured: 0.54), the
     queries' not higher (measured: 0.98), and the reported variances within 3% of the empirical MSE on
-    average (measured 1.017 records, 1.008 queries) and 20% on every entry (measured 0.961–1.163: the
-    smallest ⟨q,*⟩, 2.7 expected counts in T, is over-reported)."""
+    average (measured 1.008 records, 1.009 queries) and 10% on every entry (measured 0.961–1.055 and
+    0.975–1.037; 0.984–1.037 at 20,000 rounds). Its residual bias, about 2% of the RMSE on one query's
+    subtree, is why it is not the default (§7.1). The blend's MSE less the fixed-weight reduction, reported
+    before, gave 1.163 on the smallest ⟨q,*⟩ (2.7 expected counts in T): that failed the 10%."""
     cal = six_queries_calibration(True)
     reuse, cons = cal["reuse"], cal["consistent"]
     for level in ("records", "queries"):
         assert np.abs(cons.z(level)).max() < 4, (level, cons.z(level))
         ratio = cons.variance_ratio(level)
-        assert abs(ratio.mean() - 1) < 0.03 and np.all(np.abs(ratio - 1) < 0.20), (level, ratio)
+        assert abs(ratio.mean() - 1) < 0.03 and np.all(np.abs(ratio - 1) < 0.10), (level, ratio)
     assert cons.mse() <= 0.70 * reuse.mse()
     assert cons.mse("queries") <= 1.0 * reuse.mse("queries")
     np.testing.assert_allclose(cons.queries[:, :-1], np.stack([np.bincount(HL6.entry_query, weights=row)[:-1]

@@ -9,7 +9,8 @@ generalized least-squares estimate under the one constraint g·y = 0, g = (1, �
     ŷ = y − Σgᵀ (g·y)/(gΣgᵀ),     Var(ŷ_i) = Σ_ii − (Σgᵀ)_i²/(gΣgᵀ),
 
 the minimum-variance unbiased linear correction for the covariance Σ of y. This is post-processing
-of the released estimates: privacy is unchanged.
+of the released estimates: privacy is unchanged. The reported variance is the blend's (its mean squared
+error, §7) times the share 1 − ρ_i² = Var(ŷ_i)/Σ_ii that GLS keeps.
 
 Σ is exact for the estimators of §4, §4.1 and §6 and costs O(entries) via segment sums (no matrices):
 
@@ -104,6 +105,9 @@ def make_consistent(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlg
 
     Σ is evaluated at the corrected records themselves (clamped), found by repetition from the opt-in
     estimates until no record moves by 1e-13 (at most ``max_passes``), as the pooled weights are (§7).
+    Each reported variance is the blend's times 1 − ρ_i², ρ_i = Corr(y_i, g·y) under Σ: subtracting the
+    fixed-weight reduction from the blend's mean squared error instead over-reported the smallest
+    ⟨q,*⟩ by 14% (ALGORITHM.md §7.1, "Reported variance").
     """
     eq, k = optin.head_list.entry_query, optin.head_list.k
     seg = _segment_sum(eq, k)
@@ -118,10 +122,42 @@ def make_consistent(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlg
         at = p_rec
         if done:
             break
-    p_q = np.where(ok, seg(p_rec), qry.p)  # exactly the sum; = qry.p − s_q·step up to rounding
-    var_rec = np.maximum(rec.var - s_rec * s_rec * np.divide(1.0, var_g, out=np.zeros(k), where=ok)[eq], 0.0)
-    var_q = np.maximum(qry.var - s_q * s_q * np.divide(1.0, var_g, out=np.zeros(k), where=ok), 0.0)
+    # exactly the sum (= qry.p − s_q·step up to rounding); a single entry is its query: their blends differ only
+    # by the bias corrections' quadrature tolerance (§7), ~1e-11
+    single = np.bincount(eq, minlength=k) == 1
+    p_q = np.where(ok | single, seg(p_rec), qry.p)
+    # reported variance: the blend's MSE times 1 − ρ², ρ = Corr(y_i, g·y) under the same Σ
+    inv_g = np.divide(1.0, var_g, out=np.zeros(k), where=ok)
+    fix_rec, fix_q = _fixed_weight_variances(optin, client, lp, rec.weight_optin, qry.weight_optin, at)
+    var_rec = rec.var * _kept_share(s_rec * s_rec * inv_g[eq], fix_rec)
+    var_q = qry.var * _kept_share(s_q * s_q * inv_g, fix_q)
     return Blended(p_rec, var_rec, rec.weight_optin), Blended(p_q, var_q, qry.weight_optin)
+
+
+def _fixed_weight_variances(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams, w_rec: np.ndarray,
+                            w_q: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Σ's diagonal: w²σ²_O + (1 − w)²σ²_C of every record and query at the records ``at`` (clamped; the
+    queries at their sums), the point where :func:`subtree_covariances` evaluates the rest of Σ. A group
+    with weight 0 adds nothing (its variance may be infinite)."""
+    from hybriddp.client_estimates import client_variances
+
+    hl = optin.head_list
+    p = np.clip(np.nan_to_num(at), 0.0, 1.0)
+    p_q = np.minimum(np.bincount(hl.entry_query, weights=p, minlength=hl.k), 1.0)
+    vo_r, vo_q = optin.variances_at(p, p_q)
+    vc_r, vc_q = client_variances(p, p_q, hl, lp, client.n)
+
+    def fixed(w: np.ndarray, vo: np.ndarray, vc: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            return np.where(w > 0, w * w * vo, 0.0) + np.where(w < 1, (1 - w) ** 2 * vc, 0.0)
+
+    return fixed(w_rec, vo_r, vc_r), fixed(w_q, vo_q, vc_q)
+
+
+def _kept_share(reduction: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+    """1 − ρ² = 1 − (Σgᵀ)_i²/((gΣgᵀ)·Σ_ii), clamped into [0, 1]; 1 where Σ_ii is 0 or not finite."""
+    good = np.isfinite(fixed) & (fixed > 0)
+    return np.clip(1.0 - np.divide(reduction, fixed, out=np.zeros_like(reduction), where=good), 0.0, 1.0)
 
 
 def _segment_sum(entry_query: np.ndarray, k: int) -> Callable[[np.ndarray], np.ndarray]:

@@ -182,14 +182,14 @@ def test_demo_small_scale_json() -> None:
 
 
 def test_reuse_estimator_through_the_file_workflow(files, tmp_path) -> None:
-    """The default estimator (consistent) reuses S: the curator's estimates file (version 3) marks the reused
-    records and carries |D_S|; `estimate` reproduces `run` from the files, may switch to `reuse` (the same
-    opt-in estimates, without the consistency step), and refuses to switch the release to an estimator that
+    """The default estimator (reuse) reuses S: the curator's estimates file (version 3) marks the reused
+    records and carries |D_S|; `estimate` reproduces `run` from the files, may switch to `consistent` (the same
+    opt-in estimates, with the consistency step), and refuses to switch the release to an estimator that
     does not reuse S (that is the curator's choice) with exit 2."""
     log = files / "log.tsv"
     paper = json.loads(invoke("run", "--input", log, *RUN, "--estimator", "paper", "--json").stdout)
     reuse = json.loads(invoke("run", "--input", log, *RUN, "--json").stdout)
-    assert reuse["params"]["estimator"] == "consistent"
+    assert reuse["params"]["estimator"] == "reuse"
     assert reuse["head_list_records"] == paper["head_list_records"]  # M records either way, ranked by S ∪ T
     assert [r["p_optin"] for r in reuse["records"]] != [r["p_optin"] for r in paper["records"]]
     hl, est, rep = tmp_path / "hl.json", tmp_path / "optin.json", tmp_path / "reports.jsonl.gz"
@@ -201,9 +201,9 @@ def test_reuse_estimator_through_the_file_workflow(files, tmp_path) -> None:
     out = json.loads(invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep,
                             "--json").stdout)
     assert [r["p_blended"] for r in out["records"]] == [r["p_blended"] for r in reuse["records"]]
-    plain = json.loads(invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep,
-                              "--estimator", "reuse", "--json").stdout)
-    assert plain["params"]["estimator"] == "reuse" and plain["records"] != out["records"]
+    made_consistent = json.loads(invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep,
+                              "--estimator", "consistent", "--json").stdout)
+    assert made_consistent["params"]["estimator"] == "consistent" and made_consistent["records"] != out["records"]
     bad = invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", rep, "--estimator", "paper",
                  ok=False)
     assert bad.exit_code == 2 and "reuse" in bad.output and "Traceback" not in bad.output
@@ -212,7 +212,7 @@ def test_reuse_estimator_through_the_file_workflow(files, tmp_path) -> None:
 def test_human_output_names_the_estimator(files) -> None:
     """Estimates differ by estimator, so the human summary says which one made them."""
     log = files / "log.tsv"
-    assert "estimator: consistent" in invoke("run", "--input", log, *RUN).stdout  # the default
+    assert "estimator: reuse" in invoke("run", "--input", log, *RUN).stdout  # the default
     assert "estimator: paper — BLENDER as published" in invoke("run", "--input", log, *RUN, "--estimator",
                                                                  "paper").stdout
 

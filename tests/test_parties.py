@@ -129,13 +129,13 @@ def test_reuse_release_round_trips_and_is_validated(log) -> None:
 
 def test_a_release_written_before_the_estimator_field_reads_as_the_papers(log) -> None:
     """Files from before ``estimator`` existed (version 2, no ``params.estimator``) are the paper's
-    estimates: they read as ``paper`` (LEGACY_ESTIMATOR), not as today's default ``consistent``."""
+    estimates: they read as ``paper`` (LEGACY_ESTIMATOR), not as today's default ``reuse``."""
     from dataclasses import replace
 
     from hybriddp.device import content_hash
     from hybriddp.params import DEFAULT_ESTIMATOR
 
-    assert DEFAULT_ESTIMATOR == "consistent" and BlenderParams().estimator == "consistent"
+    assert DEFAULT_ESTIMATOR == "reuse" and BlenderParams().estimator == "reuse"
     rel, _ = curate(log, replace(PARAMS, estimator="paper"), seed=3)
     old = copy.deepcopy(rel.estimates)
     del old["params"]["estimator"]

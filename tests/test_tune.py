@@ -224,7 +224,7 @@ def test_cli_estimator_reaches_the_simulations() -> None:
     figures = ("ndcg", "l1", "paper_defaults")
     assert [paper[k] for k in figures] != [pooled[k] for k in figures]
     reuse = json.loads(invoke(*common).stdout)
-    assert reuse["search"]["estimator"] == "consistent"  # the default (reusing S)
+    assert reuse["search"]["estimator"] == "reuse"  # the default
     assert reuse["paper_defaults"]["l1"] != paper["paper_defaults"]["l1"]
 
 

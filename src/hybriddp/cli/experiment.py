@@ -66,8 +66,8 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     fig13  L1 vs opt-in percentage, several M     fig14  NDCG, same runs
     fig15  L1 vs ε, several M                     fig16  NDCG, same runs
     sizes  beyond the paper: NDCG vs head-list size M, BLENDER vs both local-only baselines
-    estimators  beyond the paper: L1 / NDCG / NDCG@10 vs ε, the paper's blend weights
-           against pooled ones (the same runs blended both ways)
+    estimators  beyond the paper: L1 / NDCG / NDCG@10 vs ε for each estimator: the paper's,
+           pooled weights, reuse (the default) and consistent, paired by seed
 
     Writes trials.csv, figN.csv, figN.png, summary.json and report.md (claims of the paper
     checked against the numbers) to --out.

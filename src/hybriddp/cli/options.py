@@ -213,4 +213,4 @@ def estimator_option(f):
                              "together then choose the M records and estimate them, §4.1; pooled weights) or "
                              "'consistent' ('reuse', then each query's estimate and its entries' made to agree, query ="
                              " sum of its entries, by generalized least squares: lower record error, §7.1). Default: "
-                             "consistent (estimate: the one in the release).")(f)
+                             "reuse (estimate: the one in the release).")(f)

@@ -42,10 +42,10 @@ class BlenderParamsIn(_Strict):
     noise: Literal["discrete", "laplace"] = Field("discrete", description="The curator's noise.")
     project: bool = Field(_D.project, description="Project the blended estimates onto the simplex.")
     estimator: Literal["paper", "pooled", "reuse", "consistent"] = Field(
-        _D.estimator, description="Estimates: 'consistent' (the default: 'reuse', then every query made the sum of its "
-        "entries by least squares, ALGORITHM.md §7.1), 'reuse' (the noisy S counts released with the head list also "
-        "choose the records and enter their opt-in estimates, §4.1; pooled weights), 'paper' (BLENDER as published, "
-        "Fig. 7 blend weights) or 'pooled' (blend variances at the blended estimate, §7).")
+        _D.estimator, description="Estimates: 'reuse' (the default: the noisy S counts released with the head list "
+        "also choose the records and enter their opt-in estimates, ALGORITHM.md §4.1; pooled weights), 'consistent' "
+        "('reuse', then every query made the sum of its entries by least squares, §7.1), 'paper' (BLENDER as "
+        "published, Fig. 7 blend weights) or 'pooled' (blend variances at the blended estimate, §7).")
     optin_fraction: float = Field(_D.optin_fraction, gt=0, lt=1, description="Not used by the service (whoever "
                                   "enrols is opt-in); kept with the parameters, e.g. to reproduce a simulation.")
     url_level: bool = Field(True, description="Records are (query, clicked URL); false: queries alone.")

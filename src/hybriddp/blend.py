@@ -115,8 +115,10 @@ def blend_pooled(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgPar
     are evaluated at the blended estimate p̄ of the previous pass (clamped into [0, 1]), starting from
     the paper's blend, until p̄ is a fixed point: p̄ = w(p̄)·p̂_O + (1−w(p̄))·p̂_C. The optimally
     weighted p̄ is uncorrelated with the difference p̂_O − p̂_C (w·σ²_O = (1−w)·σ²_C), so the weight's
-    error no longer correlates with what it multiplies to first order, and the reported variance
-    w²σ²_O(p̄) + (1−w)²σ²_C(p̄) is that of the weights actually used.
+    error no longer correlates with what it multiplies to first order. What bias remains (on entries small
+    against their noise) and the mean squared error, weights' randomness included, come from
+    :func:`blend_error` at p̄: the blend reports p̄ − b(p̄) with variance MSE(p̄) − b(p̄)² (§7, "Bias
+    correction", "Reported variance").
     """
     from hybriddp.client_estimates import client_variances
 

@@ -207,8 +207,8 @@ def estimator_option(f):
     return click.option("--estimator", type=click.Choice(ESTIMATORS), default=None,
                         help="'paper' (opt-in estimates from T; Fig. 7 weights, each group's variance at its own "
                              "estimate: biased low when a group's estimate is noisy), 'pooled' (the same estimates; "
-                             "both variances at the blended estimate, iterated to a fixed point: unbiased to first "
-                             "order, with a variance that matches the error; docs/ALGORITHM.md §7), 'reuse' (the "
+                             "both variances at the blended estimate, iterated to a fixed point, less the bias that "
+                             "remains, with a variance that matches the error; docs/ALGORITHM.md §7), 'reuse' (the "
                              "curator also releases the kept records' noisy counts from S, at no privacy cost; S and T "
                              "together then choose the M records and estimate them, §4.1; pooled weights) or "
                              "'consistent' ('reuse', then each query's estimate and its entries' made to agree, query ="

@@ -79,10 +79,10 @@ REUSES_S = frozenset({"reuse", "consistent"})
 """Estimators whose opt-in estimates the curator makes from S ∪ T (ALGORITHM.md §4.1)."""
 DEFAULT_ESTIMATOR = "reuse"
 """The default: never significantly worse than the paper's in the paired experiments on the presets and the real
-samples, much better in L1 and NDCG (docs/results/README.md), and the one that meets every calibration target
-(unbiased, reported variance within 5% of the error at 20,000 rounds; ``consistent`` lowers the record error
-further but leaves a bias of 2% of the RMSE on some small queries: docs/DECISIONS.md). ``paper`` is one option
-away."""
+samples, much better in L1 and NDCG (docs/results/README.md), and calibrated: every bias below 2.2% of the
+RMSE (|z| ≤ 3.0 over 20,000 rounds), the reported variance within 5% of the error. ``consistent`` lowers the
+record error further but its residual bias reaches z 4 on one small query (docs/DECISIONS.md). ``paper`` is
+one option away."""
 LEGACY_ESTIMATOR = "paper"
 """What a release file or a service round stored before the ``estimator`` field existed used."""
 

@@ -53,7 +53,8 @@ def test_subtree_covariances_match_simulation() -> None:
     """Cov(y_e, g·y), Cov(y_q, g·y) and Var(g·y) of fixed-weight blends y = w·p̂_O + (1 − w)·p̂_C, predicted at
     the true p, against 20,000 simulated rounds: opt-in estimates from multinomial counts of T and S with
     Laplace noise (S ∪ T for records, T for wildcards), client estimates from multinomial report counts
-    under LocalAlg's exact report distribution. Every prediction within 5 standard errors, and the
+    under LocalAlg's exact report distribution. Every prediction within 5 standard errors (and Var(y_e),
+    Var(y_q), the diagonal), and the
     prediction that ignores the covariances (Var(g·y) = Σ_e Var(y_e) + Var(y_q)) is rejected."""
     hl, p = fixture_list()
     lp = LocalAlgParams.build(hl, EPS, DELTA, F_C, 1)
@@ -75,16 +76,18 @@ def test_subtree_covariances_match_simulation() -> None:
     y_q = w_q * o_q + (1 - w_q) * c_q
     gy = np.stack([np.bincount(hl.entry_query, weights=row, minlength=hl.k) for row in y_rec]) - y_q
 
-    s_rec, s_q, var_g = subtree_covariances(reuse_estimates(hl, p), cli[0], lp, w_rec, w_q, p)
+    sub = subtree_covariances(reuse_estimates(hl, p), cli[0], lp, w_rec, w_q, p)
 
     def check(x: np.ndarray, y: np.ndarray, predicted: np.ndarray) -> None:
         prod = (x - x.mean(0)) * (y - y.mean(0))
         emp, se = prod.mean(0), prod.std(0, ddof=1) / math.sqrt(trials)
         assert np.all(np.abs(emp - predicted) < 5 * se), (emp, predicted, se)
 
-    check(y_rec, gy[:, hl.entry_query], s_rec)
-    check(y_q, gy, s_q)
-    check(gy, gy, var_g)  # ⟨*,*⟩ included: its record and query weights differ here
+    check(y_rec, gy[:, hl.entry_query], sub.cov_rec)
+    check(y_q, gy, sub.cov_q)
+    check(gy, gy, sub.var_g)  # ⟨*,*⟩ included: its record and query weights differ here
+    check(y_rec, y_rec, sub.var_rec)  # Σ's diagonal, which the reported variance scales by
+    check(y_q, y_q, sub.var_q)
     naive = np.bincount(hl.entry_query, weights=y_rec.var(0)) + y_q.var(0)
     se_g = ((gy - gy.mean(0)) ** 2).std(0, ddof=1) / math.sqrt(trials)
     multi = hl.kq > 1

@@ -34,12 +34,12 @@ already consistent and are left alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from hybriddp.blend import Blended
-from hybriddp.client_estimates import _Geometry
+from hybriddp.client_estimates import _Geometry, client_variances
 
 CONSISTENT_MAX_PASSES = 100
 """At most this many passes of :func:`make_consistent` (measured: 14–41 on an aol-like
@@ -51,24 +51,35 @@ if TYPE_CHECKING:
     from hybriddp.randomizer import LocalAlgParams
 
 
+class Subtree(NamedTuple):
+    """Σ of every query's subtree, as much of it as the correction needs (:func:`subtree_covariances`)."""
+
+    cov_rec: np.ndarray  # Cov(y_e, g·y) per entry
+    cov_q: np.ndarray  # Cov(y_q, g·y) per query
+    var_g: np.ndarray  # Var(g·y) = gΣgᵀ per query
+    var_rec: np.ndarray  # Σ's diagonal: Var(y_e) = w²σ²_O + (1 − w)²σ²_C per entry
+    var_q: np.ndarray  # and Var(y_q) per query
+
+
 def subtree_covariances(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams, w_rec: np.ndarray,
-                        w_q: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        w_q: np.ndarray, at: np.ndarray) -> Subtree:
     """Per query q, with the blends y_e = w_e·p̂_O,e + (1−w_e)·p̂_C,e and y_q likewise and the
-    residual g·y = Σ_{e∈q} y_e − y_q: returns Cov(y_e, g·y) per entry, Cov(y_q, g·y) per query and
-    Var(g·y) per query (ALGORITHM.md §7.1), evaluated at the record probabilities ``at`` (clamped into
-    [0, 1]; the queries at their sums)."""
+    residual g·y = Σ_{e∈q} y_e − y_q: Cov(y_e, g·y) per entry, Cov(y_q, g·y) per query, Var(g·y) per
+    query and the variances Var(y_e), Var(y_q) (ALGORITHM.md §7.1), all evaluated at the record
+    probabilities ``at`` (clamped into [0, 1]; the queries at their sums)."""
     hl = optin.head_list
     eq, k = hl.entry_query, hl.k
     seg = _segment_sum(eq, k)
     p = np.clip(np.nan_to_num(at), 0.0, 1.0)
     p_q = np.minimum(seg(p), 1.0)
+    var_o, var_oq = optin.variances_at(p, p_q)
+    var_c, var_cq = client_variances(p, p_q, hl, lp, client.n)
 
     # --- opt-in: coefficients u_e = w_e − w_q of p̂_O,e in g·y; Σ_O = diag(d) − ppᵀ/n − β p̃p̃ᵀ
     n_t = optin.n
     n_all = n_t + optin.n_s
     s_o = np.zeros(hl.n_entries)
     if n_t >= 2:
-        var_o = optin.record_variances_at(p)
         reused = optin.reused if optin.reused is not None else np.zeros(hl.n_entries, dtype=bool)
         beta = 1.0 / n_t - 1.0 / n_all
         p_t = np.where(reused, 0.0, p)  # entries whose pairs are T-only
@@ -95,7 +106,7 @@ def subtree_covariances(optin: OptinEstimates, client: ClientEstimates, lp: Loca
                                                  cq[eq])  # a single entry is its query's direct estimate
         s_q = s_q + (1.0 - w_q) * cq
     var_g = seg(s_rec) - s_q  # = gΣgᵀ
-    return s_rec, s_q, var_g
+    return Subtree(s_rec, s_q, var_g, _blend_variance(w_rec, var_o, var_c), _blend_variance(w_q, var_oq, var_cq))
 
 
 def make_consistent(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams, rec: Blended,
@@ -114,7 +125,8 @@ def make_consistent(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlg
     resid = seg(rec.p) - qry.p  # g·y of every query
     at = optin.p_record
     for _ in range(max_passes):
-        s_rec, s_q, var_g = subtree_covariances(optin, client, lp, rec.weight_optin, qry.weight_optin, at)
+        sub = subtree_covariances(optin, client, lp, rec.weight_optin, qry.weight_optin, at)
+        s_rec, s_q, var_g = sub.cov_rec, sub.cov_q, sub.var_g
         ok = var_g > 1e-12 * np.abs(s_q).max(initial=1e-300)  # else the query is consistent already
         step = np.divide(resid, var_g, out=np.zeros(k), where=ok)
         p_rec = rec.p - s_rec * step[eq]
@@ -128,30 +140,16 @@ def make_consistent(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlg
     p_q = np.where(ok | single, seg(p_rec), qry.p)
     # reported variance: the blend's MSE times 1 − ρ², ρ = Corr(y_i, g·y) under the same Σ
     inv_g = np.divide(1.0, var_g, out=np.zeros(k), where=ok)
-    fix_rec, fix_q = _fixed_weight_variances(optin, client, lp, rec.weight_optin, qry.weight_optin, at)
-    var_rec = rec.var * _kept_share(s_rec * s_rec * inv_g[eq], fix_rec)
-    var_q = qry.var * _kept_share(s_q * s_q * inv_g, fix_q)
+    var_rec = rec.var * _kept_share(s_rec * s_rec * inv_g[eq], sub.var_rec)
+    var_q = qry.var * _kept_share(s_q * s_q * inv_g, sub.var_q)
     return Blended(p_rec, var_rec, rec.weight_optin), Blended(p_q, var_q, qry.weight_optin)
 
 
-def _fixed_weight_variances(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams, w_rec: np.ndarray,
-                            w_q: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Σ's diagonal: w²σ²_O + (1 − w)²σ²_C of every record and query at the records ``at`` (clamped; the
-    queries at their sums), the point where :func:`subtree_covariances` evaluates the rest of Σ. A group
-    with weight 0 adds nothing (its variance may be infinite)."""
-    from hybriddp.client_estimates import client_variances
-
-    hl = optin.head_list
-    p = np.clip(np.nan_to_num(at), 0.0, 1.0)
-    p_q = np.minimum(np.bincount(hl.entry_query, weights=p, minlength=hl.k), 1.0)
-    vo_r, vo_q = optin.variances_at(p, p_q)
-    vc_r, vc_q = client_variances(p, p_q, hl, lp, client.n)
-
-    def fixed(w: np.ndarray, vo: np.ndarray, vc: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore"):
-            return np.where(w > 0, w * w * vo, 0.0) + np.where(w < 1, (1 - w) ** 2 * vc, 0.0)
-
-    return fixed(w_rec, vo_r, vc_r), fixed(w_q, vo_q, vc_q)
+def _blend_variance(w: np.ndarray, var_o: np.ndarray, var_c: np.ndarray) -> np.ndarray:
+    """w²σ²_O + (1 − w)²σ²_C, the variance of a blend with fixed weights; a group with weight 0 adds nothing
+    (its variance may be infinite)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(w > 0, w * w * var_o, 0.0) + np.where(w < 1, (1 - w) ** 2 * var_c, 0.0)
 
 
 def _kept_share(reduction: np.ndarray, fixed: np.ndarray) -> np.ndarray:

@@ -70,7 +70,9 @@ def test_file_workflow_with_parquet_reports(spark, log_dir: Path, tmp_path: Path
     jsonl = json.loads(invoke(*common, "--reports", tmp_path / "r.jsonl").stdout)
     numpy_pq = json.loads(invoke(*common, "--reports", tmp_path / "r.parquet").stdout)
     spark_pq = json.loads(invoke(*common, "--reports", tmp_path / "r.parquet", "--engine", "spark").stdout)
-    assert jsonl == numpy_pq == spark_pq
+    strict = json.loads(invoke(*common, "--reports", tmp_path / "r.parquet", "--engine", "spark",
+                               "--strict-ids").stdout)
+    assert jsonl == numpy_pq == spark_pq == strict
     run = json.loads(invoke("run", "--input", log_dir, *KNOBS, "--json").stdout)
     assert [r["p_blended"] for r in spark_pq["records"]] == [r["p_blended"] for r in run["records"]]
 
@@ -82,6 +84,9 @@ def test_engine_errors(spark, log_dir: Path, tmp_path: Path) -> None:
     r = invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", tmp_path / "r.jsonl",
                "--engine", "spark", ok=False)
     assert_clean_error(r, "--engine spark reads Parquet reports", "--engine numpy")
+    r = invoke("estimate", "--headlist", hl, "--optin-estimates", est, "--reports", tmp_path / "r.jsonl",
+               "--strict-ids", ok=False)
+    assert_clean_error(r, "--strict-ids is for --engine spark")
     r = invoke("run", "--input", log_dir, "--spark-master", "local[1]", ok=False)
     assert_clean_error(r, "--spark-master needs --engine spark")
     r = invoke("run", "--input", log_dir, "--engine", "spark", "--algorithm", "central", ok=False)

@@ -129,13 +129,32 @@ def test_bad_reports_refused_like_the_server(spark, tmp_path: Path) -> None:
         ("id", ("short", 0, served.hash, good[3], good[4]), DataError, "message id 'short'"),
         ("query", (other, 0, served.hash, "never listed", None), DataError,
          "query 'never listed' is not in the head list"),
+        ("url", (other, 0, served.hash, served.headlist["queries"][0]["query"], "never.listed"), DataError,
+         "URL 'never.listed' is not in the head list for query"),
+        ("wildcard-url", (other, 0, served.hash, None, "x.org"), DataError, "wildcard query has only the wildcard"),
+        ("order", (other, 3, "sha256:" + "0" * 64, good[3], good[4]), HeadListError, "report made for head list"),
+        ("charset", ("!" * 22, 0, served.hash, good[3], good[4]), DataError, "message id '!!!!"),
     ]
     for name, row, exc, text in cases:
         path = _write_rows(tmp_path / name, [good, row])
         with pytest.raises(exc, match=text):
-            count_reports_spark(spark, served, path)
+            count_reports_spark(spark, served, path, strict_ids=True)
+        if name != "charset":
+            with pytest.raises(exc, match=text):
+                count_reports_spark(spark, served, path)
         with pytest.raises((DataError, HeadListError)):  # the one-process server refuses too
             count_messages(served, [m for _, m in read_parquet_messages(path)])
+
+
+def test_id_characters_checked_only_when_strict(spark, tmp_path: Path) -> None:
+    """By default an id's length is checked, not its characters: a 22-byte id counts as any other."""
+    _, _, served, messages = _release_and_messages("m1")
+    q, u = messages[0]["reports"][0]["query"], messages[0]["reports"][0]["url"]
+    path = _write_rows(tmp_path / "r", [(messages[0]["id"], 0, served.hash, q, u), ("!" * 22, 0, served.hash, q, u),
+                                        ("!" * 22, 0, served.hash, q, u)])
+    got = count_reports_spark(spark, served, path)
+    entry = MessageCounter(served).entry_map[(q, u)]
+    assert (got.counts[entry], got.counts.sum(), got.messages, got.duplicates, got.rows) == (2, 2, 2, 1, 3)
 
 
 def test_missing_column_named(spark, tmp_path: Path) -> None:

@@ -22,13 +22,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hybriddp.errors import DataError, HeadListError
+from hybriddp.errors import DataError, HeadListError, HybridDPError
 from hybriddp.io.parquet_reports import REPORT_SCHEMA, check_report_schema, report_files
 from hybriddp.parties.release import CuratorRelease
 from hybriddp.parties.server import MessageCounter, ReportCounts
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 _ID_PATTERN = "^[A-Za-z0-9_-]{22}$"
 WRONG_HEADLIST, BAD_ID, TOO_MANY, NOT_LISTED = -2, -3, -4, -1
@@ -77,39 +77,70 @@ def _arrow_type(spark_type: str) -> pa.DataType:
             "tinyint": pa.int8()}.get(spark_type, pa.binary())
 
 
-def count_reports_spark(spark: SparkSession, release: CuratorRelease, path: ReportPaths) -> SparkCounts:
+def report_key(query: Column, url: Column) -> Column:
+    """A 64-bit key of a report (query, url), null (wildcard) told apart from every string."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(query, url, query.isNull(), url.isNull())
+
+
+def _partitions(spark: SparkSession, path: ReportPaths) -> int:
+    """Shuffle partitions for deduplicating the reports at ``path``: one per ~40 MB of local Parquet.
+
+    Each partition's distinct (id, pos) hashes are held in one hash table: ~40 MB of Parquet is
+    ~1.6 M reports, ~130 MB of table, which two tasks at a time keep in a 2 GB driver without
+    spilling (16 partitions for 10⁸ reports took 1.7 times as long as 64, in a 1 GB driver). Remote paths:
+    ``spark.sql.shuffle.partitions``.
+    """
+    configured = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    if any("://" in str(p) for p in paths):
+        return configured
+    size = sum(f.stat().st_size for f in report_files(paths))
+    return max(configured, -(-size // (40 << 20)))
+
+
+def count_reports_spark(spark: SparkSession, release: CuratorRelease, path: ReportPaths, *,
+                        strict_ids: bool = False) -> SparkCounts:
     """Counts of reports per head-list entry of ``release`` from the Parquet reports at ``path`` (one or several).
 
     Raises the :class:`DataError` / :class:`HeadListError` the server raises for the first bad
     row found (file and message id named), so a refused directory is refused on every engine.
+    Every id must be 22 bytes long; ``strict_ids`` also checks its characters (URL-safe base64,
+    as the service does on arrival), a regular expression per row that costs ~60% more time.
     """
     from pyspark.sql import functions as F
 
     df = read_reports(spark, path)
-    entries = spark.createDataFrame(entry_table(release))
-    joined = df.join(F.broadcast(entries), df["query"].eqNullSafe(entries["q"]) & df["url"].eqNullSafe(entries["u"]),
-                     "left")
-    code = (F.when(F.col("id").isNull() | ~F.col("id").rlike(_ID_PATTERN), F.lit(BAD_ID))
+    rid, pos = F.col("id"), F.col("pos")
+    bad_id = rid.isNull() | (F.octet_length(rid) != 22)
+    if strict_ids:
+        bad_id = bad_id | ~rid.rlike(_ID_PATTERN)
+    code = (F.when(bad_id, F.lit(BAD_ID))
             .when(F.col("headlist").isNull() | (F.col("headlist") != release.hash), F.lit(WRONG_HEADLIST))
-            .when(F.col("pos").isNull() | (F.col("pos") < 0) | (F.col("pos") >= release.m_c), F.lit(TOO_MANY))
-            .otherwise(F.coalesce(F.col("entry"), F.lit(NOT_LISTED))))
-    # one shuffle, keyed by a 128-bit hash of (id, pos) instead of the id string (less than half the bytes):
-    # the copies of a resent report collapse into one row
-    dedup = (joined.select(F.xxhash64("id", "pos").alias("h1"), F.xxhash64("pos", "id").alias("h2"),
-                           code.alias("code"), (F.col("pos") == 0).cast("int").alias("first"))
+            .when(pos.isNull() | (pos < 0) | (pos >= release.m_c), F.lit(TOO_MANY))
+            .otherwise(report_key(F.col("query"), F.col("url"))))
+    # one shuffle of three longs per row, keyed by a 128-bit hash of (id, pos): the copies of a resent report
+    # collapse into one row. The explicit repartition makes the deduplication a single hash aggregation after
+    # the shuffle (a partial one before it would find nothing to merge); the per-code totals after it are
+    # aggregated before their own (tiny) shuffle. The low bit of "tagged" is pos == 0 (a message's first row).
+    tagged = F.shiftleft(code, 1).bitwiseOR(F.coalesce((pos == 0).cast("long"), F.lit(0)))
+    dedup = (df.select(F.xxhash64("id", "pos").alias("h1"), F.xxhash64("pos", "id").alias("h2"), tagged.alias("t"))
+             .repartition(_partitions(spark, path), "h1", "h2")
              .groupBy("h1", "h2")
-             .agg(F.count(F.lit(1)).alias("copies"), F.min("code").alias("code"), F.max("code").alias("code_max"),
-                  F.min("first").alias("first")))
-    rows = (dedup.groupBy("code", (F.col("code") != F.col("code_max")).alias("conflict"))
-            .agg(F.count(F.lit(1)).alias("n"), F.sum("first").alias("firsts"), F.sum("copies").alias("rows"),
-                 F.sum(F.col("first") * (F.col("copies") - 1)).alias("dups"))
+             .agg(F.count(F.lit(1)).alias("copies"), F.min("t").alias("t"), F.max("t").alias("t_max")))
+    rows = (dedup.groupBy("t", (F.col("t") != F.col("t_max")).alias("conflict"))
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("copies").alias("rows"))
             .collect())
-    found = {r["code"] for r in rows}
-    for problem in (BAD_ID, WRONG_HEADLIST, TOO_MANY, NOT_LISTED):  # the server's order of checks
+    codes = _entry_codes(spark, release)
+    found = {r["t"] >> 1 for r in rows}  # the code of each row kind (an arithmetic shift drops the tag bit)
+    for problem in (BAD_ID, WRONG_HEADLIST, TOO_MANY):  # the server's order of checks
         if problem in found:
-            _explain(joined, release, problem)
+            _explain(df, release, problem, strict_ids)
+    if found - set(codes):  # a report key of no head-list entry
+        _explain(df, release, NOT_LISTED, strict_ids)
     if any(r["conflict"] for r in rows):
-        r = (joined.select("id", "pos", code.alias("code")).groupBy("id", "pos")
+        r = (df.select("id", "pos", code.alias("code")).groupBy("id", "pos")
              .agg(F.min("code").alias("code"), F.max("code").alias("code_max"))
              .filter(F.col("code") != F.col("code_max")).first())
         raise DataError(f"message {r['id']}: sent more than once with different reports at pos = {r['pos']}; a "
@@ -117,26 +148,52 @@ def count_reports_spark(spark: SparkSession, release: CuratorRelease, path: Repo
     counts = np.zeros(release.head_list.n_entries, dtype=np.int64)
     out = SparkCounts(counts)
     for r in rows:
-        counts[r["code"]] = r["n"]
-        out.messages += int(r["firsts"])
-        out.duplicates += int(r["dups"])
+        counts[codes[r["t"] >> 1]] += r["n"]
+        first = r["t"] & 1
+        out.messages += int(r["n"]) * first
+        out.duplicates += (int(r["rows"]) - int(r["n"])) * first
         out.rows += int(r["rows"])
     out.reports = int(counts.sum())
     return out
 
 
-def _explain(joined: DataFrame, release: CuratorRelease, code: int) -> None:
-    """Raise the server's error for one row of the first kind of problem found (``joined``: rows with ``entry``)."""
+def _entry_codes(spark: SparkSession, release: CuratorRelease) -> dict[int, int]:
+    """{report key: head-list entry} for every report a device can send for ``release``.
+
+    The keys are 64-bit hashes, computed by the same Spark expression as the rows'; a report not on
+    the head list takes a listed report's key with probability ~entries/2⁶³ per distinct report.
+    """
     from pyspark.sql import functions as F
 
-    src = joined.withColumn("file", F.input_file_name())
+    table = spark.createDataFrame(entry_table(release))
+    key = F.shiftright(F.shiftleft(report_key(F.col("q"), F.col("u")), 1), 1)  # as the rows' tag leaves it
+    codes = {int(r["k"]): int(r["entry"]) for r in table.select(key.alias("k"), "entry").collect()}
+    if len(codes) < table.count() or codes.keys() & {BAD_ID, WRONG_HEADLIST, TOO_MANY, NOT_LISTED}:
+        raise HybridDPError(f"two reports of head list {release.hash[:19]}… share a 64-bit report key (chance "
+                            "~2⁻⁵⁰); count this round with the NumPy engine (hybriddp estimate --reports)")
+    return codes
+
+
+def _explain(df: DataFrame, release: CuratorRelease, code: int, strict_ids: bool) -> None:
+    """Raise the server's error for one row of this kind of problem (``df``: the reports).
+
+    Only runs when the counting job found a problem: the rows are joined with the head list here.
+    """
+    from pyspark.sql import functions as F
+
+    entries = df.sparkSession.createDataFrame(entry_table(release))
+    src = (df.join(F.broadcast(entries), df["query"].eqNullSafe(entries["q"]) & df["url"].eqNullSafe(entries["u"]),
+                   "left")
+           .withColumn("file", F.input_file_name()))
+    rid = F.col("id")
+    bad_id = rid.isNull() | (F.octet_length(rid) != 22) | (~rid.rlike(_ID_PATTERN) if strict_ids else F.lit(False))
     if code == WRONG_HEADLIST:
         r = src.filter(F.col("headlist").isNull() | (F.col("headlist") != release.hash)).first()
         raise HeadListError(f"{r['file']}, message {r['id']}: report made for head list {str(r['headlist'])[:19]}…, "
                             f"expected {release.hash[:19]}…; devices must randomize over the head list being "
                             "estimated")
     if code == BAD_ID:
-        r = src.filter(F.col("id").isNull() | ~F.col("id").rlike(_ID_PATTERN)).first()
+        r = src.filter(bad_id).first()
         raise DataError(f"{r['file']}: message id {r['id']!r:.40} is not 22 URL-safe base64 characters (16 random "
                         "bytes); ids are made by hybriddp.device.new_message_id")
     if code == TOO_MANY:
@@ -145,6 +202,9 @@ def _explain(joined: DataFrame, release: CuratorRelease, code: int) -> None:
                         f"m_C = {release.m_c} per device (pos 0 … {release.m_c - 1}); a device sends at most m_C "
                         "reports (refused: counting more would break the devices' privacy accounting)")
     r = src.filter(F.col("entry").isNull()).first()
+    if r is None:
+        raise HybridDPError("the Spark count found a report key of no head-list entry but no unlisted report; "
+                            "count this round with the NumPy engine (hybriddp estimate --reports)")
     queries = {q["query"] for q in release.headlist["queries"]}
     where = f"{r['file']}, message {r['id']}"
     if r["query"] is None:

@@ -8,7 +8,10 @@ generated entries. Prints a table, or one JSON object with ``--json``:
 
     reports, rows_written, duplicates_dropped, files, bytes_on_disk, seconds_generate,
     seconds_local1, seconds_local2, reports_per_s (local[2]), reports_per_s_local1, speedup,
-    equal_to_numpy, spark_start_seconds_local1, spark_start_seconds_local2
+    equal_to_numpy, spark_start_seconds_local1, spark_start_seconds_local2, cpus_local1, cpus_local2,
+    strict_ids
+
+``local[N]`` runs pinned to N CPUs (``cpus_local*``; null = not pinned, ``--no-pin`` or too few CPUs).
 
 ``equal_to_numpy``: both Spark runs' counts equal ``np.bincount`` of the generated entries (the
 NumPy backend's count) and both counted exactly N messages.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -61,23 +65,39 @@ def worker(args: argparse.Namespace) -> None:
 
     rel = load_release(args.headlist, args.estimates)
     t0 = time.perf_counter()
-    spark = spark_session(args.master, {"spark.driver.memory": args.driver_memory,
-                                        "spark.sql.shuffle.partitions": str(args.shuffle_partitions),
-                                        "spark.sql.files.maxPartitionBytes": "64m"})
+    conf = {"spark.driver.memory": args.driver_memory, "spark.sql.files.maxPartitionBytes": "64m"}
+    if args.shuffle_partitions:
+        conf["spark.sql.shuffle.partitions"] = str(args.shuffle_partitions)
+    spark = spark_session(args.master, conf)
     t1 = time.perf_counter()
-    got = count_reports_spark(spark, rel, args.dir)
+    got = count_reports_spark(spark, rel, args.dir, strict_ids=args.strict_ids)
     t2 = time.perf_counter()
     spark.stop()
     print(json.dumps({"start": t1 - t0, "seconds": t2 - t1, "counts": got.counts.tolist(),
                       "messages": got.messages, "duplicates": got.duplicates, "rows": got.rows}))
 
 
+def cpus_for(master: str) -> set[int] | None:
+    """The first N CPUs this process may use, for ``local[N]`` (None: fewer than N, so not pinned)."""
+    n = int(master[len("local["):-1])
+    allowed = sorted(os.sched_getaffinity(0))
+    return set(allowed[:n]) if len(allowed) >= n else None
+
+
 def measure(master: str, args: argparse.Namespace, hl: str, est: str, data: Path) -> dict[str, Any]:
+    """One fresh process counting ``data`` on ``master``, pinned to as many CPUs as it has threads.
+
+    Without the pinning ``local[1]`` would not be one core: the JVM's garbage collector, JIT
+    compiler and I/O threads would run on the second core (that made 1 → 2 threads look like a
+    speed-up of 1.65 instead of the 1.85 measured pinned, for 10⁸ reports; docs/SCALE.md).
+    """
+    cpus = None if args.no_pin else cpus_for(master)
     cmd = [sys.executable, __file__, "--worker", "--master", master, "--dir", str(data), "--headlist", hl,
            "--estimates", est, "--driver-memory", args.driver_memory,
-           "--shuffle-partitions", str(args.shuffle_partitions)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+           "--shuffle-partitions", str(args.shuffle_partitions or 0)] + (["--strict-ids"] if args.strict_ids else [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "cpus": len(cpus) if cpus else None}
 
 
 def main() -> None:
@@ -89,8 +109,13 @@ def main() -> None:
                     help="Directory for the generated Parquet reports (default: a temporary directory, removed).")
     ap.add_argument("--keep", action="store_true", help="Keep the generated reports (with --workdir).")
     ap.add_argument("--driver-memory", default="2g", help="spark.driver.memory of each local run (default 2g).")
-    ap.add_argument("--shuffle-partitions", type=int, default=16,
-                    help="spark.sql.shuffle.partitions (default 16).")
+    ap.add_argument("--shuffle-partitions", type=int, default=0,
+                    help="At least this many shuffle partitions (default 0: one per ~40 MB of reports, "
+                         "hybriddp.backends.spark_reports chooses).")
+    ap.add_argument("--strict-ids", action="store_true",
+                    help="Count with strict_ids=True (every id's characters checked, as `estimate --strict-ids`).")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="Do not pin local[N] to N CPUs (local[1] then also uses other cores for the JVM's threads).")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
@@ -130,6 +155,8 @@ def main() -> None:
         "speedup": round(s1 / s2, 3), "equal_to_numpy": equal,
         "spark_start_seconds_local1": round(runs["local[1]"]["start"], 2),
         "spark_start_seconds_local2": round(runs["local[2]"]["start"], 2),
+        "cpus_local1": runs["local[1]"]["cpus"], "cpus_local2": runs["local[2]"]["cpus"],
+        "strict_ids": args.strict_ids,
     }
     if tmp:
         tmp.cleanup()

@@ -89,8 +89,8 @@ def _partitions(spark: SparkSession, path: ReportPaths) -> int:
 
     Each partition's distinct (id, pos) hashes are held in one hash table: ~40 MB of Parquet is
     ~1.6 M reports, ~130 MB of table, which two tasks at a time keep in a 2 GB driver without
-    spilling (16 partitions for 10⁸ reports took 1.7 times as long as 64, in a 1 GB driver). Remote paths:
-    ``spark.sql.shuffle.partitions``.
+    spilling (16 partitions for 10⁸ reports took 1.7 times as long as 64, in a 1 GB driver).
+    Remote paths: ``spark.sql.shuffle.partitions``.
     """
     configured = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
     paths = [path] if isinstance(path, (str, Path)) else list(path)
@@ -165,10 +165,11 @@ def _entry_codes(spark: SparkSession, release: CuratorRelease) -> dict[int, int]
     """
     from pyspark.sql import functions as F
 
-    table = spark.createDataFrame(entry_table(release))
+    entries = entry_table(release)
+    table = spark.createDataFrame(entries)
     key = F.shiftright(F.shiftleft(report_key(F.col("q"), F.col("u")), 1), 1)  # as the rows' tag leaves it
     codes = {int(r["k"]): int(r["entry"]) for r in table.select(key.alias("k"), "entry").collect()}
-    if len(codes) < table.count() or codes.keys() & {BAD_ID, WRONG_HEADLIST, TOO_MANY, NOT_LISTED}:
+    if len(codes) < entries.num_rows or codes.keys() & {BAD_ID, WRONG_HEADLIST, TOO_MANY, NOT_LISTED}:
         raise HybridDPError(f"two reports of head list {release.hash[:19]}… share a 64-bit report key (chance "
                             "~2⁻⁵⁰); count this round with the NumPy engine (hybriddp estimate --reports)")
     return codes

@@ -176,3 +176,17 @@ def test_resent_message_with_other_reports_refused(spark, tmp_path: Path) -> Non
     path = _write_rows(tmp_path / "c", [(msg["id"], 0, served.hash, q, u), (msg["id"], 0, served.hash, *other)])
     with pytest.raises(DataError, match=f"message {msg['id']}: sent more than once with different reports"):
         count_reports_spark(spark, served, path)
+
+
+def test_colliding_report_keys_refused_not_miscounted(spark, tmp_path: Path, monkeypatch) -> None:
+    """If two listed reports shared a 64-bit key, counts could not be told apart: refuse, name the fix."""
+    from pyspark.sql import functions as F
+
+    import hybriddp.backends.spark_reports as sr
+    from hybriddp.errors import HybridDPError
+
+    _, _, served, messages = _release_and_messages("m1")
+    write_reports_parquet(tmp_path / "r.parquet", messages[:50])
+    monkeypatch.setattr(sr, "report_key", lambda q, u: F.xxhash64(F.lit(1)))  # every report, one key
+    with pytest.raises(HybridDPError, match="share a 64-bit report key"):
+        count_reports_spark(spark, served, tmp_path / "r.parquet")

@@ -53,9 +53,14 @@ def blend(p_o: np.ndarray, var_o: np.ndarray, p_c: np.ndarray, var_c: np.ndarray
         w = np.where(np.isinf(vc), 1.0, vc / (vo + vc))
     w = np.where(np.isinf(vo) & np.isinf(vc), 0.5, w)
     p = w * np.nan_to_num(p_o) + (1.0 - w) * np.nan_to_num(p_c)
+    return Blended(p, fixed_weight_variance(w, vo, vc), w)
+
+
+def fixed_weight_variance(w: np.ndarray, var_o: np.ndarray, var_c: np.ndarray) -> np.ndarray:
+    """w²σ²_O + (1 − w)²σ²_C, the variance of a blend whose weights are fixed (Fig. 7 line 4); a group
+    with weight 0 adds nothing (its variance may be infinite)."""
     with np.errstate(invalid="ignore"):
-        var = np.where(w == 0, vc, np.where(w == 1, vo, w * w * vo + (1 - w) ** 2 * vc))
-    return Blended(p, var, w)
+        return np.where(w == 0, var_c, np.where(w == 1, var_o, w * w * var_o + (1 - w) ** 2 * var_c))
 
 
 def project_to_simplex(v: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from hybriddp.blend import Blended
+from hybriddp.blend import Blended, fixed_weight_variance
 from hybriddp.client_estimates import _Geometry, client_variances
 
 CONSISTENT_MAX_PASSES = 100
@@ -106,7 +106,8 @@ def subtree_covariances(optin: OptinEstimates, client: ClientEstimates, lp: Loca
                                                  cq[eq])  # a single entry is its query's direct estimate
         s_q = s_q + (1.0 - w_q) * cq
     var_g = seg(s_rec) - s_q  # = gΣgᵀ
-    return Subtree(s_rec, s_q, var_g, _blend_variance(w_rec, var_o, var_c), _blend_variance(w_q, var_oq, var_cq))
+    return Subtree(s_rec, s_q, var_g, fixed_weight_variance(w_rec, var_o, var_c),
+                   fixed_weight_variance(w_q, var_oq, var_cq))
 
 
 def make_consistent(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgParams, rec: Blended,
@@ -143,13 +144,6 @@ def make_consistent(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlg
     var_rec = rec.var * _kept_share(s_rec * s_rec * inv_g[eq], sub.var_rec)
     var_q = qry.var * _kept_share(s_q * s_q * inv_g, sub.var_q)
     return Blended(p_rec, var_rec, rec.weight_optin), Blended(p_q, var_q, qry.weight_optin)
-
-
-def _blend_variance(w: np.ndarray, var_o: np.ndarray, var_c: np.ndarray) -> np.ndarray:
-    """w²σ²_O + (1 − w)²σ²_C, the variance of a blend with fixed weights; a group with weight 0 adds nothing
-    (its variance may be infinite)."""
-    with np.errstate(invalid="ignore"):
-        return np.where(w > 0, w * w * var_o, 0.0) + np.where(w < 1, (1 - w) ** 2 * var_c, 0.0)
 
 
 def _kept_share(reduction: np.ndarray, fixed: np.ndarray) -> np.ndarray:

@@ -112,13 +112,11 @@ def count_reports_spark(spark: SparkSession, release: CuratorRelease, path: Repo
     from pyspark.sql import functions as F
 
     df = read_reports(spark, path)
-    rid, pos = F.col("id"), F.col("pos")
-    bad_id = rid.isNull() | (F.octet_length(rid) != 22)
-    if strict_ids:
-        bad_id = bad_id | ~rid.rlike(_ID_PATTERN)
-    code = (F.when(bad_id, F.lit(BAD_ID))
-            .when(F.col("headlist").isNull() | (F.col("headlist") != release.hash), F.lit(WRONG_HEADLIST))
-            .when(pos.isNull() | (pos < 0) | (pos >= release.m_c), F.lit(TOO_MANY))
+    pos = F.col("pos")
+    bad = _bad_rows(release, strict_ids)
+    code = (F.when(bad[BAD_ID], F.lit(BAD_ID))
+            .when(bad[WRONG_HEADLIST], F.lit(WRONG_HEADLIST))
+            .when(bad[TOO_MANY], F.lit(TOO_MANY))
             .otherwise(report_key(F.col("query"), F.col("url"))))
     # one shuffle of three longs per row, keyed by a 128-bit hash of (id, pos): the copies of a resent report
     # collapse into one row. The explicit repartition makes the deduplication a single hash aggregation after
@@ -157,6 +155,17 @@ def count_reports_spark(spark: SparkSession, release: CuratorRelease, path: Repo
     return out
 
 
+def _bad_rows(release: CuratorRelease, strict_ids: bool) -> dict[int, Column]:
+    """The server's checks as Spark conditions, true on a row that fails: {BAD_ID, WRONG_HEADLIST, TOO_MANY: …}."""
+    from pyspark.sql import functions as F
+
+    rid, pos, headlist = F.col("id"), F.col("pos"), F.col("headlist")
+    bad_id = rid.isNull() | (F.octet_length(rid) != 22)
+    return {BAD_ID: bad_id | ~rid.rlike(_ID_PATTERN) if strict_ids else bad_id,
+            WRONG_HEADLIST: headlist.isNull() | (headlist != release.hash),
+            TOO_MANY: pos.isNull() | (pos < 0) | (pos >= release.m_c)}
+
+
 def _entry_codes(spark: SparkSession, release: CuratorRelease) -> dict[int, int]:
     """{report key: head-list entry} for every report a device can send for ``release``.
 
@@ -186,19 +195,18 @@ def _explain(df: DataFrame, release: CuratorRelease, code: int, strict_ids: bool
     src = (df.join(F.broadcast(entries), df["query"].eqNullSafe(entries["q"]) & df["url"].eqNullSafe(entries["u"]),
                    "left")
            .withColumn("file", F.input_file_name()))
-    rid = F.col("id")
-    bad_id = rid.isNull() | (F.octet_length(rid) != 22) | (~rid.rlike(_ID_PATTERN) if strict_ids else F.lit(False))
+    bad = _bad_rows(release, strict_ids)
     if code == WRONG_HEADLIST:
-        r = src.filter(F.col("headlist").isNull() | (F.col("headlist") != release.hash)).first()
+        r = src.filter(bad[WRONG_HEADLIST]).first()
         raise HeadListError(f"{r['file']}, message {r['id']}: report made for head list {str(r['headlist'])[:19]}…, "
                             f"expected {release.hash[:19]}…; devices must randomize over the head list being "
                             "estimated")
     if code == BAD_ID:
-        r = src.filter(bad_id).first()
+        r = src.filter(bad[BAD_ID]).first()
         raise DataError(f"{r['file']}: message id {r['id']!r:.40} is not 22 URL-safe base64 characters (16 random "
                         "bytes); ids are made by hybriddp.device.new_message_id")
     if code == TOO_MANY:
-        r = src.filter(F.col("pos").isNull() | (F.col("pos") < 0) | (F.col("pos") >= release.m_c)).first()
+        r = src.filter(bad[TOO_MANY]).first()
         raise DataError(f"{r['file']}: message {r['id']} has a report at pos = {r['pos']} but the head list allows "
                         f"m_C = {release.m_c} per device (pos 0 … {release.m_c - 1}); a device sends at most m_C "
                         "reports (refused: counting more would break the devices' privacy accounting)")

@@ -23,17 +23,17 @@ from hybriddp.audit import (
     betainc,
     clopper_pearson_lower,
     clopper_pearson_upper,
+    head_list_release,
     headlist_audit,
     localalg_audit,
     make_audit,
-    optin_estimate_audit,
+    optin_release,
     run_audit,
 )
 from hybriddp.cli import cli
-from hybriddp.curator import create_head_list, create_head_list_with_counts, estimate_optin_probabilities
 from hybriddp.device import budget_split, keep_probability
 from hybriddp.errors import ParameterError
-from hybriddp.headlist import WILDCARD, HeadList
+from hybriddp.headlist import HeadList
 from hybriddp.noise import discrete_laplace_pmf, noise_factory
 from hybriddp.randomizer import LocalAlgParams, output_distribution, privacy_loss_delta
 
@@ -129,18 +129,26 @@ def test_broken_localalg_is_caught() -> None:
     assert good_res.epsilon_lower_bound < 1.0
 
 
-def test_headlist_delta_is_measured_and_not_exceeded() -> None:
-    """The δ-dominated pair (r once vs absent): ε_lb is 0 whatever δ, δ_lb is positive and ≤ δ."""
-    trials = 500_000
-    spec = headlist_audit(4.0, 1e-2, trials=trials)
-    res = run_audit(spec, trials, np.random.default_rng(4))
-    presence = [r for r in res.tests if r.scenario.startswith("r present")]
-    assert all(r.epsilon_lower_bound == 0.0 for r in presence)
+@pytest.mark.parametrize("m_o", [1, 2, 3])
+def test_headlist_delta_is_measured_and_not_exceeded(m_o: int) -> None:
+    """The δ-dominated pair (r held m_O times vs absent): ε_lb is 0 whatever δ, δ_lb is positive and ≤ δ, and the
+    event's frequency matches its closed form P[m_O + Y > τ_d] ≤ δ/2 (5 standard errors)."""
+    trials = 400_000
+    spec = headlist_audit(4.0, 1e-2, trials=trials, m_o=m_o)
+    presence = spec.scenarios[1]
+    assert presence.name.startswith("r present")
+    res = run_audit(MechanismAudit("headlist", 4.0, 1e-2, (presence,), spec.details), trials,
+                    np.random.default_rng(4))
+    assert all(r.epsilon_lower_bound == 0.0 for r in res.tests)
     assert 0.0 < res.delta_lower_bound <= 1e-2
-    assert spec.details["single_record_survival"] <= 1e-2 / 2
+    p = spec.details["presence_survival"]
+    assert p <= 1e-2 / 2
+    k = res.tests[0].count_x
+    assert abs(k / trials - p) <= 5 * math.sqrt(p / trials)
+    assert res.tests[0].count_x_prime == 0
 
 
-# ----- the vectorized adapters are the real functions ------------------------------------------
+# ----- the adapters run the library and read its release back ----------------------------------
 
 
 class ReplayNoise:
@@ -165,70 +173,46 @@ class ReplayNoise:
         return self.real.head_list_threshold(epsilon, delta, m_o)  # type: ignore[attr-defined]
 
 
-def _kept(hl: HeadList, query: int, url: int) -> bool:
-    return bool(hl.entry_url[hl.map_records(np.array([query]), np.array([url]))[0]] != WILDCARD)
+@pytest.mark.parametrize("noise", ["discrete", "laplace"])
+@pytest.mark.parametrize("m_o", [1, 2])
+def test_head_list_release_is_the_library_release_trial_by_trial(monkeypatch: pytest.MonkeyPatch, noise: str,
+                                                                m_o: int) -> None:
+    """create_head_list_with_counts on the disjoint copies releases, for trial i, N(r) + Y_r of each record r with
+    N(r) + Y_r > τ and nothing for the others (ALGORITHM.md §3.3), one draw per present record in trial order;
+    a record of count 0 is never released. Small blocks, so several library calls share the draws."""
+    import hybriddp.audit.curator as audit_curator
+
+    monkeypatch.setattr(audit_curator, "BLOCK_ROWS", 50)
+    eps, delta, trials = 4.0, 1e-2, 400
+    real = noise_factory(noise)(np.random.default_rng(3))
+    tau = real.head_list_threshold(eps, delta, m_o)
+    counts = np.array([math.floor(tau), 0, math.floor(tau) + 2])
+    draws = real.sample(2.0 * m_o / eps, 2 * trials).reshape(trials, 2)  # records 0 and 2 of each trial
+    out = head_list_release(counts, trials, ReplayNoise(real, draws.ravel()), epsilon=eps, delta=delta, m_o=m_o)
+    noisy = counts[[0, 2]] + draws
+    np.testing.assert_array_equal(out[:, [0, 2]], np.where(noisy > tau, noisy, np.nan))
+    assert np.isnan(out[:, 1]).all()
+    assert 0 < np.isnan(out[:, 0]).sum() < trials and 0 < np.isnan(out[:, 2]).sum() < trials  # both branches
 
 
 @pytest.mark.parametrize("noise", ["discrete", "laplace"])
-def test_headlist_adapter_is_create_head_list(noise: str) -> None:
-    """Given the same noise, CreateHeadList itself keeps exactly what the adapter says, trial by trial."""
-    trials, eps, delta = 1500, 4.0, 1e-2
-    spec = headlist_audit(eps, delta, noise=noise, trials=trials)
-    swap, presence, _ = spec.scenarios
-    factory = noise_factory(noise)
-    b = 2.0 / eps
-    c1, c2 = spec.details["counts_x"]
+def test_optin_release_is_the_library_release_trial_by_trial(monkeypatch: pytest.MonkeyPatch, noise: str) -> None:
+    """estimate_optin_probabilities on the disjoint copies gives N̂ = p̂_O·|D_T| = N(r) + Y_r for every record, one
+    draw per HL_S entry in entry order (the trials' URLs, then ⟨0,*⟩ and ⟨*,*⟩), several blocks."""
+    import hybriddp.audit.curator as audit_curator
 
-    keep_x, keep_xp = swap.adapter(np.random.default_rng(8), trials)
-    src = factory(np.random.default_rng(8))
-    y_x, y_xp = src.sample(b, 2 * trials).reshape(trials, 2), src.sample(b, 2 * trials).reshape(trials, 2)
-    for counts, keeps, draws in (((c1, c2), keep_x, y_x), ((c1 - 1, c2 + 1), keep_xp, y_xp)):
-        query = np.zeros(sum(counts), dtype=np.int64)
-        url = np.repeat([0, 1], counts)  # r1 = <0,0> (smaller key, first draw), r2 = <0,1>
-        for i in range(trials):
-            hl = create_head_list(query, url, epsilon=eps, delta=delta, m_o=1, noise=ReplayNoise(src, draws[i]))
-            assert (_kept(hl, 0, 0), _kept(hl, 0, 1)) == tuple(keeps[i])
-
-    kept_x, kept_xp = presence.adapter(np.random.default_rng(9), trials)
-    src = factory(np.random.default_rng(9))
-    y = src.sample(b, trials)
-    for i in range(trials):
-        hl = create_head_list(np.array([0]), np.array([0]), epsilon=eps, delta=delta, m_o=1,
-                              noise=ReplayNoise(src, y[i:i + 1]))
-        assert _kept(hl, 0, 0) == kept_x[i]
-    real = factory(np.random.default_rng(10))
-    for _ in range(200):  # x' holds <1,0> instead of <0,0>: <0,0> can never be kept
-        hl = create_head_list(np.array([1]), np.array([0]), epsilon=eps, delta=delta, m_o=1, noise=real)
-        assert not _kept(hl, 0, 0)
-    assert not kept_xp.any()
-
-
-@pytest.mark.parametrize("noise", ["discrete", "laplace"])
-def test_released_counts_adapter_is_create_head_list_with_counts(noise: str) -> None:
-    """The released counts (ALGORITHM.md §3.3): create_head_list_with_counts releases exactly the adapter's
-    values, trial by trial given the same noise (N(r) + Y_r when r is kept, nothing when it is not)."""
-    trials, eps, delta = 1000, 4.0, 1e-2
-    spec = headlist_audit(eps, delta, noise=noise, trials=trials)
-    released = spec.scenarios[2]
-    c1, c2 = spec.details["released_counts_x"]
-    assert c1 >= 2 and c2 >= 1  # both records are in D_S on both sides: one draw each, as the adapter assumes
-    out_x, out_xp = released.adapter(np.random.default_rng(13), trials)
-    src = noise_factory(noise)(np.random.default_rng(13))
-    b = 2.0 / eps
-    y_x, y_xp = src.sample(b, 2 * trials).reshape(trials, 2), src.sample(b, 2 * trials).reshape(trials, 2)
-    seen = np.zeros(4, dtype=bool)  # (r1 kept, r2 kept) patterns met, so every branch is compared
-    for counts, outs, draws in (((c1, c2), out_x, y_x), ((c1 - 1, c2 + 1), out_xp, y_xp)):
-        query = np.zeros(sum(counts), dtype=np.int64)
-        url = np.repeat([0, 1], counts)  # r1 = <0,0> (smaller key, first draw), r2 = <0,1>
-        for i in range(trials):
-            hl, s_counts = create_head_list_with_counts(query, url, epsilon=eps, delta=delta, m_o=1,
-                                                        noise=ReplayNoise(src, draws[i]))
-            e = hl.map_records(np.array([0, 0]), np.array([0, 1]))
-            kept = np.array([_kept(hl, 0, 0), _kept(hl, 0, 1)])
-            np.testing.assert_array_equal(np.where(kept, s_counts[e], np.nan), outs[i])
-            np.testing.assert_array_equal(~np.isnan(outs[i]), kept)
-            seen[2 * kept[0] + kept[1]] = True
-    assert seen.all()
+    monkeypatch.setattr(audit_curator, "BLOCK_ROWS", 60)
+    eps, trials, block = 4.0, 300, 20  # 60 // (1 + 2) = 20 trials per block
+    real = noise_factory(noise)(np.random.default_rng(4))
+    draws = real.sample(0.5, 2 * trials).reshape(trials // block, 2 * block)
+    per_block = np.concatenate([draws, np.zeros((trials // block, 2))], axis=1).ravel()  # + the two wildcards
+    out = optin_release(np.array([1, 0]), trials, ReplayNoise(real, per_block), epsilon=eps, m_o=1,
+                        integer=noise == "discrete")
+    expected = np.array([1.0, 0.0]) + draws.reshape(trials, 2)
+    if noise == "discrete":
+        np.testing.assert_array_equal(out, expected)
+    else:
+        np.testing.assert_allclose(out, expected, rtol=0, atol=1e-12)
 
 
 def _released_counts_closed_form(noise: str, counts: tuple[int, int], s: int, s2: int, tau: float,
@@ -305,24 +289,6 @@ def test_releasing_true_counts_is_caught(noise: str) -> None:
     good = run_audit(MechanismAudit("headlist", 4.0, 1e-2, (honest,), spec.details), trials,
                      np.random.default_rng(16))
     assert not good.violation
-
-
-@pytest.mark.parametrize("noise", ["discrete", "laplace"])
-def test_optin_adapter_is_estimate_optin_probabilities(noise: str) -> None:
-    """N̂ = p̂_O·|D_T| from EstimateOptinProbabilities equals the adapter's output, given the same noise."""
-    trials, eps = 1000, 4.0
-    spec = optin_estimate_audit(eps, 0.0, noise=noise)
-    out_x, out_xp = spec.scenarios[0].adapter(np.random.default_rng(12), trials)
-    src = noise_factory(noise)(np.random.default_rng(12))
-    b = 2.0 / eps
-    y_x, y_xp = src.sample(b, 2 * trials).reshape(trials, 2), src.sample(b, 2 * trials).reshape(trials, 2)
-    hl_s = HeadList.from_lists([0], [[0, 1]])  # entries <0,0>, <0,1>, <0,*>, <*,*>
-    for url, outs, draws in ((0, out_x, y_x), (1, out_xp, y_xp)):  # x: the user holds r1; x': r2
-        for i in range(trials):
-            est = estimate_optin_probabilities(np.array([0]), np.array([url]), hl_s, epsilon=eps, m_o=1,
-                                               head_list_size=2, noise=ReplayNoise(src, draws[i]))
-            e = est.head_list.map_records(np.array([0, 0]), np.array([0, 1]))
-            np.testing.assert_array_equal(est.p_record[e] * est.n, outs[i])
 
 
 # ----- arguments and the CLI -----------------------------------------------------------------------

@@ -23,32 +23,37 @@ mechanism gives ε_lb ≤ ε (and δ_lb ≤ δ) with probability ≥ the confide
 claim is a privacy bug.
 
 Mechanisms (each a list of :class:`Scenario`: an adapter ``(rng, trials) -> (outputs_x,
-outputs_x')`` running the real code vectorized over trials, and the events on its outputs):
+outputs_x')`` and the events on its outputs). Every adapter calls the library function production calls,
+looked up on its module at call time, so the audit measures the code that ships (a patched or changed
+function included); a block of trials is one call on disjoint copies of the scenario's records:
 
-* ``localalg`` — LocalAlg (ALGORITHM.md §5, paper Fig. 6) through :func:`~hybriddp.randomizer.randomize_batch`
+* ``localalg`` — LocalAlg (ALGORITHM.md §5, paper Fig. 6) through :func:`hybriddp.randomizer.randomize_batch`
   on a small head list (3 queries of 2 URLs); x, x' and E are the pair of records and the
   Neyman–Pearson output set with the best predicted bound, found from
   :func:`~hybriddp.randomizer.output_distribution` (E = {report = x} against a record of
   another query: likelihood ratio e^{ε'_Q}·k_q·e^{ε'_U}/(e^{ε'_U} + k_q − 1) ≈ e^{0.95ε}).
-* ``headlist`` — CreateHeadList (ALGORITHM.md §3, Fig. 3). Three pairs. (a) The ε-tight one: r1 seen
-  c1 times and r2 c2 times in x, one user moved from r1 to r2 in x'; E = {r1 kept, r2 not kept},
-  with (c1, c2) around τ (searched on the closed form) so that both keep decisions sit in the
-  geometric tails of the noise: likelihood ratio e^{2/b} = e^ε. (b) The δ-dominated one: r once
-  in x, absent from x'; E = {r ∈ HL} has P[E|x] ≤ δ/2 and P[E|x'] = 0, so it can only bound δ
-  (p_lo − δ < 0: ε_lb is 0 for any δ). (c) The released noisy counts (ALGORITHM.md §3.3): the swap
-  pair of (a) whose output is the count N(r) + Y of each kept record, and E = {r1 released with count
-  ≥ s, r2 not released or released with count ≤ s2}, searched on the closed form.
-  The default δ is 1e-2 rather than the paper's 1e-5: at 1e-5 the survival probability is ≤ 5e-6
-  (7.3e-7 with the discrete threshold, which rounds τ up to an integer) and 10^6 trials see ~5
-  events (or ~1), too few to measure; at 1e-2 it is 5e-3 (2.2e-3 discrete), and the δ bound
-  δ_lb = p_lo − e^ε·p'_hi is positive at 10^6 trials. The price is on the ε-tight pair: δ is
-  subtracted from P[E|x] (ε_E = 3.99 with discrete noise, 3.72 with Laplace, where the best
-  P[E|x] is only ≈ 0.2).
+* ``headlist`` — CreateHeadList with its released noisy counts (ALGORITHM.md §3, §3.3, Fig. 3) through
+  :func:`hybriddp.curator.create_head_list_with_counts`, m_O ∈ {1, 2, 3} (one user's m_O records move
+  together, so counts move by m_O). Four pairs (:func:`~hybriddp.audit.curator.headlist_audit`): the
+  ε-tight keep decisions of two records in the geometric tails; the δ-dominated presence of a record
+  (P[E|x] ≤ δ/2, P[E|x'] = 0: it bounds δ only); the released counts of the swap; and the released
+  counts near the threshold, where a count that is not the draw that kept the record (a fresh draw)
+  reaches e^{1.5ε}. The default δ is 1e-2 rather than the paper's 1e-5: at 1e-5 the presence event
+  has probability ≤ 5e-6 (7.3e-7 with the discrete threshold, which rounds τ up to an integer) and
+  10^6 trials see ~5 events (or ~1), too few to measure; at 1e-2 it is 5e-3 (2.2e-3 discrete), and the
+  δ bound δ_lb = p_lo − e^ε·p'_hi is positive at 10^6 trials. Sampling cannot test δ = 1e-5 with a
+  feasible number of trials: the exact audit below is the δ test there.
 * ``optin-estimate`` — the noisy counts of EstimateOptinProbabilities (ALGORITHM.md §4, Fig. 4,
-  Theorem 2: (ε, 0)-DP); x: N(r1) = 1, N(r2) = 0, x': the other way round;
-  E = {N̂(r1) ≥ 1, N̂(r2) ≤ 0} (N̂ = p̂_O·|D_T|), likelihood ratio e^{2/b} = e^ε.
-* ``local-only`` — the OLH report of a PEM discovery user (:mod:`hybriddp.baselines.olh`,
+  Theorem 2: (ε, 0)-DP) through :func:`hybriddp.curator.estimate_optin_probabilities`, m_O ∈ {1, 2, 3};
+  x: N(r1) = m_O, N(r2) = 0, x': the other way round; E = {N̂(r1) ≥ m_O, N̂(r2) ≤ 0}
+  (N̂ = p̂_O·|D_T|), likelihood ratio e^{2m_O/b} = e^ε.
+* ``local-only`` — the OLH report of a PEM discovery user (:func:`hybriddp.baselines.olh.olh_perturb`,
   ε-LDP); values v ≠ v'; E = {y = H(v) ≠ H(v')}, likelihood ratio exactly e^ε.
+
+The exact audit (:mod:`hybriddp.audit.exact`, ALGORITHM.md §3.5; ``hybriddp audit --exact``) computes
+the worst-case δ(e^ε) itself from the exact output law of ``headlist`` (with its released counts,
+m_O ∈ {1, 2, 3}), ``optin-estimate`` and ``localalg``, and checks that the library releases what that
+law says.
 
 The Clopper–Pearson bounds are computed here (regularized incomplete beta by Lentz's continued
 fraction, inverted by safeguarded Newton), so SciPy stays a test-only dependency.
@@ -66,8 +71,14 @@ from hybriddp.audit.bounds import delta_lower_bound as delta_lower_bound
 from hybriddp.audit.bounds import epsilon_lower_bound as epsilon_lower_bound
 from hybriddp.audit.client import local_only_audit as local_only_audit
 from hybriddp.audit.client import localalg_audit as localalg_audit
+from hybriddp.audit.curator import head_list_release as head_list_release
 from hybriddp.audit.curator import headlist_audit as headlist_audit
 from hybriddp.audit.curator import optin_estimate_audit as optin_estimate_audit
+from hybriddp.audit.curator import optin_release as optin_release
+from hybriddp.audit.exact import EXACT_DEFAULTS as EXACT_DEFAULTS
+from hybriddp.audit.exact import EXACT_MECHANISMS as EXACT_MECHANISMS
+from hybriddp.audit.exact import ExactResult as ExactResult
+from hybriddp.audit.exact import exact_audit as exact_audit
 from hybriddp.audit.result import AuditResult as AuditResult
 from hybriddp.audit.result import EventTest as EventTest
 from hybriddp.audit.run import CHUNK as CHUNK

@@ -1,4 +1,12 @@
-"""The client-side mechanisms: LocalAlg and the local-only baseline's OLH report."""
+"""The client-side mechanisms: LocalAlg and the local-only baseline's OLH report.
+
+The adapters run the library's randomizers, looked up on their modules at call time (so a patched or changed
+function is what the audit measures): :func:`hybriddp.randomizer.randomize_batch` with
+:meth:`hybriddp.randomizer.LocalAlgParams.build` — what the simulated clients of ``hybriddp run`` and the
+local-only baseline call; its pure-Python twin on devices, :func:`hybriddp.device.local_alg`, gives the same
+report on the same uniforms (``tests/test_localalg.py``) — and :func:`hybriddp.baselines.olh.olh_perturb`, what
+PEM's users call.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ import math
 
 import numpy as np
 
+from hybriddp import randomizer as _randomizer
 from hybriddp.audit.scenario import (
     Event,
     MechanismAudit,
@@ -15,12 +24,13 @@ from hybriddp.audit.scenario import (
     _z,
     best_event,
 )
-from hybriddp.baselines.olh import OLHReports, olh_g, olh_hash, olh_perturb
+from hybriddp.baselines import olh as _olh
+from hybriddp.baselines.olh import OLHReports, olh_g, olh_hash
 from hybriddp.baselines.olh import keep_probability as olh_keep_probability
 from hybriddp.errors import parameter_error
 from hybriddp.headlist import HeadList
 from hybriddp.params import check_delta, check_local_budget
-from hybriddp.randomizer import LocalAlgParams, output_distribution, randomize_batch
+from hybriddp.randomizer import LocalAlgParams, output_distribution
 
 
 def _audit_head_list() -> tuple[HeadList, list[str]]:
@@ -41,23 +51,24 @@ def localalg_audit(epsilon: float = 1.0, delta: float = 1e-5, *, f_c: float = 0.
 
     The pair of records and the event come from the closed form of the *claimed* parameters
     (:func:`best_event` on :func:`~hybriddp.randomizer.output_distribution`); the samples come
-    from :func:`~hybriddp.randomizer.randomize_batch` with ``lp`` — by default the claimed
-    :meth:`LocalAlgParams.build`, or deliberately broken parameters to test the audit.
+    from :func:`hybriddp.randomizer.randomize_batch` with ``lp`` — by default the parameters the library
+    builds for the claim (:meth:`hybriddp.randomizer.LocalAlgParams.build`, as production does), or
+    deliberately broken parameters to test the audit.
     """
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
         raise parameter_error("epsilon (--epsilon)", epsilon, "a finite number > 0")
     check_delta(delta)
     hl, names = _audit_head_list()
     check_local_budget(epsilon, f_c, m_c)
-    claimed = LocalAlgParams.build(hl, epsilon, delta, f_c, m_c)
+    claimed = _randomizer.LocalAlgParams.build(hl, epsilon, delta, f_c, m_c)
     used = lp if lp is not None else claimed
     P = output_distribution(claimed)
     i, j, members, predicted = best_event(P, delta, trials, _z(0.01 / 8))
     event_name = "report in {" + ", ".join(names[m] for m in members) + "}"
 
     def adapter(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        out_x = randomize_batch(np.full(n, i, dtype=np.int64), hl, used, rng=rng)
-        out_xp = randomize_batch(np.full(n, j, dtype=np.int64), hl, used, rng=rng)
+        out_x = _randomizer.randomize_batch(np.full(n, i, dtype=np.int64), hl, used, rng=rng)
+        out_xp = _randomizer.randomize_batch(np.full(n, j, dtype=np.int64), hl, used, rng=rng)
         return out_x, out_xp
 
     p, pp = float(P[i, members].sum()), float(P[j, members].sum())
@@ -76,7 +87,7 @@ def localalg_audit(epsilon: float = 1.0, delta: float = 1e-5, *, f_c: float = 0.
 def local_only_audit(epsilon: float = 1.0, delta: float = 0.0, *, v: int = 1, v_prime: int = 2) -> MechanismAudit:
     """The local-only baseline's discovery report: OLH (ε-LDP) of a PEM user's value v vs v'.
 
-    The adapter is :func:`~hybriddp.baselines.olh.olh_perturb` (hash seeds and GRR) on
+    The adapter is :func:`hybriddp.baselines.olh.olh_perturb` (hash seeds and GRR) on
     ``trials`` copies of v and of v'. The privacy loss of a report (H, y) is ±ε when exactly one of
     H(v), H(v') equals y and 0 otherwise, so E = {y = H(v) ≠ H(v')} is the optimal event.
     """
@@ -86,8 +97,8 @@ def local_only_audit(epsilon: float = 1.0, delta: float = 0.0, *, v: int = 1, v_
     g = olh_g(epsilon)
 
     def adapter(rng: np.random.Generator, n: int) -> tuple[OLHReports, OLHReports]:
-        return (olh_perturb(np.full(n, v, dtype=np.int64), epsilon, rng),
-                olh_perturb(np.full(n, v_prime, dtype=np.int64), epsilon, rng))
+        return (_olh.olh_perturb(np.full(n, v, dtype=np.int64), epsilon, rng),
+                _olh.olh_perturb(np.full(n, v_prime, dtype=np.int64), epsilon, rng))
 
     def supports_v_only(rep: OLHReports) -> np.ndarray:
         hv = olh_hash(rep.a, rep.b, np.uint64(v), rep.g)

@@ -16,7 +16,7 @@ from hybriddp.audit.bounds import (
     epsilon_lower_bound,
 )
 from hybriddp.audit.client import local_only_audit, localalg_audit
-from hybriddp.audit.curator import headlist_audit, optin_estimate_audit
+from hybriddp.audit.curator import check_m_o, headlist_audit, optin_estimate_audit
 from hybriddp.audit.result import AuditResult, EventTest
 from hybriddp.audit.scenario import MechanismAudit
 from hybriddp.errors import parameter_error
@@ -39,8 +39,9 @@ CHUNK = 1 << 20
 """Trials per adapter call: memory stays bounded whatever ``trials`` is."""
 
 MAX_TRIALS = 10**9
-"""Largest ``trials``: the slowest mechanism (headlist, three scenarios) runs ~0.5 million trials per second on
-one core, so 10⁹ trials take about an hour."""
+"""Largest ``trials``: the slowest mechanism (headlist: four scenarios, each a call of the library's
+CreateHeadList per block of trials) runs ~0.1 million trials per second on one core, so 10⁹ trials take about
+three hours."""
 
 MAX_EPSILON = LN_MAX
 """Largest claimed ε (≈ 709.78): δ_lb = p_lo − e^ε·p'_hi needs e^ε finite."""
@@ -49,7 +50,7 @@ MAX_EPSILON = LN_MAX
 def check_trials(trials: int) -> None:
     """``trials`` is an integer in [1, :data:`MAX_TRIALS`]."""
     if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or not 1 <= trials <= MAX_TRIALS:
-        raise parameter_error("trials (--trials)", trials, f"an integer from 1 to {MAX_TRIALS:,} (about an hour "
+        raise parameter_error("trials (--trials)", trials, f"an integer from 1 to {MAX_TRIALS:,} (about three hours "
                               "for the slowest mechanism on one core)", "The default 1,000,000 takes seconds.")
 
 
@@ -121,10 +122,14 @@ def run_audit(audit: MechanismAudit, trials: int, rng: np.random.Generator, *, c
 
 
 def make_audit(mechanism: str, *, epsilon: float | None = None, delta: float | None = None, trials: int = 10**6,
-               noise: str = "discrete", f_c: float = 0.85) -> MechanismAudit:
-    """The :class:`MechanismAudit` of a named mechanism (see :data:`MECHANISMS`, :data:`DEFAULTS`)."""
+               noise: str = "discrete", f_c: float = 0.85, m_o: int | None = None) -> MechanismAudit:
+    """The :class:`MechanismAudit` of a named mechanism (see :data:`MECHANISMS`, :data:`DEFAULTS`).
+
+    ``m_o`` (records per opt-in user, 1, 2 or 3; default 1) applies to ``headlist`` and ``optin-estimate`` only.
+    """
     if mechanism not in MECHANISMS:
         raise parameter_error("mechanism (--mechanism)", mechanism, "one of " + ", ".join(MECHANISMS))
+    check_m_o_for(mechanism, m_o)
     eps0, delta0 = DEFAULTS[mechanism]
     eps = eps0 if epsilon is None else epsilon
     if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps)
@@ -137,15 +142,29 @@ def make_audit(mechanism: str, *, epsilon: float | None = None, delta: float | N
             raise parameter_error("f_c (--f-c)", f_c, "strictly between 0 and 1")
         return localalg_audit(eps, dlt, f_c=f_c, trials=trials)
     if mechanism == "headlist":
-        return headlist_audit(eps, dlt, noise=noise, trials=trials)
+        return headlist_audit(eps, dlt, noise=noise, trials=trials, m_o=1 if m_o is None else m_o)
     if mechanism == "optin-estimate":
-        return optin_estimate_audit(eps, dlt, noise=noise)
+        return optin_estimate_audit(eps, dlt, noise=noise, m_o=1 if m_o is None else m_o)
     return local_only_audit(eps, dlt)
+
+
+CURATOR_MECHANISMS = ("headlist", "optin-estimate")
+"""The mechanisms with an m_O (records per opt-in user)."""
+
+
+def check_m_o_for(mechanism: str, m_o: int | None) -> None:
+    """``m_o`` is None (the default, 1) or one of 1, 2, 3 for a curator mechanism; None for the others."""
+    if m_o is None:
+        return
+    if mechanism not in CURATOR_MECHANISMS:
+        raise parameter_error("m_o (--m-o)", m_o, f"left out for {mechanism}: m_O is the number of records per "
+                              "opt-in user, which only headlist and optin-estimate have")
+    check_m_o(m_o)
 
 
 def audit(mechanism: str, *, epsilon: float | None = None, delta: float | None = None, trials: int = 10**6,
           seed: int | None = None, confidence: float = 0.99, noise: str = "discrete", f_c: float = 0.85,
-          progress: Callable[[int, int], object] | None = None) -> AuditResult:
+          m_o: int | None = None, progress: Callable[[int, int], object] | None = None) -> AuditResult:
     """Audit a named mechanism: ``hybriddp audit`` as a function.
 
     Parameters
@@ -157,9 +176,10 @@ def audit(mechanism: str, *, epsilon: float | None = None, delta: float | None =
     confidence : joint confidence of the bounds.
     noise : curator noise (``headlist``, ``optin-estimate``): ``discrete`` (default) or ``laplace``.
     f_c : LocalAlg's query share of the budget (``localalg``).
+    m_o : records per opt-in user, 1, 2 or 3 (``headlist``, ``optin-estimate``; default 1).
     progress : ``progress(done, trials)`` while the mechanism runs.
     """
     check_trials(trials)
     check_seed(seed)
-    spec = make_audit(mechanism, epsilon=epsilon, delta=delta, trials=int(trials), noise=noise, f_c=f_c)
+    spec = make_audit(mechanism, epsilon=epsilon, delta=delta, trials=int(trials), noise=noise, f_c=f_c, m_o=m_o)
     return run_audit(spec, int(trials), make_rng(seed), confidence=confidence, seed=seed, progress=progress)

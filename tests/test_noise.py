@@ -25,6 +25,7 @@ from hybriddp.noise import (
     sample_discrete_laplace,
 )
 from hybriddp.params import head_list_threshold
+from secretshelpers import counting_randbelow
 
 
 class IntegerOnlyGenerator:
@@ -147,27 +148,12 @@ def test_os_randomness_sampler_matches_pmf_chi_square(scale: Fraction, wrong: Fr
     assert _chi_square_pvalue(x, float(wrong)) < 1e-6
 
 
-def _counting_randbelow(monkeypatch: pytest.MonkeyPatch, fake=None) -> list[int]:
-    """Replace :func:`secrets.randbelow`; returns the list of bounds it was called with."""
-    import secrets
-
-    calls: list[int] = []
-    real = secrets.randbelow
-
-    def randbelow(n: int) -> int:
-        calls.append(n)
-        return real(n) if fake is None else fake(n)
-
-    monkeypatch.setattr(secrets, "randbelow", randbelow)
-    return calls
-
-
 def test_discrete_noise_without_rng_draws_every_integer_from_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _counting_randbelow(monkeypatch)
+    calls = counting_randbelow(monkeypatch)
     x = DiscreteLaplaceNoise(None).sample(5 / 3, 200)
     assert len(x) == 200 and len(calls) >= 4 * 200  # U, its acceptance, ≥ 1 geometric step, the sign
     # with randbelow(n) = n − 1 the draw is fully determined: U = 4, accepted, V = 0, Y = ⌊4/3⌋ = 1, sign −
-    _counting_randbelow(monkeypatch, fake=lambda n: n - 1)
+    counting_randbelow(monkeypatch, fake=lambda n: n - 1)
     assert DiscreteLaplaceNoise().sample(5 / 3, 50).tolist() == [-1.0] * 50
 
 

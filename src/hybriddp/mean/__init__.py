@@ -34,6 +34,12 @@ the errors are about the mean of the clamped values, and clamping is counted and
 Randomness: NumPy generators from :func:`hybriddp.rng.make_rng` (OS-seeded unless a seed is
 given; a seed is for experiments only and gives no privacy). One device's randomizer without
 NumPy is :mod:`hybriddp.mean_device`.
+
+Floating-point noise: the mechanisms above and :func:`simulate` add NumPy's float Laplace noise,
+which is fine for simulations and studies but leaks through its low-order bits in a deployment
+(Mironov 2012). The collection service's curator uses :class:`DiscreteMeanCurator`
+(:mod:`hybriddp.mean.curator`): the same opt-in mean and private variance from integers, with
+exact discrete Laplace noise drawn from the OS CSPRNG.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from hybriddp.mean.analysis import (
     mse_only_tcm,
     optimal_weight,
 )
+from hybriddp.mean.curator import DiscreteEstimate, DiscreteMeanCurator
 from hybriddp.mean.data import DataRun, simulate_on_data
 from hybriddp.mean.distributions import Distribution
 from hybriddp.mean.inputs import OPTION_NAMES as OPTION_NAMES
@@ -65,6 +72,8 @@ __all__ = [
     "VARIANCE_SHARE",
     "ClampCount",
     "DataRun",
+    "DiscreteEstimate",
+    "DiscreteMeanCurator",
     "Distribution",
     "FullLM",
     "Hybrid",

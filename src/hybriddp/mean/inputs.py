@@ -218,3 +218,17 @@ def clamp_values(values: Any, lower: float, upper: float, *, log: bool = True) -
     if count.total:
         arr = np.clip(arr, lower, upper)
     return arr, count
+
+
+class OnSetting:
+    """A mechanism on a :class:`MeanSetting`: its width Δ = upper − lower and its ε."""
+
+    setting: MeanSetting
+
+    @property
+    def width(self) -> float:
+        return self.setting.width
+
+    @property
+    def epsilon(self) -> float:
+        return float(self.setting.epsilon)

@@ -1,4 +1,12 @@
-"""The mechanisms FullLM, OnlyTCM, Hybrid and HybridUnknownVariance, and their result MeanEstimate."""
+"""The mechanisms FullLM, OnlyTCM, Hybrid and HybridUnknownVariance, and their result MeanEstimate.
+
+Floating-point noise, for simulations and studies only (``hybriddp mean simulate / estimate``): these
+mechanisms add NumPy's float Laplace noise, whose low-order bits can leak the data in a deployment
+(Mironov 2012). The collection service's curator computes the same opt-in mean and private variance
+with exact discrete Laplace noise on integer statistics: :class:`hybriddp.mean.curator.DiscreteMeanCurator`
+(ALGORITHM.md §11, §3.2). The device side of FullLM and the Hybrid's local reports is
+:mod:`hybriddp.mean_device`.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ from hybriddp.mean.inputs import (
     VARIANCE_SHARE,
     ClampCount,
     MeanSetting,
+    OnSetting,
     _fraction,
     _real,
     _values,
@@ -67,21 +76,13 @@ class MeanEstimate:
                 "guarantee": self.guarantee, "private_sigma2": self.private_sigma2}
 
 
-class _Mechanism:
+class _Mechanism(OnSetting):
     """Shared parts: the validated setting, clamping, group sizes."""
 
     name = ""
 
     def __init__(self, *, lower: float, upper: float, epsilon: float) -> None:
         self.setting = MeanSetting(lower, upper, epsilon)
-
-    @property
-    def width(self) -> float:
-        return self.setting.width
-
-    @property
-    def epsilon(self) -> float:
-        return float(self.setting.epsilon)
 
     def _groups(self, optin_values: Any, local_values: Any) -> tuple[np.ndarray, np.ndarray, ClampCount]:
         lo, hi = self.setting.lower, self.setting.upper
@@ -133,6 +134,8 @@ class OnlyTCM(_Mechanism):
     Guarantee: opt-in users get ε-DP in the trusted-curator model (replace-one neighbours: the
     opt-in mean moves by at most Δ/n_T); the local users' data is not used. The analytic error
     MSE_T needs σ²: pass ``sigma2`` (known), else the worst case Δ²/4 is used (an upper bound).
+    The noise is float Laplace: simulation only (the service's curator uses
+    :class:`~hybriddp.mean.curator.DiscreteMeanCurator`).
     """
 
     name = "OnlyTCM"
@@ -166,7 +169,9 @@ class Hybrid(_Mechanism):
     clamp(x_i) + Lap(Δ/ε). w* = (B + cS)/(A + B + S) minimizes MSE_H(w) = w²A + (1−w)²B + (w−c)²S.
 
     Guarantee: opt-in users ε-DP (trusted curator), local users ε-LDP. The weight depends only
-    on public quantities (n_T, n_L, ε, Δ and the *known* σ²), so it costs no privacy.
+    on public quantities (n_T, n_L, ε, Δ and the *known* σ²), so it costs no privacy. The noise
+    is float Laplace: simulation only (the service's curator computes μ̂_T with
+    :class:`~hybriddp.mean.curator.DiscreteMeanCurator`, the devices use :mod:`hybriddp.mean_device`).
 
     Parameters
     ----------
@@ -273,7 +278,12 @@ class HybridUnknownVariance(Hybrid):
                 f"Laplace scale Δ/(n_T·ε_m)); local users: {self.epsilon:g}-LDP; the weight is post-processing")
 
     def private_variance(self, optin_values: np.ndarray, rng: np.random.Generator) -> float:
-        """σ̂² = clip(s² + Lap(Δ²/(n_T ε_v)), 0, Δ²/4) of clamped opt-in values (ρε-DP)."""
+        """σ̂² = clip(s² + Lap(Δ²/(n_T ε_v)), 0, Δ²/4) of clamped opt-in values (ρε-DP).
+
+        Float Laplace noise: simulation only. The service's curator releases σ̂² with exact discrete
+        noise on the integer statistic n·Σk² − (Σk)² of the snapped values, same sensitivity argument
+        (:meth:`hybriddp.mean.curator.DiscreteMeanCurator.private_variance`).
+        """
         n_t = len(optin_values)
         s2 = float(np.var(optin_values, ddof=1)) if n_t > 1 else 0.0
         noisy = s2 + rng.laplace(0.0, self.width ** 2 / (n_t * self.variance_epsilon))

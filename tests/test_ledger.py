@@ -262,9 +262,99 @@ def test_report_keeps_every_bit_of_the_charged_values(tmp_path) -> None:
     led.close()
     assert sorted(c["users"] for c in rep["cumulative"]) == [1, 1, 2]
     two = next(c for c in rep["cumulative"] if c["users"] == 2)
-    assert two["charges"] == [{"epsilon": eps, "delta": delta}, {"epsilon": 2 / 3, "delta": delta}]
+    assert two["charges"] == [{"epsilon": eps, "delta": delta, "private": True},
+                              {"epsilon": 2 / 3, "delta": delta, "private": True}]
     assert two["basic"]["epsilon"] == eps + 2 / 3
     ones = sorted((c["charges"][0]["epsilon"], c["charges"][0]["delta"]) for c in rep["cumulative"]
                   if c["users"] == 1)
     assert ones == sorted([(eps, delta), (1 / 3, 1e-7)])
     assert rep["users"] == 4
+
+
+# ----- non-private (seeded) releases --------------------------------------------------------------------------
+
+
+def test_non_private_charges_are_recorded_flagged_and_not_summed(tmp_path) -> None:
+    """A seeded release has no guarantee: its charges are kept and flagged, the (ε, δ) sums and the budget
+    count private releases only, and the report says its users have no guarantee (best = none)."""
+    led = PrivacyLedger.open(tmp_path / "l.db", lifetime_epsilon=5.0, lifetime_delta=1e-4)
+    led.charge("private", [Charge("optin-S", ["a", "b"], 4.0, 1e-5)])
+    led.charge("seeded", [Charge("optin-S", ["a"], 4.0, 1e-5, private=False)])  # 8 > 5, but not summed
+    with pytest.raises(BudgetExceededError):
+        led.charge("again", [Charge("optin-S", ["a"], 4.0, 1e-5)])  # 4 + 4 private > 5
+    assert led.non_private_rounds() == ["seeded"]
+    assert [r[0] for r in led.user_history("a")] == ["private", "seeded"]
+    rep = led.report()
+    led.close()
+    assert [(r["round"], r["private"]) for r in rep["rounds"]] == [("private", True), ("seeded", False)]
+    a, b = rep["cumulative"]
+    assert a["users"] == 1 and a["releases"] == 2 and a["non_private_releases"] == 1 and a["best"] is None
+    assert a["charges"][1] == {"epsilon": 4.0, "delta": 1e-5, "private": False}
+    assert a["basic"] == {"epsilon": 4.0, "delta": 1e-5}  # the private release only
+    assert b["non_private_releases"] == 0 and b["best"] == {"epsilon": 4.0, "delta": 1e-5}
+    assert rep["worst_basic_epsilon"] == 4.0 and rep["users_without_guarantee"] == 1
+    assert "NO privacy guarantee" in rep["warning"]
+
+
+def test_a_ledger_written_before_the_private_column_reads_as_private_and_is_migrated_when_charged(tmp_path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE rounds (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, created TEXT NOT NULL);
+        CREATE TABLE charges (user TEXT NOT NULL, round INTEGER NOT NULL REFERENCES rounds(id), grp TEXT NOT NULL,
+            epsilon REAL NOT NULL, delta REAL NOT NULL, PRIMARY KEY (user, round));
+        INSERT INTO meta VALUES ('lifetime_epsilon', '10.0'), ('lifetime_delta', '0.0001'),
+            ('salt', '00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff'),
+            ('format', 'hybriddp-ledger-1');
+        INSERT INTO rounds VALUES (1, 'old', '2024-01-01T00:00:00+00:00');
+        INSERT INTO charges VALUES ('u1', 1, 'optin-S', 4.0, 1e-05);
+    """)
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    r = CliRunner().invoke(cli, ["privacy", "report", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["rounds"][0]["private"] and rep["cumulative"][0]["basic"]["epsilon"] == 4.0
+    assert path.read_bytes() == before  # reading does not migrate
+    with PrivacyLedger.open(path) as led:
+        led.charge("new", [Charge("optin-S", ["x"], 1.0, 0.0, private=False)])
+        assert led.non_private_rounds() == ["new"]
+        assert [r["private"] for r in led.report()["rounds"]] == [True, False]
+    cols = [row[1] for row in sqlite3.connect(path).execute("PRAGMA table_info(charges)")]
+    assert cols[-1] == "private"
+
+
+def test_seeded_headlist_is_charged_as_non_private_and_the_report_says_so(tmp_path) -> None:
+    log = tmp_path / "log.tsv"
+    write_aol(zipf_log(n_users=4000, seed=1), log)
+    ledger = tmp_path / "l.db"
+    r = CliRunner().invoke(cli, ["headlist", "--input", str(log), "-M", "10", "--seed", "4", "--ledger", str(ledger),
+                                 "--lifetime-epsilon", "6", "--lifetime-delta", "1e-4", "--out-headlist",
+                                 str(tmp_path / "h.json"), "--out-estimates", str(tmp_path / "e.json")])
+    assert r.exit_code == 0, r.output + r.stderr
+    assert "as non-private (seeded: no privacy guarantee)" in " ".join(r.stdout.split())  # Rich wraps lines
+    assert json.loads((tmp_path / "h.json").read_text())["non_private"] is True
+    assert json.loads((tmp_path / "e.json").read_text())["non_private"] is True
+    rep = json.loads(CliRunner().invoke(cli, ["privacy", "report", str(ledger), "--json"]).stdout)
+    assert rep["rounds"][0]["private"] is False and rep["users_without_guarantee"] == 4000
+    assert all(c["best"] is None and c["non_private_releases"] == 1 for c in rep["cumulative"])
+    text = " ".join(CliRunner().invoke(cli, ["privacy", "report", str(ledger)]).stdout.split())
+    assert "NO (seeded)" in text and "non-private" in text and "NO privacy guarantee at all" in text
+
+
+def test_run_with_a_seed_charges_every_user_as_non_private(tmp_path) -> None:
+    log = tmp_path / "log.tsv"
+    write_aol(zipf_log(n_users=3000, seed=2), log)
+    ledger = tmp_path / "l.db"
+    for seed in ("5", None):
+        args = ["run", "--input", str(log), "-M", "10", "--ledger", str(ledger), "--round", f"seed-{seed}",
+                "--lifetime-epsilon", "20", "--lifetime-delta", "1e-3", *(("--seed", seed) if seed else ())]
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 0, r.output + r.stderr
+    rep = json.loads(CliRunner().invoke(cli, ["privacy", "report", str(ledger), "--json"]).stdout)
+    assert [(x["round"], x["private"]) for x in rep["rounds"]] == [("seed-5", False), ("seed-None", True)]
+    assert {g["group"] for g in rep["rounds"][0]["groups"]} == {"optin-S", "optin-T", "clients"}
+    assert rep["users_without_guarantee"] == rep["users"] == 3000
+    assert rep["worst_basic_epsilon"] == 4.0  # the private round only

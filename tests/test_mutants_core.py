@@ -19,8 +19,9 @@ import pytest
 
 from hybriddp.blend import blend, blend_estimates, project_to_simplex
 from hybriddp.curator import create_head_list, estimate_optin_probabilities, require_nonempty
-from hybriddp.errors import HeadListError, ParameterError
+from hybriddp.errors import EmptyHeadListError, HeadListError, ParameterError
 from hybriddp.headlist import HeadList
+from hybriddp.ledger import Charge
 from hybriddp.noise import DiscreteLaplaceNoise, LaplaceNoise, _farey_successor, effective_scale, noise_factory
 
 
@@ -96,7 +97,7 @@ def test_create_head_list_adds_the_noise_and_logs(caplog: pytest.LogCaptureFixtu
     q = np.array([1] * 5 + [2] * 3)
     u = np.array([10] * 5 + [20] * 3)
     noise = ScriptedNoise(lambda size: np.full(size, 2.0), tau=6.0)
-    with caplog.at_level(logging.INFO, logger="hybriddp.curator"):
+    with caplog.at_level(logging.DEBUG, logger="hybriddp.curator"):
         hl = create_head_list(q, u, epsilon=4.0, delta=1e-5, m_o=2, noise=noise)
     assert hl.query_ids.tolist() == [1] and hl.entry_url[:1].tolist() == [10] and hl.n_records == 1
     assert noise.scales == [1.0]
@@ -105,12 +106,19 @@ def test_create_head_list_adds_the_noise_and_logs(caplog: pytest.LogCaptureFixtu
 
 
 def test_require_nonempty() -> None:
-    require_nonempty(HeadList.from_lists([3], [[]]), n_records_s=10, tau=2.5)  # one query is enough
-    with pytest.raises(HeadListError, match="^" + re.escape(
-            "the opt-in group produced an empty head list: no record occurred often enough among the 12 sampled "
-            "records of S to pass the privacy threshold tau = 7.25. Increase --optin-fraction (more opt-in users), "
-            "--f-o (more of them build the list), --epsilon or --delta, or collect more opt-in data.") + "$"):
-        require_nonempty(HeadList.from_lists([], []), n_records_s=12, tau=7.25)
+    """The message names public parameters and the fix only (no count of the data); the error carries the charges."""
+    public = {"tau": 7.25, "epsilon": 4.0, "delta": 1e-5, "m_o": 2, "n_optin_users": 1234}
+    require_nonempty(HeadList.from_lists([3], [[]]), **public)  # one query is enough
+    charges = [Charge("optin-S", ["a"], 4.0, 1e-5)]
+    with pytest.raises(EmptyHeadListError, match="^" + re.escape(
+            "the head list is empty: CreateHeadList kept no record (none passed the privacy threshold τ = 7.25 at "
+            "ε = 4, δ = 1e-05, m_O = 2, from 1,234 opt-in users). For a non-empty head list: more opt-in users "
+            "(--optin-fraction, or --f-o for more of them in S), a larger --epsilon or --delta, or a smaller "
+            "--m-o.") + "$") as info:
+        require_nonempty(HeadList.from_lists([], []), **public, charges=charges)
+    assert isinstance(info.value, HeadListError) and info.value.charges == charges
+    assert (info.value.tau, info.value.epsilon, info.value.delta, info.value.m_o, info.value.n_optin_users) == (
+        7.25, 4.0, 1e-5, 2, 1234)
 
 
 # ----- EstimateOptinProbabilities with scripted noise -----------------------------------------------------------

@@ -266,7 +266,7 @@ def test_report_of_an_empty_ledger(tmp_path: Path) -> None:
     with PrivacyLedger.open(p, lifetime_epsilon=0.5, lifetime_delta=1e-5) as led:
         assert led.report() == {"ledger": str(p), "lifetime": {"epsilon": 0.5, "delta": 1e-5}, "delta_prime": 1e-6,
                                 "rounds": [], "cumulative": [], "users": 0, "worst_basic_epsilon": 0.0,
-                                "remaining_epsilon": 0.5}
+                                "remaining_epsilon": 0.5, "users_without_guarantee": 0}
 
 
 def test_report_whole_by_hand(tmp_path: Path) -> None:
@@ -288,13 +288,15 @@ def test_report_whole_by_hand(tmp_path: Path) -> None:
     assert rep["rounds"][1]["groups"] == [{"group": "clients", "users": 1, "epsilon": 0.01, "delta": 0.0}]
     assert [r["round"] for r in rep["rounds"]] == ["first"] + [f"more{i}" for i in range(39)]
     a, c, b = rep["cumulative"]  # sorted by total ε, largest first
-    assert a == {"users": 1, "releases": 1, "charges": [{"epsilon": 2.0, "delta": 1e-6}],
+    assert a == {"users": 1, "releases": 1, "non_private_releases": 0,
+                 "charges": [{"epsilon": 2.0, "delta": 1e-6, "private": True}],
                  "basic": {"epsilon": 2.0, "delta": 1e-6},
                  "advanced": {"epsilon": pytest.approx(1 + 2 * (math.e**2 - 1), rel=1e-12),
                               "delta": pytest.approx(1e-6 + dp, rel=1e-12)},
                  "best": {"epsilon": 2.0, "delta": 1e-6}}
     adv = math.sqrt(0.004) / 2 + 0.4 * math.expm1(0.01)
-    assert c["users"] == 1 and c["releases"] == 40 and c["charges"] == [{"epsilon": 0.01, "delta": 0.0}] * 40
+    assert c["users"] == 1 and c["releases"] == 40 and c["non_private_releases"] == 0
+    assert c["charges"] == [{"epsilon": 0.01, "delta": 0.0, "private": True}] * 40
     assert c["basic"] == {"epsilon": pytest.approx(0.4, rel=1e-12), "delta": 0.0}
     assert c["advanced"] == {"epsilon": pytest.approx(adv, rel=1e-12), "delta": dp}
     assert c["best"] == {"epsilon": pytest.approx(adv, rel=1e-12), "delta": dp}

@@ -236,3 +236,56 @@ def test_refused_commit_leaves_earlier_reports_file(release, tmp_path) -> None:
         write_reports(path, release.hash, msgs, commit=refuse)
     assert path.read_bytes() == b"earlier output\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]  # no temporary file left
+
+
+# ----- seeded releases are marked non-private (PRIVACY.md "Randomness and seeds") --------------------------------
+
+def _rehashed(doc: dict, **fields: object) -> dict:
+    from hybriddp.device import content_hash
+
+    out = {k: v for k, v in copy.deepcopy(doc).items() if k != "content_hash"}
+    out.update(fields)
+    out["content_hash"] = content_hash(out)
+    return out
+
+
+def test_a_seeded_release_is_marked_non_private_where_devices_and_ledgers_see_it(log, release) -> None:
+    """Seeded: ``"non_private": true`` in the device head list (hash recomputed, devices accept it) and in the
+    estimates, charges ``private=False``. Unseeded: the head list has no such key (its bytes are unchanged),
+    the estimates say false and the charges are private."""
+    h, e = release.headlist, release.estimates
+    assert h["non_private"] is True and e["non_private"] is True and e["seed"] == 3 and release.non_private
+    assert DeviceHeadList.from_json(copy.deepcopy(h)).doc["non_private"] is True  # the device's validator
+    assert all(not c.private for c in release.charges) and {c.group for c in release.charges} == {"optin-S",
+                                                                                                    "optin-T"}
+    back = release_from_documents(copy.deepcopy(h), copy.deepcopy(e))
+    assert back.non_private and back.headlist["non_private"] is True
+    unseeded, _ = curate(log, PARAMS)
+    assert "non_private" not in unseeded.headlist and unseeded.estimates["non_private"] is False
+    assert not unseeded.non_private and all(c.private for c in unseeded.charges)
+    # without the flag, the seeded head list is exactly what the writer makes of its lists (as before the flag)
+    plain = {k: v for k, v in h.items() if k not in ("non_private", "content_hash")}
+    assert _rehashed(plain) == release.head_list.to_device_json(
+        release.queries, release.urls, epsilon=PARAMS.epsilon, delta=PARAMS.delta, f_c=release.f_c, m_c=release.m_c,
+        url_level=release.url_level)
+    assert set(unseeded.headlist) == set(plain) | {"content_hash"}
+    assert not release_from_documents(unseeded.headlist, unseeded.estimates).non_private
+
+
+def test_non_private_fields_are_validated(release) -> None:
+    h, e = release.headlist, release.estimates
+    for value in ("yes", 1, None):
+        with pytest.raises(DataError, match="'non_private'"):
+            release_from_documents(h, _rehashed(e, non_private=value))
+    with pytest.raises(DataError, match=r"'non_private' = False .* true for a seeded release \(seed = 3\)"):
+        release_from_documents(h, _rehashed(e, non_private=False))  # a seeded document cannot claim privacy
+    false = _rehashed(h, non_private=False)
+    with pytest.raises(HeadListError, match="'non_private' = False is not valid"):
+        release_from_documents(false, _rehashed(e, headlist=false["content_hash"]))
+    unmarked = _rehashed({k: v for k, v in h.items() if k != "non_private"})
+    with pytest.raises(HeadListError, match="not marked non_private but its estimates say non_private = true"):
+        release_from_documents(unmarked, _rehashed(e, headlist=unmarked["content_hash"]))
+    # a publisher may withhold the seed: non_private stays true; a file written before the field reads as before
+    assert release_from_documents(h, _rehashed(e, seed=None)).non_private
+    older = _rehashed({k: v for k, v in e.items() if k != "non_private"}, headlist=unmarked["content_hash"])
+    assert release_from_documents(unmarked, older).non_private  # its seed says so

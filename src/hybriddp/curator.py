@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hybriddp.backends import CountingBackend, default_backend
-from hybriddp.errors import HeadListError
+from hybriddp.errors import EmptyHeadListError
 from hybriddp.headlist import HeadList, record_keys, split_keys
 from hybriddp.noise import NoiseSource
 from hybriddp.params import check_head_list_params, check_positive_int, head_list_scale
+
+if TYPE_CHECKING:
+    from hybriddp.ledger import Charge
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ def create_head_list_with_counts(
     noisy = counts + noise.sample(b, len(keys))
     keep = noisy > tau  # Fig. 3 lines 3-6
     q, u = split_keys(keys[keep])
-    log.info("CreateHeadList: %d of %d distinct records passed tau=%.4f", keep.sum(), len(keys), tau)
+    log.debug("CreateHeadList: %d of %d distinct records passed tau=%.4f", keep.sum(), len(keys), tau)
     hl = HeadList.from_records(q, u)
     s_counts = np.full(hl.n_entries, np.nan)
     s_counts[hl.map_records(q, u)] = noisy[keep]  # a record without URL level is its query's ⟨q,*⟩
@@ -254,12 +258,18 @@ def reuse_s(optin: OptinEstimates) -> OptinEstimates:
                       optin.n_s, optin.s_counts)
 
 
-def require_nonempty(hl: HeadList, *, n_records_s: int, tau: float) -> None:
-    """Fail with the knobs to turn when CreateHeadList kept nothing."""
+def require_nonempty(hl: HeadList, *, tau: float, epsilon: float, delta: float, m_o: int, n_optin_users: int,
+                     charges: list[Charge] | None = None) -> None:
+    """Raise :class:`EmptyHeadListError` when CreateHeadList kept nothing (ALGORITHM.md §3, §3.4).
+
+    The empty outcome is an output of the mechanism: the error carries the run's ledger
+    ``charges``, and its message names only public parameters (τ, ε, δ, m_O, the number of
+    opt-in users) and the knobs to turn, never a count of the data.
+    """
     if hl.n_queries == 0:
-        raise HeadListError(
-            f"the opt-in group produced an empty head list: no record occurred often enough among "
-            f"the {n_records_s} sampled records of S to pass the privacy threshold tau = {tau:.2f}. "
-            "Increase --optin-fraction (more opt-in users), --f-o (more of them build the list), "
-            "--epsilon or --delta, or collect more opt-in data."
-        )
+        raise EmptyHeadListError(
+            f"the head list is empty: CreateHeadList kept no record (none passed the privacy threshold "
+            f"τ = {tau:.4g} at ε = {epsilon:g}, δ = {delta:g}, m_O = {m_o}, from {n_optin_users:,} opt-in users). "
+            "For a non-empty head list: more opt-in users (--optin-fraction, or --f-o for more of them in S), "
+            "a larger --epsilon or --delta, or a smaller --m-o.",
+            tau=tau, epsilon=epsilon, delta=delta, m_o=m_o, n_optin_users=n_optin_users, charges=charges)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hybriddp.ledger import Charge
+
 
 class HybridDPError(Exception):
     """Base class of every error hybriddp raises on purpose.
@@ -25,6 +30,28 @@ class DataError(HybridDPError, ValueError):
 
 class HeadListError(HybridDPError):
     """A head list could not be built, read, or does not match the data sent with it."""
+
+
+class EmptyHeadListError(HeadListError):
+    """CreateHeadList kept no record (ALGORITHM.md §3, §3.4).
+
+    The empty outcome is itself an output of the mechanism, so the run costs what a release
+    costs: ``charges`` are the ledger charges of the run (the same a successful release of it
+    would carry; empty when the caller asked for none), and every caller with a ledger must
+    charge them. Otherwise a curator could rerun until fresh noise lets a rare record through.
+    The message names public parameters only (τ, ε, δ, m_O, the number of opt-in users), never
+    a count of the data, and the fix.
+    """
+
+    def __init__(self, message: str, *, tau: float, epsilon: float, delta: float, m_o: int, n_optin_users: int,
+                 charges: list[Charge] | None = None) -> None:
+        super().__init__(message)
+        self.tau = tau
+        self.epsilon = epsilon
+        self.delta = delta
+        self.m_o = m_o
+        self.n_optin_users = n_optin_users
+        self.charges: list[Charge] = list(charges or [])
 
 
 def parameter_error(name: str, value: object, allowed: str, fix: str = "") -> ParameterError:

@@ -11,6 +11,15 @@ Storage is an SQLite file. User identifiers are never stored: a user is recorded
 HMAC-SHA256(salt, id) with a random per-ledger salt, so the ledger shows how much was spent
 without naming who.
 
+**Non-private releases.** A seeded release (``--seed``) is reproducible by anyone who knows the
+seed and gives no privacy. Its charges (``Charge.private = False``) are recorded and reported, but
+the (ε, δ) sums — the budget check, the cumulative guarantees, the remaining budget — count
+private releases only: a stated (ε, δ) means nothing for a release that has no guarantee, and
+adding it would suggest one. Instead the report flags every such round and, per user, the number
+of non-private releases: a user in any of them has **no privacy guarantee at all**.
+Ledgers written before this column existed are read as all-private and gain the column (default
+private) the first time a round is charged to them.
+
 Advanced composition (Dwork, Rothblum, Vadhan 2010; Kairouz et al. 2015 form for
 heterogeneous releases): k releases (ε_i, δ_i) are (ε', Σδ_i + δ')-DP with
 ε' = sqrt(2 ln(1/δ') Σ ε_i²) + Σ ε_i (e^{ε_i} − 1). The report shows min(basic, advanced).
@@ -43,12 +52,17 @@ class LedgerError(HybridDPError):
 
 @dataclass(frozen=True)
 class Charge:
-    """One group of users charged (ε, δ) in a round (e.g. "optin-S", "optin-T", "clients")."""
+    """One group of users charged (ε, δ) in a round (e.g. "optin-S", "optin-T", "clients").
+
+    ``private=False``: the release was seeded and gives no privacy; recorded, but not counted in the
+    (ε, δ) sums (module docstring).
+    """
 
     group: str
     users: Sequence[str]
     epsilon: float
     delta: float
+    private: bool = True
 
 
 def basic_composition(eps: Sequence[float], deltas: Sequence[float]) -> tuple[float, float]:
@@ -67,7 +81,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, created TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS charges (
     user TEXT NOT NULL, round INTEGER NOT NULL REFERENCES rounds(id), grp TEXT NOT NULL,
-    epsilon REAL NOT NULL, delta REAL NOT NULL, PRIMARY KEY (user, round));
+    epsilon REAL NOT NULL, delta REAL NOT NULL, private INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (user, round));
 CREATE INDEX IF NOT EXISTS charges_round ON charges(round);
 """
 # Constant SQL used next to other code, kept here: SQLite keywords and names are case-insensitive, so the
@@ -77,15 +91,38 @@ _SQL_META = "SELECT key, value FROM meta"
 _SQL_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 _SQL_FORMAT = "SELECT value FROM meta WHERE key = 'format'"
 _SQL_ROUND_EXISTS = "SELECT 1 FROM rounds WHERE name = ?"
-_SQL_PENDING_INSERT = "INSERT INTO pending VALUES (?, ?, ?, ?)"
+_SQL_PENDING_INSERT = "INSERT INTO pending VALUES (?, ?, ?, ?, ?)"
+_SQL_ADD_PRIVATE = "ALTER TABLE charges ADD COLUMN private INTEGER NOT NULL DEFAULT 1"
 _SQL_ROUND_INSERT = "INSERT INTO rounds (name, created) VALUES (?, ?)"
 _SQL_ROUNDS = "SELECT id, name, created FROM rounds ORDER BY id"
 _FORMAT = "hybriddp-ledger-1"
 _COLUMNS = {"meta": {"key", "value"}, "rounds": {"id", "name", "created"},
             "charges": {"user", "round", "grp", "epsilon", "delta"}}
+"""The columns a ledger must have; ``charges.private`` is added to older ledgers when they are next charged."""
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _RESTORE = ("restore it from a backup; do not start a new ledger in its place, since that would forget what every "
             "user has spent")
+
+
+SERVICE_TABLES = frozenset({"alembic_version", "ledger_charges"})
+"""The tables of the collection service's database (its ledger: :mod:`hybriddp.service.ledger_view`)."""
+
+
+def is_service_database(path: str | Path) -> bool:
+    """True if ``path`` is an SQLite file with the collection service's tables; it is opened read-only."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
+                return False
+        conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    except (OSError, sqlite3.Error):
+        return False
+    try:
+        return SERVICE_TABLES <= {name for (name,) in conn.execute(_SQL_TABLES)}
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
 
 
 def _check_lifetime(epsilon: float | None, delta: float | None) -> None:
@@ -164,6 +201,12 @@ class PrivacyLedger:
         if not (0 < self.lifetime_epsilon < math.inf and 0 < self.lifetime_delta < 1 and self._salt):
             raise LedgerError(f"{path}: ledger metadata is damaged (lifetime epsilon {self.lifetime_epsilon!r}, "
                               f"delta {self.lifetime_delta!r}, salt of {len(self._salt)} bytes); {_RESTORE}")
+        self._has_private = "private" in {row[1] for row in conn.execute("PRAGMA table_info(charges)")}
+
+    @property
+    def _private(self) -> str:
+        """The SQL of a charge's private flag: the column, or 1 in a ledger written before it existed."""
+        return "private" if self._has_private else "1"
 
     @classmethod
     def open(cls, path: str | Path, *, lifetime_epsilon: float | None = None,
@@ -221,19 +264,20 @@ class PrivacyLedger:
         """Record a round atomically; refuse it if any user would exceed the lifetime budget.
 
         A user may be charged at most once per round (one release per user per round).
+        Non-private charges (``Charge.private = False``) are recorded but count against no budget.
         Returns the round id.
         """
         if self.conn.execute(_SQL_ROUND_EXISTS, (round_name,)).fetchone():
             raise LedgerError(f"round {round_name!r} is already in the ledger {self.path}; a user may be charged "
                               "once per round — use a new round name")
-        rows: dict[str, tuple[str, float, float]] = {}
+        rows: dict[str, tuple[str, float, float, int]] = {}
         for c in charges:
             for user in c.users:
                 key = self.pseudonym(str(user))
                 if key in rows:
                     raise LedgerError(f"user {user!r} appears twice in round {round_name!r} "
                                       f"(groups {rows[key][0]!r} and {c.group!r})")
-                rows[key] = (c.group, float(c.epsilon), float(c.delta))
+                rows[key] = (c.group, float(c.epsilon), float(c.delta), int(bool(c.private)))
         try:
             return self._charge(round_name, rows)
         except sqlite3.Error as exc:
@@ -242,16 +286,21 @@ class PrivacyLedger:
             raise LedgerError(f"ledger {self.path}: cannot record round {round_name!r} (SQLite: {exc}); nothing "
                               f"was recorded: {hint}") from None
 
-    def _charge(self, round_name: str, rows: dict[str, tuple[str, float, float]]) -> int:
+    def _charge(self, round_name: str, rows: dict[str, tuple[str, float, float, int]]) -> int:
         with self.conn:  # one transaction: all or nothing
+            if not self._has_private:  # a ledger written before the column: its charges were all private
+                self.conn.execute(_SQL_ADD_PRIVATE)
+                self._has_private = True
             self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS pending (user TEXT PRIMARY KEY, grp TEXT, "
-                              "epsilon REAL, delta REAL)")
+                              "epsilon REAL, delta REAL, private INTEGER)")
             self.conn.execute("DELETE FROM pending")
             self.conn.executemany(_SQL_PENDING_INSERT,
-                                  ((k, g, e, d) for k, (g, e, d) in rows.items()))
+                                  ((k, g, e, d, pr) for k, (g, e, d, pr) in rows.items()))
+            # the budget counts private releases only (module docstring)
             worst = self.conn.execute("""
-                SELECT p.user, p.epsilon + COALESCE(SUM(c.epsilon), 0) AS e, p.delta + COALESCE(SUM(c.delta), 0) AS d
-                FROM pending p LEFT JOIN charges c ON c.user = p.user GROUP BY p.user
+                SELECT p.user, p.private * p.epsilon + COALESCE(SUM(c.epsilon), 0) AS e,
+                       p.private * p.delta + COALESCE(SUM(c.delta), 0) AS d
+                FROM pending p LEFT JOIN charges c ON c.user = p.user AND c.private = 1 GROUP BY p.user
                 ORDER BY e DESC, d DESC""").fetchall()
             over = [(e, d) for _, e, d in worst
                     if e > self.lifetime_epsilon * (1 + 1e-12) or d > self.lifetime_delta * (1 + 1e-12)]
@@ -265,59 +314,89 @@ class PrivacyLedger:
             cur = self.conn.execute(_SQL_ROUND_INSERT,
                                     (round_name, datetime.now(timezone.utc).isoformat(timespec="seconds")))
             rid = int(cur.lastrowid)
-            self.conn.execute("INSERT INTO charges SELECT user, ?, grp, epsilon, delta FROM pending", (rid,))
+            self.conn.execute("INSERT INTO charges (user, round, grp, epsilon, delta, private) "
+                              "SELECT user, ?, grp, epsilon, delta, private FROM pending", (rid,))
             self.conn.execute("DELETE FROM pending")
         return rid
 
     # ----- reporting ------------------------------------------------------------------------
     def user_history(self, user: str) -> list[tuple[str, str, float, float]]:
-        """(round, group, ε, δ) of one user, oldest first."""
+        """(round, group, ε, δ) of one user, oldest first (:meth:`non_private_rounds` names the seeded ones)."""
         return self.conn.execute("""SELECT r.name, c.grp, c.epsilon, c.delta FROM charges c
                                     JOIN rounds r ON r.id = c.round WHERE c.user = ? ORDER BY r.id""",
                                  (self.pseudonym(str(user)),)).fetchall()
 
+    def non_private_rounds(self) -> list[str]:
+        """The rounds charged as non-private (seeded releases, which give no privacy), oldest first."""
+        return [name for (name,) in self.conn.execute(
+            f"SELECT name FROM rounds WHERE id IN (SELECT round FROM charges WHERE {self._private} = 0) ORDER BY id")]
+
     def report(self, delta_prime: float = 1e-6) -> dict[str, Any]:
-        """Per-round groups and, per user, cumulative guarantees (basic and advanced)."""
+        """Per-round groups and, per user, cumulative guarantees (basic and advanced).
+
+        Rounds say whether they were ``private``; per charge history, ``non_private_releases`` counts
+        the seeded releases, whose users have no guarantee (``best`` is then null); the (ε, δ) sums
+        count private releases only (module docstring).
+        """
         try:
             return self._report(delta_prime)
         except (sqlite3.Error, ValueError) as exc:
             raise LedgerError(f"ledger {self.path} cannot be read ({exc}); {_RESTORE}") from None
 
     def _report(self, delta_prime: float) -> dict[str, Any]:
+        pv = self._private
         rounds = []
         for rid, name, created in self.conn.execute(_SQL_ROUNDS):
-            groups = [{"group": g, "users": n, "epsilon": e, "delta": d} for g, n, e, d in self.conn.execute(
-                "SELECT grp, COUNT(*), MAX(epsilon), MAX(delta) FROM charges WHERE round = ? GROUP BY grp "
-                "ORDER BY grp", (rid,))]
-            rounds.append({"round": name, "created": created, "groups": groups})
+            rows = self.conn.execute(f"SELECT grp, COUNT(*), MAX(epsilon), MAX(delta), MIN({pv}) FROM charges "
+                                     "WHERE round = ? GROUP BY grp ORDER BY grp", (rid,)).fetchall()
+            groups = [{"group": g, "users": n, "epsilon": e, "delta": d} for g, n, e, d, _ in rows]
+            rounds.append({"round": name, "created": created, "private": all(bool(p) for *_, p in rows),
+                           "groups": groups})
         # users with the same history share a guarantee: aggregate by history inside SQLite. A history
-        # is the list of its charges' kinds (distinct (round, group, ε, δ), numbered by DENSE_RANK in
-        # the same order as the query below that reads their ε and δ as floats): SQLite's REAL-to-text
+        # is the list of its charges' kinds (distinct (round, group, ε, δ, private), numbered by DENSE_RANK
+        # in the same order as the query below that reads their ε and δ as floats): SQLite's REAL-to-text
         # conversion keeps 15 digits only (1/3 → 0.333333333333333), so values never pass through text.
-        kinds = [(float(e), float(d)) for e, d, _, _ in self.conn.execute(
-            "SELECT DISTINCT epsilon, delta, round, grp FROM charges ORDER BY round, grp, epsilon, delta")]
-        histories: dict[tuple[tuple[float, float], ...], int] = {}
+        kinds = [(float(e), float(d), bool(p)) for e, d, p, _, _ in self.conn.execute(
+            f"SELECT DISTINCT epsilon, delta, {pv} AS pv, round, grp FROM charges "
+            "ORDER BY round, grp, epsilon, delta, pv")]
+        histories: dict[tuple[tuple[float, float, bool], ...], int] = {}
         n_users = 0
-        for h, n in self.conn.execute("""
+        for h, n in self.conn.execute(f"""
                 SELECT h, COUNT(*) FROM (
                     SELECT user, group_concat(kind, ',') AS h
-                    FROM (SELECT user, round, DENSE_RANK() OVER (ORDER BY round, grp, epsilon, delta) AS kind
+                    FROM (SELECT user, round,
+                                 DENSE_RANK() OVER (ORDER BY round, grp, epsilon, delta, {pv}) AS kind
                           FROM charges ORDER BY user, round, kind) GROUP BY user)
                 GROUP BY h"""):
             key = tuple(kinds[int(k) - 1] for k in h.split(","))
             histories[key] = histories.get(key, 0) + n
             n_users += n
         cumulative = []
-        for h, n in sorted(histories.items(), key=lambda kv: -sum(e for e, _ in kv[0])):
-            eps, dl = [e for e, _ in h], [d for _, d in h]
+        for h, n in sorted(histories.items(), key=lambda kv: (-sum(e for e, _, p in kv[0] if p),
+                                                                -sum(not p for *_, p in kv[0]))):
+            eps, dl = [e for e, _, p in h if p], [d for _, d, p in h if p]
+            n_np = sum(not p for *_, p in h)
             be, bd = basic_composition(eps, dl)
             ae, ad = advanced_composition(eps, dl, delta_prime)
-            cumulative.append({"users": n, "releases": len(h), "charges": [{"epsilon": e, "delta": d} for e, d in h],
+            cumulative.append({"users": n, "releases": len(h), "non_private_releases": n_np,
+                               "charges": [{"epsilon": e, "delta": d, "private": p} for e, d, p in h],
                                "basic": {"epsilon": be, "delta": bd},
                                "advanced": {"epsilon": ae, "delta": ad},
-                               "best": {"epsilon": min(be, ae), "delta": bd if be <= ae else ad}})
+                               "best": None if n_np else {"epsilon": min(be, ae), "delta": bd if be <= ae else ad}})
         worst = max((c["basic"]["epsilon"] for c in cumulative), default=0.0)
-        return {"ledger": str(self.path), "lifetime": {"epsilon": self.lifetime_epsilon, "delta": self.lifetime_delta},
-                "delta_prime": delta_prime, "rounds": rounds, "cumulative": cumulative,
-                "users": n_users, "worst_basic_epsilon": worst,
-                "remaining_epsilon": max(0.0, self.lifetime_epsilon - worst)}
+        exposed = sum(c["users"] for c in cumulative if c["non_private_releases"])
+        out = {"ledger": str(self.path), "lifetime": {"epsilon": self.lifetime_epsilon, "delta": self.lifetime_delta},
+               "delta_prime": delta_prime, "rounds": rounds, "cumulative": cumulative,
+               "users": n_users, "worst_basic_epsilon": worst,
+               "remaining_epsilon": max(0.0, self.lifetime_epsilon - worst),
+               "users_without_guarantee": exposed}
+        if exposed:
+            out["warning"] = non_private_warning(exposed)
+        return out
+
+
+def non_private_warning(users: int) -> str:
+    """The report's warning when users were charged in non-private (seeded) releases."""
+    return (f"{users:,} user(s) took part in non-private (seeded) releases: anyone who knows the seed can "
+            "reproduce the noise, so these users have NO privacy guarantee at all; the (ε, δ) sums count "
+            "private releases only")

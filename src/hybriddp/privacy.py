@@ -84,15 +84,18 @@ def blender_guarantees(epsilon: float, delta: float, f_c: float, m_c: int) -> tu
     return (*curator_guarantees(epsilon, delta), localalg_guarantee(epsilon, delta, f_c, m_c))
 
 
-def charges(guarantees: Sequence[Guarantee], users: dict[str, np.ndarray | Sequence[str]]) -> list[Charge]:
+def charges(guarantees: Sequence[Guarantee], users: dict[str, np.ndarray | Sequence[str]], *,
+            private: bool = True) -> list[Charge]:
     """Ledger charges: each guarantee's (ε, δ) for the users of its group (``users[group]``).
 
     Groups without users (for example the clients, whom the curator's ledger never sees) are
-    left out.
+    left out. ``private=False`` marks the charges of a seeded release: its noise is reproducible
+    by anyone who knows the seed, so the (ε, δ) it states is not a guarantee (the ledger records
+    it and reports it as non-private).
     """
     from hybriddp.ledger import Charge
 
-    return [Charge(g.group, users[g.group], g.epsilon, g.delta) for g in guarantees if g.group in users]
+    return [Charge(g.group, users[g.group], g.epsilon, g.delta, private) for g in guarantees if g.group in users]
 
 
 def describe(guarantees: Sequence[Guarantee]) -> dict[str, Any]:

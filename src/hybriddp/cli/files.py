@@ -22,10 +22,10 @@ from hybriddp.cli.options import (
     privacy_options,
     seed_option,
 )
-from hybriddp.cli.privacy import charge_round, ledger_options
+from hybriddp.cli.privacy import charge_empty_run, charge_round, ledger_options
 from hybriddp.cli.run import output_options
 from hybriddp.device import DeviceLedger
-from hybriddp.errors import DataError, parameter_error
+from hybriddp.errors import DataError, EmptyHeadListError, parameter_error
 from hybriddp.headlist import read_device_json
 from hybriddp.io.atomic import check_output_path
 from hybriddp.io.exchange import read_messages, read_release_files, write_release_files, write_reports
@@ -68,7 +68,9 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
 
     Reads opt-in records, writes only differentially private outputs: the head list for devices
     and the opt-in estimates for the server. With --ledger the round is charged to the opt-in
-    users in the same step that makes both files visible: a refused round writes nothing.
+    users in the same step that makes both files visible: a refused round writes nothing. Every
+    run is charged, whatever it outputs: a run whose head list is empty writes no file but is
+    charged too (the empty outcome is a release), so a rerun is a new release, charged again.
     Keep the raw opt-in log under access control and delete it when no longer needed.
     """
     params = make_params(optin_fraction=optin_fraction if optin_fraction is not None else 0.05,
@@ -81,9 +83,12 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
         log = load_input(input_path, fmt, user_col, query_col, url_col, row_per_user, skip_bad_rows, progress)
     render.warn_delta(params.delta, log.n_users)
     optin_users = None if optin_fraction is None else split_optin(log.n_users, optin_fraction, seed)[0]
-    with render.stage_progress(True) as on_stage:
-        rel, _ = curate(log, params, optin_users=optin_users, seed=seed, noise_factory=noise_factory(noise),
-                          stages=Stages(on_stage), with_charges=ledger_path is not None)
+    try:
+        with render.stage_progress(True) as on_stage:
+            rel, _ = curate(log, params, optin_users=optin_users, seed=seed, noise_factory=noise_factory(noise),
+                            stages=Stages(on_stage), with_charges=ledger_path is not None)
+    except EmptyHeadListError as exc:  # an output of the mechanism: charged like a head list (ALGORITHM.md §3.4)
+        raise charge_empty_run(exc, ledger_path, round_name, lifetime_epsilon, lifetime_delta) from None
     charged: list[str | None] = [None]
 
     def charge() -> None:  # inside the write: the ledger is charged only if both files can appear
@@ -96,7 +101,8 @@ def headlist_cmd(input_path: str, fmt: str | None, user_col: str | None, query_c
                      f"{s['optin_users']:,} opt-in users ({s['optin_users_s']:,} in S, {s['optin_users_t']:,} in T)")
     render.out.print(f"wrote {out_headlist} ({rel.hash[:19]}…) and {out_estimates}")
     if charged[0]:
-        render.out.print(f"charged round {charged[0][:27]} to the ledger {ledger_path}")
+        seeded = " as non-private (seeded: no privacy guarantee)" if rel.non_private else ""
+        render.out.print(f"charged round {charged[0][:27]} to the ledger {ledger_path}{seeded}")
     if seed is not None:
         render.err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
 

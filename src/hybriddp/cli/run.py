@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import click
 
@@ -23,8 +24,8 @@ from hybriddp.cli.options import (
     privacy_options,
     seed_option,
 )
-from hybriddp.cli.privacy import charge_round, ledger_options
-from hybriddp.errors import HeadListError, parameter_error
+from hybriddp.cli.privacy import charge_empty_run, charge_round, ledger_options
+from hybriddp.errors import EmptyHeadListError, HeadListError, parameter_error
 from hybriddp.groups import check_algorithm_params, check_group_sizes
 from hybriddp.noise import noise_factory
 from hybriddp.params import BlenderParams
@@ -89,11 +90,18 @@ def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | No
         if output:
             render.out.print(f"wrote {output}")
         return
-    with render.interruptible(), render.stage_progress(not as_json) as on_stage, _row_per_user_hint(log):
-        run = run_blender(log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage), backend=backend)
-        res = result_from_run(run)
+    try:
+        with render.interruptible(), render.stage_progress(not as_json) as on_stage, _row_per_user_hint(log):
+            run = run_blender(log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage), backend=backend,
+                              with_charges=ledger is not None)
+            res = result_from_run(run)
+    except EmptyHeadListError as exc:  # an output of the curator's mechanism: its opt-in users are charged
+        raise charge_empty_run(exc, *(ledger or (None, None, None, None))) from None
     if ledger:  # simulation: every user is charged for the round before the result is shown
-        charged = charge_round(*ledger, round_charges(run))
+        charges = round_charges(run)
+        if seed is not None:  # a seeded run gives no privacy: recorded as non-private
+            charges = [replace(c, private=False) for c in charges]
+        charged = charge_round(*ledger, charges)
         res.sizes["ledger_round"] = charged  # type: ignore[assignment]
     if output:
         res.write(output)
@@ -110,14 +118,16 @@ def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | No
 
 @contextmanager
 def _row_per_user_hint(log: RecordLog) -> Iterator[None]:
-    """An empty head list from a log with many rows per user: add the --row-per-user hint to the error."""
+    """An empty head list from a log with many rows per user: add the --row-per-user hint to the error
+    (the error keeps its type and the run's charges)."""
     try:
         yield
     except HeadListError as exc:
         if log.n_records < 2 * log.n_users:
             raise
-        raise HeadListError(f"{exc} If every row of the log is its own user, pass --row-per-user (the log has "
-                            f"{log.n_records:,} rows for {log.n_users:,} users).") from exc
+        exc.args = (f"{exc} If every row of the log is its own user, pass --row-per-user (the log has "
+                    f"{log.n_records:,} rows for {log.n_users:,} users).",)
+        raise
 
 
 algorithm_option = click.option(

@@ -5,10 +5,15 @@
 estimates documents (hash-bound), their in-memory form, and the ledger charges of the
 round. Raw records stay inside; only differentially private outputs leave.
 
+Every run is charged, whatever it outputs: an empty head list (ALGORITHM.md §3.4) is itself an
+output of CreateHeadList, so :func:`curate` raises :class:`~hybriddp.errors.EmptyHeadListError`
+carrying the same ledger charges a release of the run would carry, for the caller to charge.
+
 Randomness: with ``seed=None`` (production) the curator's noise comes from the OS CSPRNG
 (``noise_class(None)``, see :mod:`hybriddp.noise`) and the S/T split and the per-user sampling
 from a NumPy generator seeded from OS entropy; a ``seed`` makes every stage reproducible for
-experiments and gives no privacy.
+experiments and gives no privacy: such a release is marked ``non_private`` in both documents and its
+charges are ``private=False``.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ from hybriddp.curator import (
     require_nonempty,
     reuse_s,
 )
+from hybriddp.errors import EmptyHeadListError
 from hybriddp.headlist import HeadList
+from hybriddp.ledger import Charge
 from hybriddp.noise import DiscreteLaplaceNoise, NoiseSource
 from hybriddp.params import REUSES_S, BlenderParams
-from hybriddp.parties.release import CuratorRelease, estimates_document
-from hybriddp.privacy import charges
+from hybriddp.parties.release import CuratorRelease, estimates_document, mark_non_private
+from hybriddp.privacy import charges, curator_guarantees
 from hybriddp.records import RecordLog, SampledRecords, sample_records
 from hybriddp.rng import stage_rng
 from hybriddp.stages import Stages
@@ -69,13 +76,25 @@ def client_f_c(params: BlenderParams, url_level: bool) -> float:
     return params.f_c if url_level else 1.0
 
 
+def curator_charges(log: RecordLog, params: BlenderParams, users_s: np.ndarray, users_t: np.ndarray,
+                    seed: int | None) -> list[Charge]:
+    """The ledger charges of one curator run: (ε, δ) to the users of S (Theorem 1), (ε, 0) to those of T
+    (Theorem 2), from :func:`hybriddp.privacy.curator_guarantees`; ``private=False`` when seeded."""
+    users = {"optin-S": log.user_keys(users_s), "optin-T": log.user_keys(users_t)}
+    return charges(curator_guarantees(params.epsilon, params.delta), users, private=seed is None)
+
+
 def curator_side(
     log: RecordLog, optin_users: np.ndarray, params: BlenderParams, *, seed: int | None,
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
-    stages: Stages | None = None,
+    stages: Stages | None = None, with_charges: bool = True,
 ) -> CuratorOutput:
     """Partition O into S and T (|S| = round(f_O·|O|)), CreateHeadList on S, estimates on T (and on
-    S's released noisy counts too when ``params.estimator`` reuses S, ALGORITHM.md §4.1)."""
+    S's released noisy counts too when ``params.estimator`` reuses S, ALGORITHM.md §4.1).
+
+    An empty head list raises :class:`~hybriddp.errors.EmptyHeadListError` with the run's charges
+    (:func:`curator_charges`; none with ``with_charges=False``): that outcome is a release too.
+    """
     stages = stages or Stages()
     backend = backend or default_backend()
     with stages.stage("sample opt-in records"):
@@ -91,7 +110,13 @@ def curator_side(
         hl_s, s_counts = create_head_list_with_counts(d_s.query, d_s.url, epsilon=params.epsilon,
                                                       delta=params.delta, m_o=params.m_o, noise=noise_s,
                                                       backend=backend)
-        require_nonempty(hl_s, n_records_s=len(d_s), tau=tau)
+        try:
+            require_nonempty(hl_s, tau=tau, epsilon=params.epsilon, delta=params.delta, m_o=params.m_o,
+                             n_optin_users=len(perm))
+        except EmptyHeadListError as exc:
+            if with_charges:
+                exc.charges = curator_charges(log, params, users_s, users_t, seed)
+            raise
     with stages.stage("estimate opt-in probabilities"):  # Fig. 2 line 3
         optin = estimate_optin_probabilities(
             d_t.query, d_t.url, hl_s, epsilon=params.epsilon, m_o=params.m_o,
@@ -105,20 +130,23 @@ def curator_side(
 
 def release(log: RecordLog, params: BlenderParams, cur: CuratorOutput, seed: int | None, *,
             with_charges: bool = True) -> CuratorRelease:
-    """Turn the curator's working output into its release (documents + ledger charges)."""
+    """Turn the curator's working output into its release (documents + ledger charges).
+
+    A seeded release is marked ``"non_private": true`` in the device head list (devices see it) and
+    in the estimates, and its charges are ``private=False``.
+    """
     hl = cur.optin.head_list
     hdoc = hl.to_device_json(log.queries, log.urls, epsilon=params.epsilon, delta=params.delta,
                              f_c=client_f_c(params, log.has_urls), m_c=params.m_c, url_level=log.has_urls)
+    if seed is not None:
+        hdoc = mark_non_private(hdoc)
     sizes = {"optin_users": cur.n_users_s + cur.n_users_t, "optin_users_s": cur.n_users_s,
              "optin_users_t": cur.n_users_t, "records_s": len(cur.sampled_s), "records_t": len(cur.sampled_t),
              "head_list_s_records": cur.head_list_s.n_records, "head_list_s_queries": cur.head_list_s.n_queries}
     edoc = estimates_document(cur.optin, hdoc, params, cur.noise, seed, sizes)
-    users = {}
-    if with_charges and cur.users_s is not None and cur.users_t is not None:
-        users = {"optin-S": log.user_keys(cur.users_s), "optin-T": log.user_keys(cur.users_t)}
     rel = CuratorRelease(hdoc, edoc, hl, log.queries, log.urls, cur.optin, params, cur.noise, seed)
-    if users:
-        rel.charges = charges(rel.guarantees, users)
+    if with_charges and cur.users_s is not None and cur.users_t is not None:
+        rel.charges = curator_charges(log, params, cur.users_s, cur.users_t, seed)
     return rel
 
 
@@ -132,7 +160,11 @@ def curate(
     ``optin_users``: indices of the opt-in users in ``log`` (default: every user of ``log``).
     ``with_charges=False`` skips computing the ledger charges (simulations without a ledger).
     The working output holds raw samples: keep it inside the curator (simulations score with it).
+
+    Raises :class:`~hybriddp.errors.EmptyHeadListError` when the head list is empty; it carries the
+    charges this release would have carried: a caller with a ledger charges them (every run is charged).
     """
     users = np.arange(log.n_users) if optin_users is None else np.asarray(optin_users, dtype=np.int64)
-    cur = curator_side(log, users, params, seed=seed, noise_factory=noise_factory, backend=backend, stages=stages)
+    cur = curator_side(log, users, params, seed=seed, noise_factory=noise_factory, backend=backend, stages=stages,
+                       with_charges=with_charges)
     return release(log, params, cur, seed, with_charges=with_charges), cur

@@ -10,6 +10,11 @@
   a record estimated from S ∪ T, ALGORITHM.md §4.1) and ``n_s`` = |D_S|; it is written only when S
   is reused, so releases without reuse stay version 2.
 
+A seeded release gives no privacy (its noise is reproducible by anyone who knows the seed): both
+documents then say ``"non_private": true``. The head list carries the key only when seeded, so an
+unseeded head list is byte for byte what it always was; the estimates always carry it (false when
+unseeded) next to their ``seed`` (a publisher may withhold the seed itself: ``non_private`` stays true).
+
 Everything in both is a function of the (ε, δ)-DP outputs and of public sizes (ALGORITHM.md
 §3, §4); raw records never are. :func:`release_from_documents` validates both field by field
 (the value, the field and the fix in every message) and rebuilds the in-memory release.
@@ -88,14 +93,30 @@ class CuratorRelease:
         return curator_guarantees(float(self.headlist["epsilon"]), float(self.headlist["delta"]))
 
     @property
+    def non_private(self) -> bool:
+        """True for a seeded release: reproducible by anyone who knows the seed, no privacy at all."""
+        return (self.seed is not None or self.headlist.get("non_private") is True
+                or self.estimates.get("non_private") is True)
+
+    @property
     def hash(self) -> str:
         """The head list's content hash: the round's identity for devices and ledgers."""
         return str(self.headlist["content_hash"])
 
 
+def mark_non_private(headlist_doc: dict[str, Any]) -> dict[str, Any]:
+    """The device head list of a seeded release: ``"non_private": true`` added and the hash recomputed, so
+    that devices (which download only this document) can see that the release gives no privacy."""
+    doc = {k: v for k, v in headlist_doc.items() if k != "content_hash"}
+    doc["non_private"] = True
+    doc["content_hash"] = content_hash(doc)
+    return doc
+
+
 def estimates_document(optin: OptinEstimates, headlist_doc: dict[str, Any], params: BlenderParams, noise: str,
                        seed: int | None, sizes: dict[str, int]) -> dict[str, Any]:
-    """The opt-in estimates document, bound to ``headlist_doc`` and content-hashed."""
+    """The opt-in estimates document, bound to ``headlist_doc`` and content-hashed; ``non_private`` is true
+    exactly when ``seed`` is set (a seeded release gives no privacy)."""
     if noise not in NOISE_LABELS:
         raise DataError(f"noise = {noise!r}: unknown; use one of {', '.join(NOISE_LABELS)}")
     doc: dict[str, Any] = {
@@ -106,7 +127,7 @@ def estimates_document(optin: OptinEstimates, headlist_doc: dict[str, Any], para
         "draws_record": [int(x) for x in optin.draws_record.tolist()],
         "p_query": [float(x) for x in optin.p_query.tolist()],
         "draws_query": [int(x) for x in optin.draws_query.tolist()],
-        "params": params.to_dict(), "noise": noise, "seed": seed,
+        "params": params.to_dict(), "noise": noise, "seed": seed, "non_private": seed is not None,
         "sizes": {k: int(v) for k, v in sizes.items()},
     }
     if optin.reused is not None:
@@ -192,6 +213,10 @@ def check_estimates_document(doc: Any, headlist_doc: dict[str, Any], hl: HeadLis
     seed = doc.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise _fail(source, "seed", seed, "it must be null or an integer ≥ 0")
+    if "non_private" in doc and (not isinstance(doc["non_private"], bool)  # absent in older files
+                                 or (seed is not None and not doc["non_private"])):
+        raise _fail(source, "non_private", doc["non_private"], "it must be true or false, and true for a seeded "
+                    f"release (seed = {seed!r}); use the file `hybriddp headlist` wrote")
     sizes = doc.get("sizes", {})
     if not isinstance(sizes, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                               for v in sizes.values()):
@@ -244,6 +269,18 @@ def check_headlist_budget(headlist_doc: dict[str, Any], source: str = "head list
                             "`hybriddp headlist`)") from None
 
 
+def _check_non_private(hdoc: dict[str, Any], edoc: dict[str, Any] | None, source: str) -> None:
+    """The head list's ``non_private`` is absent or true (it is written only for a seeded release), and agrees with
+    the estimates' (``edoc``; None: the head list alone)."""
+    if "non_private" in hdoc and hdoc["non_private"] is not True:
+        raise HeadListError(f"{source}: field 'non_private' = {hdoc['non_private']!r} is not valid: it is written "
+                            "only for a seeded release, as true; rebuild the head list with `hybriddp headlist`")
+    if edoc is not None and "non_private" in edoc and ("non_private" in hdoc) != edoc["non_private"]:  # older: absent
+        raise HeadListError(f"{source}: the head list is {'' if 'non_private' in hdoc else 'not '}marked non_private "
+                            f"but its estimates say non_private = {str(edoc['non_private']).lower()}; pass the two "
+                            "files `hybriddp headlist` wrote together")
+
+
 def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_source: str = "head list",
                            estimates_source: str = "opt-in estimates") -> CuratorRelease:
     """Validate the two documents of a release and rebuild it (the server's view).
@@ -253,6 +290,7 @@ def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_so
     """
     hdoc = validate_device_json(headlist_doc, headlist_source)
     check_headlist_budget(hdoc, headlist_source)
+    _check_non_private(hdoc, None, headlist_source)
     hl, qv, uv = from_device_json(hdoc)
     edoc = check_estimates_document(estimates_doc, hdoc, hl, estimates_source)
     params = _params(edoc, estimates_source)
@@ -260,6 +298,7 @@ def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_so
         if hdoc[name] != want:
             raise HeadListError(f"{estimates_source}: params.{name} = {want!r} but the head list says {hdoc[name]!r}; "
                                 "pass the two files `hybriddp headlist` wrote together")
+    _check_non_private(hdoc, edoc, headlist_source)
     p_rec = np.asarray(edoc["p_record"], dtype=np.float64)
     j_rec = np.asarray(edoc["draws_record"], dtype=np.int64)
     p_q = np.asarray(edoc["p_query"], dtype=np.float64)

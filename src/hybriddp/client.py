@@ -9,8 +9,8 @@ Three roles, one class each (paper Fig. 1; the API is in docs and ``/openapi.jso
   many users' uploads in one request, each still authenticated by its own token).
 * :class:`DeviceClient` — one device (a client in the paper): fetch and verify the head list
   (cached by its ETag), randomize its own records on the device with
-  :func:`hybriddp.device.randomize_records` (charging its own :class:`~hybriddp.device.DeviceLedger`),
-  and submit the message.
+  :func:`hybriddp.device.randomize_records` (charging its own :class:`~hybriddp.device.DeviceLedger`,
+  by default the per-user one of :func:`hybriddp.device.default_device_ledger_path`), and submit the message.
 
 Retries. Submitting device messages is idempotent — every message carries a random 16-byte id and
 the server counts an id once — so submissions (and every GET) are retried on connection errors,
@@ -38,7 +38,15 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from hybriddp.device import DeviceLedger, check_message_id, randomize_records, validate_headlist
+from hybriddp.device import (
+    DeviceLedger,
+    DeviceLedgerRefusal,
+    check_message_id,
+    default_device_ledger_path,
+    open_device_ledger,
+    randomize_records,
+    validate_headlist,
+)
 from hybriddp.errors import HybridDPError, parameter_error
 
 log = logging.getLogger(__name__)
@@ -262,11 +270,15 @@ class AdminClient(_Http):
         super().__init__(base_url, token=token.strip(), **kw)
 
     def create_round(self, kind: str = "blender", params: dict[str, Any] | None = None, *, name: str | None = None,
-                     seed: int | None = None) -> dict[str, Any]:
-        """Create a round (state collecting-optin). ``seed``: experiments only, no privacy."""
+                     seed: int | None = None, retention_hours: float | None = None) -> dict[str, Any]:
+        """Create a round (state collecting-optin). ``seed``: experiments only, no privacy (refused unless the
+        server runs with ``--insecure-testing-seeds``). ``retention_hours``: raw opt-in data are purged that
+        long after creation at the latest (server default: a week)."""
         body: dict[str, Any] = {"kind": kind, "params": dict(params or {})}
         if name is not None:
             body["name"] = name
+        if retention_hours is not None:
+            body["retention_hours"] = retention_hours
         if seed is not None:
             body["params"]["seed"] = seed
         return _json(self.request("POST", f"{API}/rounds", what="create round", idempotent=False,
@@ -314,6 +326,21 @@ class AdminClient(_Http):
         return _json(self.request("POST", f"{API}/rounds/{_rid(round_id)}/headlist", what=what, idempotent=False,
                                   json_body=body), what)
 
+    def abort(self, round_id: str) -> dict[str, Any]:
+        """End a round still collecting opt-in data; its raw opt-in data are deleted (nothing is charged)."""
+        what = f"abort round {round_id}"
+        return _json(self.request("POST", f"{API}/rounds/{_rid(round_id)}/abort", what=what, idempotent=False),
+                     what)
+
+    def delete_round(self, round_id: str) -> dict[str, Any]:
+        """Delete a round's raw data, tokens, reports, documents and results (its ledger charges stay)."""
+        what = f"delete round {round_id}"
+        return _json(self.request("DELETE", f"{API}/rounds/{_rid(round_id)}", what=what, idempotent=True), what)
+
+    def ledger(self) -> dict[str, Any]:
+        """The service's privacy ledger: per-round totals and per-pseudonym spend (no identities)."""
+        return _json(self.request("GET", f"{API}/ledger", what="read the ledger", idempotent=True), "read the ledger")
+
     def close(self, round_id: str) -> dict[str, Any]:
         """Close the round (reports are refused from now on) and compute its results."""
         what = f"close round {round_id}"
@@ -360,23 +387,27 @@ class OptinUploader(_Http):
         self.round_id = round_id
 
     def upload(self, records: Iterable[tuple[str, str | None]], *, chunk: int = 50_000) -> int:
-        """Upload (query, url) records (url None when there is none), in order; returns how many were accepted.
+        """Upload (query, url) records (url None when there is none), in order; returns how many were stored.
 
-        Not retried once sent (a repeated upload would store the records twice).
+        The server keys each chunk by its content (keyed hash), so a chunk resent after a lost answer, or
+        the same records uploaded again, are acknowledged and not stored twice: uploads are retried like
+        any idempotent request, and a repeat is not counted in the return value.
         """
         what = f"upload opt-in records to round {self.round_id}"
         path = f"{API}/rounds/{_rid(self.round_id)}/optin/records"
         accepted = 0
         for part in _chunks(({"query": q, "url": u} for q, u in records), chunk):
-            resp = self.request("POST", path, what=what, idempotent=False, json_body={"records": part})
+            body = {"records": part}
+            resp = self.request("POST", path, what=what, idempotent=True, json_body=body)
             accepted += int(_json(resp, what)["accepted"])
         return accepted
 
     def upload_values(self, values: Iterable[float]) -> int:
         """Mean rounds: upload raw numeric values; returns how many were accepted."""
         what = f"upload opt-in values to round {self.round_id}"
+        body = {"values": [float(v) for v in values]}
         resp = self.request("POST", f"{API}/rounds/{_rid(self.round_id)}/optin/records", what=what,
-                            idempotent=False, json_body={"values": [float(v) for v in values]})
+                            idempotent=True, json_body=body)
         return int(_json(resp, what)["accepted"])
 
 
@@ -459,28 +490,105 @@ class Acknowledgement:
         return self
 
 
+class _Sentinel:
+    """A named marker value for a keyword argument."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+NO_LEDGER = _Sentinel("DeviceClient.NO_LEDGER")
+"""``DeviceClient(..., device_ledger=NO_LEDGER)``: keep no device ledger. TESTS AND SIMULATIONS ONLY."""
+_NEXT_TO_LEDGER = _Sentinel("<next to the device ledger>")
+
+SDK_WAY_OUT = ("only tests and simulations may skip the device ledger "
+               "(DeviceClient(..., device_ledger=DeviceClient.NO_LEDGER))")
+"""The end of a ledger refusal's message from the SDK: how a test or a simulation opts out."""
+
+
+def outbox_path(ledger_path: str | os.PathLike[str], round_id: str) -> str:
+    """The default outbox of a device in a round: ``<ledger path>.outbox-<round id>.json``, beside its ledger."""
+    return f"{os.fspath(ledger_path)}.outbox-{quote(round_id, safe='')}.json"
+
+
 class DeviceClient(_Http):
     """One device taking part in a round (LocalAlg on the device, ALGORITHM.md §5).
+
+    Guarantee: :meth:`participate` and :meth:`participate_value` charge the device ledger before a report
+    leaves and refuse (:class:`~hybriddp.device.DeviceLedgerRefusal`, nothing sent) a second report in a
+    round or one past the device's lifetime budget — unless the ledger is switched off with
+    :data:`NO_LEDGER`. A message resent from the outbox is the same report (same id) and is not charged again.
 
     Parameters
     ----------
     base_url, round_id : the server and the round.
-    device_ledger : the device's own :class:`~hybriddp.device.DeviceLedger`; charged before a report leaves.
-    outbox : optional file holding the one message not yet acknowledged. :meth:`participate` writes it
+    device_ledger : the device's own ledger: None (the default) for the per-user one,
+        :func:`hybriddp.device.default_device_ledger_path` (budget ε 16, δ 1e-4 when new); a path for the
+        ledger in that file; a :class:`~hybriddp.device.DeviceLedger`; or ``DeviceClient.NO_LEDGER`` for
+        none — every report is then charged by nobody, so only tests and simulations of many devices may.
+        The ledger is opened at the first participation (reading the round or submitting prepared
+        messages never touches it).
+    outbox : file holding the one message not yet acknowledged; default beside the device ledger
+        (:func:`outbox_path`), none with ``NO_LEDGER``; None for none. :meth:`participate` writes it
         (atomically) before sending and removes it once the server acknowledged; a later call for the
         same head list resends it unchanged (same id: counted once) instead of randomizing again.
     retry, timeout : see :class:`RetryPolicy` (device submissions are retried: they are idempotent).
+
+    :meth:`submit` and :meth:`submit_batch` send messages as they are (a relay, or simulated devices) and
+    charge no ledger: whoever randomized them charged theirs.
     """
 
-    def __init__(self, base_url: str, round_id: str, device_ledger: DeviceLedger | None = None, *,
-                 outbox: str | os.PathLike[str] | None = None, **kw: Any) -> None:
+    NO_LEDGER = NO_LEDGER
+
+    def __init__(self, base_url: str, round_id: str,
+                 device_ledger: DeviceLedger | str | os.PathLike[str] | _Sentinel | None = None, *,
+                 outbox: str | os.PathLike[str] | _Sentinel | None = _NEXT_TO_LEDGER, **kw: Any) -> None:
+        if not (device_ledger is None or device_ledger is NO_LEDGER
+                or isinstance(device_ledger, (DeviceLedger, str, os.PathLike))):
+            raise parameter_error("device_ledger", device_ledger, "None (the per-user device ledger), a path, a "
+                                  "DeviceLedger, or DeviceClient.NO_LEDGER (tests and simulations only)")
+        if not (outbox is None or outbox is _NEXT_TO_LEDGER or isinstance(outbox, (str, os.PathLike))):
+            raise parameter_error("outbox", outbox, "a path, or None for no outbox")
         kw.setdefault("timeout", 60.0)
         super().__init__(base_url, **kw)
         self.round_id = round_id
-        self.ledger = device_ledger
-        self.outbox = os.fspath(outbox) if outbox is not None else None
+        self._no_ledger = device_ledger is NO_LEDGER
+        self._ledger: DeviceLedger | None = device_ledger if isinstance(device_ledger, DeviceLedger) else None
+        # the ledger's file when given as a path; None with the per-user default
+        self._ledger_file = os.fspath(device_ledger) if isinstance(device_ledger, (str, os.PathLike)) else None
+        self._outbox_beside_ledger = outbox is _NEXT_TO_LEDGER
+        self._outbox_file = os.fspath(outbox) if isinstance(outbox, (str, os.PathLike)) else None
         self._etag: str | None = None
         self._headlist: dict[str, Any] | None = None
+
+    @property
+    def ledger(self) -> DeviceLedger | None:
+        """The device ledger charged before a report leaves (opened, and the default one's directory created,
+        on first use); None with ``NO_LEDGER``."""
+        if self._ledger is None and not self._no_ledger:
+            self._ledger = open_device_ledger(self._ledger_file)
+        return self._ledger
+
+    @property
+    def outbox(self) -> str | None:
+        """The outbox file (None: no outbox)."""
+        if not self._outbox_beside_ledger:
+            return self._outbox_file
+        if self._no_ledger:
+            return None
+        ledger_path = (self._ledger.path if self._ledger is not None else
+                       self._ledger_file if self._ledger_file is not None else default_device_ledger_path())
+        return outbox_path(ledger_path, self.round_id)
+
+    def _charge(self, charge: Callable[[], Any]) -> Any:
+        """Run ``charge`` (which charges the ledger); a refusal becomes one line naming this round and the opt-out."""
+        try:
+            return charge()
+        except DeviceLedgerRefusal as exc:
+            raise exc.explained(SDK_WAY_OUT, self.round_id) from None
 
     # -- the head list --
     def fetch_headlist(self) -> dict[str, Any]:
@@ -515,13 +623,16 @@ class DeviceClient(_Http):
     def participate(self, records: Sequence[tuple[str, str | None]]) -> Acknowledgement:
         """Randomize this device's records over the round's head list and submit the message.
 
-        The device ledger (if any) is charged before the message leaves; a message the server did not
-        acknowledge raises :class:`ServiceUnavailableError` with ``pending`` set (and stays in the outbox).
+        The device ledger is charged before the message leaves, and refuses
+        (:class:`~hybriddp.device.DeviceLedgerRefusal`, nothing sent) a second report for this head list or
+        one past the lifetime budget; a message the server did not acknowledge raises
+        :class:`ServiceUnavailableError` with ``pending`` set (and stays in the outbox, from which the next
+        call resends it uncharged).
         """
         doc = self.fetch_headlist()
         msg = self._outbox_message(doc["content_hash"])
         if msg is None:
-            msg = randomize_records(doc, records, ledger=self.ledger)
+            msg = self._charge(lambda: randomize_records(doc, records, ledger=self.ledger))
             self._write_outbox(msg)
         ack = self.submit(msg)
         self._clear_outbox()
@@ -572,7 +683,8 @@ class DeviceClient(_Http):
         """Mean rounds: clamp and randomize one value on the device (ALGORITHM.md §11) and submit it.
 
         The round's document (bounds, ε, content hash) comes from the head-list endpoint; the device
-        ledger is charged (ε, 0) under its content hash before the value leaves.
+        ledger is charged (ε, 0) under its content hash before the value leaves, refusing a second report
+        in the round or one past the lifetime budget as :meth:`participate` does.
         """
         from hybriddp.device import new_message_id
         from hybriddp.mean_device import NumericRandomizer
@@ -585,8 +697,9 @@ class DeviceClient(_Http):
         if msg is None:
             randomizer = NumericRandomizer(lower=doc["lower"], upper=doc["upper"], epsilon=doc["epsilon"])
             report = randomizer.randomize(value)  # checks the value before the ledger is charged
-            if self.ledger is not None:
-                self.ledger.record(doc["content_hash"], float(doc["epsilon"]), 0.0)
+            ledger = self.ledger
+            if ledger is not None:
+                self._charge(lambda: ledger.record(doc["content_hash"], float(doc["epsilon"]), 0.0))
             msg = {"id": new_message_id(), "round": self.round_id, "value": report, "headlist": doc["content_hash"]}
             self._write_outbox(msg)
         ack = self.submit({k: v for k, v in msg.items() if k != "headlist"})
@@ -595,26 +708,29 @@ class DeviceClient(_Http):
 
     # -- the outbox --
     def _outbox_message(self, headlist_hash: str) -> dict[str, Any] | None:
-        if self.outbox is None or not os.path.exists(self.outbox):
+        outbox = self.outbox
+        if outbox is None or not os.path.exists(outbox):
             return None
         try:
-            with open(self.outbox, encoding="utf-8") as fh:
+            with open(outbox, encoding="utf-8") as fh:
                 msg = json.load(fh)
             check_message_id(msg.get("id"))
         except (OSError, ValueError, AttributeError, HybridDPError) as exc:
-            raise ServiceRequestError(f"outbox {self.outbox} cannot be read ({exc}); it should hold one device "
+            raise ServiceRequestError(f"outbox {outbox} cannot be read ({exc}); it should hold one device "
                                       "message. Move it away to participate again") from None
         return msg if msg.get("headlist") == headlist_hash else None
 
     def _write_outbox(self, msg: dict[str, Any]) -> None:
-        if self.outbox is not None:
+        outbox = self.outbox
+        if outbox is not None:
             from hybriddp.io.atomic import write_text
-            write_text(self.outbox, json.dumps(msg))
+            write_text(outbox, json.dumps(msg))
 
     def _clear_outbox(self) -> None:
-        if self.outbox is not None:
+        outbox = self.outbox
+        if outbox is not None:
             try:
-                os.unlink(self.outbox)
+                os.unlink(outbox)
             except FileNotFoundError:
                 pass
 
@@ -633,7 +749,7 @@ class DeviceClient(_Http):
 
 
 __all__ = [
-    "Acknowledgement", "AdminClient", "BodyTooLargeError", "ConflictError", "DeviceClient", "NotFoundError",
-    "OptinRelay", "OptinUploader", "RetryPolicy", "ServiceRequestError", "ServiceUnavailableError", "UnauthorizedError",
-    "check_base_url",
+    "NO_LEDGER", "Acknowledgement", "AdminClient", "BodyTooLargeError", "ConflictError", "DeviceClient",
+    "NotFoundError", "OptinRelay", "OptinUploader", "RetryPolicy", "ServiceRequestError", "ServiceUnavailableError",
+    "UnauthorizedError", "check_base_url", "outbox_path",
 ]

@@ -33,6 +33,7 @@ from hybriddp.result import json_default
 from hybriddp.service import create_app
 from hybriddp.service.errors import ConflictError, StoreError
 from hybriddp.service.store import Store
+from storehelpers import published_round
 
 ADMIN = "admin-token-of-the-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -91,7 +92,7 @@ def optin_all(client: TestClient, rid: str, first_user: int = 0) -> None:
     tokens = enrol_all(client, rid, [f"user-{first_user + i}" for i in range(len(OPTIN_RECORDS))])
     lines = [{"token": t, "records": [{"query": q, "url": u}]} for t, (q, u) in zip(tokens, OPTIN_RECORDS, strict=True)]
     resp = upload_ndjson(client, rid, lines)
-    assert resp.status_code == 200 and resp.json() == {"accepted": len(OPTIN_RECORDS)}, resp.text
+    assert resp.status_code == 200 and resp.json() == {"accepted": len(OPTIN_RECORDS), "duplicates": 0}, resp.text
 
 
 def blender_round(client: TestClient, params: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -151,7 +152,8 @@ def test_blender_round_lifecycle_over_http(client: TestClient, store_url: str) -
     error_of(client.get(f"{API}/rounds/{rid}/headlist"), 409, "conflict", "no head list yet")
     error_of(post_reports(client, rid, {"id": new_message_id(), "headlist": "x", "reports": []}), 409, "conflict")
     for token, (q, u) in zip(tokens, OPTIN_RECORDS, strict=True):
-        assert upload(client, rid, token, {"records": [{"query": q, "url": u}]}).json() == {"accepted": 1}
+        ack = upload(client, rid, token, {"records": [{"query": q, "url": u}]}).json()
+        assert ack == {"accepted": 1, "duplicates": 0}
     assert rows_of(store_url, "optin_records", rid) == len(OPTIN_RECORDS)
 
     # the curator: head list built, ledger charged, published; the raw records are gone from the database
@@ -365,7 +367,7 @@ def test_opt_in_uploads_in_one_ndjson_request_all_or_nothing(client: TestClient,
     error_of(client.post(f"{API}/rounds/{rid}/optin/records", content=b"q,u", headers={"Content-Type": "text/csv"}),
              415, "unsupported_media_type")
     assert rows_of(store_url, "optin_records", rid) == 0  # every refused request stored nothing
-    assert upload_ndjson(client, rid, lines).json() == {"accepted": 50}
+    assert upload_ndjson(client, rid, lines).json() == {"accepted": 50, "duplicates": 0}
     assert rows_of(store_url, "optin_records", rid) == 50
     assert client.post(f"{API}/rounds/{rid}/headlist", headers=AUTH).json()["state"] == "headlist-published"
     assert rows_of(store_url, "optin_records", rid) == 0
@@ -404,22 +406,23 @@ def test_administrator_endpoints_need_the_token(client: TestClient) -> None:
     for method, path, json_body in (("post", "/optin/enrol", {"user": "u"}), ("post", "/headlist", None),
                                     ("post", "/close", None)):
         error_of(client.request(method, f"{API}/rounds/{rid}{path}", json=json_body), 401, "unauthorized")
-    rnd = client.get(f"{API}/rounds/{rid}").json()  # reading a round is public
-    assert rnd["state"] == "collecting-optin" and rnd["counts"]["optin_users"] == 0
+    rnd = client.get(f"{API}/rounds/{rid}").json()  # reading a round is public; its live opt-in counts are not
+    assert rnd["state"] == "collecting-optin" and rnd["counts"]["optin_users"] is None
+    assert client.get(f"{API}/rounds/{rid}", headers=AUTH).json()["counts"]["optin_users"] == 0
     assert [r["id"] for r in client.get(f"{API}/rounds", headers=AUTH).json()["rounds"]] == [rid]
 
 
 def test_the_ledger_refuses_a_round_over_the_lifetime_budget(store_url: str) -> None:
     with TestClient(create_app(store_url, ADMIN, lifetime_epsilon=10.0, lifetime_delta=1e-3)) as client:
-        first, _ = blender_round(client)  # charges every opt-in user ε = 8: (8, 1e-5) in S, (8, 0) in T
+        first, _ = blender_round(client)  # charges every opt-in user the round's (8, 1e-5) before the curator runs
         store = client.app.state.store
         spent = [store.spent(f"user-{i}") for i in range(50)]
-        assert sorted(spent).count((8.0, 0.0)) == 50 - round(0.95 * 50) and spent.count((8.0, 1e-5)) == 48
+        assert spent == [(8.0, 1e-5)] * 50
         second = create(client)
         optin_all(client, second)  # the same 50 users: 8 + 8 > 10
         message = error_of(client.post(f"{API}/rounds/{second}/headlist", headers=AUTH), 409, "budget_exceeded",
                            "50 opt-in user(s) would exceed the lifetime budget", "epsilon 10")
-        assert "Nothing was published or charged" in message
+        assert "Nothing was run or charged" in message and "round abort" in message
         rnd = client.get(f"{API}/rounds/{second}").json()
         assert rnd["state"] == "collecting-optin" and rnd["headlist_hash"] is None
         assert rows_of(store_url, "optin_records", second) == 50  # nothing deleted
@@ -441,7 +444,7 @@ def test_mean_round_lifecycle(client: TestClient, store_url: str) -> None:
     tokens = enrol_all(client, rid, [f"m-{i}" for i in range(len(optin_values))])
     error_of(upload(client, rid, tokens[0], {"records": [{"query": "q", "url": "u"}]}), 422, "invalid_data", "values")
     for token, values in zip(tokens, optin_values, strict=True):
-        assert upload(client, rid, token, {"values": values}).json() == {"accepted": len(values)}
+        assert upload(client, rid, token, {"values": values}).json() == {"accepted": len(values), "duplicates": 0}
     assert rows_of(store_url, "optin_values", rid) == 31
     assert client.post(f"{API}/rounds/{rid}/headlist", headers=AUTH).status_code == 200
     assert rows_of(store_url, "optin_values", rid) == 0
@@ -498,7 +501,7 @@ def test_migrations_create_exactly_the_schema(store_url: str) -> None:
     try:
         with store.engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0003"
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0004"
     finally:
         store.close()
 
@@ -521,10 +524,8 @@ def test_group_commit_counts_each_message_id_once_and_refuses_closed_rounds(stor
     store = Store(store_url)
     try:
         infos = []
-        for _ in range(2):
-            rnd = store.create_round("blender", None, {})
-            store.start_build(rnd.id)
-            infos.append(store.publish(rnd, {"content_hash": "sha256:test"}, {}))
+        for i in range(2):
+            infos.append(published_round(store, user=f"user {i}"))
         a, b = infos
         ids = [new_message_id() for _ in range(4)]
         results = store.add_reports_many([

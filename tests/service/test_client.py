@@ -168,14 +168,13 @@ def test_gives_up_after_the_last_attempt_with_the_message_pending(scripted: Any)
     assert info.value.pending == msg  # resend it later as it is: the id makes it count once
 
 
-def test_a_timeout_is_retried_for_submissions_but_not_for_uploads(scripted: Any) -> None:
+def test_a_timeout_is_retried_for_submissions_and_for_uploads(scripted: Any) -> None:
     app, url = scripted([("sleep", 1.5), ACK])
     ack = DeviceClient(url, ROUND, timeout=0.3, sleep=Sleeps()).submit(_message())
     assert ack.counted == 1 and len(app.seen) == 2
-    app2, url2 = scripted([("sleep", 1.5)])
-    with pytest.raises(ServiceUnavailableError, match="may or may not have been applied"):
-        OptinUploader(url2, ROUND, "tok", timeout=0.3, sleep=Sleeps()).upload([("q", "u")])
-    assert len(app2.seen) == 1  # an upload is not idempotent: never sent twice
+    app2, url2 = scripted([("sleep", 1.5), (200, {"accepted": 1, "duplicates": 0}, {})])
+    assert OptinUploader(url2, ROUND, "tok", timeout=0.3, sleep=Sleeps()).upload([("q", "u")]) == 1
+    assert len(app2.seen) == 2  # an upload is idempotent (the server keys it by its content): sent again
 
 
 def test_a_server_that_is_briefly_down(scripted: Any) -> None:
@@ -286,11 +285,12 @@ def service(store_url: str) -> Iterator[Service]:
         yield Service(url, store_url)
 
 
-def published_round(url: str, params: dict[str, Any] | None = None) -> tuple[str, AdminClient]:
-    """A round with the OPTIN users' records uploaded through the SDK and its head list published."""
+def published_round(url: str, params: dict[str, Any] | None = None, users: str = "user") -> tuple[str, AdminClient]:
+    """A round with the OPTIN users' records uploaded through the SDK and its head list published; its opt-in
+    users are ``<users>-0``, ``<users>-1``, … (another name: other users, whose lifetime budget is untouched)."""
     admin = AdminClient(url, ADMIN)
     rid = admin.create_round("blender", params or PARAMS, name="sdk test")["id"]
-    tokens = admin.enrol_many(rid, [f"user-{i}" for i in range(len(OPTIN))])
+    tokens = admin.enrol_many(rid, [f"{users}-{i}" for i in range(len(OPTIN))])
     assert OptinUploader(url, rid, tokens[0]).upload([OPTIN[0]]) == 1  # one user with their token
     relay = OptinRelay(url, rid)  # the others through a relay, each line with its user's token
     assert relay.upload_many([(t, [rec]) for t, rec in zip(tokens[1:], OPTIN[1:], strict=True)]) == len(OPTIN) - 1
@@ -431,8 +431,9 @@ def test_a_mean_round_through_the_sdk(service: Service) -> None:
         assert OptinUploader(service.url, rid, token).upload_values([float(i % 10)]) == 1
     admin.publish_headlist(rid)
     with httpx.Client() as http:
-        for i in range(60):
-            assert DeviceClient(service.url, rid, client=http).participate_value(float(i % 10)).counted == 1
+        for i in range(60):  # 60 simulated devices from one process: no device ledger (one would refuse the 2nd)
+            dev = DeviceClient(service.url, rid, DeviceClient.NO_LEDGER, client=http)
+            assert dev.participate_value(float(i % 10)).counted == 1
         with pytest.raises(HybridDPError, match="not a mean round"):
             brid, _ = published_round(service.url)
             DeviceClient(service.url, brid, client=http).participate_value(1.0)
@@ -491,10 +492,11 @@ def test_round_commands_end_to_end(service: Service, tmp_path: Any) -> None:
             OptinUploader(url, rid, tokens[f"user-{i}"]).upload([rec])
     assert "headlist-published" in _cli("round", "publish", rid, *admin).stdout
     ledger = tmp_path / "device-ledger.json"
-    for i in range(6):
+    for i in range(6):  # device 0 with its own ledger file, the others with the default one of their own data home
         dev = _csv(tmp_path / f"device-{i}.csv", [POOL[i % len(POOL)], POOL[(i + 1) % len(POOL)]])
         flags = ("--device-ledger", ledger, "--lifetime-epsilon", 20, "--lifetime-delta", 1e-3) if i == 0 else ()
-        got = json.loads(_cli("participate", "--server", url, "--round", rid, "--input", dev, *flags, "--json").stdout)
+        got = json.loads(_cli("participate", "--server", url, "--round", rid, "--input", dev, *flags, "--json",
+                              env={"HYBRIDDP_DATA_HOME": str(tmp_path / f"home-{i}")}).stdout)
         assert got == {"round": rid, "acknowledged": 1, "counted": 1, "duplicates": 0}
     _clean_error(_cli("participate", "--server", url, "--round", rid, "--input", tmp_path / "device-0.csv",
                       "--device-ledger", ledger, ok=False), "already reported")
@@ -592,7 +594,8 @@ def test_serve_demo_serves_a_finished_round_and_one_collecting_reports(tmp_path:
         finished, collecting = app.state.store.rounds()  # both demo rounds are in the database the server opened
         with local_server(app) as url:
             dev = DeviceClient(url, finished.id)
-            served.update(round=finished.id, finished=dev.round(), local_search=dev.local_search())
+            served.update(round=finished.id, finished=dev.round(), local_search=dev.local_search(),
+                          optin_users=(finished.optin_users, collecting.optin_users))
             other = DeviceClient(url, collecting.id)
             served.update(collecting=other.round(), collecting_headlist=other.fetch_headlist(),
                           page_rounds=httpx.get(f"{url}/api/v1/local-search/rounds").json())
@@ -609,7 +612,8 @@ def test_serve_demo_serves_a_finished_round_and_one_collecting_reports(tmp_path:
     assert f"collecting round page: http://127.0.0.1:8123/rounds/{rnd['id']}\n" in out.stdout
     assert rnd["state"] == "headlist-published" and "collecting reports" in rnd["name"]
     assert rnd["params"] == served["finished"]["params"]  # the same parameters, as many opt-in users
-    assert rnd["counts"]["optin_users"] == served["finished"]["counts"]["optin_users"] > 0
+    assert rnd["counts"]["optin_users"] is None  # live opt-in counts are for administrators only
+    assert served["optin_users"][0] == served["optin_users"][1] > 0
     assert rnd["counts"]["messages"] == 0
     assert headlist["queries"] and headlist["content_hash"] == rnd["headlist_hash"]
     # the local-search page searches the finished round and contributes to the collecting one
@@ -634,11 +638,158 @@ def test_a_mean_round_with_the_cli(service: Service, tmp_path: Any) -> None:
     assert first["counted"] == 1 and json.loads(ledger.read_text())["rounds"]  # charged under the round's hash
     _clean_error(_cli("participate", "--round", rid, "--value", 7, "--device-ledger", ledger, env=env, ok=False),
                  "already reported")
-    for v in (1, 2, 9):
-        _cli("participate", "--round", rid, "--value", v, env=env)
+    for v in (1, 2, 9):  # three more devices, each with the default ledger of its own data home
+        _cli("participate", "--round", rid, "--value", v, env={**env, "HYBRIDDP_DATA_HOME": str(tmp_path / str(v))})
     _cli("round", "close", rid, env=env)
     table = _cli("round", "results", rid, env=env).stdout
     assert "mean estimates" in table and all(name in table for name in ("optin", "client", "hybrid"))
     res = json.loads(_cli("round", "results", rid, "--json", env=env).stdout)
     assert res["sizes"]["messages"] == 4 and res["sizes"]["optin_users"] == 2
     _clean_error(_cli("round", "create", "--kind", "blender", "--lower", 0, env=env, ok=False), "--kind blender")
+
+
+# ----- the device ledger by default -------------------------------------------------------------------------
+def _one_line_refusal(result: Any, rid: str, *needles: str) -> str:
+    """A refused `participate`: exit status 2, no traceback, one line naming the round."""
+    _clean_error(result, f"round {rid}", "No report was sent", *needles)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_participate_three_times_in_one_round_counts_once(service: Service, tmp_path: Any) -> None:
+    """With default settings the second and third runs are refused by the per-user device ledger (in
+    HYBRIDDP_DATA_HOME, 0700/0600) before anything is sent: the server counts one message, the device spent ε once."""
+    import os
+    import stat
+    from pathlib import Path
+    rid, admin = published_round(service.url)
+    dev = _csv(tmp_path / "device.csv", POOL[:2])
+    run = ("participate", "--server", service.url, "--round", rid, "--input", dev)
+    assert json.loads(_cli(*run, "--json").stdout)["counted"] == 1
+    for _ in range(2):
+        line = _one_line_refusal(_cli(*run, ok=False), rid, "already reported", "would spend ε = 8 again",
+                                 "lifetime ε = 16, δ = 0.0001", "--no-device-ledger")
+        assert "spent so far ε = 8," in line
+    assert admin.round(rid)["counts"]["messages"] == 1
+    home = Path(os.environ["HYBRIDDP_DATA_HOME"])
+    ledger = home / "device-ledger.json"
+    assert json.loads(ledger.read_text())["rounds"] == {admin.round(rid)["headlist_hash"]: {"epsilon": 8.0,
+                                                                                            "delta": 1e-5}}
+    assert stat.S_IMODE(ledger.stat().st_mode) == 0o600 and stat.S_IMODE(home.stat().st_mode) == 0o700
+    assert sorted(p.name for p in home.iterdir()) == ["device-ledger.json"]  # the outbox went with the ack
+
+
+def test_device_client_participates_once_per_round_by_default(service: Service) -> None:
+    from hybriddp.device import DeviceLedgerRefusal
+    rid, admin = published_round(service.url)
+    with httpx.Client() as http:
+        first, second = DeviceClient(service.url, rid, client=http), DeviceClient(service.url, rid, client=http)
+        assert first.participate(POOL[:2]).counted == 1
+        for dev in (first, second, DeviceClient(service.url, rid, client=http)):  # the same device, three objects
+            with pytest.raises(DeviceLedgerRefusal) as info:
+                dev.participate(POOL[2:4])
+            message = str(info.value)
+            assert message.startswith(f"this device already reported in round {rid} (head list sha256:")
+            assert "lifetime ε = 16" in message and "DeviceClient.NO_LEDGER" in message and "\n" not in message
+    assert admin.round(rid)["counts"]["messages"] == 1
+
+
+def test_the_lifetime_budget_is_refused_across_rounds(service: Service, tmp_path: Any) -> None:
+    """Rounds of ε = 8, 7 and 6 against the default lifetime ε = 16: the third is refused, nothing reaches its
+    round. (Each round has its own ε, so its own head-list hash: the ledger keys a round by that hash.)"""
+    rounds = [published_round(service.url, {**PARAMS, "epsilon": eps}, users=f"round-{eps}") for eps in (8, 7, 6)]
+    dev = _csv(tmp_path / "device.csv", POOL[:2])
+    for rid, _ in rounds[:2]:
+        _cli("participate", "--server", service.url, "--round", rid, "--input", dev)
+    rid3, admin = rounds[2]
+    _one_line_refusal(_cli("participate", "--server", service.url, "--round", rid3, "--input", dev, ok=False), rid3,
+                      "would spend ε = 6, δ = 1e-05 more and pass this device's lifetime ε = 16, δ = 0.0001",
+                      "spent so far ε = 15, δ = 2e-05", "--no-device-ledger")
+    assert [admin.round(rid)["counts"]["messages"] for rid, _ in rounds] == [1, 1, 0]
+
+
+def test_a_mean_round_is_charged_once_by_default(service: Service) -> None:
+    from hybriddp.device import DeviceLedgerRefusal
+    admin = AdminClient(service.url, ADMIN)
+    rid = admin.create_round("mean", {"epsilon": 2.0, "lower": 0.0, "upper": 10.0, "sigma2": 4.0})["id"]
+    OptinUploader(service.url, rid, admin.enrol(rid, "u")).upload_values([1.0, 2.0])
+    admin.publish_headlist(rid)
+    assert DeviceClient(service.url, rid).participate_value(3.0).counted == 1
+    with pytest.raises(DeviceLedgerRefusal, match=f"already reported in round {rid} .* spend ε = 2 again"):
+        DeviceClient(service.url, rid).participate_value(3.0)
+    assert admin.round(rid)["counts"]["messages"] == 1
+
+
+def test_the_explicit_opt_out_allows_repeated_reports(service: Service, tmp_path: Any) -> None:
+    import os
+    from pathlib import Path
+    rid, admin = published_round(service.url)
+    dev = _csv(tmp_path / "device.csv", POOL[:2])
+    run = ("participate", "--server", service.url, "--round", rid, "--input", dev)
+    for _ in range(2):
+        out = _cli(*run, "--no-device-ledger")
+        assert "warning: --no-device-ledger" in out.stderr and "counted" in out.stdout
+    for _ in range(2):
+        assert DeviceClient(service.url, rid, DeviceClient.NO_LEDGER).participate(POOL[:1]).counted == 1
+    assert admin.round(rid)["counts"]["messages"] == 4
+    assert not Path(os.environ["HYBRIDDP_DATA_HOME"]).exists()  # no ledger, no outbox: nothing written
+    _clean_error(_cli(*run, "--no-device-ledger", "--device-ledger", tmp_path / "l.json", ok=False),
+                 "--device-ledger and --no-device-ledger contradict each other")
+    _clean_error(_cli(*run, "--no-device-ledger", "--lifetime-epsilon", 3, ok=False), "--lifetime-epsilon and")
+    with pytest.raises(HybridDPError, match="device_ledger"):
+        DeviceClient(service.url, rid, True)  # type: ignore[arg-type]
+    assert admin.round(rid)["counts"]["messages"] == 4
+
+
+def test_an_unacknowledged_message_is_resent_from_the_default_outbox(service: Service, tmp_path: Any) -> None:
+    """The default ledger's outbox: the server fails while the device submits; the next run resends the same
+    message (same id, counted once, not charged again); the run after that is refused."""
+    import os
+    from pathlib import Path
+    rid, admin = published_round(service.url)
+    doc = DeviceClient(service.url, rid, DeviceClient.NO_LEDGER).fetch_headlist()
+    dev = _csv(tmp_path / "device.csv", POOL[:2])
+    with local_server(Scripted([(200, doc, {"ETag": f'"{doc["content_hash"]}"'}),
+                                _error(503, "database_unavailable", "the database is locked")])) as down_url:
+        _clean_error(_cli("participate", "--server", down_url, "--round", rid, "--input", dev, "--retries", 1,
+                          ok=False), "gave up")
+    home = Path(os.environ["HYBRIDDP_DATA_HOME"])
+    pending = json.loads((home / f"device-ledger.json.outbox-{rid}.json").read_text())
+    again = json.loads(_cli("participate", "--server", service.url, "--round", rid, "--input", dev,
+                            "--json").stdout)
+    assert again["counted"] == 1 and not (home / f"device-ledger.json.outbox-{rid}.json").exists()
+    assert json.loads((home / "device-ledger.json").read_text())["rounds"][doc["content_hash"]]["epsilon"] == 8.0
+    _one_line_refusal(_cli("participate", "--server", service.url, "--round", rid, "--input", dev, ok=False), rid,
+                      "already reported")
+    assert admin.round(rid)["counts"]["messages"] == 1
+    # the SDK's default outbox is the same file: a message left there by the CLI is resent by DeviceClient
+    (home / f"device-ledger.json.outbox-{rid}.json").write_text(json.dumps(pending))
+    ack = DeviceClient(service.url, rid).participate(POOL[:2])
+    assert (ack.counted, ack.duplicates) == (0, 1) and admin.round(rid)["counts"]["messages"] == 1
+
+
+def test_round_lifecycle_commands_abort_delete_upload_twice_and_the_ledger(service: Service, tmp_path: Any) -> None:
+    """`round upload` run twice stores the records once; `round abort` and `round delete --yes` end rounds and
+    delete their raw data; bad input exits 2 with one line; `privacy report` reads the service's ledger."""
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(ADMIN + "\n")
+    admin = ("--server", service.url, "--admin-token-file", token_file)
+    rid = json.loads(_cli("round", "create", *admin, "--retention-hours", 2, "--json").stdout)["id"]
+    token = json.loads(_cli("round", "enrol", rid, *admin, "--user", "u-1", "--json").stdout)["tokens"]["u-1"]
+    (tmp_path / "tok").write_text(token)
+    records = _csv(tmp_path / "r.csv", OPTIN[:2])
+    for _ in range(2):
+        _cli("round", "upload", rid, "--server", service.url, "--token-file", tmp_path / "tok", "--input", records)
+    status = AdminClient(service.url, ADMIN).round(rid)
+    assert status["counts"]["optin_records"] == 2 and status["retention_deadline"] is not None
+    _clean_error(_cli("round", "delete", rid, *admin, ok=False), "--yes")
+    _clean_error(_cli("round", "create", *admin, "--retention-hours", -1, ok=False), "retention")
+    _clean_error(_cli("round", "create", *admin, "--seed", 3, ok=False), "--insecure-testing-seeds")
+    aborted = json.loads(_cli("round", "abort", rid, *admin, "--json").stdout)
+    assert aborted["state"] == "aborted" and aborted["raw_data_purged"] is not None
+    _clean_error(_cli("round", "abort", rid, *admin, ok=False), "aborted")
+    assert json.loads(_cli("round", "delete", rid, *admin, "--yes", "--json").stdout)["state"] == "deleted"
+    other, _ = published_round(service.url)
+    report = json.loads(_cli("privacy", "report", service.store_url, "--json").stdout)
+    assert other in json.dumps(report) and "u-1" not in json.dumps(report)

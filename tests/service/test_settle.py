@@ -25,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 
 import hybriddp.service.store as store_module
+import storehelpers
 from asyncrun import run_async
 from hybriddp.device import new_message_id
 from hybriddp.service.store import RoundInfo, Store
@@ -34,9 +35,7 @@ N_ENTRIES = 8
 
 
 def published_round(store: Store, kind: str = "blender") -> RoundInfo:
-    rnd = store.create_round(kind, None, {})
-    store.start_build(rnd.id)
-    return store.publish(rnd, {"content_hash": "sha256:test"}, {})
+    return storehelpers.published_round(store, kind)
 
 
 def rows(store: Store, round_num: int | None = None) -> tuple[int, int]:

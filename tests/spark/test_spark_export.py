@@ -17,6 +17,7 @@ from hybriddp.pipeline import split_optin
 from hybriddp.service.export import close_with_spark
 from hybriddp.service.store import Store
 from logdata import zipf_log
+from storehelpers import published_round
 
 
 def test_round_exported_and_closed_with_spark(spark, tmp_path: Path) -> None:
@@ -32,9 +33,7 @@ def test_round_exported_and_closed_with_spark(spark, tmp_path: Path) -> None:
     db = tmp_path / "service.db"
     store = Store(f"sqlite:///{db}")
     try:
-        rnd = store.create_round("blender", None, {})
-        store.start_build(rnd.id)
-        info = store.publish(rnd, served.headlist, served.estimates)
+        rnd = info = published_round(store, headlist=served.headlist, estimates=served.estimates)
         store.add_reports(info, items[:1_000])
         store.add_reports(info, items[900:])  # 100 retries, counted once by the service
         r = invoke("round", "export", rnd.id, "--db", f"sqlite:///{db}", "--output", tmp_path / "cli.parquet")

@@ -1,15 +1,22 @@
-"""``hybriddp privacy report LEDGER``: per-round and cumulative guarantees from a ledger."""
+"""``hybriddp privacy report LEDGER``: per-round and cumulative guarantees from a ledger — a file ledger
+(:class:`~hybriddp.ledger.PrivacyLedger`) or the collection service's database
+(:mod:`hybriddp.service.ledger_view`) — and the charging helpers of the commands that release.
+
+Every run of a curator mechanism is charged, whatever it outputs (ALGORITHM.md §3.4): an empty head
+list is charged like a head list (:func:`charge_empty_run`).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
 from hybriddp.cli import render
-from hybriddp.errors import parameter_error
-from hybriddp.ledger import Charge, PrivacyLedger
+from hybriddp.errors import EmptyHeadListError, parameter_error
+from hybriddp.ledger import Charge, LedgerError, PrivacyLedger, is_service_database
 
 
 def ledger_options(f: Any) -> Any:
@@ -22,7 +29,9 @@ def ledger_options(f: Any) -> Any:
                      help="Name of this round in the ledger. Default: the UTC time of the run.")(f)
     f = click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False), default=None,
                      help="Privacy ledger (SQLite) to charge this round to; the round is refused, before anything "
-                          "is released, if a user would exceed the lifetime budget.")(f)
+                          "is released, if a user would exceed the lifetime budget. Every run is charged, an empty "
+                          "head list too (it is an output of the mechanism), and a seeded run is recorded as "
+                          "non-private.")(f)
     return f
 
 
@@ -38,61 +47,152 @@ def charge_round(ledger_path: str | None, round_name: str | None, lifetime_epsil
     return name
 
 
+def charge_empty_run(exc: EmptyHeadListError, ledger_path: str | None, round_name: str | None,
+                     lifetime_epsilon: float | None, lifetime_delta: float | None) -> EmptyHeadListError:
+    """Charge a curator run that kept no record (ALGORITHM.md §3.4) and return the one-line error to raise.
+
+    The empty head list is an output of CreateHeadList, so the run is charged like any release
+    (``exc.charges``, as a round named by ``round_name`` or the time); running again is a new release.
+    A refused charge raises the ledger's own error, which says nothing about the run's outcome, as
+    for a run that kept records. No output file is written either way.
+    """
+    if ledger_path is None:
+        return EmptyHeadListError(
+            f"{exc} This outcome is a release of the mechanism; nothing was recorded because no --ledger was "
+            "given (with --ledger it is charged to the opt-in users, and every run again is a new release, charged "
+            "again). No output file was written.", tau=exc.tau, epsilon=exc.epsilon, delta=exc.delta, m_o=exc.m_o,
+            n_optin_users=exc.n_optin_users, charges=exc.charges)
+    name = charge_round(ledger_path, round_name, lifetime_epsilon, lifetime_delta, exc.charges)
+    n_users = sum(len(c.users) for c in exc.charges)
+    seeded = "" if all(c.private for c in exc.charges) else " as non-private (seeded: no privacy guarantee)"
+    return EmptyHeadListError(
+        f"{exc} This outcome is a release of the mechanism: it was charged (ε = {exc.epsilon:g}, δ = {exc.delta:g})"
+        f"{seeded} to the {n_users:,} opt-in users in {ledger_path} as round {name!r}; running again is a new "
+        "release, charged again. No output file was written.", tau=exc.tau, epsilon=exc.epsilon, delta=exc.delta,
+        m_o=exc.m_o, n_optin_users=exc.n_optin_users, charges=exc.charges)
+
+
 @click.group("privacy")
 def privacy_group() -> None:
     """Privacy accounting: what each user has spent across rounds."""
 
 
 @privacy_group.command("report")
-@click.argument("ledger", type=click.Path(dir_okay=False))
+@click.argument("ledger")
 @click.option("--delta-prime", type=float, default=1e-6, show_default=True,
-              help="The extra δ' of advanced composition (Dwork–Rothblum–Vadhan).")
+              help="The extra δ' of advanced composition (Dwork–Rothblum–Vadhan); file ledgers.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def report_cmd(ledger: str, delta_prime: float, as_json: bool) -> None:
-    """Per-round releases and each user's cumulative (ε, δ) under basic and advanced composition."""
-    from pathlib import Path
+    """Per-round releases and each user's cumulative (ε, δ) under basic and advanced composition.
 
-    from hybriddp.ledger import LedgerError
-    if not Path(ledger).is_file():
-        raise LedgerError(f"ledger file not found: {ledger}")
+    LEDGER is a file ledger (--ledger of `headlist`/`run`), the collection service's SQLite database
+    (`hybriddp serve --db`), or a database URL (sqlite:///path, postgresql+psycopg://...); the
+    service's database is only read. Non-private (seeded) releases are flagged: their users have no
+    privacy guarantee, and the (ε, δ) sums count private releases only.
+    """
     if not 0 < delta_prime < 1:
         raise parameter_error("delta_prime (--delta-prime)", delta_prime, "strictly between 0 and 1",
                               "The default 1e-6 is typical.")
+    if "://" in ledger:
+        from hybriddp.service.ledger_view import open_service_ledger
+        return _print_service(open_service_ledger(ledger), as_json)
+    if not Path(ledger).is_file():
+        raise LedgerError(f"ledger file not found: {ledger}")
+    if is_service_database(ledger):
+        from hybriddp.service.ledger_view import open_service_ledger
+        return _print_service(open_service_ledger(f"sqlite:///{Path(ledger).resolve()}"), as_json)
     with PrivacyLedger.open(ledger) as led:
         rep = led.report(delta_prime)
     if as_json:
         render.print_json(rep)
-        return
+        return None
     life = rep["lifetime"]
     t = Table(title=f"Rounds in {ledger}", title_justify="left")
-    for col in ("round", "created (UTC)", "group", "users", "ε", "δ"):
-        t.add_column(col, justify="right" if col in ("users", "ε", "δ") else "left")
+    for col in ("round", "created (UTC)", "private", "group", "users", "ε", "δ"):
+        t.add_column(col, justify="right" if col in ("users", "ε", "δ") else "left", no_wrap=col == "private")
     for r in rep["rounds"]:
         for i, g in enumerate(r["groups"]):
-            t.add_row(r["round"] if i == 0 else "", r["created"] if i == 0 else "", g["group"], f"{g['users']:,}",
+            t.add_row(r["round"] if i == 0 else "", r["created"] if i == 0 else "",
+                      _private_cell(r.get("private", True)) if i == 0 else "", g["group"], f"{g['users']:,}",
                       f"{g['epsilon']:g}", f"{g['delta']:g}")
     render.out.print(t)
     c = Table(title=f"Cumulative per user: one row per charge history (the users charged the same (ε, δ) in the "
                     f"same order share a row; lifetime budget ε = {life['epsilon']:g}, δ = {life['delta']:g}; "
-                    f"advanced composition with δ' = {delta_prime:g})", title_justify="left")
-    for col in ("charged (ε, δ), oldest first", "users", "releases", "basic ε", "basic δ", "advanced ε",
-                "advanced δ", "best ε"):
+                    f"advanced composition with δ' = {delta_prime:g}; sums over private releases only)",
+              title_justify="left")
+    for col in ("charged (ε, δ), oldest first", "users", "releases", "non-private releases", "basic ε", "basic δ",
+                "advanced ε", "advanced δ", "best ε"):
         c.add_column(col, justify="left" if col.startswith("charged") else "right")
     for row in rep["cumulative"]:
-        c.add_row(_history(row.get("charges", [])), f"{row['users']:,}", str(row["releases"]),
+        n_np = row.get("non_private_releases", 0)
+        best = "none" if row["best"] is None else f"{row['best']['epsilon']:.4g}"
+        c.add_row(_history(row.get("charges", [])), f"{row['users']:,}", str(row["releases"]), _non_private_cell(n_np),
                   f"{row['basic']['epsilon']:.4g}", f"{row['basic']['delta']:.3g}",
-                  f"{row['advanced']['epsilon']:.4g}", f"{row['advanced']['delta']:.3g}",
-                  f"{row['best']['epsilon']:.4g}")
+                  f"{row['advanced']['epsilon']:.4g}", f"{row['advanced']['delta']:.3g}", best)
     render.out.print(c)
     render.out.print(f"{rep['users']:,} users; the most-charged user has spent ε = {rep['worst_basic_epsilon']:.4g} "
                      f"(basic); {rep['remaining_epsilon']:.4g} of the lifetime ε remains for them")
+    _print_warning(rep)
+    return None
 
 
-def _history(charges: list[dict[str, float]]) -> str:
-    """``(4, 1e-05) × 2, (4, 0)``: a user's releases, oldest first, repeats collapsed."""
+def _private_cell(private: bool) -> str:
+    return "yes" if private else "[bold red]NO (seeded)[/bold red]"
+
+
+def _non_private_cell(n: int) -> str:
+    return "0" if not n else f"[bold red]{n} (no privacy guarantee)[/bold red]"
+
+
+def _print_warning(rep: dict[str, Any]) -> None:
+    if rep.get("warning"):
+        render.out.print(f"[bold red]warning: {rep['warning']}[/bold red]")
+
+
+def _print_service(rep: dict[str, Any], as_json: bool) -> None:
+    """The collection service's ledger (:func:`hybriddp.service.ledger_view.service_ledger`): rounds, then the
+    pseudonyms grouped by what they spent."""
+    if as_json:
+        render.print_json(rep)
+        return
+    life = rep["lifetime"]
+    t = Table(title=f"Rounds charged in the service database {rep['database']}", title_justify="left")
+    for col in ("round", "name", "kind", "state", "private", "group", "users", "ε", "δ"):
+        t.add_column(col, justify="right" if col in ("users", "ε", "δ") else "left", no_wrap=col == "private")
+    for r in rep["rounds"]:
+        for i, g in enumerate(r["groups"]):
+            first = i == 0
+            t.add_row(str(r["round"]) if first else "", (r["name"] or "") if first else "",
+                      str(r["kind"]) if first else "", str(r["state"]) if first else "",
+                      _private_cell(r["private"]) if first else "", g["group"], f"{g['users']:,}",
+                      f"{g['epsilon']:g}", f"{g['delta']:g}")
+    render.out.print(t)
+    groups: dict[tuple[float, float, int, int], int] = {}
+    for p in rep["pseudonyms"]:
+        key = (p["epsilon"], p["delta"], p["rounds"], p["non_private_releases"])
+        groups[key] = groups.get(key, 0) + 1
+    budget = ("" if life["epsilon"] is None else
+              f"; lifetime budget ε = {life['epsilon']:g}, δ = {life['delta']:g}")
+    c = Table(title=f"Cumulative per user (keyed pseudonyms; the users with the same totals share a row{budget}; "
+                    "basic composition over private releases only)", title_justify="left")
+    for col in ("users", "rounds", "non-private releases", "Σε", "Σδ"):
+        c.add_column(col, justify="right")
+    for (e, d, k, n_np), n in sorted(groups.items(), key=lambda kv: (-kv[0][0], -kv[0][1], -kv[0][3])):
+        c.add_row(f"{n:,}", str(k), _non_private_cell(n_np), f"{e:.4g}", f"{d:.3g}")
+    render.out.print(c)
+    remaining = "" if rep["remaining_epsilon"] is None else (
+        f"; {rep['remaining_epsilon']:.4g} of the lifetime ε remains for them")
+    render.out.print(f"{rep['users']:,} users; the most-charged user has spent ε = {rep['worst_basic_epsilon']:.4g} "
+                     f"(basic){remaining}")
+    _print_warning(rep)
+
+
+def _history(charges: list[dict[str, Any]]) -> str:
+    """``(4, 1e-05) × 2, (4, 0)``: a user's releases, oldest first, repeats collapsed; a non-private
+    release reads ``(4, 1e-05) NON-PRIVATE``."""
     runs: list[list[Any]] = []
     for ch in charges:
-        label = f"({ch['epsilon']:g}, {ch['delta']:g})"
+        label = f"({ch['epsilon']:g}, {ch['delta']:g})" + ("" if ch.get("private", True) else " NON-PRIVATE")
         if runs and runs[-1][0] == label:
             runs[-1][1] += 1
         else:

@@ -84,11 +84,16 @@ def print_round(rnd: dict[str, Any]) -> None:
     counts = rnd.get("counts") or {}
     rows = [("name", rnd.get("name") or ""), ("kind", rnd.get("kind")), ("state", rnd.get("state")),
             ("created", rnd.get("created")), ("head list", rnd.get("headlist_hash") or "(not published)")]
-    rows += [(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else str(v)) for k, v in counts.items()]
+    rows += [(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else "(administrators only)" if v is None
+              else str(v)) for k, v in counts.items()]
     rows += [("params", json.dumps(rnd.get("params"), sort_keys=True))]
+    if rnd.get("retention_deadline"):
+        rows.append(("raw data", f"purged {rnd['raw_data_purged']}" if rnd.get("raw_data_purged")
+                     else f"kept until {rnd['retention_deadline']} at the latest"))
     seed = (rnd.get("params") or {}).get("seed")
-    if seed is not None:
-        rows.append(("seed", f"{seed} — {rnd.get('warning') or SEED_WARNING}"))
+    if seed is not None or rnd.get("non_private"):
+        shown = "" if seed is None else f"{seed} — "
+        rows.append(("NON-PRIVATE", f"{shown}{rnd.get('warning') or SEED_WARNING}"))
     for k, v in rows:
         t.add_row(str(k), str(v))
     render.out.print(t)
@@ -185,11 +190,15 @@ def round_group() -> None:
 @click.option("--upper", type=float, default=None, help="--kind mean: upper bound of the values, in their unit.")
 @click.option("--sigma2", type=float, default=None, help="--kind mean: the values' variance σ², if known (in the "
               "unit squared). Default: estimated privately from the opt-in group with part of its budget.")
-@seed_option(help="EXPERIMENTS ONLY: the server's curator uses this seed, so the round has NO privacy.")
+@click.option("--retention-hours", type=float, default=None,
+              help="Hours after creation at which the round's raw opt-in data are purged at the latest, whatever its "
+                   "state (a round still collecting opt-in data is then aborted). Default: the server's, 168 (a week).")
+@seed_option(help="EXPERIMENTS ONLY: the server's curator uses this seed, so the round has NO privacy; refused unless "
+                  "the server runs with --insecure-testing-seeds.")
 @json_option
 def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str | None, noise: str, no_project: bool,
                estimator: str | None, lower: float | None, upper: float | None, sigma2: float | None,
-               seed: int | None, as_json: bool, **knobs: Any) -> None:
+               retention_hours: float | None, seed: int | None, as_json: bool, **knobs: Any) -> None:
     """Create a round (state collecting-optin) with all BLENDER parameters (ALGORITHM.md §2), or a mean round
     (--kind mean --epsilon --lower --upper; ALGORITHM.md §11). Prints the round and its id."""
     if kind == "blender":
@@ -212,7 +221,7 @@ def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str |
                 raise parameter_error("sigma2 (--sigma2)", sigma2, "a finite number >= 0 (the values' variance)")
             params["sigma2"] = sigma2
     with _admin(server, admin_token_file) as admin:
-        rnd = admin.create_round(kind, params, name=name, seed=seed)
+        rnd = admin.create_round(kind, params, name=name, seed=seed, retention_hours=retention_hours)
     if as_json:
         render.print_json(rnd)
         return
@@ -323,6 +332,34 @@ def publish_cmd(round_id: str, server: str, admin_token_file: str | None, as_jso
     show_round(rnd, as_json)
 
 
+@round_group.command("abort")
+@click.argument("round_id")
+@admin_options
+@json_option
+def abort_cmd(round_id: str, server: str, admin_token_file: str | None, as_json: bool) -> None:
+    """End a round that is still collecting opt-in data: its raw opt-in records (or values), upload tokens and
+    upload keys are deleted from the database and its files. Nothing was released, so nothing is charged."""
+    with _admin(server, admin_token_file) as admin:
+        rnd = admin.abort(round_id)
+    show_round(rnd, as_json)
+
+
+@round_group.command("delete")
+@click.argument("round_id")
+@admin_options
+@click.option("--yes", is_flag=True, help="Confirm: the round's reports, documents and results are deleted for good.")
+@json_option
+def delete_cmd(round_id: str, server: str, admin_token_file: str | None, yes: bool, as_json: bool) -> None:
+    """Delete a round in any state but building-headlist: its raw opt-in data, tokens, device reports, head list,
+    estimates and results. Its id, parameters and ledger charges stay (what was released stays spent)."""
+    if not yes:
+        raise parameter_error("--yes", False, "given", f"`hybriddp round delete {round_id} --yes` deletes the round's "
+                              "reports and results for good; `round abort` ends a round still collecting opt-in data")
+    with _admin(server, admin_token_file) as admin:
+        rnd = admin.delete_round(round_id)
+    show_round(rnd, as_json)
+
+
 @round_group.command("close")
 @click.argument("round_id")
 @admin_options
@@ -384,37 +421,60 @@ def _device_records(input_path: str, fmt: str | None, user_col: str | None, quer
               "(clamped to the round's bounds, then randomized on the device).")
 @click.option("--device-ledger", type=click.Path(dir_okay=False), default=None,
               help="This device's own privacy ledger (JSON); charged before anything is sent, it refuses a second "
-                   "report for the same round and reports beyond the lifetime budget.")
-@click.option("--lifetime-epsilon", type=float, default=None, help="Lifetime ε of a new --device-ledger.")
-@click.option("--lifetime-delta", type=float, default=None, help="Lifetime δ of a new --device-ledger.")
+                   "report for the same round and reports beyond the lifetime budget. Default: device-ledger.json "
+                   "in hybriddp's data directory ($HYBRIDDP_DATA_HOME, else $XDG_DATA_HOME/hybriddp, else "
+                   "~/.local/share/hybriddp).")
+@click.option("--no-device-ledger", is_flag=True,
+              help="TESTS AND SIMULATIONS ONLY: keep no device ledger, so every run is charged by nobody: nothing "
+                   "stops a second report in the same round or reports past the lifetime budget.")
+@click.option("--lifetime-epsilon", type=float, default=None,
+              help="Lifetime ε of a new device ledger [default: 16]; an existing ledger keeps its own.")
+@click.option("--lifetime-delta", type=float, default=None,
+              help="Lifetime δ of a new device ledger [default: 1e-4]; an existing ledger keeps its own.")
 @click.option("--outbox", type=click.Path(dir_okay=False), default=None,
               help="File keeping the message until the server acknowledges it; if a run fails, running the same "
-                   "command again resends it unchanged (counted once). Default: next to --device-ledger.")
+                   "command again resends it unchanged (counted once, not charged again). Default: next to the "
+                   "device ledger (none with --no-device-ledger).")
 @click.option("--retries", type=int, default=5, show_default=True,
               help="Retries after the first try on connection errors, timeouts, HTTP 429 and 5xx (exponential "
                    "backoff from 0.2 s to 10 s, with jitter); 0 = no retry.")
 @json_option
 def participate_cmd(server: str, round_id: str, input_path: str | None, fmt: str | None, user_col: str | None,
                     query_col: str, url_col: str | None, row_per_user: bool, skip_bad_rows: bool, value: float | None,
-                    device_ledger: str | None, lifetime_epsilon: float | None, lifetime_delta: float | None,
-                    outbox: str | None, retries: int, as_json: bool) -> None:
+                    device_ledger: str | None, no_device_ledger: bool, lifetime_epsilon: float | None,
+                    lifetime_delta: float | None, outbox: str | None, retries: int, as_json: bool) -> None:
     """One device takes part in a round: fetch and verify the head list, randomize its records on the device
-    (LocalAlg, ALGORITHM.md §5; every row of --input is this device's) and submit the message."""
+    (LocalAlg, ALGORITHM.md §5; every row of --input is this device's) and submit the message.
+
+    The device ledger (by default the per-user one) is charged before the message leaves: a second report in
+    the same round, or one past the lifetime budget, is refused with nothing sent (exit status 2); a message
+    resent from the outbox is the same report and is not charged again."""
     from hybriddp.client import DeviceClient, RetryPolicy
-    from hybriddp.device import DeviceLedger
+    from hybriddp.device import DeviceLedgerRefusal, open_device_ledger
     if (input_path is None) == (value is None):
         raise parameter_error("--input/--value", None, "exactly one of them: --input RECORDS for a blender round, "
                               "--value X for a mean round")
     if retries < 0 or retries > 100:
         raise parameter_error("retries (--retries)", retries, "an integer from 0 to 100")
-    ledger = DeviceLedger(device_ledger, lifetime_epsilon=lifetime_epsilon,
-                          lifetime_delta=lifetime_delta) if device_ledger else None
-    if outbox is None and device_ledger is not None:
-        outbox = f"{device_ledger}.outbox-{round_id}.json"
+    given = [flag for flag, v in (("--device-ledger", device_ledger), ("--lifetime-epsilon", lifetime_epsilon),
+                                  ("--lifetime-delta", lifetime_delta)) if v is not None]
+    if no_device_ledger and given:
+        raise click.BadParameter(f"{given[0]} and --no-device-ledger contradict each other; give one of them",
+                                 param_hint="--no-device-ledger")
+    if no_device_ledger:
+        render.err.print("[yellow]warning: --no-device-ledger: this report is charged to no device ledger, so "
+                         "nothing stops a second report in this round or one past the lifetime budget (tests and "
+                         "simulations only)[/yellow]")
+    ledger = DeviceClient.NO_LEDGER if no_device_ledger else open_device_ledger(
+        device_ledger, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta)
     records = None if input_path is None else _device_records(input_path, fmt, user_col, query_col, url_col,
                                                                 skip_bad_rows)
-    with DeviceClient(server, round_id, ledger, outbox=outbox, retry=RetryPolicy(attempts=retries + 1)) as dev:
-        ack = dev.participate_value(value) if records is None else dev.participate(records)
+    where = {"outbox": outbox} if outbox is not None else {}  # default: next to the device ledger
+    try:
+        with DeviceClient(server, round_id, ledger, retry=RetryPolicy(attempts=retries + 1), **where) as dev:
+            ack = dev.participate_value(value) if records is None else dev.participate(records)
+    except DeviceLedgerRefusal as exc:
+        raise exc.explained("pass --no-device-ledger only for tests and simulations") from None
     if as_json:
         render.print_json({"round": round_id, "acknowledged": ack.acknowledged, "counted": ack.counted,
                            "duplicates": ack.duplicates})

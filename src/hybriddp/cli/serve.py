@@ -95,11 +95,20 @@ def save_token(path: Path, token: str) -> None:
               "(the aol preset at --scale 0.1: opt-in uploads, head list, device reports, close), so its results and "
               "local-search document can be opened at once, and leave a second round collecting reports (the "
               "local-search page's contribute switch sends to it).")
+@click.option("--optin-max-records", type=click.IntRange(1), default=10_000, show_default=True,
+              help="Records (or values) one opt-in token may upload in its round; more is refused (HTTP 413).")
+@click.option("--optin-max-bytes", type=click.IntRange(1), default=16 << 20, show_default=True,
+              help="Request bytes one opt-in token may upload in its round; more is refused (HTTP 413).")
+@click.option("--insecure-testing-seeds", "allow_seeds", is_flag=True,
+              help="TESTING ONLY: accept rounds created with a seed. A seeded round gives NO privacy (anyone who "
+                   "knows the seed regenerates its noise); such rounds are marked non-private in the API, the pages "
+                   "and the ledger, and their seed is never published. Off: seeded rounds are refused (HTTP 403).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="Uvicorn's log level. Access logs (with client addresses) are never written.")
 def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_token_file: str | None,
               lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
-              check_workers: int | None, workers: int, demo: bool, log_level: str) -> None:
+              check_workers: int | None, workers: int, demo: bool, optin_max_records: int, optin_max_bytes: int,
+              allow_seeds: bool, log_level: str) -> None:
     """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
 
     Opt-in users upload raw records with their own tokens; an administrator publishes the head list
@@ -125,8 +134,12 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS
     if check_workers is None:
         check_workers = max(1, DEFAULT_CHECK_WORKERS // workers)
+    limits = {"optin_max_records": optin_max_records, "optin_max_bytes": optin_max_bytes, "allow_seeds": allow_seeds}
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
-                     lifetime_delta=lifetime_delta, check_workers=check_workers)
+                     lifetime_delta=lifetime_delta, check_workers=check_workers, **limits)
+    if allow_seeds:
+        click.echo("WARNING: --insecure-testing-seeds: this server accepts seeded rounds, which give NO privacy; "
+                   "never use it with real users' data", err=True)
     store = app.state.store
     if generated:
         save_token(token_path, token)
@@ -150,7 +163,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         store.close()
         os.environ[WORKER_CONFIG] = json.dumps({
             "db_url": db_url, "token_file": str(token_path), "max_body_bytes": max_body_bytes,
-            "check_workers": check_workers, "parent": os.getpid()})
+            "check_workers": check_workers, "parent": os.getpid(), **limits})
         uvicorn.run("hybriddp.cli.serve:worker_app", factory=True, workers=workers, **options)
         return
     from hybriddp.service.checkpool import tune_interpreter
@@ -174,7 +187,8 @@ def worker_app() -> object:
     cfg = json.loads(os.environ[WORKER_CONFIG])
     token = Path(cfg["token_file"]).read_text(encoding="utf-8").strip()
     app = create_app(cfg["db_url"], token, max_body_bytes=cfg["max_body_bytes"],
-                     check_workers=cfg["check_workers"], recover=False)
+                     check_workers=cfg["check_workers"], recover=False, allow_seeds=cfg["allow_seeds"],
+                     optin_max_records=cfg["optin_max_records"], optin_max_bytes=cfg["optin_max_bytes"])
     watch_parent(cfg["parent"])
     tune_interpreter()
     return app

@@ -10,6 +10,8 @@ agent, time) is stored with a report.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import io
 import json
@@ -45,6 +47,7 @@ from hybriddp.service.errors import (
     BadBodyError,
     ConflictError,
     NotFoundError,
+    SeedRefusedError,
     UnauthorizedError,
     UnsupportedMediaTypeError,
     error_payload,
@@ -52,7 +55,14 @@ from hybriddp.service.errors import (
 from hybriddp.service.metrics import LatencyMiddleware, Metrics
 from hybriddp.service.reports import ReportsEndpoint, accept_reports
 from hybriddp.service.schema import ROUND_STATES
-from hybriddp.service.store import RoundInfo, Store
+from hybriddp.service.store import (
+    DEFAULT_OPTIN_MAX_BYTES,
+    DEFAULT_OPTIN_MAX_RECORDS,
+    OptinUpload,
+    RoundInfo,
+    Store,
+    UploadAck,
+)
 from hybriddp.service.writer import ReportWriter
 
 logger = logging.getLogger(__name__)
@@ -60,6 +70,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 """Largest request body accepted (16 MiB); larger ones get 413."""
 MIN_ADMIN_TOKEN = 16
+PURGE_INTERVAL_S = 60.0
+"""Seconds between two passes that purge raw opt-in data past their round's retention deadline."""
+SEEDS_FLAG = "--insecure-testing-seeds"
+"""The ``hybriddp serve`` flag without which seeded rounds are refused."""
 
 admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
                           description="The administrator token (`hybriddp serve` prints where it is).")
@@ -78,8 +92,10 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 _ERROR_TEXT = {400: "Malformed request body.", 401: "Missing or wrong bearer token.", 404: "No such round.",
+               403: "A seeded round, which this server refuses (it was not started with --insecure-testing-seeds).",
                409: "The round's state does not allow this, or the privacy budget refuses it.",
-               413: "Request body over the size limit.", 415: "Unsupported content type.",
+               413: "Request body over the size limit, or an opt-in token's upload quota exceeded.",
+               415: "Unsupported content type.",
                422: "Invalid parameters or data (the message names the field, the value and the fix).",
                503: "The database is unavailable."}
 
@@ -172,22 +188,28 @@ class ServiceApp(FastAPI):
 
 def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                lifetime_epsilon: float | None = None, lifetime_delta: float | None = None,
-               check_workers: int = DEFAULT_CHECK_WORKERS, recover: bool = True) -> FastAPI:
+               check_workers: int = DEFAULT_CHECK_WORKERS, recover: bool = True, allow_seeds: bool = False,
+               optin_max_records: int = DEFAULT_OPTIN_MAX_RECORDS,
+               optin_max_bytes: int = DEFAULT_OPTIN_MAX_BYTES) -> FastAPI:
     """The service on the database at ``db_url`` (migrated to the newest schema on the way).
 
     ``admin_token``: the administrators' bearer token (at least 16 characters).
     ``lifetime_epsilon``/``lifetime_delta``: the opt-in users' lifetime budget of a new database
     (an existing one keeps its own). ``check_workers``: processes that parse and check large report
     bodies (0: a thread of the server process does). ``recover``: finish what a stopped server
-    left mid-step (:func:`hybriddp.service.rounds.recover`) first. ``app.state.store`` is the
-    :class:`Store`; it is closed when the app shuts down.
+    left mid-step (:func:`hybriddp.service.rounds.recover`) first. ``allow_seeds``: take seeded
+    (experiment) rounds, which give no privacy (``hybriddp serve --insecure-testing-seeds``); refused
+    otherwise. ``optin_max_records``/``optin_max_bytes``: each opt-in token's upload quota per round.
+    Raw opt-in data past a round's retention deadline are purged every :data:`PURGE_INTERVAL_S`.
+    ``app.state.store`` is the :class:`Store`; it is closed when the app shuts down.
     """
     if not isinstance(admin_token, str) or len(admin_token.strip()) < MIN_ADMIN_TOKEN:
         raise parameter_error("admin token", "<hidden>", f"at least {MIN_ADMIN_TOKEN} characters",
                               "Leave out --admin-token-file and `hybriddp serve` generates a random one.")
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
         raise parameter_error("max body bytes (--max-body-bytes)", max_body_bytes, "an integer >= 1024")
-    store = Store(db_url, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta)
+    store = Store(db_url, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
+                  optin_max_records=optin_max_records, optin_max_bytes=optin_max_bytes)
     try:
         if recover:  # `serve --workers N` recovers once, before its workers start
             rounds.recover(store)
@@ -201,7 +223,11 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        purger = asyncio.create_task(_purge_periodically(store))
         yield
+        purger.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await purger
         writer.close()
         if pool is not None:
             pool.close()
@@ -234,7 +260,11 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     admin = [Depends(require_admin)]
 
     def out(info: RoundInfo) -> dict[str, Any]:
-        return info.to_json()
+        return info.to_json(admin=True)
+
+    def is_admin(creds: HTTPAuthorizationCredentials | None) -> bool:
+        given = creds.credentials.encode("utf-8", "surrogateescape") if creds is not None else b""
+        return hmac.compare_digest(given, token)
 
     @app.get("/health", response_model=m.HealthOut, tags=["service"])
     def health() -> dict[str, str]:
@@ -247,10 +277,14 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/api/v1/rounds", status_code=201, response_model=m.RoundOut, dependencies=admin, tags=["rounds"],
-              responses=_errors(400, 401, 413, 422, 503))
+              responses=_errors(400, 401, 403, 413, 422, 503))
     def create_round(body: m.CreateRoundIn) -> dict[str, Any]:
         params = rounds.validate_params(body.kind, body.params.model_dump(exclude_unset=True))
-        return out(store.create_round(body.kind, body.name, params))
+        if params.get("seed") is not None and not allow_seeds:
+            raise SeedRefusedError(f"params.seed = {params['seed']}: a seeded round gives no privacy (anyone who knows "
+                                   "the seed can regenerate its noise), so this server refuses it; leave the seed out "
+                                   f"(production), or start a test server with hybriddp serve {SEEDS_FLAG}")
+        return out(store.create_round(body.kind, body.name, params, retention_hours=body.retention_hours))
 
     @app.get("/api/v1/rounds", response_model=m.RoundListOut, dependencies=admin, tags=["rounds"],
              responses=_errors(401, 503))
@@ -258,8 +292,28 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         return {"rounds": [out(r) for r in store.rounds()]}
 
     @app.get("/api/v1/rounds/{round_id}", response_model=m.RoundOut, tags=["rounds"], responses=_errors(404, 503))
-    def get_round(round_id: RoundId) -> dict[str, Any]:
-        return out(store.round(round_id))
+    def get_round(round_id: RoundId,
+                  creds: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)]) -> dict[str, Any]:
+        return store.round(round_id).to_json(admin=is_admin(creds))
+
+    @app.post("/api/v1/rounds/{round_id}/abort", response_model=m.RoundOut, dependencies=admin, tags=["rounds"],
+              responses=_errors(401, 404, 409, 503))
+    def abort(round_id: RoundId) -> dict[str, Any]:
+        """End a round that is collecting opt-in data: its raw opt-in data are deleted, nothing is charged."""
+        return out(store.abort(round_id))
+
+    @app.delete("/api/v1/rounds/{round_id}", response_model=m.RoundOut, dependencies=admin, tags=["rounds"],
+                responses=_errors(401, 404, 409, 503))
+    def delete_round(round_id: RoundId) -> dict[str, Any]:
+        """Delete a round's raw opt-in data, tokens, reports, documents and results; its ledger charges stay."""
+        return out(store.delete_round(round_id))
+
+    @app.get("/api/v1/ledger", response_model=m.LedgerOut, dependencies=admin, tags=["rounds"],
+             responses=_errors(401, 503))
+    def get_ledger() -> dict[str, Any]:
+        """The privacy ledger: per-round totals and per-pseudonym spend (HMAC pseudonyms, never identities)."""
+        from hybriddp.service.ledger_view import service_ledger
+        return store.read(service_ledger)
 
     @app.post("/api/v1/rounds/{round_id}/optin/enrol", status_code=201, response_model=m.TokenOut | m.TokensOut,
               dependencies=admin, tags=["opt-in"], responses=_errors(400, 401, 404, 409, 413, 422, 503))
@@ -276,8 +330,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                      creds: Annotated[HTTPAuthorizationCredentials | None, Security(optin_bearer)]) -> dict[str, int]:
         body = await read_body(request.receive, max_body_bytes)
         token = None if creds is None else creds.credentials
-        return {"accepted": await run_in_threadpool(_upload, store, round_id, body,
-                                                    request.headers.get("content-type"), token)}
+        ack = await run_in_threadpool(_upload, store, round_id, body, request.headers.get("content-type"), token)
+        return {"accepted": ack.accepted, "duplicates": ack.duplicates}
 
     @app.post("/api/v1/rounds/{round_id}/headlist", response_model=m.RoundOut, dependencies=admin,
               tags=["curator"], responses=_errors(400, 401, 404, 409, 413, 422, 503))
@@ -358,23 +412,38 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     return app
 
 
-def _upload(store: Store, round_id: str, body: bytes, content_type: str | None, token: str | None) -> int:
-    """An opt-in upload: one user's JSON (token in the Authorization header) or NDJSON, one user a line."""
+async def _purge_periodically(store: Store) -> None:
+    """Purge raw opt-in data past their retention deadline every :data:`PURGE_INTERVAL_S` seconds."""
+    while True:
+        await asyncio.sleep(PURGE_INTERVAL_S)
+        try:
+            await run_in_threadpool(store.purge_expired)
+        except HybridDPError as exc:  # the database was unavailable: try again next time
+            logger.error("purging raw opt-in data past their retention deadline failed: %s", exc)
+
+
+def _upload(store: Store, round_id: str, body: bytes, content_type: str | None, token: str | None) -> UploadAck:
+    """An opt-in upload: one user's JSON (token in the Authorization header) or NDJSON, one user a line.
+
+    Each user's upload is idempotent (its ``upload_id``, or else its records, make its key) and counts
+    against the token's quota with its JSON bytes."""
     media = media_type(content_type)
     if media in NDJSON_TYPES:
         lines = []
         for i, doc in ndjson_lines(body):
             line = _validated(m.OptinBatchLine, doc, f"NDJSON line {i}")
-            lines.append((i, line.token, line))
+            lines.append((i, line.token, line, len(json.dumps(doc))))
         if not lines:
             raise BadBodyError("the NDJSON body has no line; send one line per opt-in user")
-        info, users = store.optin_users(round_id, [t for _, t, _ in lines])
+        info, users = store.optin_users(round_id, [t for _, t, _, _ in lines])
         uploads = []
-        for (i, _, line), user in zip(lines, users, strict=True):
+        for (i, _, line, size), user in zip(lines, users, strict=True):
             if user is None:
+                _not_collecting(info)
                 raise UnauthorizedError(f"NDJSON line {i}: the token is not an opt-in token of round {round_id}; "
                                         "nothing was stored")
-            uploads.append((user, _upload_items(info, line, f"NDJSON line {i}: ")))
+            items = _upload_items(info, line, f"NDJSON line {i}: ")
+            uploads.append(OptinUpload(user, items, store.upload_key(line.upload_id, items), size))
         return store.add_optin_batch(info, uploads)
     if media != "application/json" and not media.endswith("+json"):
         raise UnsupportedMediaTypeError(f"Content-Type {media!r} is not taken; send application/json (one user, "
@@ -385,9 +454,18 @@ def _upload(store: Store, round_id: str, body: bytes, content_type: str | None, 
                                 "POST /api/v1/rounds/{id}/optin/enrol> (or an NDJSON body with a token on each line)")
     info, (user,) = store.optin_users(round_id, [token])
     if user is None:
+        _not_collecting(info)
         raise UnauthorizedError(f"this token is not an opt-in token of round {round_id}; use the token issued when "
                                 "the user enrolled in this round")
-    return store.add_optin_batch(info, [(user, _upload_items(info, upload, ""))])
+    items = _upload_items(info, upload, "")
+    return store.add_optin_batch(info, [OptinUpload(user, items, store.upload_key(upload.upload_id, items), len(body))])
+
+
+def _not_collecting(info: RoundInfo) -> None:
+    """A round past collecting-optin has no tokens left (deleted with the raw data): say why, not 'bad token'."""
+    if info.state != "collecting-optin":
+        raise ConflictError(f"cannot upload opt-in data: round {info.id} is {info.state!r}; uploads are taken while "
+                            "it is 'collecting-optin' (its raw data and tokens were deleted when it left that state)")
 
 
 def _upload_items(info: RoundInfo, body: m.OptinUploadIn, where: str) -> list[Any]:

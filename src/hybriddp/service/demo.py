@@ -176,7 +176,9 @@ def service_round(log: RecordLog, params: BlenderParams, *, base_url: str, admin
         rid = publish_headlist_round(admin, http, log, params, optin_users, seed=seed, noise=noise, name=name,
                                      stages=stages)
         with stages.stage("devices randomize and submit their reports"):
-            device = DeviceClient(base_url, rid, client=http)
+            # a simulation of every client device from one process: the messages are prepared by log_messages and
+            # sent as they are, so no device ledger of this machine's user may be charged for them
+            device = DeviceClient(base_url, rid, DeviceClient.NO_LEDGER, client=http)
             headlist = device.fetch_headlist()
             ack = device.submit_batch(log_messages(log, client_users, headlist, seed=seed),
                                       chunk=MESSAGES_PER_REQUEST)
@@ -223,8 +225,9 @@ def scored_result(log: RecordLog, params: BlenderParams, release: dict[str, Any]
     n_optin = len(optin_users)
     parts = _sampled_parts(log, params, optin_users, client_users, seed=seed, noise=noise)
     sizes = {**server.sizes, "users": log.n_users, "records": log.n_records, "clients": log.n_users - n_optin}
+    # the demo's own seed: the service never publishes a round's seed (its estimates carry seed null)
     res = Result.blender(server.params, hl, log.queries, log.urls, server.parts, {k: sizes[k] for k in RUN_SIZES},
-                         server.seed, server.url_level)
+                         seed, server.url_level)
     truth, held = ground_truth(log, parts)
     res.truth_query, res.truth_record = truth_vectors(hl, truth)
     res.metrics = score(hl, res.blended.records_final, res.blended.queries_final, truth, log, held)
@@ -299,7 +302,9 @@ def service_demo(log: RecordLog, params: BlenderParams, *, seed: int | None, noi
                 kw["lifetime_epsilon"] = lifetime_epsilon
             if lifetime_delta is not None:
                 kw["lifetime_delta"] = lifetime_delta
-            app = create_app(db_url, admin_token=token, max_body_bytes=1 << 30, **kw)
+            # a seeded demo reproduces `hybriddp demo --seed` (an experiment, no privacy): only then are seeds taken
+            app = create_app(db_url, admin_token=token, max_body_bytes=1 << 30, allow_seeds=seed is not None,
+                             optin_max_records=1 << 30, optin_max_bytes=1 << 40, **kw)
             base_url = stack.enter_context(local_server(app))
         done = service_round(log, params, base_url=base_url, admin_token=token, seed=seed, noise=noise,
                              name=name, stages=stages)

@@ -52,6 +52,20 @@ class BodyTooLargeError(ServiceError):
     code = "body_too_large"
 
 
+class QuotaError(ServiceError):
+    """An opt-in token's upload quota (records or bytes per round) would be exceeded."""
+
+    status = 413
+    code = "quota_exceeded"
+
+
+class SeedRefusedError(ServiceError):
+    """A seeded (experiment) round asked of a server not started for testing."""
+
+    status = 403
+    code = "seeded_round_refused"
+
+
 class StoreError(ServiceError):
     """The database cannot be used (wrong schema, unreachable, damaged): a server-side problem."""
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hybriddp.mean import VARIANCE_SHARE
 from hybriddp.params import LN2, MAX_EPSILON_HEAD_LIST, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams
+from hybriddp.service.store import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS
 
 _D = BlenderParams()
 Text = Annotated[str, Field(pattern=r"^[^\x00]*$")]
@@ -21,7 +22,7 @@ MAX_TEXT = 10_000
 """Longest query, URL, user name or round name accepted (characters)."""
 
 STATES = Literal["collecting-optin", "building-headlist", "headlist-published", "collecting-reports", "closed",
-                 "results-published"]
+                 "results-published", "headlist-empty", "aborted", "deleted"]
 
 
 class _Strict(BaseModel):
@@ -67,24 +68,32 @@ class MeanParamsIn(_Strict):
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 
 
+RETENTION = Field(DEFAULT_RETENTION_HOURS, gt=0, le=MAX_RETENTION_HOURS,
+                  description="Hours after creation at which the round's raw opt-in data are purged, whatever "
+                              "its state (a round still collecting opt-in data is then aborted).")
+
+
 class BlenderRoundIn(_Strict):
     kind: Literal["blender"]
     name: Text | None = Field(None, max_length=200)
     params: BlenderParamsIn = Field(default_factory=BlenderParamsIn)
+    retention_hours: float = RETENTION
 
 
 class MeanRoundIn(_Strict):
     kind: Literal["mean"]
     name: Text | None = Field(None, max_length=200)
     params: MeanParamsIn
+    retention_hours: float = RETENTION
 
 
 CreateRoundIn = Annotated[BlenderRoundIn | MeanRoundIn, Field(discriminator="kind")]
 
 
 class Counts(BaseModel):
-    optin_users: int = Field(description="Enrolled opt-in users.")
-    optin_records: int = Field(description="Opt-in records (or values) uploaded.")
+    optin_users: int | None = Field(description="Enrolled opt-in users (administrators only; null otherwise).")
+    optin_records: int | None = Field(description="Opt-in records (or values) uploaded (administrators only; "
+                                                  "null otherwise).")
     messages: int = Field(description="Distinct device messages counted.")
     reports: int = Field(description="Reports in them.")
 
@@ -98,6 +107,10 @@ class RoundOut(BaseModel):
     created: str
     headlist_hash: str | None
     counts: Counts
+    non_private: bool = Field(False, description="A seeded (experiment) round: no privacy guarantee.")
+    retention_deadline: str | None = Field(None, description="UTC time at which raw opt-in data are purged at the "
+                                                             "latest.")
+    raw_data_purged: str | None = Field(None, description="When the round's raw opt-in data were deleted.")
     warning: str | None = Field(None, description="Set for seeded (experiment) rounds, which have no privacy.")
 
 
@@ -150,6 +163,9 @@ class OptinUploadIn(_Strict):
 
     records: list[OptinRecord] | None = None
     values: list[Annotated[float, Field(ge=-1e300, le=1e300)]] | None = None
+    upload_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$",
+                                  description="Makes the upload idempotent: a repeat with the same id (or, without "
+                                              "an id, the same records) is acknowledged and not stored again.")
 
 
 class OptinBatchLine(OptinUploadIn):
@@ -171,7 +187,14 @@ OPTIN_BODY = {
 
 
 class AcceptedOut(BaseModel):
-    accepted: int
+    accepted: int = Field(description="Records (or values) stored by this request.")
+    duplicates: int = Field(0, description="Records of uploads stored before (a repeated upload): not stored again.")
+
+
+class LedgerOut(BaseModel):
+    """The service's privacy ledger: per-round totals and per-pseudonym spend (no identities)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class ReportAckOut(BaseModel):

@@ -4,13 +4,14 @@
   :class:`~hybriddp.params.BlenderParams` checks, plus the curator's noise and whether records
   have URLs; a mean round takes ε and the public range [lower, upper] (ALGORITHM.md §11), and
   optionally a known σ².
-* **Head list** (:func:`publish_headlist`): the opt-in records become a
-  :class:`~hybriddp.records.RecordLog` (one user per opt-in token, in enrolment order; records
-  in upload order), :func:`hybriddp.parties.curate` builds the head list and the opt-in
-  estimates (ALGORITHM.md §3, §4), the ledger is charged **before** anything is published
-  (a round over a user's lifetime budget is refused), and then one transaction stores the two
-  documents, deletes the raw records and moves the round on. A mean round does the same with
-  the curator's Laplace mean of the opt-in values.
+* **Head list** (:func:`publish_headlist`): the ledger is charged **before** the curator's
+  mechanism runs, in the transaction that starts the build (a round over a user's lifetime budget
+  is refused, with nothing run); the opt-in records become a :class:`~hybriddp.records.RecordLog`
+  (one user per opt-in token, in enrolment order; records in upload order),
+  :func:`hybriddp.parties.curate` builds the head list and the opt-in estimates (ALGORITHM.md §3,
+  §4), and one transaction stores the two documents (or records an empty head list, which ends
+  the round), deletes the raw records and moves the round on. A mean round does the same with the
+  curator's discrete-noise mean of the opt-in values.
 * **Reports** (:class:`BlenderReports`, :class:`MeanReports`): each device message is checked
   (id, head-list hash or round, m_C, entries) before anything is stored.
 * **Close** (:func:`close_round`): reports per entry from the database →
@@ -34,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from hybriddp.device import DeviceError, check_message_id, content_hash
-from hybriddp.errors import DataError, HybridDPError, parameter_error
+from hybriddp.errors import DataError, EmptyHeadListError, HybridDPError, parameter_error
 from hybriddp.ledger import Charge
 from hybriddp.mean import VARIANCE_SHARE, Hybrid, HybridUnknownVariance
 from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
@@ -98,6 +99,9 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         rho = out["variance_share"] if out["sigma2"] is None else None
         check_noise_scales(out["epsilon"], 1, 1, rho)
         check_noise_scales(out["epsilon"], MAX_USERS / 2, MAX_USERS / 2, rho)
+        from hybriddp.mean.curator import integer_scale
+        for eps in [out["epsilon"]] if rho is None else [rho * out["epsilon"], (1.0 - rho) * out["epsilon"]]:
+            integer_scale(1, eps, "epsilon")  # the curator's exact noise can run: refused now, not after the charge
         return out
     raise parameter_error("kind", kind, " or ".join(repr(k) for k in KINDS))
 
@@ -122,38 +126,49 @@ def mean_mechanism(params: dict[str, Any]) -> Hybrid:
 
 # ----- the curator's step: build, charge, publish -----------------------------------------------
 def publish_headlist(store: Store, round_id: str, vocabulary: dict[str, list[str]] | None = None) -> RoundInfo:
-    """Build the round's head list (or opt-in mean), charge the ledger, publish, delete the raw data.
+    """Charge the opt-in users, build the round's head list (or opt-in mean), publish, delete the raw data.
 
-    Refused (ConflictError) unless the round is collecting-optin; while it runs the round is
-    ``building-headlist`` so a second request is refused too. If building or charging fails,
-    the round goes back to collecting-optin with nothing published or charged.
+    The charge comes first, in the transaction that moves the round from collecting-optin to
+    building-headlist (:meth:`Store.start_build`): every run of the curator's mechanism is charged
+    whatever it outputs, and the round never goes back, so no retry can draw fresh noise
+    (docs/ALGORITHM.md §3.4). The run then ends the round's build in one of three ways, each of which
+    deletes the raw opt-in data: ``headlist-published``; ``headlist-empty`` when CreateHeadList kept no
+    record (that outcome is the release: the round ends); ``aborted`` when the build failed.
 
     ``vocabulary`` (seeded BLENDER rounds only, to reproduce a simulation exactly): the order of
     the query and URL codes ``{"queries": [...], "urls": [...]}``; by default the codes follow the
     sorted distinct strings.
     """
-    info = store.start_build(round_id)
+    info = store.round(round_id)
+    if vocabulary is not None and (info.kind != "blender" or not info.non_private):
+        raise parameter_error("vocabulary", "<given>", "left out: it is for seeded (experiment) BLENDER rounds "
+                              "only, which reproduce a simulation", "Publish without a body.")
+    p = info.params
+    delta = float(p["delta"]) if info.kind == "blender" else 0.0
+    info = store.start_build(round_id, float(p["epsilon"]), delta, private=not info.non_private)
     try:
-        if vocabulary is not None and (info.kind != "blender" or info.params.get("seed") is None):
-            raise parameter_error("vocabulary", "<given>", "left out: it is for seeded (experiment) BLENDER rounds "
-                                  "only, which reproduce a simulation", "Publish without a body.")
         if info.kind == "blender":
-            headlist, estimates, charges = _curate_blender(store, info, vocabulary)
+            headlist, estimates, _ = _curate_blender(store, info, vocabulary)
         else:
-            headlist, estimates, charges = _curate_mean(store, info)
-        store.charge(info, charges)  # refuses the whole round over any user's lifetime budget
+            headlist, estimates, _ = _curate_mean(store, info)
+    except EmptyHeadListError as exc:
+        logger.warning("round %s: CreateHeadList kept no record; the round ends (its run was charged)", info.id)
+        outcome = {"outcome": "headlist-empty", "message": f"{str(exc).rstrip('.')}. The run was charged to the "
+                   "opt-in users and the round has ended: a new round is a new release, charged again"}
+        return store.finish_build(info, "headlist-empty", results=outcome)
     except BaseException:
-        store.abort_build(info.num)
+        logger.exception("round %s: the head-list build failed after its charge; the round is aborted", info.id)
+        store.finish_build(info, "aborted")
         raise
-    return store.publish(info, headlist, estimates)
+    if info.non_private:  # the seed stays with the round's private parameters, never in a public document
+        estimates = {**{k: v for k, v in estimates.items() if k != "content_hash"}, "seed": None}
+        estimates["content_hash"] = content_hash(estimates)
+    return store.finish_build(info, "headlist-published", headlist, estimates)
 
 
 def _curate_blender(store: Store, info: RoundInfo, vocabulary: dict[str, list[str]] | None
                     ) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
     users, queries, urls, pseudonyms = store.optin_records(info.num)
-    if not users:
-        raise DataError(f"round {info.id} has no opt-in records; opt-in users upload them with their token "
-                        "(POST /api/v1/rounds/{id}/optin/records) before the head list is built")
     p = info.params
     log = optin_log(np.asarray(users, dtype=np.int64), queries, urls, pseudonyms, p["url_level"], vocabulary)
     release, _ = curate(log, blender_params(p), seed=p["seed"], noise_factory=noise_factory(p["noise"]))
@@ -196,7 +211,11 @@ def _codes(strings: list[Any], order: list[str] | None, field: str) -> tuple[np.
 
 
 def _curate_mean(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
-    """The curator's opt-in mean (ALGORITHM.md §11): one clamped value per user, Laplace noise."""
+    """The curator's opt-in mean and, when σ² is not given, private variance (ALGORITHM.md §11): one clamped
+    value per user, exact discrete Laplace noise on integer statistics (:class:`hybriddp.mean.DiscreteMeanCurator`,
+    ε-DP exactly for the opt-in users), drawn from the OS CSPRNG unless the round is seeded (no privacy)."""
+    from hybriddp.mean.curator import DiscreteMeanCurator
+
     users, values, pseudonyms = store.optin_values(info.num)
     if len(values) == 0:
         raise DataError(f"round {info.id} has no opt-in values; opt-in users upload them with their token "
@@ -208,13 +227,12 @@ def _curate_mean(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[st
     clamped = np.clip(values, p["lower"], p["upper"])
     per_user = np.bincount(code, weights=clamped) / np.bincount(code)
     n_t = len(per_user)
-    rng = make_rng(p["seed"])
+    curator = DiscreteMeanCurator.for_mechanism(mech, None if p["seed"] is None else make_rng(p["seed"]))
     if isinstance(mech, HybridUnknownVariance):
-        sigma2, source = mech.private_variance(per_user, rng), "private estimate"
-        eps_mean = mech.mean_epsilon
+        sigma2, source = curator.private_variance(per_user).estimate, "private estimate"
     else:
-        sigma2, source, eps_mean = float(mech.sigma2), "given", mech.epsilon
-    mu_t = float(per_user.mean() + rng.laplace(0.0, mech.width / (eps_mean * n_t)))
+        sigma2, source = float(mech.sigma2), "given"
+    mu_t = curator.private_mean(per_user).estimate
     device = {"format": MEAN_DEVICE_FORMAT, "version": 1, "round": info.id, "lower": float(p["lower"]),
               "upper": float(p["upper"]), "epsilon": float(p["epsilon"])}
     device["content_hash"] = content_hash(device)
@@ -372,8 +390,10 @@ def finish_close(store: Store, info: RoundInfo) -> RoundInfo:
     if info.kind == "blender":
         release = release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates))
         counts = store.entry_counts(info.num, release.head_list.n_entries)
-        result = blender_result(release, counts, info)
-        return store.finish_close(info, result.to_json(), counts.tolist())
+        doc = blender_result(release, counts, info).to_json()
+        if info.non_private:
+            doc.update(non_private=True, warning=SEED_WARNING)
+        return store.finish_close(info, doc, counts.tolist())
     return store.finish_close(info, mean_results(store, info, json.loads(docs.estimates)), None)
 
 
@@ -399,15 +419,16 @@ def mean_results(store: Store, info: RoundInfo, estimates: dict[str, Any]) -> di
     rows = [row("optin", mu_t, n_t, 1.0), row("client", mu_l, n_l, 0.0),
             row("hybrid", w * mu_t + (1.0 - w) * mu_l, n_t + n_l, w)]
     out: dict[str, Any] = {
-        "algorithm": "hybrid-mean", "round": info.id, "params": p, "guarantee": mech.guarantee,
+        "algorithm": "hybrid-mean", "round": info.id, "params": {k: v for k, v in p.items() if k != "seed"},
+        "guarantee": mech.guarantee,
         "sigma2": sigma2, "sigma2_source": estimates["sigma2_source"],
         "variance_meaning": "expected squared error as an estimate of the mean of all n_optin + n_client users' "
                             "clamped values (ALGORITHM.md §11), at sigma2",
         "sizes": {"optin_users": n_t, "messages": n_l, "duplicate_messages": info.duplicates},
         "optin": rows[0], "client": rows[1], "hybrid": rows[2], "estimates": rows,
     }
-    if p["seed"] is not None:
-        out["warning"] = SEED_WARNING
+    if info.non_private:
+        out.update(non_private=True, warning=SEED_WARNING)
     return out
 
 
@@ -415,6 +436,8 @@ def result_of(store: Store, round_id: str) -> tuple[RoundInfo, dict[str, Any], R
     """(round, result JSON, BLENDER Result rebuilt from the stored state or None for a mean round)."""
     docs = store.documents(round_id)
     info = docs.info
+    if info.state == "headlist-empty" and docs.results is not None:
+        raise ConflictError(f"round {round_id} has no results: {json.loads(docs.results)['message']}")
     if info.state != "results-published" or docs.results is None:
         raise ConflictError(f"round {round_id} has no results yet: it is {info.state!r}; results are published "
                             "when an administrator closes it (POST /api/v1/rounds/{id}/close)")
@@ -470,15 +493,17 @@ def local_search(info: RoundInfo, result: Result) -> dict[str, Any]:
 
 # ----- start-up -------------------------------------------------------------------------------
 def recover(store: Store) -> None:
-    """Finish what a stopped server left mid-step: unbuilt head lists go back to collecting-optin
-    (their charge, if made, stays: the ledger only over-counts), closed rounds get their results."""
+    """Finish what a stopped server left mid-step: a round whose head list was being built is aborted
+    (its run was charged and is never repeated), closed rounds get their results; raw opt-in data past
+    their retention deadline are purged."""
     for info in store.unfinished():
-        if info.state == "building-headlist":
-            logger.warning("round %s: the head list was being built when the server stopped; back to "
-                           "collecting-optin", info.id)
-            store.abort_build(info.num)
+        if info.state == "building-headlist":  # charged when the build started: never run again
+            logger.warning("round %s: the head list was being built when the server stopped; its run was "
+                           "charged, so the round is aborted and its raw opt-in data deleted", info.id)
+            store.finish_build(info, "aborted")
         else:
             try:
                 finish_close(store, info)
             except HybridDPError as exc:
                 logger.error("round %s is closed but its results could not be computed: %s", info.id, exc)
+    store.purge_expired()

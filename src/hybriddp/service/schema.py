@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Double,
     Index,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    true,
 )
 
 metadata = MetaData()
@@ -40,8 +42,10 @@ Key = BigInteger().with_variant(Integer, "sqlite")
 """An integer key: BIGINT on PostgreSQL, INTEGER on SQLite (so that it aliases the rowid)."""
 
 ROUND_STATES = ("collecting-optin", "building-headlist", "headlist-published", "collecting-reports", "closed",
-                "results-published")
-"""The lifecycle; ``building-headlist`` is the short step while the curator runs (see rounds.py)."""
+                "results-published", "headlist-empty", "aborted", "deleted")
+"""The lifecycle; ``building-headlist`` is the short step while the curator runs (see rounds.py). The last
+three are ends: the curator's run kept no record (a charged release), the round was aborted before its
+head list was published (or its build was interrupted), or an administrator deleted it."""
 
 rounds = Table(
     "rounds", metadata,
@@ -63,6 +67,8 @@ rounds = Table(
     Column("n_messages", BigInteger, nullable=False, server_default="0"),  # distinct messages counted
     Column("n_reports", BigInteger, nullable=False, server_default="0"),  # reports in them
     Column("n_duplicates", BigInteger, nullable=False, server_default="0"),  # retried messages not counted again
+    Column("retention_deadline", String(40)),  # raw opt-in data are purged at this UTC time at the latest
+    Column("purged", String(40)),  # when the raw opt-in data were purged
 )
 
 optin_tokens = Table(
@@ -71,6 +77,8 @@ optin_tokens = Table(
     Column("round_num", Key, nullable=False),
     Column("user_pseudonym", String(64), nullable=False),  # HMAC-SHA256(ledger salt, user)
     Column("seq", BigInteger, nullable=False),  # enrolment order within the round (the user's code)
+    Column("n_records", BigInteger, nullable=False, server_default="0"),  # uploaded so far (quota)
+    Column("n_bytes", BigInteger, nullable=False, server_default="0"),  # request bytes uploaded so far (quota)
     UniqueConstraint("round_num", "user_pseudonym", name="optin_tokens_one_per_user"),
 )
 
@@ -82,6 +90,15 @@ optin_records = Table(
     Column("query", Text, nullable=False),
     Column("url", Text),
     Index("optin_records_round", "round_num"),
+)
+
+optin_uploads = Table(
+    "optin_uploads", metadata,
+    Column("round_num", Key, nullable=False),
+    Column("user_seq", BigInteger, nullable=False),
+    Column("upload_key", String(64), nullable=False),  # the uploader's upload id, or SHA-256 of the batch
+    Column("n_records", BigInteger, nullable=False),
+    PrimaryKeyConstraint("round_num", "user_seq", "upload_key", name="optin_uploads_pk"),
 )
 
 optin_values = Table(
@@ -143,5 +160,6 @@ ledger_charges = Table(
     Column("grp", String(32), nullable=False),
     Column("epsilon", Double, nullable=False),
     Column("delta", Double, nullable=False),
+    Column("private", Boolean, nullable=False, server_default=true()),  # false: a seeded round (no privacy)
     Index("ledger_charges_user", "user_pseudonym"),
 )

@@ -46,21 +46,21 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import create_engine, delete, event, func, insert, inspect, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
 from hybriddp.errors import DataError, parameter_error
 from hybriddp.ledger import BudgetExceededError, Charge, LedgerError
 from hybriddp.rng import SEED_WARNING
 from hybriddp.service import schema as s
-from hybriddp.service.errors import ConflictError, NotFoundError, StoreError
+from hybriddp.service.errors import ConflictError, NotFoundError, QuotaError, StoreError
 from hybriddp.service.recent import Appends, RecentIds
 from hybriddp.service.settled import SettledIds
 
@@ -68,6 +68,15 @@ DEFAULT_LIFETIME_EPSILON = 16.0
 """Lifetime ε of every opt-in user in a new database (``hybriddp serve --lifetime-epsilon``)."""
 DEFAULT_LIFETIME_DELTA = 1e-4
 """Lifetime δ of every opt-in user in a new database (``--lifetime-delta``)."""
+DEFAULT_RETENTION_HOURS = 168.0
+"""Hours after its creation at which a round's raw opt-in data are purged whatever its state (one week)."""
+MAX_RETENTION_HOURS = 24.0 * 366
+DEFAULT_OPTIN_MAX_RECORDS = 10_000
+"""Records (or values) one opt-in token may upload in its round (``hybriddp serve --optin-max-records``)."""
+DEFAULT_OPTIN_MAX_BYTES = 16 << 20
+"""Request bytes one opt-in token may upload in its round (``hybriddp serve --optin-max-bytes``)."""
+ENDED_STATES = ("headlist-empty", "aborted", "deleted")
+"""States a round never leaves."""
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 ADVISORY_MIGRATE = 0x68796264_0001  # PostgreSQL advisory lock keys ("hybd")
@@ -137,13 +146,29 @@ class RoundInfo:
     messages: int
     reports: int
     duplicates: int
+    retention_deadline: str | None = None
+    purged: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out = {"id": self.id, "kind": self.kind, "name": self.name, "state": self.state, "params": self.params,
-               "created": self.created, "headlist_hash": self.headlist_hash,
-               "counts": {"optin_users": self.optin_users, "optin_records": self.optin_records,
-                          "messages": self.messages, "reports": self.reports}}
-        if self.params.get("seed") is not None:
+    @property
+    def non_private(self) -> bool:
+        """A seeded (experiment) round: anyone who knows the seed can regenerate its noise."""
+        return self.params.get("seed") is not None
+
+    def to_json(self, *, admin: bool = False) -> dict[str, Any]:
+        """The round as the API shows it. The public view (``admin=False``) leaves out what the mechanisms do
+        not release: the live opt-in counts (polling them would tell what each upload carried) and a seed."""
+        params = dict(self.params)
+        if not admin:
+            params.pop("seed", None)
+        out: dict[str, Any] = {
+            "id": self.id, "kind": self.kind, "name": self.name, "state": self.state, "params": params,
+            "created": self.created, "headlist_hash": self.headlist_hash,
+            "counts": {"optin_users": self.optin_users if admin else None,
+                       "optin_records": self.optin_records if admin else None,
+                       "messages": self.messages, "reports": self.reports},
+            "non_private": self.non_private, "retention_deadline": self.retention_deadline,
+            "raw_data_purged": self.purged}
+        if self.non_private:
             out["warning"] = SEED_WARNING
         return out
 
@@ -157,6 +182,25 @@ class RoundDocuments:
     estimates: str | None
     report_counts: str | None
     results: str | None
+
+
+@dataclass(frozen=True)
+class OptinUpload:
+    """One opt-in user's upload: their user code, records (query, url) or values, idempotency key
+    (:meth:`Store.upload_key`) and the request bytes it is charged to the token's quota."""
+
+    user: int
+    items: Sequence[Any]
+    key: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class UploadAck:
+    """What an opt-in request did: records (or values) stored, and those of uploads stored before (repeats)."""
+
+    accepted: int
+    duplicates: int
 
 
 @dataclass(frozen=True)
@@ -175,35 +219,51 @@ class ReportAck:
 _INFO_COLUMNS = (s.rounds.c.num, s.rounds.c.id, s.rounds.c.kind, s.rounds.c.name, s.rounds.c.state,
                  s.rounds.c.params, s.rounds.c.created, s.rounds.c.headlist_hash, s.rounds.c.closed,
                  s.rounds.c.optin_users, s.rounds.c.optin_records, s.rounds.c.n_messages, s.rounds.c.n_reports,
-                 s.rounds.c.n_duplicates)
+                 s.rounds.c.n_duplicates, s.rounds.c.retention_deadline, s.rounds.c.purged)
 
 
 def _info(row: Any) -> RoundInfo:
     return RoundInfo(int(row.num), row.id, row.kind, row.name, row.state, json.loads(row.params), row.created,
                      row.headlist_hash, row.closed, int(row.optin_users), int(row.optin_records),
-                     int(row.n_messages), int(row.n_reports), int(row.n_duplicates))
+                     int(row.n_messages), int(row.n_reports), int(row.n_duplicates), row.retention_deadline,
+                     row.purged)
 
 
 # ----- engine ---------------------------------------------------------------------------------
-def _describe_url(url: str) -> str:
+DATABASE_URLS = "sqlite:///path/to/hybriddp.db or postgresql+psycopg://user@host:port/database"
+
+
+def describe_url(url: str) -> str:
+    """The URL as it may be printed: the password hidden."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
         return url[:80]
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``sqlite:///path`` or ``postgresql+psycopg://...``, set up for the service."""
-    allowed = "sqlite:///path/to/hybriddp.db or postgresql+psycopg://user@host:port/database"
+
+
+def database_url(url: str, field: str = "database URL (--db)") -> URL:
+    """``url`` checked: an SQLite file, or PostgreSQL with the psycopg 3 driver (``postgresql://`` gets it)."""
     try:
         u = make_url(url)
     except ArgumentError:
-        raise parameter_error("database URL (--db)", _describe_url(url), allowed) from None
+        raise parameter_error(field, describe_url(url), DATABASE_URLS) from None
     backend = u.get_backend_name()
     if backend == "sqlite":
         if not u.database or u.database == ":memory:" or u.database.startswith("file:"):
-            raise parameter_error("database URL (--db)", url, "an SQLite file: " + allowed,
-                                  "An in-memory database would lose every report when the server stops.")
+            raise parameter_error(field, url, "an SQLite file: " + DATABASE_URLS,
+                                  "An in-memory database holds no service's rounds or reports.")
+        return u
+    if backend == "postgresql":
+        return u.set(drivername="postgresql+psycopg") if u.drivername == "postgresql" else u
+    raise parameter_error(field, describe_url(url), DATABASE_URLS)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``sqlite:///path`` or ``postgresql+psycopg://...``, set up for the service."""
+    u = database_url(url)
+    if u.get_backend_name() == "sqlite":
         parent = Path(u.database).expanduser().resolve().parent
         if not parent.is_dir():
             raise StoreError(f"database {u.database}: the directory {parent} does not exist; create it first "
@@ -215,15 +275,13 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    if backend == "postgresql":
-        if u.drivername == "postgresql":
-            u = u.set(drivername="postgresql+psycopg")
-        try:
-            return create_engine(u, pool_pre_ping=True, pool_size=8, max_overflow=8)
-        except (NoSuchModuleError, ImportError):
-            raise StoreError("PostgreSQL needs psycopg 3: pip install 'hybriddp[postgres]', and use a URL "
-                             "postgresql+psycopg://...") from None
-    raise parameter_error("database URL (--db)", _describe_url(url), allowed)
+    try:
+        return create_engine(u, pool_pre_ping=True, pool_size=8, max_overflow=8)
+    except (NoSuchModuleError, ImportError):
+        raise StoreError(PSYCOPG_NEEDED) from None
+
+
+PSYCOPG_NEEDED = "PostgreSQL needs psycopg 3: pip install 'hybriddp[postgres]', and use a URL postgresql+psycopg://..."
 
 
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -232,6 +290,7 @@ def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA journal_mode = WAL")
     cur.execute("PRAGMA synchronous = FULL")
+    cur.execute("PRAGMA secure_delete = ON")  # deleted raw opt-in data are overwritten with zeros, not left free
     cur.close()
 
 
@@ -269,13 +328,20 @@ class Store:
     """
 
     def __init__(self, url: str, *, lifetime_epsilon: float | None = None,
-                 lifetime_delta: float | None = None) -> None:
+                 lifetime_delta: float | None = None, optin_max_records: int = DEFAULT_OPTIN_MAX_RECORDS,
+                 optin_max_bytes: int = DEFAULT_OPTIN_MAX_BYTES) -> None:
         for name, value, allowed in (("lifetime_epsilon (--lifetime-epsilon)", lifetime_epsilon, "a finite number > 0"),
                                      ("lifetime_delta (--lifetime-delta)", lifetime_delta, "a number in (0, 1)")):
             ok = value is None or (not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value
                                    and (value < 1 if "delta" in name else math.isfinite(value)))
             if not ok:
                 raise parameter_error(name, value, allowed)
+        for name, value in (("optin_max_records (--optin-max-records)", optin_max_records),
+                            ("optin_max_bytes (--optin-max-bytes)", optin_max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise parameter_error(name, value, "a whole number >= 1")
+        self.optin_max_records = optin_max_records
+        self.optin_max_bytes = optin_max_bytes
         self.url = url
         self.engine = make_engine(url)
         self.dialect = self.engine.dialect.name
@@ -312,10 +378,10 @@ class Store:
                     time.sleep(0.01 * 2 ** attempt)
                     continue
                 why = " ".join(str(exc.orig).split())[:300]  # one line
-                raise StoreError(f"database {_describe_url(self.url)}: {type(exc.orig).__name__}: {why}; check that "
+                raise StoreError(f"database {describe_url(self.url)}: {type(exc.orig).__name__}: {why}; check that "
                                  "the database is reachable and writable") from None
             except SQLAlchemyError as exc:
-                raise StoreError(f"database {_describe_url(self.url)}: {exc}") from None
+                raise StoreError(f"database {describe_url(self.url)}: {exc}") from None
         raise AssertionError("unreachable")
 
     def _write(self, fn: Callable[[Connection], T]) -> T:
@@ -323,6 +389,10 @@ class Store:
 
     def _read(self, fn: Callable[[Connection], T]) -> T:
         return self._run(fn, write=False)
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run the read-only ``fn(connection)`` in one transaction (e.g. :mod:`hybriddp.service.ledger_view`)."""
+        return self._read(fn)
 
     def _insert(self, table: Any) -> Any:
         return (sqlite.insert(table) if self.dialect == "sqlite" else postgresql.insert(table))
@@ -334,7 +404,7 @@ class Store:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADVISORY_MIGRATE})
             tables = set(inspect(conn).get_table_names())
             if tables and "alembic_version" not in tables:
-                raise StoreError(f"database {_describe_url(self.url)} holds other tables "
+                raise StoreError(f"database {describe_url(self.url)} holds other tables "
                                  f"({', '.join(sorted(tables)[:6])}) and is not a hybriddp service database; give a "
                                  "new or empty database (--db)")
             migrate(conn)
@@ -349,12 +419,12 @@ class Store:
         try:
             self._salt, self.lifetime_epsilon, self.lifetime_delta = self._write(run)
         except (KeyError, ValueError) as exc:
-            raise StoreError(f"database {_describe_url(self.url)}: the ledger metadata is damaged ({exc}); restore "
+            raise StoreError(f"database {describe_url(self.url)}: the ledger metadata is damaged ({exc}); restore "
                              "the database from a backup") from None
         for name, given, have in (("epsilon", lifetime_epsilon, self.lifetime_epsilon),
                                   ("delta", lifetime_delta, self.lifetime_delta)):
             if given is not None and float(given) != have:
-                raise LedgerError(f"database {_describe_url(self.url)} has lifetime {name} {have!r}, not {given!r}: "
+                raise LedgerError(f"database {describe_url(self.url)} has lifetime {name} {have!r}, not {given!r}: "
                                   "the opt-in users' budget is fixed when the database is created (leave out "
                                   f"--lifetime-{name})")
 
@@ -363,13 +433,24 @@ class Store:
         return hmac.new(self._salt, user.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
 
     # ----- rounds ---------------------------------------------------------------------------
-    def create_round(self, kind: str, name: str | None, params: dict[str, Any]) -> RoundInfo:
-        """A new round in state collecting-optin."""
+    def create_round(self, kind: str, name: str | None, params: dict[str, Any], *,
+                     retention_hours: float = DEFAULT_RETENTION_HOURS) -> RoundInfo:
+        """A new round in state collecting-optin, whose raw opt-in data are purged ``retention_hours`` after
+        its creation at the latest (:meth:`purge_expired`)."""
+        if (isinstance(retention_hours, bool) or not isinstance(retention_hours, (int, float))
+                or not 0 < retention_hours <= MAX_RETENTION_HOURS):
+            raise parameter_error("retention_hours (--retention-hours)", retention_hours,
+                                  f"a number of hours in (0, {MAX_RETENTION_HOURS:g}]",
+                                  f"The default, {DEFAULT_RETENTION_HOURS:g} h, purges raw opt-in data after a week.")
         rid = new_round_id()
+        created = datetime.now(timezone.utc)
+        deadline = (created + timedelta(hours=float(retention_hours))).isoformat(timespec="seconds")
 
         def run(conn: Connection) -> None:
             conn.execute(insert(s.rounds).values(id=rid, kind=kind, name=name, state="collecting-optin",
-                                                 params=json.dumps(params, allow_nan=False), created=now()))
+                                                 params=json.dumps(params, allow_nan=False),
+                                                 created=created.isoformat(timespec="seconds"),
+                                                 retention_deadline=deadline))
         self._write(run)
         return self.round(rid)
 
@@ -479,40 +560,194 @@ class Store:
             return info, [found.get(h) for h in hashes]
         return self._read(run)
 
-    def add_optin_batch(self, info: RoundInfo, uploads: Sequence[tuple[int, Sequence[Any]]]) -> int:
-        """Store several opt-in users' uploads in one transaction: (user code, records or values) each."""
-        if info.kind == "mean":
-            rows = [{"round_num": info.num, "user_seq": q, "value": float(v)} for q, values in uploads for v in values]
-            return self._add_optin(info, s.optin_values, rows)
-        rows = [{"round_num": info.num, "user_seq": q, "query": r[0], "url": r[1]} for q, records in uploads
-                for r in records]
-        return self._add_optin(info, s.optin_records, rows)
+    def upload_key(self, upload_id: str | None, items: Sequence[Any]) -> str:
+        """The key that makes an upload idempotent: HMAC-SHA256(salt, the uploader's id, or else the batch's
+        content), hex. Keyed, so that the stored key says nothing about the raw records of the batch."""
+        payload = "id:" + upload_id if upload_id is not None else "batch:" + json.dumps(list(items))
+        return hmac.new(self._salt, payload.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
-    def _add_optin(self, info: RoundInfo, table: Any, rows: list[dict[str, Any]]) -> int:
-        def run(conn: Connection) -> None:
+    def add_optin_batch(self, info: RoundInfo, uploads: Sequence[OptinUpload]) -> UploadAck:
+        """Store several opt-in users' uploads in one transaction, or none of them.
+
+        An upload whose key the same token stored before is acknowledged and not stored again; an
+        upload that would take its token past :attr:`optin_max_records` or :attr:`optin_max_bytes`
+        refuses the whole request (:class:`QuotaError`).
+        """
+        def run(conn: Connection) -> UploadAck:
             res = conn.execute(update(s.rounds).where(s.rounds.c.num == info.num,
                                                       s.rounds.c.state == "collecting-optin")
-                               .values(optin_records=s.rounds.c.optin_records + len(rows)))
+                               .values(optin_records=s.rounds.c.optin_records))  # takes the row lock, checks state
             if res.rowcount != 1:
                 state = self._get(conn, info.id).state
                 raise ConflictError(f"cannot upload opt-in data: round {info.id} is {state!r}; uploads are taken "
-                                    "while it is 'collecting-optin' (the raw data was deleted when the head list "
-                                    "was published)")
+                                    "while it is 'collecting-optin' (raw data are deleted when the head list is "
+                                    "published, the round is aborted or deleted, or its retention deadline passes)")
+            accepted = duplicates = 0
+            rows: list[dict[str, Any]] = []
+            ot = s.optin_tokens.c
+            for up in uploads:
+                new = conn.execute(self._insert(s.optin_uploads).values(
+                    round_num=info.num, user_seq=up.user, upload_key=up.key, n_records=len(up.items))
+                    .on_conflict_do_nothing().returning(s.optin_uploads.c.user_seq)).first()
+                if new is None:
+                    duplicates += len(up.items)
+                    continue
+                have, nbytes = conn.execute(select(ot.n_records, ot.n_bytes).where(
+                    ot.round_num == info.num, ot.seq == up.user)).one()
+                if have + len(up.items) > self.optin_max_records or nbytes + up.nbytes > self.optin_max_bytes:
+                    raise QuotaError(
+                        f"opt-in upload refused: it would take a token of round {info.id} to "
+                        f"{have + len(up.items):,} records and {nbytes + up.nbytes:,} bytes, over this server's quota "
+                        f"of {self.optin_max_records:,} records and {self.optin_max_bytes:,} bytes per token "
+                        "(hybriddp serve --optin-max-records/--optin-max-bytes); nothing of this request was stored")
+                conn.execute(update(s.optin_tokens).where(ot.round_num == info.num, ot.seq == up.user).values(
+                    n_records=ot.n_records + len(up.items), n_bytes=ot.n_bytes + up.nbytes))
+                accepted += len(up.items)
+                if info.kind == "mean":
+                    rows += [{"round_num": info.num, "user_seq": up.user, "value": float(v)} for v in up.items]
+                else:
+                    rows += [{"round_num": info.num, "user_seq": up.user, "query": r[0], "url": r[1]}
+                             for r in up.items]
             if rows:
-                conn.execute(insert(table), rows)
-        self._write(run)
-        return len(rows)
+                conn.execute(insert(s.optin_values if info.kind == "mean" else s.optin_records), rows)
+                conn.execute(update(s.rounds).where(s.rounds.c.num == info.num)
+                             .values(optin_records=s.rounds.c.optin_records + len(rows)))
+            return UploadAck(accepted, duplicates)
+        return self._write(run)
 
-    def start_build(self, round_id: str) -> RoundInfo:
-        """collecting-optin → building-headlist (one builder wins)."""
-        return self._write(lambda conn: self._transition(conn, round_id, ["collecting-optin"], "building-headlist",
-                                                         "publish the head list"))
+    def start_build(self, round_id: str, epsilon: float, delta: float, *, private: bool) -> RoundInfo:
+        """collecting-optin → building-headlist, charging every opt-in user with data (ε, δ) in the SAME
+        transaction, before the curator's mechanism runs.
 
-    def abort_build(self, round_num: int) -> None:
-        """building-headlist → collecting-optin (the build was refused; nothing was published)."""
-        self._write(lambda conn: conn.execute(update(s.rounds).where(
-            s.rounds.c.num == round_num, s.rounds.c.state == "building-headlist").values(state="collecting-optin")))
+        Every run of the mechanism is thus charged whatever it outputs (an empty head list included), and
+        a round never returns to collecting-optin, so no retry can draw fresh noise uncharged
+        (docs/ALGORITHM.md §3.4). Refused with nothing charged when the round has no opt-in data, or when a
+        user would exceed the lifetime budget (:class:`BudgetExceededError`; the round stays
+        collecting-optin, its raw data kept until :meth:`abort` or the retention deadline).
+        ``private=False`` (a seeded round) records the charges as non-private (they give no guarantee
+        and count against no budget).
+        """
+        def run(conn: Connection) -> RoundInfo:
+            info = self._transition(conn, round_id, ["collecting-optin"], "building-headlist",
+                                    "publish the head list")
+            table = s.optin_values if info.kind == "mean" else s.optin_records
+            ot = s.optin_tokens.c
+            users = conn.execute(select(ot.user_pseudonym).where(ot.round_num == info.num, ot.seq.in_(
+                select(table.c.user_seq).where(table.c.round_num == info.num).distinct()))).scalars().all()
+            if not users:
+                what = "values" if info.kind == "mean" else "records"
+                raise DataError(f"round {round_id} has no opt-in {what}; opt-in users upload them with their token "
+                                "(POST /api/v1/rounds/{id}/optin/records) before the head list is built. Nothing "
+                                "was run or charged")
+            self._charge_rows(conn, info, {u: ("optin", float(epsilon), float(delta)) for u in users}, private,
+                              kept=self._kept_message(info))
+            return info
+        return self._write(run)
 
+    def _kept_message(self, info: RoundInfo) -> str:
+        return (f"Nothing was run or charged. The round's raw opt-in data stay until its retention deadline "
+                f"({info.retention_deadline} UTC) or until an administrator aborts it (hybriddp round abort "
+                f"{info.id}), which deletes them")
+
+    def finish_build(self, info: RoundInfo, outcome: str, headlist: dict[str, Any] | None = None,
+                     estimates: dict[str, Any] | None = None, results: dict[str, Any] | None = None) -> RoundInfo:
+        """building-headlist → ``outcome`` (headlist-published, headlist-empty or aborted), storing the
+        documents, and deleting the raw opt-in data in the same transaction (then scrubbed from the files)."""
+        def run(conn: Connection) -> RoundInfo:
+            values: dict[str, Any] = {}
+            if headlist is not None:
+                values.update(headlist=json.dumps(headlist, allow_nan=False, ensure_ascii=False),
+                              headlist_hash=headlist["content_hash"])
+            if estimates is not None:
+                values["estimates"] = json.dumps(estimates, allow_nan=False, ensure_ascii=False)
+            if results is not None:
+                values["results"] = json.dumps(results, allow_nan=False, ensure_ascii=False)
+            self._transition(conn, info.id, ["building-headlist"], outcome, f"end the build as {outcome}", **values)
+            self._purge_raw(conn, info.num)
+            return self._get(conn, info.id)
+        out = self._write(run)
+        self.scrub()
+        return out
+
+    def abort(self, round_id: str) -> RoundInfo:
+        """collecting-optin → aborted: the round ends before its head list is built; its raw opt-in data are
+        deleted (and scrubbed from the files). Nothing was released, so nothing is charged."""
+        out = self._write(lambda conn: self._end(conn, round_id, ["collecting-optin"], "aborted", "abort"))
+        self.scrub()
+        return out
+
+    def delete_round(self, round_id: str) -> RoundInfo:
+        """Any state but building-headlist → deleted: raw opt-in data, tokens, device messages, documents and
+        results are deleted; the round's id, parameters and ledger charges stay (the charges are spent)."""
+        def run(conn: Connection) -> RoundInfo:
+            states = [st for st in s.ROUND_STATES if st not in ("building-headlist", "deleted")]
+            info = self._end(conn, round_id, states, "deleted", "delete", headlist=None, headlist_hash=None,
+                             estimates=None, report_counts=None, results=None)
+            for t in (s.messages, s.messages_recent, s.extra_entries, s.entry_counts):
+                conn.execute(delete(t).where(t.c.round_num == info.num))
+            if self.dialect == "sqlite":
+                self._recent.catch_up(conn)  # under the write lock: forgets the deleted ids
+            return info
+        out = self._write(run)
+        self.scrub()
+        return out
+
+    def _end(self, conn: Connection, round_id: str, from_states: Sequence[str], to_state: str, action: str,
+             **values: Any) -> RoundInfo:
+        info = self._transition(conn, round_id, from_states, to_state, action, **values)
+        self._purge_raw(conn, info.num)
+        return self._get(conn, round_id)
+
+    def purge_expired(self, at: str | None = None) -> list[str]:
+        """Purge the raw opt-in data of every round whose retention deadline is at or before ``at`` (default:
+        now): a round still collecting-optin is aborted. The ids of the rounds purged."""
+        when = at or now()
+
+        def run(conn: Connection) -> list[str]:
+            r = s.rounds.c
+            due = conn.execute(select(r.num, r.id, r.state).where(
+                r.purged.is_(None), r.retention_deadline.is_not(None), r.retention_deadline <= when,
+                r.state != "building-headlist")).all()
+            for num, rid, state in due:
+                if state == "collecting-optin":
+                    self._transition(conn, rid, ["collecting-optin"], "aborted", "abort at the retention deadline")
+                self._purge_raw(conn, int(num))
+            return [rid for _, rid, _ in due]
+        purged = self._write(run)
+        if purged:
+            self.scrub()
+        return purged
+
+    def _purge_raw(self, conn: Connection, round_num: int) -> None:
+        """Delete a round's raw opt-in data: records, values, upload keys and tokens (inside the caller's
+        transaction); the round records when."""
+        for t in (s.optin_records, s.optin_values, s.optin_uploads, s.optin_tokens):
+            conn.execute(delete(t).where(t.c.round_num == round_num))
+        conn.execute(update(s.rounds).where(s.rounds.c.num == round_num, s.rounds.c.purged.is_(None))
+                     .values(purged=now()))
+
+    def scrub(self) -> bool:
+        """Remove deleted rows from the database files, not only from the tables.
+
+        SQLite: ``secure_delete`` (set on every connection) zeroes the freed space of the pages in the
+        WAL; ``wal_checkpoint(TRUNCATE)`` then copies them over the main file and empties the WAL, whose
+        older frames still held the rows. Retried while readers hold an old snapshot; False if it could
+        not finish (:meth:`purge_expired`, run periodically, scrubs again). PostgreSQL: ``VACUUM FULL``
+        of the opt-in tables rewrites them into new files (the old ones are unlinked); the server's WAL
+        (``pg_wal``) and base backups keep the rows until they are recycled (docs: PRIVACY.md).
+        """
+        if self.dialect == "sqlite":
+            for attempt in range(50):
+                with self.engine.connect() as conn:
+                    busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+                if busy is None or int(busy[0]) == 0:
+                    return True
+                time.sleep(0.01 * min(2 ** attempt, 20))
+            return False
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.exec_driver_sql("VACUUM FULL optin_records, optin_values, optin_uploads, optin_tokens")
+        return True
     def optin_records(self, round_num: int) -> tuple[list[int], list[str], list[str | None], dict[int, str]]:
         """(user code per record, query, url, pseudonym per user code), records in upload order."""
         def run(conn: Connection) -> tuple[list[int], list[str], list[str | None], dict[int, str]]:
@@ -537,11 +772,11 @@ class Store:
                                                    .where(s.optin_tokens.c.round_num == round_num)).all()}
 
     # ----- the privacy ledger ---------------------------------------------------------------
-    def charge(self, info: RoundInfo, charges: Sequence[Charge]) -> None:
+    def charge(self, info: RoundInfo, charges: Sequence[Charge], *, private: bool = True) -> None:
         """Record the round's charges, or refuse all of them (:class:`BudgetExceededError`).
 
-        Users are the pseudonyms of :meth:`pseudonym`. Basic composition (Σε, Σδ) against the
-        database's lifetime budget, like :class:`hybriddp.ledger.PrivacyLedger`.
+        Users are the pseudonyms of :meth:`pseudonym`. Basic composition (Σε, Σδ) of the private
+        charges against the database's lifetime budget, like :class:`hybriddp.ledger.PrivacyLedger`.
         """
         rows: dict[str, tuple[str, float, float]] = {}
         for c in charges:
@@ -550,10 +785,16 @@ class Store:
                     raise LedgerError(f"a user appears twice in round {info.id} (groups {rows[user][0]!r} and "
                                       f"{c.group!r})")
                 rows[user] = (c.group, float(c.epsilon), float(c.delta))
+        self._write(lambda conn: self._charge_rows(conn, info, rows, private, kept="Nothing was published or "
+                                                                                 "charged"))
 
-        def run(conn: Connection) -> None:
-            if self.dialect == "postgresql":
-                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADVISORY_LEDGER})
+    def _charge_rows(self, conn: Connection, info: RoundInfo, rows: dict[str, tuple[str, float, float]],
+                     private: bool, *, kept: str) -> None:
+        """Insert the charges ``rows`` (pseudonym → group, ε, δ), or raise BudgetExceededError (``kept`` says
+        what became of the round). Non-private charges are recorded and count against no budget."""
+        if self.dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADVISORY_LEDGER})
+        if private:
             users = sorted(rows)
             spent: dict[str, tuple[float, float]] = {}
             lc = s.ledger_charges.c
@@ -561,7 +802,7 @@ class Store:
                 chunk = users[i:i + IN_CHUNK]
                 spent.update({u: (float(e), float(d)) for u, e, d in conn.execute(
                     select(lc.user_pseudonym, func.sum(lc.epsilon), func.sum(lc.delta))
-                    .where(lc.user_pseudonym.in_(chunk)).group_by(lc.user_pseudonym)).all()})
+                    .where(lc.user_pseudonym.in_(chunk), lc.private.is_(True)).group_by(lc.user_pseudonym)).all()})
             over = []
             for u, (_, e, d) in rows.items():
                 pe, pd = spent.get(u, (0.0, 0.0))
@@ -572,13 +813,11 @@ class Store:
                 raise BudgetExceededError(
                     f"round {info.id} refused: {len(over):,} opt-in user(s) would exceed the lifetime budget "
                     f"(epsilon {self.lifetime_epsilon:g}, delta {self.lifetime_delta:g}); the worst would reach "
-                    f"epsilon {e:.4g}, delta {d:.3g}. Nothing was published or charged. Create the round with a "
-                    "smaller epsilon, or leave those users out of it")
-            if rows:
-                conn.execute(insert(s.ledger_charges), [
-                    {"user_pseudonym": u, "round_num": info.num, "grp": g, "epsilon": e, "delta": d}
-                    for u, (g, e, d) in rows.items()])
-        self._write(run)
+                    f"epsilon {e:.4g}, delta {d:.3g}. {kept}. Create the round with a smaller epsilon")
+        if rows:
+            conn.execute(insert(s.ledger_charges), [
+                {"user_pseudonym": u, "round_num": info.num, "grp": g, "epsilon": e, "delta": d, "private": private}
+                for u, (g, e, d) in rows.items()])
 
     def spent(self, user: str) -> tuple[float, float]:
         """(Σε, Σδ) charged to ``user`` so far."""
@@ -586,20 +825,6 @@ class Store:
         row = self._read(lambda conn: conn.execute(select(func.sum(lc.epsilon), func.sum(lc.delta)).where(
             lc.user_pseudonym == self.pseudonym(user))).one())
         return float(row[0] or 0.0), float(row[1] or 0.0)
-
-    # ----- publishing -------------------------------------------------------------------------
-    def publish(self, info: RoundInfo, headlist: dict[str, Any], estimates: dict[str, Any]) -> RoundInfo:
-        """One transaction: store the documents, delete the raw opt-in data, → headlist-published."""
-        def run(conn: Connection) -> RoundInfo:
-            out = self._transition(conn, info.id, ["building-headlist"], "headlist-published", "publish",
-                                   headlist=json.dumps(headlist, allow_nan=False, ensure_ascii=False),
-                                   headlist_hash=headlist["content_hash"],
-                                   estimates=json.dumps(estimates, allow_nan=False, ensure_ascii=False))
-            conn.execute(delete(s.optin_records).where(s.optin_records.c.round_num == info.num))
-            conn.execute(delete(s.optin_values).where(s.optin_values.c.round_num == info.num))
-            return out
-        self._write(run)
-        return self.round(info.id)
 
     # ----- reports ----------------------------------------------------------------------------
     def add_reports(self, info: RoundInfo, items: Sequence[tuple[str, Sequence[int] | float]]) -> ReportAck:

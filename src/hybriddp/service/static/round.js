@@ -37,8 +37,11 @@ function renderSummary(info) {
     $("round-warning").textContent = info.warning;
     show("round-warning");
   }
-  const at = LIFECYCLE.indexOf(info.state === "building-headlist" ? "collecting-optin" : info.state);
-  $("lifecycle").replaceChildren(...LIFECYCLE.map((s, i) => h("li", {
+  // a round that ended early (empty head list, aborted, deleted) shows where it ended
+  const steps = LIFECYCLE.includes(info.state) || info.state === "building-headlist"
+    ? LIFECYCLE : ["collecting-optin", info.state];
+  const at = steps.indexOf(info.state === "building-headlist" ? "collecting-optin" : info.state);
+  $("lifecycle").replaceChildren(...steps.map((s, i) => h("li", {
     class: i < at ? "done" : "", "aria-current": i === at ? "step" : null,
   }, s)));
   show("summary");

@@ -487,7 +487,7 @@ def test_round_commands_end_to_end(service: Service, tmp_path: Any) -> None:
             tf.write_text(tokens[f"user-{i}"])
             out = _cli("round", "upload", rid, "--server", url, "--token-file", tf, "--input",
                        _csv(tmp_path / f"optin-{i}.csv", [rec]))
-            assert "uploaded 1 records" in out.stdout
+            assert "uploaded 1 new records" in out.stdout
         else:
             OptinUploader(url, rid, tokens[f"user-{i}"]).upload([rec])
     assert "headlist-published" in _cli("round", "publish", rid, *admin).stdout
@@ -629,7 +629,7 @@ def test_a_mean_round_with_the_cli(service: Service, tmp_path: Any) -> None:
     assert rnd["kind"] == "mean" and rnd["params"]["sigma2"] == 4.0
     tokens = json.loads(_cli("round", "enrol", rid, "--user", "a", "--user", "b", "--json", env=env).stdout)["tokens"]
     for token in tokens.values():
-        assert "uploaded 2 values" in _cli("round", "upload", rid, "--value", 3, "--value", 4,
+        assert "uploaded 2 new values" in _cli("round", "upload", rid, "--value", 3, "--value", 4,
                                            env={**env, "HYBRIDDP_OPTIN_TOKEN": token}).stdout
     _cli("round", "publish", rid, env=env)
     ledger = tmp_path / "ledger.json"
@@ -779,8 +779,9 @@ def test_round_lifecycle_commands_abort_delete_upload_twice_and_the_ledger(servi
     token = json.loads(_cli("round", "enrol", rid, *admin, "--user", "u-1", "--json").stdout)["tokens"]["u-1"]
     (tmp_path / "tok").write_text(token)
     records = _csv(tmp_path / "r.csv", OPTIN[:2])
-    for _ in range(2):
-        _cli("round", "upload", rid, "--server", service.url, "--token-file", tmp_path / "tok", "--input", records)
+    outs = [_cli("round", "upload", rid, "--server", service.url, "--token-file", tmp_path / "tok", "--input",
+                 records).stdout for _ in range(2)]
+    assert "uploaded 2 new records" in outs[0] and "uploaded 0 new records" in outs[1] and "repeat" in outs[1]
     status = AdminClient(service.url, ADMIN).round(rid)
     assert status["counts"]["optin_records"] == 2 and status["retention_deadline"] is not None
     _clean_error(_cli("round", "delete", rid, *admin, ok=False), "--yes")

@@ -236,10 +236,15 @@ def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str |
 @server_option
 @json_option
 def status_cmd(round_id: str, server: str, as_json: bool) -> None:
-    """A round's state, parameters and counts (no token needed)."""
+    """A round's state, parameters and counts (no token needed). With HYBRIDDP_ADMIN_TOKEN set, the
+    administrators' view: the live opt-in counts too."""
     from hybriddp.client import DeviceClient
-    with DeviceClient(server, round_id) as dev:
-        rnd = dev.round()
+    if os.environ.get("HYBRIDDP_ADMIN_TOKEN", "").strip():
+        with _admin(server, None) as admin:
+            rnd = admin.round(round_id)
+    else:
+        with DeviceClient(server, round_id) as dev:
+            rnd = dev.round()
     show_round(rnd, as_json)
 
 
@@ -317,7 +322,10 @@ def upload_cmd(round_id: str, server: str, token_file: str | None, input_path: s
         else:
             records = _device_records(input_path, fmt, user_col, query_col, url_col, skip_bad_rows)
             n = up.upload(records)
-    render.out.print(f"uploaded {n:,} {'values' if values else 'records'} to round {round_id}")
+    what = "values" if values else "records"
+    render.out.print(f"uploaded {n:,} new {what} to round {round_id}"
+                     + ("" if n else f" (the server had these {what} from an earlier upload: a repeat is acknowledged "
+                                     "and not stored again)"))
 
 
 @round_group.command("publish")
@@ -330,6 +338,10 @@ def publish_cmd(round_id: str, server: str, admin_token_file: str | None, as_jso
     with _admin(server, admin_token_file) as admin:
         rnd = admin.publish_headlist(round_id)
     show_round(rnd, as_json)
+    if rnd.get("state") == "headlist-empty":
+        render.err.print("[yellow]the head list is empty: no opt-in record passed the privacy threshold. That "
+                         "outcome is a release: it was charged to the opt-in users and the round has ended "
+                         f"(hybriddp round results {round_id} says why); a new round is a new release[/yellow]")
 
 
 @round_group.command("abort")

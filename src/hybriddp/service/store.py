@@ -813,7 +813,7 @@ class Store:
                 raise BudgetExceededError(
                     f"round {info.id} refused: {len(over):,} opt-in user(s) would exceed the lifetime budget "
                     f"(epsilon {self.lifetime_epsilon:g}, delta {self.lifetime_delta:g}); the worst would reach "
-                    f"epsilon {e:.4g}, delta {d:.3g}. {kept}. Create the round with a smaller epsilon")
+                    f"epsilon {e:.4g}, delta {d:.3g}. {kept}. Create the round with a smaller epsilon or delta")
         if rows:
             conn.execute(insert(s.ledger_charges), [
                 {"user_pseudonym": u, "round_num": info.num, "grp": g, "epsilon": e, "delta": d, "private": private}

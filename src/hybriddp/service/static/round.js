@@ -4,6 +4,13 @@ import { count, fetchJson, h, num, percent } from "./api.js";
 import { intervalChart, interval95 } from "./chart.js";
 
 const LIFECYCLE = ["collecting-optin", "headlist-published", "collecting-reports", "closed", "results-published"];
+const ENDED = {
+  "headlist-empty": "This round has ended: no opt-in record passed the head list's privacy threshold. That outcome "
+    + "was the curator's release (charged to the opt-in users), so the round has no results; its raw opt-in data "
+    + "are deleted.",
+  aborted: "This round was aborted before its head list was published; its raw opt-in data are deleted.",
+  deleted: "This round was deleted: its raw data, reports, documents and results are gone.",
+};
 const PARAM_NAMES = {
   epsilon: "ε", delta: "δ", optin_fraction: "opt-in fraction",
   f_o: "f_O (share of opt-in users building the head list)", f_c: "f_C (share of a client's budget on the query)",
@@ -204,6 +211,8 @@ async function start() {
       else renderMean(info, results);
       status.textContent = "";
       status.hidden = true;
+    } else if (ENDED[info.state]) {
+      status.textContent = ENDED[info.state];
     } else {
       status.textContent = `Results are published once an administrator closes the round (now: ${info.state}).`;
     }

@@ -1,4 +1,4 @@
-"""Mutation testing of the privacy-critical core with mutmut 3 (issue 14; docs/TESTING.md).
+"""Mutation testing of the privacy-critical core with mutmut 3 (docs/TESTING.md).
 
 Runs ``mutmut run`` with the ``[tool.mutmut]`` configuration of pyproject.toml (the modules that carry the
 privacy guarantee and the estimates, tested by the fast core tests only) and prints the mutation score per
@@ -11,7 +11,7 @@ Not part of the pytest run: it takes tens of minutes on 2 cores. Install the too
 ``pip install -e '.[mutation]'``.
 
     nice -n 19 python benchmarks/bench_mutation.py                 # every module, one table
-    python benchmarks/bench_mutation.py --modules blend noise       # a subset (mutmut reuses its cache)
+    python benchmarks/bench_mutation.py --modules server/blend core/noise   # a subset (mutmut reuses its cache)
     python benchmarks/bench_mutation.py --fresh --json              # from scratch, one JSON object
     python benchmarks/bench_mutation.py --report-only --survivors   # read mutants/ without running
     nice -n 19 python benchmarks/bench_mutation.py --rerun-survivors   # after adding tests: re-test the rest
@@ -43,15 +43,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # module (path under src/hybriddp) -> the dotted prefix of its mutants' names
 MODULES: dict[str, str] = {
-    "blend.py": "hybriddp.blend",
-    "client_estimates.py": "hybriddp.client_estimates",
-    "curator.py": "hybriddp.curator",
-    "device.py": "hybriddp.device",
-    "randomizer.py": "hybriddp.randomizer",
-    "noise.py": "hybriddp.noise",
-    "ledger.py": "hybriddp.ledger",
+    "server/blend.py": "hybriddp.server.blend",
+    "server/weights.py": "hybriddp.server.weights",
+    "server/client_estimates.py": "hybriddp.server.client_estimates",
+    "curator/mechanisms.py": "hybriddp.curator.mechanisms",
+    "curator/estimates.py": "hybriddp.curator.estimates",
+    "core/protocol.py": "hybriddp.core.protocol",
+    "core/reportlaw.py": "hybriddp.core.reportlaw",
+    "device/localalg.py": "hybriddp.device.localalg",
+    "device/ledger.py": "hybriddp.device.ledger",
+    "device/batch.py": "hybriddp.device.batch",
+    "core/noise.py": "hybriddp.core.noise",
+    "privacy/ledger.py": "hybriddp.privacy.ledger",
     "mean/mechanisms.py": "hybriddp.mean.mechanisms",
-    "mean_device.py": "hybriddp.mean_device",
+    "device/mean.py": "hybriddp.device.mean",
 }
 
 # mutmut's exit codes (mutmut/stats.py) grouped the way the score counts them

@@ -1,11 +1,11 @@
-"""Speed and memory of the BLENDER pipeline on a synthetic preset (issue: core, point 8).
+"""Speed and memory of the BLENDER pipeline on a synthetic preset.
 
 Prints a table: stage, seconds, peak RSS after the stage. Loading (here: generating the
 synthetic log) is reported but not counted in ``pipeline_seconds``, which covers sampling,
 head list, opt-in estimates, randomizing every client, client estimates, blending and metrics.
 
 The batch randomizer's rate is measured on every client report. The baseline is the per-record
-pure-Python LocalAlg of ``hybriddp.device`` over the first ``--python-reports`` of the same
+pure-Python LocalAlg of ``hybriddp.device.localalg`` over the first ``--python-reports`` of the same
 records, in the same run: mapping the record onto the head list, randomizing, building the
 report, with OS randomness (what one device does). The headline speed-up compares it with the
 batch path doing the same work (``map_records`` + ``randomize_batch``); two more ratios are
@@ -25,10 +25,10 @@ import time
 import numpy as np
 
 from hybriddp import BlenderParams
-from hybriddp.device import DeviceHeadList, SeededSource, SystemSource, local_alg
-from hybriddp.io.synth import generate
-from hybriddp.pipeline import Stages, result_from_run, run_blender
-from hybriddp.randomizer import randomize_batch
+from hybriddp.datasets.synth import generate
+from hybriddp.device.batch import randomize_batch
+from hybriddp.device.localalg import DeviceHeadList, SeededSource, SystemSource, local_alg
+from hybriddp.simulation.pipeline import Stages, result_from_run, run_blender
 
 TARGETS = {"yandex": {"pipeline_seconds": 20.0, "peak_rss_gb": 4.0, "randomizer_reports_per_second": 1e7,
                       "randomizer_speedup": 50.0}}

@@ -1,4 +1,4 @@
-"""Throughput, latency, crash safety and close time of the collection service (issue 10, Performance).
+"""Throughput, latency, crash safety and close time of the collection service.
 
 Starts ``hybriddp serve`` itself (a temporary SQLite database by default; ``--db postgresql`` starts a
 throwaway PostgreSQL 15 cluster with durable settings, see tests/pgcluster.py; or any ``--db URL``),

@@ -1,4 +1,4 @@
-"""The Spark engine at browser scale: counting N device reports from partitioned Parquet (issue 12; docs/SCALE.md).
+"""The Spark engine at browser scale: counting N device reports from partitioned Parquet (docs/SCALE.md).
 
 Generates N one-report device messages over a real head list (a small synthetic AOL round), as a
 directory of Parquet files (one row per report, docs/FORMATS.md; 0.1% of messages resent), then
@@ -40,10 +40,10 @@ import numpy as np
 
 def make_release(workdir: Path) -> tuple[str, str]:
     """A small synthetic AOL round's release documents (head list of 50 records), written to ``workdir``."""
+    from hybriddp.core.params import BlenderParams
+    from hybriddp.curator.party import curate
+    from hybriddp.datasets.synth import generate
     from hybriddp.io.exchange import write_release_files
-    from hybriddp.io.synth import generate
-    from hybriddp.params import BlenderParams
-    from hybriddp.parties import curate
 
     log = generate("aol", seed=1, scale=0.2)
     rel, _ = curate(log, BlenderParams(optin_fraction=0.5, head_list_size=50), seed=1, with_charges=False)
@@ -53,15 +53,15 @@ def make_release(workdir: Path) -> tuple[str, str]:
 
 
 def load_release(hl: str, est: str) -> Any:
+    from hybriddp.curator.release import release_from_documents
     from hybriddp.io.exchange import read_release_files
-    from hybriddp.parties import release_from_documents
     return release_from_documents(*read_release_files(hl, est))
 
 
 def worker(args: argparse.Namespace) -> None:
     """One measurement in this process: start Spark on ``--master``, count, print JSON."""
-    from hybriddp.backends.spark_reports import count_reports_spark
-    from hybriddp.backends.spark_session import spark_session
+    from hybriddp.spark.reports import count_reports_spark
+    from hybriddp.spark.session import spark_session
 
     rel = load_release(args.headlist, args.estimates)
     t0 = time.perf_counter()
@@ -111,7 +111,7 @@ def main() -> None:
     ap.add_argument("--driver-memory", default="2g", help="spark.driver.memory of each local run (default 2g).")
     ap.add_argument("--shuffle-partitions", type=int, default=0,
                     help="At least this many shuffle partitions (default 0: one per ~40 MB of reports, "
-                         "hybriddp.backends.spark_reports chooses).")
+                         "hybriddp.spark.reports chooses).")
     ap.add_argument("--strict-ids", action="store_true",
                     help="Count with strict_ids=True (every id's characters checked, as `estimate --strict-ids`).")
     ap.add_argument("--no-pin", action="store_true",
@@ -127,8 +127,7 @@ def main() -> None:
     if args.reports < 1:
         ap.error(f"--reports = {args.reports}: must be >= 1")
     from rich.progress import Progress
-
-    from hybriddp.io.synth_reports import write_synthetic_reports
+    from synth_reports import write_synthetic_reports  # a sibling module: this script's folder is on sys.path
 
     tmp = tempfile.TemporaryDirectory(dir=args.workdir) if not args.keep else None
     work = Path(tmp.name if tmp else (args.workdir or tempfile.mkdtemp()))

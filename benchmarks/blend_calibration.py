@@ -1,6 +1,6 @@
 """Calibration of the blended estimates at many rounds: per entry, bias (z) and reported variance / MSE.
 
-Issue 13's target: every entry unbiased (|z| < 3) over ≥ 5,000 rounds and the reported variance within 5% of
+The target (ALGORITHM.md §7): every entry unbiased (|z| < 3) over ≥ 5,000 rounds and the reported variance within 5% of
 the empirical mean squared error. The unit tests check the same with margins; this script measures it with
 as many rounds as you like and prints one table per estimator (and ``--json``: one object): per entry z,
 the bias over the RMSE (a z-test over n rounds flags a bias at |z| ≥ 3 once it exceeds about 3/√n of the
@@ -8,7 +8,7 @@ RMSE: 4.2% at 5,000 rounds, 2.1% at 20,000) and the reported variance over the e
 
     python benchmarks/blend_calibration.py --trials 20000 [--json]
 
-The list is ``hybriddp.calibration.six_queries()``, also the tests' (20 entries; ⟨q,*⟩ and ⟨*,*⟩
+The list is ``hybriddp.server.calibration.six_queries()``, also the tests' (20 entries; ⟨q,*⟩ and ⟨*,*⟩
 among the smallest, with expected T counts of 1.7–2.7), |D_T| = 500, |D_S| = 9,500, 20,000 reports,
 ε = 4 (ALGORITHM.md §7, §7.1).
 """
@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from hybriddp.calibration import calibrate, six_queries
-from hybriddp.randomizer import LocalAlgParams
+from hybriddp.core.reportlaw import LocalAlgParams
+from hybriddp.server.calibration import calibrate, six_queries
 
 
 def main() -> None:

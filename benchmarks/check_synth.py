@@ -23,8 +23,8 @@ import time
 import numpy as np
 from scipy import stats
 
-from hybriddp.io.synth import PRESETS, generate
-from hybriddp.records import RecordLog, sample_records
+from hybriddp.core.records import RecordLog, sample_records
+from hybriddp.datasets.synth import PRESETS, generate
 
 # paper Figure 9 (AOL, one random record per user)
 PAPER_AOL = {"google": .0213, "yahoo": .0067, "google.com": .0067, "myspace.com": .0057,

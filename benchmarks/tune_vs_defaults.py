@@ -2,7 +2,7 @@
 
 For each preset:
 
-1. generate the synthetic log (:func:`hybriddp.io.synth.generate`);
+1. generate the synthetic log (:func:`hybriddp.datasets.synth.generate`);
 2. run the curator exactly as ``hybriddp headlist --optin-fraction c --seed s`` does, with the
    paper's defaults (ε = 4, δ, c, f_O = 0.95, M = 50 / 500, discrete noise) on a random opt-in
    group, and write its two DP files (head list, opt-in estimates);
@@ -32,12 +32,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from hybriddp.core.noise import DiscreteLaplaceNoise
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import RecordLog
+from hybriddp.datasets.synth import generate
 from hybriddp.io.exchange import curator_release, write_curator_files
-from hybriddp.io.synth import generate
-from hybriddp.noise import DiscreteLaplaceNoise
-from hybriddp.params import BlenderParams
-from hybriddp.pipeline import curator_side, result_from_run, run_blender, split_optin
-from hybriddp.records import RecordLog
+from hybriddp.simulation.pipeline import curator_side, result_from_run, run_blender, split_optin
 from hybriddp.tune import NDCG_TIE, PAPER_F_C, PAPER_F_O, Interval, load_privatized, tune
 
 logger = logging.getLogger("tune_vs_defaults")

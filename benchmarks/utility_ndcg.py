@@ -14,8 +14,8 @@ import sys
 import numpy as np
 
 from hybriddp import BlenderParams
-from hybriddp.io.synth import generate
-from hybriddp.pipeline import result_from_run, run_blender
+from hybriddp.datasets.synth import generate
+from hybriddp.simulation.pipeline import result_from_run, run_blender
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,13 @@
-"""Seeded calibration runs of the blend on hybriddp.calibration.six_queries(), computed once per test session and shared
-by tests/test_blend.py and tests/test_consistency.py (hybriddp.calibration; ALGORITHM.md §7, §7.1)."""
+"""Seeded calibration runs of the blend on hybriddp.server.calibration.six_queries(), computed once per test session
+and shared
+by tests/test_blend.py and tests/test_consistency.py (hybriddp.server.calibration; ALGORITHM.md §7, §7.1)."""
 
 from __future__ import annotations
 
 import functools
 
-from hybriddp.calibration import Calibration, calibrate, six_queries
-from hybriddp.randomizer import LocalAlgParams
+from hybriddp.core.reportlaw import LocalAlgParams
+from hybriddp.server.calibration import Calibration, calibrate, six_queries
 
 N_T, N_S, N_C = 500, 9_500, 20_000
 

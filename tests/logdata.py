@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybriddp.records import ArrayVocabulary, RecordLog
+from hybriddp.core.records import ArrayVocabulary, RecordLog
 
 
 def zipf_log(n_users: int = 20_000, n_queries: int = 300, urls_per_query: int = 6, seed: int = 0,

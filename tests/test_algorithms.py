@@ -9,14 +9,14 @@ import pytest
 from click.testing import CliRunner
 
 from hybriddp import BlenderParams
-from hybriddp.algorithms import ALGORITHMS, blender_family, run_algorithm, run_central
 from hybriddp.cli import cli
-from hybriddp.headlist import HeadList, record_keys
-from hybriddp.noise import effective_scale
-from hybriddp.params import head_list_scale
-from hybriddp.pipeline import run_blender
-from hybriddp.randomizer import LocalAlgParams, output_distribution, privacy_loss_delta
-from hybriddp.records import ArrayVocabulary, RecordLog, sample_records
+from hybriddp.core.headlist import HeadList, record_keys
+from hybriddp.core.noise import effective_scale
+from hybriddp.core.params import head_list_scale
+from hybriddp.core.records import ArrayVocabulary, RecordLog, sample_records
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution, privacy_loss_delta
+from hybriddp.simulation.algorithms import ALGORITHMS, blender_family, run_algorithm, run_central
+from hybriddp.simulation.pipeline import run_blender
 from logdata import zipf_log
 
 PARAMS = BlenderParams(optin_fraction=0.2, head_list_size=25)

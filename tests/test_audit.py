@@ -31,11 +31,11 @@ from hybriddp.audit import (
     run_audit,
 )
 from hybriddp.cli import cli
-from hybriddp.device import budget_split, keep_probability
-from hybriddp.errors import ParameterError
-from hybriddp.headlist import HeadList
-from hybriddp.noise import discrete_laplace_pmf, noise_factory
-from hybriddp.randomizer import LocalAlgParams, output_distribution, privacy_loss_delta
+from hybriddp.core.errors import ParameterError
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.noise import discrete_laplace_pmf, noise_factory
+from hybriddp.core.protocol import budget_split, keep_probability
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution, privacy_loss_delta
 
 # ----- Clopper–Pearson without SciPy, checked against SciPy ---------------------------------------
 

@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from hybriddp import curator
 from hybriddp.audit.exact import (
     EXACT_MECHANISMS,
     LossLaw,
@@ -34,8 +33,9 @@ from hybriddp.audit.exact import (
     record_loss_law,
 )
 from hybriddp.cli import cli
-from hybriddp.headlist import HeadList
-from hybriddp.randomizer import LocalAlgParams, output_distribution
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
+from hybriddp.curator import mechanisms as curator
 
 # ----- an independent model of the release ----------------------------------------------------------------
 
@@ -327,7 +327,7 @@ def test_cli_sampling_m_o_and_help() -> None:
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)
     assert obj["details"]["m_o"] == 2 and obj["violation"] is False
-    assert obj["details"]["adapter"] == "hybriddp.curator.create_head_list_with_counts"
+    assert obj["details"]["adapter"] == "hybriddp.curator.mechanisms.create_head_list_with_counts"
     r = _invoke("--mechanism", "headlist", "--m-o", "0", "--trials", "1000")
     assert r.exit_code == 2 and "m_o (--m-o) = 0" in (r.stderr or r.output)
     r = _invoke("--help")

@@ -3,13 +3,14 @@
 Each audited mechanism's adapter calls the library function production calls, looked up on its module at
 call time, so patching that function (``monkeypatch.setattr``) changes what the audit measures:
 
-* CreateHeadList's release (ALGORITHM.md §3, §3.3) through :func:`hybriddp.curator.create_head_list_with_counts`:
+* CreateHeadList's release (ALGORITHM.md §3, §3.3) through
+  :func:`hybriddp.curator.mechanisms.create_head_list_with_counts`:
   a release of the *true* counts of the kept records, or of counts with a *fresh* noise draw (not the draw that
   kept the record, ~1.5ε at the near-threshold event), is refuted (ε_lb > ε) for m_O = 1, 2, 3; the
   unpatched function is not. The exact audit's model check (ALGORITHM.md §3.5) refutes both as well;
-* EstimateOptinProbabilities (ALGORITHM.md §4) through :func:`hybriddp.curator.estimate_optin_probabilities`;
-* LocalAlg (ALGORITHM.md §5) through :func:`hybriddp.randomizer.randomize_batch`, the OLH report through
-  :func:`hybriddp.baselines.olh.olh_perturb`.
+* EstimateOptinProbabilities (ALGORITHM.md §4) through :func:`hybriddp.curator.mechanisms.estimate_optin_probabilities`;
+* LocalAlg (ALGORITHM.md §5) through :func:`hybriddp.device.batch.randomize_batch`, the OLH report through
+  :func:`hybriddp.simulation.baselines.olh.olh_perturb`.
 
 Every audit is seeded; the margins are many standard errors wide, so the outcomes are deterministic.
 """
@@ -22,11 +23,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hybriddp import curator, randomizer
 from hybriddp.audit import exact_audit, make_audit, run_audit
-from hybriddp.baselines import olh
-from hybriddp.headlist import HeadList, record_keys, split_keys
-from hybriddp.params import head_list_scale
+from hybriddp.core.headlist import HeadList, record_keys, split_keys
+from hybriddp.core.params import head_list_scale
+from hybriddp.curator import mechanisms as curator
+from hybriddp.device import batch as randomizer
+from hybriddp.simulation.baselines import olh
 
 TRIALS = 50_000
 FRESH_TRIALS = 100_000  # the fresh-noise event is rarer on x' (P ≈ 2e-4): twice the trials keep ε_lb well above ε

@@ -1,4 +1,5 @@
-"""BlendProbabilities (ALGORITHM.md §7, paper Fig. 7, Theorem 6) and the simplex projection.
+"""BlendProbabilities (ALGORITHM.md §7, paper Fig. 7, Theorem 6) and the simplex projection: the weights, estimates
+and variances by hand on dyadic values (exact in floating point), infinite and zero variances, and by Monte Carlo.
 
 Monte Carlo tests are seeded; margins are several standard errors of the simulated MSE.
 """
@@ -6,19 +7,23 @@ Monte Carlo tests are seeded; margins are several standard errors of the simulat
 from __future__ import annotations
 
 import math
+import warnings
+from fractions import Fraction
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from calibrated import six_queries_calibration
-from hybriddp.blend import blend, blend_error, blend_estimates, project_to_simplex
-from hybriddp.calibration import optin_estimates
-from hybriddp.calibration import six_queries as calibration_list
-from hybriddp.client_estimates import client_variances, estimate_client_probabilities
-from hybriddp.curator import estimate_optin_probabilities
-from hybriddp.headlist import WILDCARD, HeadList
-from hybriddp.noise import LaplaceNoise
-from hybriddp.randomizer import LocalAlgParams, output_distribution, randomize_batch
+from hybriddp.core.headlist import WILDCARD, HeadList
+from hybriddp.core.noise import LaplaceNoise
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
+from hybriddp.curator.mechanisms import estimate_optin_probabilities
+from hybriddp.device.batch import randomize_batch
+from hybriddp.server.blend import blend, blend_error, blend_estimates, project_to_simplex
+from hybriddp.server.calibration import optin_estimates
+from hybriddp.server.calibration import six_queries as calibration_list
+from hybriddp.server.client_estimates import client_variances, estimate_client_probabilities
 
 # ----- helpers ---------------------------------------------------------------------------------
 
@@ -44,7 +49,7 @@ def entry_keys(hl: HeadList) -> list[tuple[int, int]]:
 
 
 def six_queries() -> tuple[HeadList, np.ndarray, np.ndarray, list[tuple[int, int]], np.ndarray, np.ndarray]:
-    """The calibration list (:func:`hybriddp.calibration.six_queries`: six queries, 20 entries) with a known
+    """The calibration list (:func:`hybriddp.server.calibration.six_queries`: six queries, 20 entries) with a known
     distribution p over its entries: the list, p, its CDF, the entries' (query, URL) keys and those keys'
     query and URL ids."""
     hl, p = calibration_list()
@@ -94,6 +99,53 @@ def test_infinite_and_zero_variances() -> None:
     assert z.weight_optin[0] == 1.0  # a zero variance is floored, the weight stays defined
     assert z.weight_optin[1] == 0.5
     assert np.all(np.isfinite(z.p))
+
+
+def test_blend_with_both_variances_infinite_averages_with_weight_one_half() -> None:
+    """ALGORITHM.md §7: both infinite → w = ½ and the variance stays infinite. Dyadic inputs, so the
+    expected values are exact: ½·0.75 + ½·0.25 = 0.5 (a weight of 1.5 would give 1.0)."""
+    inf = np.inf
+    b = blend(np.array([0.75, 0.75, 0.75, 0.75]), np.array([inf, inf, 0.25, 0.25]),
+              np.array([0.25, 0.25, 0.25, 0.25]), np.array([inf, inf, inf, 0.75]))
+    assert b.weight_optin.tolist() == [0.5, 0.5, 1.0, 0.75]
+    assert b.p.tolist() == [0.5, 0.5, 0.75, 0.625]
+    assert np.isinf(b.var[:2]).all() and b.var[2] == 0.25
+    assert b.var[3] == pytest.approx(1 / (1 / 0.25 + 1 / 0.75), rel=1e-15)
+    one = blend(np.array([0.5]), np.array([inf]), np.array([0.125]), np.array([inf]))
+    assert one.p.tolist() == [0.3125] and one.weight_optin.tolist() == [0.5] and np.isinf(one.var[0])
+
+
+def test_blend_estimates_records_and_queries_by_hand() -> None:
+    """Records: (σ²_O, σ²_C) = (1, 3) → w = 3/4; (3, 1) → 1/4. Queries: (1, 1) → 1/2. Dyadic values: exact."""
+    optin = SimpleNamespace(p_record=np.array([0.5, 0.25]), var_record=np.array([1.0, 3.0]),
+                            p_query=np.array([0.75]), var_query=np.array([1.0]))
+    client = SimpleNamespace(p_record=np.array([0.25, 0.75]), var_record=np.array([3.0, 1.0]),
+                             p_query=np.array([0.25]), var_query=np.array([1.0]))
+    out = blend_estimates(optin, client)
+    assert out.records.weight_optin.tolist() == [0.75, 0.25]
+    assert out.records.p.tolist() == [0.4375, 0.625]
+    assert out.records.var.tolist() == [0.75, 0.75]
+    assert out.queries.weight_optin.tolist() == [0.5] and out.queries.p.tolist() == [0.5]
+    assert out.queries.var.tolist() == [0.5] and out.queries_final.tolist() == [0.5]
+    # projection onto the simplex: 0.4375 + 0.625 = 1.0625, both lowered by 0.03125
+    assert out.records_projected.tolist() == [0.40625, 0.59375]
+    assert out.records_final.tolist() == [0.40625, 0.59375]
+    raw = blend_estimates(optin, client, project=False)
+    assert raw.records_projected is None and raw.records_final.tolist() == [0.4375, 0.625]
+
+
+def test_blend_takes_any_real_variances_without_warnings() -> None:
+    """Exact fractions and ints are read as float64; inf/inf and 0·inf never warn (they are handled)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = blend(np.array([0.75, 0.5, 0.5]), [Fraction(1, 4), float("inf"), float("inf")],
+                  np.array([0.25, 0.25, 0.125]), [Fraction(3, 4), float("inf"), 2])
+        assert b.var.dtype == np.float64 and b.weight_optin.dtype == np.float64
+        assert b.weight_optin.tolist() == [0.75, 0.5, 0.0]
+        assert b.p.tolist() == [0.625, 0.375, 0.125]
+        assert b.var[0] == pytest.approx(3 / 16, rel=1e-15) and np.isinf(b.var[1]) and b.var[2] == 2.0
+        both = blend(np.array([0.5]), np.array([1.0]), np.array([0.25]), np.array([np.inf]))
+        assert both.weight_optin.tolist() == [1.0] and both.var.tolist() == [1.0] and both.p.tolist() == [0.5]
 
 
 def test_blended_mse_never_worse_than_the_better_input() -> None:
@@ -201,6 +253,13 @@ def test_projection_small_cases() -> None:
     np.testing.assert_allclose(project_to_simplex(np.array([0.5, 0.5, -0.2])), [0.5, 0.5, 0.0])
     np.testing.assert_allclose(project_to_simplex(np.array([2.0, 0.0])), [1.0, 0.0])
     np.testing.assert_allclose(project_to_simplex(np.array([0.2, 0.2])), [0.5, 0.5])
+
+
+def test_project_to_simplex_of_exact_fractions_is_float() -> None:
+    out = project_to_simplex([Fraction(1, 2), Fraction(3, 4)])
+    assert out.dtype == np.float64 and out.tolist() == [0.375, 0.625]
+    empty = project_to_simplex([])
+    assert empty.dtype == np.float64 and empty.size == 0
 
 
 # ----- pooled weights (ALGORITHM.md §7, "Pooled weights") --------------------------------------------

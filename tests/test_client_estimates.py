@@ -1,7 +1,8 @@
 """EstimateClientProbabilities (ALGORITHM.md §6, paper Fig. 5 / Observation 1): unbiasedness and the
-corrected delta-method variances, by Monte Carlo.
+corrected delta-method variances, by Monte Carlo; and exactly, by enumerating every count vector of n = 2, 3, 4
+reports with its multinomial weight (E[p̂] = p and E[σ̂²] = E[(p̂ − p)²] for every entry and query); the edges.
 
-Setting: a 6-query head list with mixed k_q (1, 2, 3, 4, 6 URLs incl. ``*``), n = 20,000 clients
+Monte Carlo setting: a 6-query head list with mixed k_q (1, 2, 3, 4, 6 URLs incl. ``*``), n = 20,000 clients
 with records drawn i.i.d. from a known distribution over its entries (the iid assumption of the
 paper's variance derivation), randomized with :func:`randomize_batch`. T trials per setting:
 
@@ -13,15 +14,18 @@ Everything is seeded, so the tests cannot flake.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from hybriddp.client_estimates import estimate_client_probabilities
-from hybriddp.headlist import HeadList
-from hybriddp.randomizer import LocalAlgParams, output_distribution, randomize_batch
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
+from hybriddp.device.batch import randomize_batch
+from hybriddp.server.client_estimates import estimate_client_probabilities
 
 # ----- helpers ---------------------------------------------------------------------------------
 
@@ -194,3 +198,146 @@ def test_m_c_above_one_flags_approximate_variance() -> None:
     counts = np.full(hl.n_entries, 100)
     assert estimate_client_probabilities(counts, hl, lp, m_c=1).variance_exact
     assert not estimate_client_probabilities(counts, hl, lp, m_c=2).variance_exact
+
+
+# ----- by hand and exactly: every report outcome enumerated with its multinomial weight; the edges ------------
+
+def test_client_estimates_from_two_reports_invert_the_randomizer() -> None:
+    """n = 2 reports is the first case with estimates: p̂ must reproduce the observed report fractions
+    through the randomizer's exact output distribution (p̂·P = r̂, ALGORITHM.md §5–6), and the query
+    variance is r̂(1−r̂)/((n−1)a²) with a = P[q|q] − P[q|q'] read off P. n = 1: 0 with infinite variance."""
+    hl = HeadList.from_lists([0, 1], [[0, 1], [2]])  # every entry a distinct record (k_q ≥ 2)
+    lp = LocalAlgParams.build(hl, 2.0, 1e-5, 0.6, 1)
+    P = output_distribution(lp)
+    counts = np.zeros(hl.n_entries)
+    counts[0] = counts[3] = 1  # two reports: ⟨q0,u0⟩ and ⟨q1,u2⟩
+    est = estimate_client_probabilities(counts, hl, lp)
+    # records: p̂ over the 6 entries, ⟨*,*⟩ (k_q = 1) carries the * query's estimate
+    np.testing.assert_allclose(est.p_record @ P, counts / 2, atol=1e-12)
+    q_of = hl.entry_query
+    r_q = np.bincount(q_of, weights=counts, minlength=hl.k) / 2
+    a = P[0, 0:3].sum() - P[hl.n_entries - 1, 0:3].sum()  # P[query 0 | record of q0] − P[query 0 | other]
+    np.testing.assert_allclose(est.var_query, r_q * (1 - r_q) / (1 * a * a), rtol=1e-10)
+    assert np.isfinite(est.var_record).all()
+    single = np.zeros(hl.n_entries)
+    single[0] = 1
+    one = estimate_client_probabilities(single, hl, lp)
+    assert (one.p_record == 0).all() and np.isinf(one.var_record).all() and np.isinf(one.var_query).all()
+
+
+def _report_distribution(k: int, kq: list[int], t: Fraction, tq: list[Fraction], p: list[Fraction]) -> list[Fraction]:
+    """P[report = entry] from ALGORITHM.md §5's table, summed over the record distribution p."""
+    entries = [(q, u) for q in range(k) for u in range(kq[q])]
+    r = []
+    for q2, u2 in entries:
+        total = Fraction(0)
+        for (q, u), pi in zip(entries, p, strict=True):
+            if q2 != q:
+                prob = (1 - t) / (k - 1) / kq[q2]
+            elif u2 == u:
+                prob = t * tq[q]
+            else:
+                prob = t * (1 - tq[q]) / (kq[q] - 1)
+            total += pi * prob
+        r.append(total)
+    return r
+
+
+def _compositions(n: int, parts: int):
+    """Every vector of ``parts`` non-negative integers summing to n."""
+    for cuts in itertools.combinations(range(n + parts - 1), parts - 1):
+        edges = (-1, *cuts, n + parts - 1)
+        yield [edges[i + 1] - edges[i] - 1 for i in range(parts)]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_client_estimates_and_variances_are_exactly_unbiased(n: int) -> None:
+    """With m_C = 1 the n reports are i.i.d. over the entries (ALGORITHM.md §6), so over all count vectors,
+    weighted by their multinomial probability: E[p̂] = p, and E[σ̂²] = E[(p̂ − p)²] for every entry and query
+    (the estimators are linear and the variance plug-ins unbiased). Head list: a (2 URLs + *), b (*), *."""
+    hl = HeadList.from_lists([0, 1], [[0, 1], []])
+    lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, 1)
+    k, kq = 3, [3, 1, 1]
+    p = [Fraction(3, 10), Fraction(1, 10), Fraction(1, 5), Fraction(1, 4), Fraction(3, 20)]
+    p_query = [sum(p[:3]), p[3], p[4]]
+    r = _report_distribution(k, kq, Fraction(lp.t), [Fraction(x) for x in lp.tq], p)
+    assert sum(r) == 1
+    e_p, e_p2, e_v = np.zeros(5), np.zeros(5), np.zeros(5)
+    e_pq, e_pq2, e_vq = np.zeros(3), np.zeros(3), np.zeros(3)
+    for counts in _compositions(n, 5):
+        weight = Fraction(math.factorial(n))
+        for c, ri in zip(counts, r, strict=True):
+            weight *= ri ** c / math.factorial(c)
+        w = float(weight)
+        est = estimate_client_probabilities(np.array(counts), hl, lp)
+        assert est.n == n and est.variance_exact
+        e_p += w * est.p_record
+        e_p2 += w * (est.p_record - np.array([float(x) for x in p])) ** 2
+        e_v += w * est.var_record
+        e_pq += w * est.p_query
+        e_pq2 += w * (est.p_query - np.array([float(x) for x in p_query])) ** 2
+        e_vq += w * est.var_query
+    np.testing.assert_allclose(e_p, [float(x) for x in p], rtol=1e-9)
+    np.testing.assert_allclose(e_pq, [float(x) for x in p_query], rtol=1e-9)
+    np.testing.assert_allclose(e_v, e_p2, rtol=1e-9)
+    np.testing.assert_allclose(e_vq, e_pq2, rtol=1e-9)
+    np.testing.assert_array_equal(e_v[3:], e_vq[1:])  # k_q = 1: the query's variance
+
+
+def test_client_estimates_exactly_unbiased_with_k_q_two() -> None:
+    """As test_client_estimates_and_variances_are_exactly_unbiased, on a head list with k_q = 2, 3, 1 and 1
+    (a: u0 + *, b: u1, u2 + *, c: *, *), n = 3 reports, ε = 1.5, δ = 0.2, f_C = 0.7."""
+    hl = HeadList.from_lists([0, 1, 2], [[0], [1, 2], []])
+    lp = LocalAlgParams.build(hl, 1.5, 0.2, 0.7, 1)
+    k, kq, n = 4, [2, 3, 1, 1], 3
+    p = [Fraction(1, 5), Fraction(1, 10), Fraction(3, 20), Fraction(1, 20), Fraction(1, 10), Fraction(1, 4),
+         Fraction(3, 20)]
+    p_query = [p[0] + p[1], p[2] + p[3] + p[4], p[5], p[6]]
+    r = _report_distribution(k, kq, Fraction(lp.t), [Fraction(x) for x in lp.tq], p)
+    e_p, e_p2, e_v = np.zeros(7), np.zeros(7), np.zeros(7)
+    e_pq, e_pq2, e_vq = np.zeros(4), np.zeros(4), np.zeros(4)
+    p_f, pq_f = np.array([float(x) for x in p]), np.array([float(x) for x in p_query])
+    for counts in _compositions(n, 7):
+        weight = Fraction(math.factorial(n))
+        for c, ri in zip(counts, r, strict=True):
+            weight *= ri ** c / math.factorial(c)
+        w = float(weight)
+        est = estimate_client_probabilities(counts, hl, lp)  # a plain list of counts
+        e_p += w * est.p_record
+        e_p2 += w * (est.p_record - p_f) ** 2
+        e_v += w * est.var_record
+        e_pq += w * est.p_query
+        e_pq2 += w * (est.p_query - pq_f) ** 2
+        e_vq += w * est.var_query
+    np.testing.assert_allclose(e_p, p_f, rtol=1e-9)
+    np.testing.assert_allclose(e_pq, pq_f, rtol=1e-9)
+    np.testing.assert_allclose(e_v, e_p2, rtol=1e-9)
+    np.testing.assert_allclose(e_vq, e_pq2, rtol=1e-9)
+
+
+def test_client_estimates_edges() -> None:
+    hl = HeadList.from_lists([0, 1], [[0, 1], []])
+    lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, 2)
+    one = estimate_client_probabilities([0, 0, 1, 0, 0], hl, lp, m_c=2)
+    assert one.n == 1 and not one.variance_exact
+    assert one.p_record.tolist() == [0.0] * 5 and one.p_query.tolist() == [0.0] * 3
+    assert one.var_record.tolist() == [math.inf] * 5 and one.var_query.tolist() == [math.inf] * 3
+    two = estimate_client_probabilities([1, 0, 1, 0, 0], hl, lp, m_c=1)
+    assert two.n == 2 and two.variance_exact and np.isfinite(two.var_record).all()
+    hl1 = HeadList.from_lists([], [])
+    only = estimate_client_probabilities(np.array([5]), hl1, LocalAlgParams.build(hl1, 2.0, 0.1, 0.5, 2), m_c=2)
+    assert only.n == 5 and not only.variance_exact
+    assert (only.p_record.tolist(), only.var_record.tolist()) == ([1.0], [0.0])
+
+
+def test_client_estimates_flag_exact_variances_on_every_path() -> None:
+    """variance_exact is the boolean m_C == 1 whatever path the estimate takes (k = 1, n < 2, the formulas)."""
+    hl1 = HeadList.from_lists([], [])
+    hl = HeadList.from_lists([0, 1], [[0, 1], []])
+    for m_c, expected in [(1, True), (2, False)]:
+        lp1 = LocalAlgParams.build(hl1, 2.0, 0.1, 0.5, m_c)
+        lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, m_c)
+        for est in (estimate_client_probabilities([3], hl1, lp1, m_c=m_c),
+                    estimate_client_probabilities([0, 1, 0, 0, 0], hl, lp, m_c=m_c),
+                    estimate_client_probabilities([2, 1, 0, 3, 1], hl, lp, m_c=m_c)):
+            assert est.variance_exact is expected

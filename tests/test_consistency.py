@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from calibrated import six_queries_calibration
-from hybriddp.blend import blend, blend_estimates
-from hybriddp.calibration import optin_estimates, six_queries
-from hybriddp.client_estimates import estimate_client_probabilities
-from hybriddp.consistency import make_consistent, subtree_covariances
-from hybriddp.curator import OptinEstimates
-from hybriddp.headlist import WILDCARD, HeadList
-from hybriddp.params import head_list_scale
-from hybriddp.randomizer import LocalAlgParams, output_distribution
+from hybriddp.core.headlist import WILDCARD, HeadList
+from hybriddp.core.params import head_list_scale
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
+from hybriddp.curator.estimates import OptinEstimates
+from hybriddp.server.blend import blend, blend_estimates
+from hybriddp.server.calibration import optin_estimates, six_queries
+from hybriddp.server.client_estimates import estimate_client_probabilities
+from hybriddp.server.consistency import make_consistent, subtree_covariances
 
 HL6 = six_queries()[0]
 
@@ -155,8 +155,8 @@ def test_a_run_that_does_not_reuse_s_cannot_be_reblended_as_consistent(estimator
     """consistent blends the opt-in estimates of reuse (S ∪ T): a paper or pooled run does not have them."""
     from types import SimpleNamespace
 
-    from hybriddp.algorithms import reblended
-    from hybriddp.params import BlenderParams
+    from hybriddp.core.params import BlenderParams
+    from hybriddp.simulation.algorithms import reblended
 
     with pytest.raises(ValueError, match="opt-in estimates differ"):
         reblended(SimpleNamespace(params=BlenderParams(estimator=estimator)), "consistent")  # type: ignore[arg-type]

@@ -1,4 +1,6 @@
-"""The trusted curator (ALGORITHM.md §3, §4): CreateHeadList and EstimateOptinProbabilities.
+"""The trusted curator (ALGORITHM.md §3, §4): CreateHeadList and EstimateOptinProbabilities (curator/mechanisms.py),
+with the opt-in variance (curator/estimates.py): statistically, and with scripted noise by hand (noise added, the
+threshold, trimming with ties kept in head-list order, the edges n = 0, 1, 2, every refusal whole).
 
 Statistical tests are seeded and use error bars from the number of trials: a mean is compared
 with the truth within 5 standard errors, a variance with the empirical variance within 6 standard
@@ -7,19 +9,23 @@ deviations of a sample variance (relative s.d. √(2/(T−1)) for T trials), so 
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from hybriddp import params as params_mod
-from hybriddp.curator import create_head_list, estimate_optin_probabilities
-from hybriddp.errors import ParameterError
-from hybriddp.headlist import WILDCARD, HeadList
-from hybriddp.noise import LaplaceNoise
-from hybriddp.params import check_head_list_params, head_list_scale, head_list_threshold
-from hybriddp.records import NO_URL
+from hybriddp.core import params as params_mod
+from hybriddp.core.errors import EmptyHeadListError, HeadListError, ParameterError
+from hybriddp.core.headlist import WILDCARD, HeadList
+from hybriddp.core.noise import LaplaceNoise
+from hybriddp.core.params import check_head_list_params, head_list_scale, head_list_threshold
+from hybriddp.core.records import NO_URL
+from hybriddp.curator.estimates import optin_variance
+from hybriddp.curator.mechanisms import create_head_list, estimate_optin_probabilities, require_nonempty
+from hybriddp.privacy.ledger import Charge
 
 # ----- helpers ---------------------------------------------------------------------------------
 
@@ -48,6 +54,28 @@ class RecordingNoise(LaplaceNoise):
     def sample(self, scale: float, size: int) -> np.ndarray:
         self.last = super().sample(scale, size)
         return self.last
+
+
+class ScriptedNoise:
+    """A NoiseSource whose draws are given: ``draws(size)`` → array; τ fixed; Var Y = 2·scale² (Laplace)."""
+
+    def __init__(self, draws=None, tau: float = 5.0) -> None:
+        self.draws = draws if draws is not None else (lambda size: np.zeros(size))
+        self.tau = tau
+        self.scales: list[float] = []
+
+    def sample(self, scale: float, size: int) -> np.ndarray:
+        self.scales.append(scale)
+        return np.asarray(self.draws(size), dtype=np.float64)
+
+    def variance(self, scale: float) -> float:
+        return 2.0 * scale * scale
+
+    def survival(self, x: float, scale: float) -> float:  # pragma: no cover - not used here
+        raise NotImplementedError
+
+    def head_list_threshold(self, epsilon: float, delta: float, m_o: int) -> float:
+        return self.tau
 
 
 def entry_keys(hl: HeadList) -> list[tuple[int, int]]:
@@ -196,6 +224,36 @@ def test_create_head_list_empty_input() -> None:
     assert hl.k == 1 and hl.n_entries == 1
 
 
+def test_create_head_list_adds_the_noise_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+    """Counts 5 for ⟨1,10⟩ and 3 for ⟨2,20⟩, draws +2 and +2, τ = 6: only 5 + 2 = 7 > 6 passes (5 − 2 would
+    not). The scale handed to the noise is b_S = 2m_O/ε = 2·2/4 = 1."""
+    q = np.array([1] * 5 + [2] * 3)
+    u = np.array([10] * 5 + [20] * 3)
+    noise = ScriptedNoise(lambda size: np.full(size, 2.0), tau=6.0)
+    with caplog.at_level(logging.DEBUG, logger="hybriddp.curator.mechanisms"):
+        hl = create_head_list(q, u, epsilon=4.0, delta=1e-5, m_o=2, noise=noise)
+    assert hl.query_ids.tolist() == [1] and hl.entry_url[:1].tolist() == [10] and hl.n_records == 1
+    assert noise.scales == [1.0]
+    assert [r.getMessage() for r in caplog.records if r.name == "hybriddp.curator.mechanisms"] == [
+        "CreateHeadList: 1 of 2 distinct records passed tau=6.0000"]
+
+
+def test_require_nonempty() -> None:
+    """The message names public parameters and the fix only (no count of the data); the error carries the charges."""
+    public = {"tau": 7.25, "epsilon": 4.0, "delta": 1e-5, "m_o": 2, "n_optin_users": 1234}
+    require_nonempty(HeadList.from_lists([3], [[]]), **public)  # one query is enough
+    charges = [Charge("optin-S", ["a"], 4.0, 1e-5)]
+    with pytest.raises(EmptyHeadListError, match="^" + re.escape(
+            "the head list is empty: CreateHeadList kept no record (none passed the privacy threshold τ = 7.25 at "
+            "ε = 4, δ = 1e-05, m_O = 2, from 1,234 opt-in users). For a non-empty head list: more opt-in users "
+            "(--optin-fraction, or --f-o for more of them in S), a larger --epsilon or --delta, or a smaller "
+            "--m-o.") + "$") as info:
+        require_nonempty(HeadList.from_lists([], []), **public, charges=charges)
+    assert isinstance(info.value, HeadListError) and info.value.charges == charges
+    assert (info.value.tau, info.value.epsilon, info.value.delta, info.value.m_o, info.value.n_optin_users) == (
+        7.25, 4.0, 1e-5, 2, 1234)
+
+
 # ----- EstimateOptinProbabilities (ALGORITHM.md §4) ----------------------------------------------------------
 
 
@@ -341,6 +399,39 @@ def test_trim_matches_reference_on_random_lists(seed: int) -> None:
     assert est.p_record.sum() == pytest.approx(old.sum(), rel=1e-12, abs=1e-15)
 
 
+def _tied_log(n_queries: int, n_urls: int) -> tuple[HeadList, np.ndarray, np.ndarray, dict[tuple[int, int], int]]:
+    """Query q's URL u has count (2 if q + u is even else 1) × (2 if q is odd else 1): two levels of ties,
+    interleaved, among queries and among each query's URLs."""
+    urls = [[100 * q + u for u in range(n_urls)] for q in range(n_queries)]
+    hl = HeadList.from_lists(list(range(n_queries)), urls)
+    counts = {(q, 100 * q + u): (2 if (q + u) % 2 == 0 else 1) * (2 if q % 2 else 1)
+              for q in range(n_queries) for u in range(n_urls)}
+    qs = np.repeat([q for q, _ in counts], list(counts.values()))
+    us = np.repeat([u for _, u in counts], list(counts.values()))
+    return hl, qs, us, counts
+
+
+def test_trimming_breaks_ties_by_head_list_order() -> None:
+    """20 queries × 20 URLs with tied counts, zero noise. The M kept records are the first M by
+    (−count, position in HL_S); queries are listed by p̂_q, ties in HL_S order; URLs likewise."""
+    hl, qs, us, counts = _tied_log(20, 20)
+    position = {key: i for i, key in enumerate(counts)}
+    for m in (400, 150, 37):
+        est = estimate_optin_probabilities(qs, us, hl, epsilon=1.0, m_o=1, head_list_size=m, noise=ScriptedNoise())
+        kept = sorted(counts, key=lambda key: (-counts[key], position[key]))[:m]
+        per_query: dict[int, list[int]] = {}
+        for q, u in sorted(kept, key=lambda key: (-counts[key], position[key])):
+            per_query.setdefault(q, []).append(u)
+        # a query's p̂_q is all of its records' mass (the dropped ones fold into ⟨q,*⟩)
+        total = {q: sum(c for (qq, _), c in counts.items() if qq == q) for q in per_query}
+        order = sorted(per_query, key=lambda q: (-total[q], q))
+        got = est.head_list
+        assert got.query_ids.tolist() == order, m
+        for i, q in enumerate(order):
+            lo, hi = got.url_offsets[i], got.url_offsets[i + 1] - 1
+            assert got.entry_url[lo:hi].tolist() == per_query[q], (m, q)
+
+
 def test_folded_variance_counts_the_draws() -> None:
     """D_T fixed, only the Laplace noise varies (T = 3000 trials): Var(p̂_r) = J_r·2b²/n², and
     σ̂²_O's noise part J_r·2b²/(n(n−1)) matches it within 6 s.d. of a sample variance (relative
@@ -386,6 +477,25 @@ def test_query_level_only_mode_trims_whole_queries() -> None:
     np.testing.assert_allclose(est.p_query, [0.4, 0.3, 0.3])
 
 
+def test_query_level_trimming_never_gives_the_wildcard_a_query_slot() -> None:
+    """url_level=False: the candidates are the ⟨q,*⟩ of listed queries only; ⟨*,*⟩ is always kept and
+    never takes one of the M slots, even when it is the heaviest entry."""
+    hl = HeadList.from_lists([1, 2, 3, 4], [[], [], [], []])
+    counts = {1: 10, 2: 40, 3: 30, 4: 5, 9: 200}  # query 9 is unlisted → ⟨*,*⟩ = 200, the largest
+    q = np.repeat(np.array(list(counts)), list(counts.values()))
+    u = np.full(len(q), -1)
+    for m, kept in [(1, [2]), (2, [2, 3]), (3, [2, 3, 1]), (4, [2, 3, 1, 4])]:
+        est = estimate_optin_probabilities(q, u, hl, epsilon=1000.0, m_o=1, head_list_size=m,
+                                           noise=LaplaceNoise(np.random.default_rng(m)), url_level=False)
+        assert est.head_list.query_ids.tolist() == kept
+        assert est.head_list.n_records == 0
+        folded = sum(c for qq, c in counts.items() if qq not in kept)
+        n = sum(counts.values())
+        expected = [counts[qq] / n for qq in kept] + [folded / n]
+        np.testing.assert_allclose(est.p_record, expected, atol=1e-4)  # noise scale 0.002 on counts of 285
+        assert est.draws_record.tolist() == [1] * m + [1 + (4 - m)]  # ⟨*,*⟩ and each dropped ⟨q,*⟩
+
+
 def test_no_data_gives_infinite_variance() -> None:
     est = estimate_optin_probabilities(np.array([], dtype=np.int64), np.array([], dtype=np.int64), hl_s(),
                                        epsilon=4.0, m_o=1, head_list_size=10, noise=ZeroNoise())
@@ -393,7 +503,55 @@ def test_no_data_gives_infinite_variance() -> None:
     assert np.all(np.isinf(est.var_record)) and np.all(np.isinf(est.var_query))
 
 
+@pytest.mark.parametrize("n", [0, 1])
+def test_optin_estimates_of_zero_and_one_record(n: int) -> None:
+    """n = 0: every p̂ is 0 (no data; the draws are not used); n = 1: p̂ = (count + draw)/1."""
+    hl = HeadList.from_lists([1], [[10]])  # entries ⟨1,10⟩, ⟨1,*⟩, ⟨*,*⟩
+    noise = ScriptedNoise(lambda size: np.array([0.25, 0.5, 0.125]))
+    est = estimate_optin_probabilities(np.array([1] * n), np.array([10] * n), hl, epsilon=2.0, m_o=1,
+                                       head_list_size=5, noise=noise)
+    assert noise.scales == [1.0]
+    expected = [0.0, 0.0, 0.0] if n == 0 else [1.25, 0.5, 0.125]
+    assert est.p_record.tolist() == expected
+    assert est.n == n and est.noise_variance == 2.0
+    assert est.draws_record.dtype == np.int64 and est.draws_query.dtype == np.int64
+    assert est.draws_record.tolist() == [1, 1, 1] and est.draws_query.tolist() == [2, 1]
+    assert np.isinf(est.var_record).all()
+
+
+def test_optin_estimates_with_two_records_have_finite_variances() -> None:
+    hl = HeadList.from_lists([1], [[10]])
+    est = estimate_optin_probabilities(np.array([1, 1]), np.array([10, 10]), hl, epsilon=1000.0, m_o=1,
+                                       head_list_size=5, noise=LaplaceNoise(np.random.default_rng(0)))
+    assert est.n == 2 and np.isfinite(est.var_record).all() and np.isfinite(est.var_query).all()
+    one = estimate_optin_probabilities(np.array([1]), np.array([10]), hl, epsilon=1000.0, m_o=1,
+                                       head_list_size=5, noise=LaplaceNoise(np.random.default_rng(0)))
+    assert np.isinf(one.var_record).all() and np.isinf(one.var_query).all()
+
+
+def test_optin_variance_clips_p_hat_and_is_finite_from_two_records() -> None:
+    """σ̂² = p̃(1−p̃)/(n−1) + J·V/(n(n−1)), p̃ = p̂ clipped to [0, 1] (ALGORITHM.md §4), by hand:
+    n = 5, V = 2: the noise part is J·2/20 = J/10; p̂ = −0.25 and 1.5 clip to 0 and 1 (no negative
+    variance), p̂ = 0.5 gives 0.25/4 = 1/16."""
+    p = np.array([-0.25, 1.5, 0.5, 0.5])
+    j = np.array([1, 1, 1, 3])
+    got = optin_variance(p, j, 5, 2.0)
+    np.testing.assert_allclose(got, [0.1, 0.1, 1 / 16 + 0.1, 1 / 16 + 0.3], rtol=1e-14)
+    # n = 2 is the first finite case: 0.25/1 + J·V/2; n = 1 and 0 have no variance estimate
+    np.testing.assert_allclose(optin_variance(np.array([0.5]), np.array([1]), 2, 2.0), [1.25], rtol=1e-14)
+    assert np.isinf(optin_variance(np.array([0.5]), np.array([1]), 1, 2.0)).all()
+    assert np.isinf(optin_variance(np.array([0.5]), np.array([1]), 0, 2.0)).all()
+
+
 def test_head_list_size_must_be_positive() -> None:
     with pytest.raises(ParameterError):
         estimate_optin_probabilities(np.array([1]), np.array([10]), hl_s(), epsilon=4.0, m_o=1,
                                      head_list_size=0, noise=ZeroNoise())
+
+
+def test_head_list_size_must_be_a_positive_integer() -> None:
+    hl = HeadList.from_lists([1], [[10]])
+    with pytest.raises(ParameterError, match="^" + re.escape(
+            "head_list_size (--head-list-size) = 0 is not allowed: it must be an integer >= 1.") + "$"):
+        estimate_optin_probabilities(np.array([1]), np.array([10]), hl, epsilon=1.0, m_o=1, head_list_size=0,
+                                     noise=ScriptedNoise())

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from clihelpers import assert_clean_error, invoke
-from hybriddp.errors import EmptyHeadListError, HeadListError
-from hybriddp.params import BlenderParams
-from hybriddp.parties import curate
-from hybriddp.records import ArrayVocabulary, RecordLog
+from hybriddp.core.errors import EmptyHeadListError, HeadListError
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import ArrayVocabulary, RecordLog
+from hybriddp.curator.party import curate
 
 EPSILON = 4.0
 DELTA = 1e-8  # tiny, so that no unique record survives in these tests (P ≤ δ/2 per record and run)

@@ -217,7 +217,7 @@ def test_seeds_deterministic_and_distinct() -> None:
 
 
 def test_mean_ci() -> None:
-    scipy_stats = pytest.importorskip("scipy.stats")
+    import scipy.stats as scipy_stats
     for df in (1, 2, 5, 29, 30, 31, 60, 500):
         assert t_quantile_975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=2e-3)
     assert mean_ci([0.5]) == (0.5, 0.5, 0.5)
@@ -280,7 +280,8 @@ def test_code_fingerprint_ignores_documentation_not_code() -> None:
     c = 'def f(x):\n    """Doc."""\n    return x + 2\n'
     assert normalized_code(a) == normalized_code(b) != normalized_code(c)
     blender = module_closure(FAMILY_ROOTS["blender"])
-    assert {"hybriddp.pipeline", "hybriddp.curator", "hybriddp.baselines.pem", "hybriddp.metrics"} <= set(blender)
+    assert {"hybriddp.simulation.pipeline", "hybriddp.curator.mechanisms", "hybriddp.simulation.baselines.pem",
+            "hybriddp.simulation.scoring"} <= set(blender)
     assert not any(m.startswith(("hybriddp.cli", "hybriddp.experiments", "hybriddp.tune")) for m in blender)
     tuned = module_closure(FAMILY_ROOTS["blender-tuned"])
     assert {"hybriddp.tune.search", "hybriddp.experiments.tuned"} <= set(tuned)
@@ -304,8 +305,8 @@ def test_blender_family_pooled_member_is_the_same_run_blended_with_pooled_weight
     with ``estimator="pooled"`` the family's ``blender`` is the same result."""
     from dataclasses import replace
 
-    from hybriddp.algorithms import blender_family
-    from hybriddp.params import BlenderParams
+    from hybriddp.core.params import BlenderParams
+    from hybriddp.simulation.algorithms import blender_family
 
     log = zipf_log(3_000, seed=4)
     params = BlenderParams(epsilon=4.0, optin_fraction=0.3, head_list_size=10, estimator="paper")
@@ -325,11 +326,11 @@ def test_blender_reuse_is_a_run_of_its_own_paired_by_seed(monkeypatch: pytest.Mo
     same result as a run with ``estimator="consistent"``."""
     from dataclasses import replace
 
-    from hybriddp.algorithms import blender_family
+    from hybriddp.core.params import BlenderParams
     from hybriddp.experiments import runner
     from hybriddp.experiments.figures import Point
-    from hybriddp.params import BlenderParams
-    from hybriddp.pipeline import run_blender
+    from hybriddp.simulation.algorithms import blender_family
+    from hybriddp.simulation.pipeline import run_blender
 
     log = zipf_log(3_000, seed=4)
     point = Point.of(BlenderParams(epsilon=4.0, optin_fraction=0.3, head_list_size=10))

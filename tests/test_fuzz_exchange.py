@@ -10,11 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybriddp.device import content_hash
-from hybriddp.errors import HybridDPError
+from hybriddp.core.errors import HybridDPError
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.protocol import content_hash
+from hybriddp.curator.party import curate
+from hybriddp.curator.release import release_from_documents
 from hybriddp.io.exchange import read_messages
-from hybriddp.params import BlenderParams
-from hybriddp.parties import count_messages, curate, release_from_documents
+from hybriddp.server.party import count_messages
 from logdata import zipf_log
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None,

@@ -26,12 +26,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybriddp.device import DeviceHeadList, DeviceLedger, randomize_records
-from hybriddp.errors import HybridDPError
-from hybriddp.headlist import from_device_json, read_device_json, validate_device_json
+from hybriddp.core.errors import HybridDPError
+from hybriddp.core.headlist import from_device_json, read_device_json, validate_device_json
+from hybriddp.core.records import RecordLog
+from hybriddp.device.ledger import DeviceLedger
+from hybriddp.device.localalg import DeviceHeadList, randomize_records
 from hybriddp.io.loaders import load_log
-from hybriddp.ledger import Charge, PrivacyLedger
-from hybriddp.records import RecordLog
+from hybriddp.privacy.ledger import Charge, PrivacyLedger
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,

@@ -1,4 +1,5 @@
-"""The head list with wildcards and its device JSON (ALGORITHM.md §1, §3, §4 mapping, §5 mapping)."""
+"""The head list with wildcards and its device JSON (ALGORITHM.md §1, §3, §4 mapping, §5 mapping), whose writer
+gives the pinned known answer of the wire format."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from hybriddp.device import DeviceHeadList
-from hybriddp.errors import HeadListError
-from hybriddp.headlist import (
+from headlisthelpers import KAT_HASH, canonical_hash, kat_doc
+from hybriddp.core.errors import HeadListError
+from hybriddp.core.headlist import (
     WILDCARD,
     HeadList,
     from_device_json,
@@ -18,7 +19,8 @@ from hybriddp.headlist import (
     split_keys,
     validate_device_json,
 )
-from hybriddp.records import NO_URL, ArrayVocabulary
+from hybriddp.core.records import NO_URL, ArrayVocabulary
+from hybriddp.device.localalg import DeviceHeadList
 
 
 def test_record_keys_round_trip() -> None:
@@ -87,6 +89,16 @@ def test_device_json_shape_and_round_trip(tmp_path) -> None:
     assert dhl.encode("yahoo", None) == (2, 0)
 
 
+def test_head_list_writer_produces_the_known_answer() -> None:
+    """`hybriddp headlist`'s document builder gives the same document and hash."""
+    hl = HeadList.from_lists([0, 1], [[0, 1], []])
+    doc = hl.to_device_json(ArrayVocabulary(["café", "zürich"]),
+                            ArrayVocabulary(["http://a.example/été", "http://b.example/"]),
+                            epsilon=4.0, delta=1e-5, f_c=0.85, m_c=1)
+    assert doc["content_hash"] == KAT_HASH
+    assert {k: v for k, v in doc.items() if k != "content_hash"} == kat_doc()
+
+
 @pytest.mark.parametrize("mutate", [
     lambda d: d["queries"][0]["urls"].append("http://evil"),
     lambda d: d.update(epsilon=40.0),
@@ -150,12 +162,8 @@ def test_map_records_dense_and_search_paths_agree_with_reference(big_ids: bool) 
 def _rehashed(doc: dict, **changes: object) -> dict:
     """``doc`` with ``changes`` and a matching content hash (SHA-256 of the canonical JSON, written
     out here rather than taken from the code under test)."""
-    import hashlib
-
     out = {**json.loads(json.dumps(doc)), **changes}
-    body = {k: v for k, v in out.items() if k != "content_hash"}
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    out["content_hash"] = "sha256:" + hashlib.sha256(canon.encode("utf-8")).hexdigest()
+    out["content_hash"] = canonical_hash(out)
     return out
 
 

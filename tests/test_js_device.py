@@ -31,18 +31,12 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from hybriddp.device import (
-    DeviceError,
-    DeviceHeadList,
-    UniformReplay,
-    max_epsilon,
-    randomize_records,
-    validate_headlist,
-)
-from hybriddp.headlist import HeadList
-from hybriddp.randomizer import LocalAlgParams, output_distribution
-from hybriddp.records import ArrayVocabulary
-from test_mutants import KAT_CANONICAL, KAT_HASH, _kat_doc
+from headlisthelpers import KAT_CANONICAL, KAT_HASH, kat_doc
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.protocol import DeviceError, max_epsilon, validate_headlist
+from hybriddp.core.records import ArrayVocabulary
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
+from hybriddp.device.localalg import DeviceHeadList, UniformReplay, randomize_records
 
 ROOT = Path(__file__).resolve().parents[1]
 JS_DIR = ROOT / "clients" / "js"
@@ -332,9 +326,9 @@ def build_fixtures() -> dict[str, Any]:
             "chi2": _chi2_cases(), "variants": _variants(base), "float_reprs": _float_reprs(),
             "max_epsilon": [[f_c, m_c, max_epsilon(f_c, m_c)] for f_c in (0.1, 0.5, 0.85, 1.0, 0.3333, 1e-9)
                             for m_c in (1, 2, 3, 7, 1000, 2**40)],
-            # the pinned wire-format answer of tests/test_mutants.py (hand-written text, hash and an unsorted doc)
+            # the pinned wire-format answer of tests/headlisthelpers.py (hand-written text, hash and an unsorted doc)
             "known_answer": {"canonical": KAT_CANONICAL, "hash": KAT_HASH,
-                             "doc_text": json.dumps(_kat_doc(), ensure_ascii=False)}}
+                             "doc_text": json.dumps(kat_doc(), ensure_ascii=False)}}
 
 
 def write_fixtures(path: Path) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
 import json
 import math
 import sqlite3
@@ -10,8 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from hybriddp.cli import cli
-from hybriddp.device import DeviceError, DeviceHeadList, DeviceLedger, randomize_records
-from hybriddp.ledger import (
+from hybriddp.core.protocol import DeviceError
+from hybriddp.device.ledger import DeviceLedger
+from hybriddp.device.localalg import DeviceHeadList, randomize_records
+from hybriddp.privacy.budget import TOLERANCE, LifetimeBudget, compose
+from hybriddp.privacy.ledger import (
     BudgetExceededError,
     Charge,
     LedgerError,
@@ -19,6 +25,7 @@ from hybriddp.ledger import (
     advanced_composition,
     basic_composition,
 )
+from hybriddp.privacy.pseudonyms import keyed_digest, pseudonym
 from logdata import write_aol, zipf_log
 
 
@@ -65,7 +72,7 @@ def test_charge_refuse_and_report(tmp_path) -> None:
 def test_device_ledger_once_per_round_and_budget(tmp_path) -> None:
     doc = {"format": "hybriddp-headlist", "version": 1, "epsilon": 4.0, "delta": 1e-5, "f_c": 0.85, "m_c": 1,
            "url_level": True, "queries": [{"query": "google", "urls": ["http://google.com"]}]}
-    from hybriddp.device import content_hash
+    from hybriddp.core.protocol import content_hash
     doc["content_hash"] = content_hash(doc)
     hl = DeviceHeadList.from_json(doc)
     path = str(tmp_path / "device.json")
@@ -148,7 +155,7 @@ def test_random_bytes_are_not_a_ledger(tmp_path, data: bytes, needle: str) -> No
 
 
 def test_bad_budget_or_place_leaves_no_ledger_behind(tmp_path) -> None:
-    from hybriddp.errors import ParameterError
+    from hybriddp.core.errors import ParameterError
 
     path = tmp_path / "l.db"
     with pytest.raises(ParameterError, match="lifetime_epsilon"):
@@ -204,7 +211,7 @@ def test_device_ledger_new_budget_checked_and_fixed(tmp_path) -> None:
 
 
 def test_device_ledger_is_never_half_written(tmp_path, monkeypatch) -> None:
-    from hybriddp.io import atomic
+    from hybriddp.core import atomic
 
     path = tmp_path / "device.json"
     led = DeviceLedger(path, lifetime_epsilon=6.0, lifetime_delta=1e-3)
@@ -226,7 +233,7 @@ def test_device_ledger_is_never_half_written(tmp_path, monkeypatch) -> None:
 
 
 def _url_level_doc(url_level: bool) -> dict:
-    from hybriddp.device import content_hash
+    from hybriddp.core.protocol import content_hash
 
     doc = {"format": "hybriddp-headlist", "version": 1, "epsilon": 4.0, "delta": 1e-5, "f_c": 0.85, "m_c": 2,
            "url_level": url_level, "queries": [{"query": "google", "urls": ["http://google.com"] if url_level else []}]}
@@ -358,3 +365,76 @@ def test_run_with_a_seed_charges_every_user_as_non_private(tmp_path) -> None:
     assert {g["group"] for g in rep["rounds"][0]["groups"]} == {"optin-S", "optin-T", "clients"}
     assert rep["users_without_guarantee"] == rep["users"] == 3000
     assert rep["worst_basic_epsilon"] == 4.0  # the private round only
+
+
+# ----- the one budget rule and the one pseudonym ------------------------------------------------
+def test_the_budget_rule_composes_basically_and_allows_a_relative_tolerance() -> None:
+    budget = LifetimeBudget(2.0, 1e-4)
+    assert compose((1.5, 4e-5), (0.5, 6e-5)) == (2.0, 1e-4)
+    assert not budget.exceeded_by(2.0, 1e-4)  # exactly the budget
+    assert not budget.exceeded_by(2.0 * (1 + TOLERANCE), 1e-4 * (1 + TOLERANCE))  # its float rounding
+    assert budget.exceeded_by(2.0 * (1 + 4 * TOLERANCE), 0.0)
+    assert budget.exceeded_by(0.0, 1e-4 * (1 + 4 * TOLERANCE))
+    assert not budget.exceeded_by(0.1 + 0.2 + 1.7, 0.0)  # 2.0000000000000004: summed floats still fit
+
+
+def test_the_budget_rule_names_who_would_pass_and_the_worst_totals() -> None:
+    budget = LifetimeBudget(4.0, 1e-5)
+    spent = {"a": (3.0, 1e-6), "b": (1.0, 9e-6), "c": (3.5, 0.0)}
+    charges = {"c": (1.0, 0.0), "a": (1.0, 1e-6), "b": (1.0, 2e-6), "d": (4.0, 1e-5)}
+    over = budget.overrun(charges, spent)
+    assert over is not None and over.users == ("c", "b")  # in the order given; "a" and "d" reach the budget exactly
+    assert (over.epsilon, over.delta) == (4.5, 0.0)  # the largest Σε, then Σδ
+    assert budget.overrun({"a": (1.0, 0.0)}, spent) is None
+    assert budget.overrun({}, spent) is None
+
+
+def test_the_three_ledgers_apply_the_same_budget_rule(tmp_path) -> None:
+    """The file ledger, the service's store and the device ledger refuse the same charge of a sequence."""
+    pytest.importorskip("sqlalchemy")
+    from hybriddp.service.store import Store
+
+    charges = [(0.7, 1e-6), (0.1, 0.0), (0.2, 2e-6), (1.0, 0.0), (1e-13, 0.0), (1e-9, 0.0)]
+    lifetime = (2.0, 1e-5)
+    refused: dict[str, list[int]] = {"file": [], "store": [], "device": []}
+    led = PrivacyLedger.open(tmp_path / "l.db", lifetime_epsilon=lifetime[0], lifetime_delta=lifetime[1])
+    store = Store(f"sqlite:///{tmp_path / 's.db'}", lifetime_epsilon=lifetime[0], lifetime_delta=lifetime[1])
+    device = DeviceLedger(tmp_path / "d.json", lifetime_epsilon=lifetime[0], lifetime_delta=lifetime[1])
+    try:
+        for i, (e, d) in enumerate(charges):
+            with contextlib.suppress(BudgetExceededError):
+                led.charge(f"r{i}", [Charge("optin", ["alice"], e, d)])
+                continue
+            refused["file"].append(i)
+        for i, (e, d) in enumerate(charges):
+            info = store.create_round("blender", None, {})
+            with contextlib.suppress(BudgetExceededError):
+                store.charge(info, [Charge("optin", [store.pseudonym("alice")], e, d)])
+                continue
+            refused["store"].append(i)
+        for i, (e, d) in enumerate(charges):
+            with contextlib.suppress(DeviceError):
+                device.record(f"sha256:{i:02d}", e, d)
+                continue
+            refused["device"].append(i)
+    finally:
+        led.close()
+        store.close()
+    assert refused == {"file": [5], "store": [5], "device": [5]}  # 2.0 + 1e-13 fits the tolerance, + 1e-9 not
+
+
+def test_both_ledgers_name_a_user_by_the_one_pseudonym(tmp_path) -> None:
+    pytest.importorskip("sqlalchemy")
+    from hybriddp.service.store import Store
+
+    salt = bytes(range(32))
+    assert keyed_digest(salt, "alice") == hmac.new(salt, b"alice", hashlib.sha256).hexdigest()
+    assert pseudonym(salt, "alice") == keyed_digest(salt, "alice")[:32]
+    assert pseudonym(salt, "\udfff") == keyed_digest(salt, "\udfff")[:32]  # a lone surrogate has one too
+    with PrivacyLedger.open(tmp_path / "l.db", lifetime_epsilon=1.0, lifetime_delta=1e-5) as led:
+        assert led.pseudonym("ålice") == pseudonym(led._salt, "ålice")
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    try:
+        assert store.pseudonym("ålice") == pseudonym(store._salt, "ålice")
+    finally:
+        store.close()

@@ -1,4 +1,5 @@
-"""Tests of hybriddp.io.loaders: AOL, CSV/TSV/Parquet tables, item logs, format detection."""
+"""Tests of the log readers (hybriddp.io.loaders and its per-format modules aol, tables, items): AOL,
+CSV/TSV/Parquet tables, item logs, format detection."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hybriddp.errors import DataError, ParameterError
-from hybriddp.io import loaders
+from hybriddp.core.errors import DataError, ParameterError
+from hybriddp.core.records import NO_URL, RecordLog
+from hybriddp.io import blocks
+from hybriddp.io import items as item_logs
 from hybriddp.io.loaders import AOL_HEADER, detect_format, load_aol, load_items, load_log, load_table
-from hybriddp.records import NO_URL, RecordLog
+from hybriddp.io.textfiles import table_format
+from hybriddp.io.values import read_value_column
 
 # (AnonID, Query, QueryTime, ItemRank, ClickURL)
 AOL_ROWS = [
@@ -145,7 +149,7 @@ def test_aol_gz_equals_plain(tmp_path: Path) -> None:
 
 def test_aol_many_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Small blocks: codes are unified across blocks and line numbers stay right."""
-    monkeypatch.setattr(loaders, "_BLOCK_SIZE", 256)
+    monkeypatch.setattr(blocks, "BLOCK_SIZE", 256)
     rng = np.random.default_rng(0)
     rows = []
     for _ in range(400):
@@ -407,7 +411,7 @@ def test_items(tmp_path: Path, compress: bool) -> None:
 
 
 def test_items_chunks_and_no_final_newline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loaders, "_ITEMS_CHUNK", 7)
+    monkeypatch.setattr(item_logs, "_ITEMS_CHUNK", 7)
     rng = np.random.default_rng(3)
     lines = [" ".join(str(x) for x in rng.integers(0, 40, rng.integers(0, 6))) for _ in range(200)]
     path = tmp_path / "k.dat"
@@ -436,6 +440,20 @@ def test_detect_format(tmp_path: Path) -> None:
     assert detect_format(tmp_path / "k.dat") == "items"
     with pytest.raises(DataError, match="pass --format"):
         detect_format(write_csv(tmp_path / "t.data"))
+
+
+def test_one_table_format_per_name_for_every_reader(tmp_path: Path) -> None:
+    """The log readers and the value reader read a name alike: ``.txt`` is tab-separated (as AOL's files)."""
+    for name, kind in (("a.csv", "csv"), ("a.tsv.gz", "tsv"), ("a.tab", "tsv"), ("a.TXT.bz2", "tsv"),
+                       ("a.parquet", "parquet"), ("a.pq", "parquet")):
+        assert table_format(name) == kind
+    assert table_format("a.data", "csv") == "csv"
+    with pytest.raises(DataError, match="pass --format csv, tsv or parquet"):
+        table_format("a.dat")
+    txt = write_csv(tmp_path / "t.txt", sep="\t")
+    assert load_table(txt, user_col="uid", query_col="q", url_col="link").n_records == 5
+    (tmp_path / "v.txt").write_text("user\tvalue\n1\t2.5\n2\t-1\n")
+    assert read_value_column(str(tmp_path / "v.txt"), "value").tolist() == [2.5, -1.0]
 
 
 def test_load_log_dispatch(tmp_path: Path) -> None:
@@ -525,7 +543,7 @@ def test_bad_row_with_invalid_utf8_is_skipped_like_any_bad_row(tmp_path: Path, m
 
 
 def test_multibyte_characters_split_between_reads_survive(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(loaders, "_BLOCK_SIZE", 64)  # many small reads: characters straddle them
+    monkeypatch.setattr(blocks, "BLOCK_SIZE", 64)  # many small reads: characters straddle them
     rows = [(str(i), f"café ☕ {'é' * (i % 5)} 𝄞", "t", "1", f"http://ü{i % 3}") for i in range(200)]
     log = load_aol(write_aol(tmp_path / "a.txt", rows=rows))
     assert log.n_records == 200
@@ -534,7 +552,7 @@ def test_multibyte_characters_split_between_reads_survive(tmp_path: Path, monkey
 
 
 def test_line_longer_than_a_block_names_the_limit(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(loaders, "_BLOCK_SIZE", 256)
+    monkeypatch.setattr(blocks, "BLOCK_SIZE", 256)
     path = tmp_path / "t.csv"
     path.write_bytes(b"uid,q\n1,a\n2," + b"y" * 1000 + b"\n")
     with pytest.raises(DataError, match="a line is longer than 256 bytes"):

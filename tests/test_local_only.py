@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from hybriddp.baselines.local_only import ItemCoding, mix64, run_local_only
-from hybriddp.baselines.pem import default_eta, pem, prefix_schedule
-from hybriddp.errors import ParameterError
-from hybriddp.metrics import Truth, generalized_ndcg, query_ndcg
-from hybriddp.params import BlenderParams
-from hybriddp.pipeline import Stages
-from hybriddp.records import NO_URL, ArrayVocabulary, RecordLog
-from hybriddp.rng import STREAMS, stage_rng
+from hybriddp.core.errors import ParameterError
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import NO_URL, ArrayVocabulary, RecordLog
+from hybriddp.core.rng import STREAMS, stage_rng
+from hybriddp.simulation.baselines.local_only import ItemCoding, mix64, run_local_only
+from hybriddp.simulation.baselines.pem import default_eta, pem, prefix_schedule
+from hybriddp.simulation.pipeline import Stages
+from hybriddp.simulation.scoring import Truth, generalized_ndcg, query_ndcg
 from logdata import zipf_log
 
 

@@ -1,4 +1,5 @@
-"""LocalAlg (ALGORITHM.md §5, paper Fig. 6): exact privacy, closed form, and both samplers.
+"""LocalAlg (ALGORITHM.md §5, paper Fig. 6): its report law (core/reportlaw.py) and the device (device/localalg.py):
+exact privacy, the closed form, both samplers, and one device's message.
 
 * Theorem 3 is checked *exactly* on the closed-form output distribution: the hockey-stick
   divergence max_{x,x'} Σ_y max(0, P[y|x] − e^ε P[y|x']) is the smallest δ for which the DP
@@ -6,6 +7,9 @@
 * The batch (NumPy) and device (pure Python) samplers are checked against that distribution
   with chi-square goodness-of-fit tests at p > 1e-6 (seeded, so they cannot flake), and against
   each other bit for bit on shared uniforms.
+* By hand: LocalAlg's parameters and the privacy loss of a 3 × 3 example, the device's head-list index, each
+  branch of its draws with replayed uniforms (thresholds hit exactly, draws not taken), and one device's message
+  (sampling order, the ledger charge, the message id, every refusal of its records whole).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 import subprocess
 import sys
 
@@ -20,20 +25,22 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from hybriddp.device import (
-    DeviceError,
+from clihelpers import exact_message
+from headlisthelpers import signed_headlist
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.protocol import DeviceError, budget_split, keep_probability, thresholds
+from hybriddp.core.records import ArrayVocabulary
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution, privacy_loss_delta
+from hybriddp.device.batch import randomize_batch
+from hybriddp.device.ledger import DeviceLedger
+from hybriddp.device.localalg import (
     DeviceHeadList,
     SeededSource,
+    SystemSource,
     UniformReplay,
-    budget_split,
-    keep_probability,
     local_alg,
     randomize_records,
-    thresholds,
 )
-from hybriddp.headlist import HeadList
-from hybriddp.randomizer import LocalAlgParams, output_distribution, privacy_loss_delta, randomize_batch
-from hybriddp.records import ArrayVocabulary
 
 # ----- helpers ---------------------------------------------------------------------------------
 
@@ -147,6 +154,21 @@ def test_privacy_loss_delta_matches_brute_force_over_output_sets() -> None:
         assert privacy_loss_delta(P, eps) == pytest.approx(best, abs=1e-14)
 
 
+def test_privacy_loss_delta_by_hand() -> None:
+    """Σ_y max(0, P[y|x] − e^ε P[y|x']), maximised over the pairs (x, x'), worked out by hand.
+
+    Rows x = 0, 1, 2. At ε = ln 2 the worst pair is x = 2 against x' = 0:
+    (0.2 − 1.7)⁺ + (0.3 − 0.2)⁺ + (0.5 − 0.1)⁺ = 0.5; every other pair gives less (e.g. 2 vs 1: 0.1).
+    At ε = 0 it is the total variation distance, largest for rows 0 and 2: 0.65. At ε = ln 100 nothing is left."""
+    P = np.array([[0.85, 0.1, 0.05], [0.3, 0.5, 0.2], [0.2, 0.3, 0.5]])
+    assert privacy_loss_delta(P, math.log(2.0)) == pytest.approx(0.5, rel=1e-12)
+    assert privacy_loss_delta(P, 0.0) == pytest.approx(0.65, rel=1e-12)
+    assert privacy_loss_delta(P, math.log(100.0)) == 0.0
+    assert privacy_loss_delta(np.eye(2), 5.0) == 1.0  # a deterministic output: no ε helps
+    # the first two rows only: row 1 against row 0 gives (0.5 − 0.2)⁺ + (0.2 − 0.1)⁺ = 0.4, row 0 against 1 0.25
+    assert privacy_loss_delta(P[:2, :], math.log(2.0)) == pytest.approx(0.4, rel=1e-12)
+
+
 @pytest.mark.parametrize("mode", ["t uses eps, not f_C*eps", "query stage at 1.5*eps_Q", "t_q uses eps"])
 def test_dp_check_rejects_broken_randomizers(mode: str) -> None:
     """The exact check has teeth: a randomizer spending too much budget violates it somewhere."""
@@ -224,6 +246,17 @@ def test_hand_example_k3() -> None:
     np.testing.assert_allclose(P[3], expected_row3, rtol=1e-13)
     expected_row5 = [other_q0 / 2, other_q0 / 2, other_q0 / 3, other_q0 / 3, other_q0 / 3, 0.62]
     np.testing.assert_allclose(P[5], expected_row5, rtol=1e-13)
+
+
+def test_local_alg_params_by_hand() -> None:
+    # the head list and parameters of _device(): a (u0, u1, *), b (*), *; ε = 1, δ = 0.1, f_C = ½
+    lp = LocalAlgParams.build(make_hl([[0, 1], []]), 1.0, 0.1, 0.5, 1)
+    e = math.exp(0.5)
+    t = (e + 0.05) / (e + 2)  # k = 3 and k_a = 3 share t; k_b = k_* = 1 keep everything
+    assert lp.k == 3 and lp.kq.tolist() == [3, 1, 1]
+    assert lp.t == pytest.approx(t, rel=1e-15) and lp.tq.tolist() == pytest.approx([t, 1.0, 1.0], rel=1e-15)
+    assert lp.one_minus_t == 1.0 - lp.t and lp.one_minus_tq.tolist() == [1.0 - x for x in lp.tq.tolist()]
+    assert lp.tq.dtype == np.float64 and lp.one_minus_tq.dtype == np.float64
 
 
 @pytest.mark.parametrize("shape", ["k=2, k_q=3", "mixed k_q", "k=50"])
@@ -344,6 +377,72 @@ def test_batch_and_device_agree_bit_for_bit(shape: str, eps: float, delta: float
     assert (batch != entries).any()  # the randomization did something
 
 
+def _device(**fields: object) -> DeviceHeadList:
+    """Queries a (URLs u, v) and b (none): positions a = 0, b = 1, * = 2; k_a = 3, k_b = k_* = 1."""
+    return DeviceHeadList.from_json(signed_headlist(epsilon=1.0, delta=0.1, f_c=0.5, **fields))
+
+
+def test_device_head_list_index() -> None:
+    hl = _device()
+    assert (hl.k, hl.kq) == (3, [3, 1, 1])
+    assert hl.query_index == {"a": 0, "b": 1} and hl.url_index == [{"u": 0, "v": 1}, {}, {}]
+    # t = (e^½ + 0.025·2)/(e^½ + 2) (ε'_Q = ½, δ'_Q = 0.05); t_a = the same with k_a = 3; t_b = t_* = 1
+    e = math.exp(0.5)
+    t = (e + 0.05) / (e + 2)
+    assert hl.one_minus_t == pytest.approx(1 - t, rel=1e-14)
+    assert hl.one_minus_tq == pytest.approx([1 - t, 0.0, 0.0], rel=1e-14, abs=0.0)
+    assert [hl.encode(*r) for r in [("a", "u"), ("a", "v"), ("a", "w"), ("a", None), ("b", "u"), ("b", None),
+                                    ("c", "u"), ("c", None)]] == [(0, 0), (0, 1), (0, 2), (0, 2), (1, 0), (1, 0),
+                                                                  (2, 0), (2, 0)]
+    assert [hl.decode(*p) for p in [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0)]] == [
+        {"query": "a", "url": "u"}, {"query": "a", "url": "v"}, {"query": "a", "url": None},
+        {"query": "b", "url": None}, {"query": None, "url": None}]
+    assert hl.m_c == 1 and type(hl.m_c) is int
+
+
+@pytest.mark.parametrize(("record", "uniforms", "expected", "left"), [
+    # query stage: v1 < 1 − t → another query: j = ⌊v·(k − 1)⌋, skipping q; then a URL ⌊v·k_q'⌋
+    ((1, 0), [0.0, 0.4, 0.5], (0, 1), 0),  # j = 0 < 1: query a; URL ⌊0.5·3⌋ = 1
+    ((1, 0), [0.0, 0.6, 0.9], (2, 0), 0),  # j = 1 ≥ 1: query 2 (*); its only URL position
+    ((0, 1), [0.0, 0.0, 0.99], (1, 0), 0),  # j = 0 ≥ 0: query 1
+    ((2, 0), [0.0, 0.99, 0.7], (1, 0), 0),  # j = 1 < 2: query 1
+    ((2, 0), [0.0, 0.2, 0.7], (0, 2), 0),  # j = 0: query 0, URL ⌊0.7·3⌋ = 2
+    # URL stage of a (k_a = 3): v2 < 1 − t_a → another URL: j = ⌊v·2⌋ skipping u
+    ((0, 1), ["1-t", 0.0, 0.5], (0, 2), 0),  # v1 = 1 − t exactly keeps the query; j = 1 ≥ 1
+    ((0, 1), ["1-t", 0.0, 0.2], (0, 0), 0),  # j = 0 < 1
+    ((0, 0), [0.99, 0.0, 0.2], (0, 1), 0),  # j = 0 ≥ 0
+    ((0, 2), [0.99, 0.0, 0.99], (0, 1), 0),  # j = 1 < 2
+    ((0, 1), [0.99, "1-tq", 0.5], (0, 1), 1),  # v2 = 1 − t_a exactly keeps the URL; v3 not drawn
+    # b has k_b = 1: no URL stage, no second draw
+    ((1, 0), [0.99, 0.0, 0.0], (1, 0), 2),
+])
+def test_local_alg_draws_by_hand(record: tuple[int, int], uniforms: list, expected: tuple[int, int], left: int) -> None:
+    hl = _device()
+    values = [hl.one_minus_t if v == "1-t" else hl.one_minus_tq[0] if v == "1-tq" else v for v in uniforms]
+    src = UniformReplay(values)
+    assert local_alg(*record, hl, src) == expected
+    assert len(list(src._it)) == left  # how many of the uniforms were not drawn
+
+
+def test_local_alg_with_only_the_wildcard_draws_nothing() -> None:
+    hl = DeviceHeadList.from_json(signed_headlist(queries=[]))
+    assert hl.k == 1
+    assert local_alg(0, 0, hl, UniformReplay([])) == (0, 0)
+
+
+def test_seeded_and_system_sources() -> None:
+    ref = random.Random(11)
+    src = SeededSource(11)
+    for n in (1, 2, 7, 1000):
+        assert src.uniform() == ref.random()
+        assert src.below(n) == int(ref.random() * n)
+    sysrc = SystemSource()
+    assert all(0 <= sysrc.below(3) < 3 for _ in range(50)) and {sysrc.below(2) for _ in range(200)} == {0, 1}
+    u = [sysrc.uniform() for _ in range(200)]
+    assert all(0.0 <= x < 1.0 for x in u) and min(u) < 0.1 and max(u) > 0.9  # P(fail) = 2·0.9^200 ≈ 1e-9
+    assert UniformReplay([0.5, 0.99]).below(4) == 2
+
+
 # ----- randomize_records: the device entry point --------------------------------------------------
 
 
@@ -419,7 +518,75 @@ def test_randomize_records_rejects_tampered_head_list() -> None:
         DeviceHeadList.from_json(tampered)
 
 
+def test_randomize_records_sampling_order_and_charge(tmp_path) -> None:
+    doc = signed_headlist(epsilon=2, delta=1e-5, f_c=0.5, m_c=2)  # an integer ε: charged as a float
+    records = [("a", "u"), ("b", None), ("a", "v"), ("c", "x")]
+    # sampling: ⌊0.6·4⌋ = 2 → record 2 (pool 0, 1, 3 left); ⌊0.5·3⌋ = 1 → record 1; then LocalAlg keeps both
+    # (v1 = 0.999 ≥ 1 − t; record 2 has k_a = 3: v2 = 0.999 ≥ 1 − t_a; record 1 has k_b = 1: one draw)
+    src = UniformReplay([0.6, 0.5, 0.999, 0.999, 0.999])
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=3.0, lifetime_delta=1e-4)
+    msg = randomize_records(doc, records, source=src, ledger=ledger, message_id="B" * 22)
+    assert msg == {"id": "B" * 22, "headlist": doc["content_hash"],
+                   "reports": [{"query": "a", "url": "v"}, {"query": "b", "url": None}]}
+    assert list(src._it) == []
+    saved = json.loads((tmp_path / "dev.json").read_text(encoding="utf-8"))
+    assert saved["rounds"] == {doc["content_hash"]: {"epsilon": 2.0, "delta": 1e-5}}
+    assert type(ledger.state["rounds"][doc["content_hash"]]["epsilon"]) is float
+    # a second message of the same round is refused by the ledger
+    with pytest.raises(DeviceError, match="already reported"):
+        randomize_records(doc, records, source=UniformReplay([0.0] * 10), ledger=ledger)
+
+
+def test_randomize_records_takes_all_records_when_fewer_than_m_c() -> None:
+    doc = signed_headlist(epsilon=1.0, delta=0.1, f_c=0.5, m_c=3)
+    src = UniformReplay([0.5, 0.0, 0.999, 0.999, 0.999])  # ⌊0.5·2⌋ = 1, then ⌊0·1⌋ = 0
+    msg = randomize_records(DeviceHeadList.from_json(doc), [("a", "u"), ("c", None)], source=src)
+    assert msg["reports"] == [{"query": None, "url": None}, {"query": "a", "url": "u"}]
+    assert len(msg["id"]) == 22
+    with pytest.raises(DeviceError, match=r"^message id 'short' is not valid"):
+        randomize_records(doc, [("a", "u")], source=src, message_id="short")
+
+
+@pytest.mark.parametrize(("records", "index", "shown"), [
+    ([("a", "u"), ("a",)], 1, "('a',)"),
+    ([("a", "u", "v")], 0, "('a', 'u', 'v')"),
+    ([(1, "u")], 0, "(1, 'u')"),
+    ([("a", 2)], 0, "('a', 2)"),
+    ([("a", "u"), ("b", None), "ab"], 2, "'ab'"),
+    ([None], 0, "None"),
+])
+def test_check_records_messages(tmp_path, records: list, index: int, shown: str) -> None:
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=30.0, lifetime_delta=0.5)
+    with pytest.raises(DeviceError, match=exact_message(
+            f"record {index} = {shown} is not a (query, url) pair of strings; give each record as (query, clicked "
+            "URL), with url None when the record has none")):
+        randomize_records(signed_headlist(), records, source=UniformReplay([]), ledger=ledger)
+    assert ledger.state["rounds"] == {}  # refused before the charge
+
+
+def test_check_records_url_level_without_urls(tmp_path) -> None:
+    doc = signed_headlist()
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=30.0, lifetime_delta=0.5)
+    with pytest.raises(DeviceError, match=exact_message(
+            "this device's 2 record(s) have no URL (they are (query, None)), but the head list "
+            f"{doc['content_hash'][:19]}… is URL-level (url_level true): every record would be reported as ⟨q,*⟩, "
+            "a click on an unlisted URL, "
+            "which biases the estimate of every listed URL. Give the device its (query, clicked URL) records (for a "
+            "table, name the URL column with --url-col), or use a head list built from a log without URLs "
+            "(url_level false).")):
+        randomize_records(doc, [("a", None), ["b", None]], source=UniformReplay([]), ledger=ledger)
+    assert ledger.state["rounds"] == {}
+    # one record with a URL is enough; a query-level list takes records without URLs; no records at all is fine
+    src = UniformReplay([0.0, 0.999, 0.999])
+    assert randomize_records(doc, [("a", None), ("a", "u")], source=src)["reports"] == [{"query": "a", "url": None}]
+    level = signed_headlist(url_level=False, queries=[{"query": "a", "urls": []}])
+    assert randomize_records(level, [("a", None)], source=UniformReplay([0.0, 0.999]))["reports"] == [
+        {"query": "a", "url": None}]
+    msg = randomize_records(doc, [], source=UniformReplay([]), ledger=ledger)
+    assert msg["reports"] == [] and list(ledger.state["rounds"]) == [doc["content_hash"]]
+
+
 def test_device_module_imports_no_numpy() -> None:
-    code = "import sys, hybriddp.device; assert 'numpy' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, hybriddp.device.localalg; assert 'numpy' not in sys.modules, sorted(sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr

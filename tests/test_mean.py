@@ -1,4 +1,6 @@
-"""Hybrid mean estimation (ALGORITHM.md §11): formulas against Monte Carlo, w*, unknown σ², device randomizer.
+"""Hybrid mean estimation (ALGORITHM.md §11): the mechanisms (mean/mechanisms.py) and the device randomizer
+(device/mean.py): formulas against Monte Carlo, w*, unknown σ²; with scripted noise, every scale, draw and field of
+MeanEstimate against hand-computed fractions; the device's draw, clamp and density by hand; every refusal whole.
 
 Monte Carlo tolerances: every check allows Z = 5 standard errors of the MSE estimate (the SE is
 measured from the trials), so a correct formula fails with probability < 1e-6 per check, and
@@ -11,16 +13,30 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 import subprocess
 import sys
+from fractions import Fraction as F
 
 import numpy as np
 import pytest
 from scipy import stats
 
+from clihelpers import exact_message
 from hybriddp import mean as hm
-from hybriddp.errors import DataError, ParameterError
-from hybriddp.mean_device import NumericRandomizer, SeededSource, SystemSource, output_log_density, randomize_value
+from hybriddp.core.errors import DataError, ParameterError
+from hybriddp.device.localalg import UniformReplay
+from hybriddp.device.mean import (
+    NumericRandomizer,
+    SeededSource,
+    SystemSource,
+    clamp,
+    laplace,
+    output_log_density,
+    randomize_value,
+)
+from hybriddp.mean.inputs import ClampCount
+from hybriddp.mean.mechanisms import FullLM, Hybrid, HybridUnknownVariance, MeanEstimate, OnlyTCM
 
 Z = 5.0
 GRID = list(itertools.product([0.01, 0.05, 0.2], [0.5, 1.0, 4.0], [100, 10_000]))  # (c, ε, n)
@@ -294,9 +310,260 @@ def test_bad_data() -> None:
         hm.Hybrid(lower=0, upper=1, epsilon=1, sigma2=0.1).estimate([], [0.2, 0.3])
 
 
+# ----- the mechanisms with scripted noise: every scale, draw and field by hand ----------------
+# A scripted generator hands out known Laplace draws and records the scale of each request, so the estimate,
+# the weight, the error and every field of MeanEstimate are checked against hand-computed fractions.
+# Setting: [lower, upper] = [−1, 3] (Δ = 4), ε = 2; opt-in values 0, 1, 2, 5 (5 is clamped to 3: t = 0, 1, 2, 3,
+# mean 3/2, n_T = 4); local values −2, 1, 3, 3, 0, 2 (−2 clamped to −1: mean 4/3, n_L = 6); n = 10, c = 2/5.
+
+OPTIN = [0.0, 1.0, 2.0, 5.0]
+LOCAL = [-2.0, 1.0, 3.0, 3.0, 0.0, 2.0]
+SETTING = {"lower": -1.0, "upper": 3.0, "epsilon": 2.0}
+CLAMPED = ClampCount(below=1, above=1)
+MEAN_T, MEAN_L = F(3, 2), F(4, 3)
+
+
+class ScriptedLaplace:
+    """Stands in for a NumPy Generator: scalar draws come from ``scalars`` in order; an array draw of size k
+    is 1/2, 1, 3/2, ..., k/2. Every call's (loc, scale, size) is recorded."""
+
+    def __init__(self, *scalars: float) -> None:
+        self.scalars = list(scalars)
+        self.calls: list[tuple[float, float, int | None]] = []
+
+    def laplace(self, loc: float, scale: float, size: int | None = None) -> float | np.ndarray:
+        self.calls.append((loc, scale, size))
+        if size is None:
+            return self.scalars.pop(0)
+        return (np.arange(size) + 1) / 2.0
+
+
+def _array_noise_mean(k: int) -> F:
+    return F(k + 1, 4)  # mean of 1/2, 1, ..., k/2
+
+
+def _close(x: float, y: F | float) -> bool:
+    return math.isclose(x, float(y), rel_tol=1e-13, abs_tol=1e-15)
+
+
+# ----- FullLM --------------------------------------------------------------------------------------------------
+
+def test_full_lm_by_hand() -> None:
+    """Reports: the 10 clamped values (mean 14/10) plus draws 1/2..5 (mean 11/4) at scale Δ/ε = 2.
+    MSE_F = 2Δ²/(ε²n) = 32/40 = 4/5."""
+    rng = ScriptedLaplace()
+    est = FullLM(**SETTING).estimate(OPTIN, LOCAL, rng=rng)
+    assert rng.calls == [(0.0, 2.0, 10)]
+    assert _close(est.estimate, F(14, 10) + _array_noise_mean(10))
+    assert _close(est.expected_squared_error, F(4, 5))
+    assert (est.mechanism, est.n_optin, est.n_local, est.clamped) == ("FullLM", 4, 6, CLAMPED)
+    assert (est.sigma2, est.sigma2_source, est.weight, est.private_sigma2) == (None, "not needed", None, None)
+    assert est.guarantee == "every user: 2-LDP (Laplace scale Δ/ε = 2 on the device)"
+    assert est.rmse == pytest.approx(math.sqrt(0.8), rel=1e-14)
+    assert FullLM(**SETTING).expected_squared_error(4, 6, sigma2=0.3) == pytest.approx(0.8, rel=1e-14)
+
+
+def test_estimate_to_json_whole() -> None:
+    est = FullLM(**SETTING).estimate(OPTIN, LOCAL, rng=ScriptedLaplace())
+    assert est.to_json() == {"mechanism": "FullLM", "estimate": est.estimate, "expected_squared_error": 0.8,
+                             "rmse": est.rmse, "n_optin": 4, "n_local": 6, "clamped": {"below": 1, "above": 1},
+                             "sigma2": None, "sigma2_source": "not needed", "weight": None,
+                             "guarantee": "every user: 2-LDP (Laplace scale Δ/ε = 2 on the device)",
+                             "private_sigma2": None}
+    one = MeanEstimate("m", 1.5, 0.25, 1, 2, ClampCount(3, 4), 0.5, "given", 0.75, "g", 0.125)
+    assert one.rmse == 0.5
+    assert one.to_json() == {"mechanism": "m", "estimate": 1.5, "expected_squared_error": 0.25, "rmse": 0.5,
+                             "n_optin": 1, "n_local": 2, "clamped": {"below": 3, "above": 4}, "sigma2": 0.5,
+                             "sigma2_source": "given", "weight": 0.75, "guarantee": "g", "private_sigma2": 0.125}
+
+
+# ----- OnlyTCM -------------------------------------------------------------------------------------------------
+
+def test_only_tcm_by_hand() -> None:
+    """μ̂_T = 3/2 + 1/4, one draw at scale Δ/(ε n_T) = 4/8 = 1/2. MSE_T = 2Δ²/(ε² n_T²) + σ²(1−c)/(c n)
+    = 32/64 + σ²·(3/5)/4: σ² = Δ²/4 = 4 (worst case) gives 1/2 + 3/5; σ² = 1 gives 1/2 + 3/20."""
+    rng = ScriptedLaplace(0.25)
+    est = OnlyTCM(**SETTING).estimate(OPTIN, LOCAL, rng=rng)
+    assert rng.calls == [(0.0, 0.5, None)]
+    assert _close(est.estimate, MEAN_T + F(1, 4))
+    assert _close(est.expected_squared_error, F(1, 2) + F(3, 5))
+    assert (est.sigma2, est.sigma2_source, est.weight) == (4.0, "worst case Δ²/4", 1.0)
+    assert (est.mechanism, est.n_optin, est.n_local, est.clamped) == ("OnlyTCM", 4, 6, CLAMPED)
+    assert est.guarantee == "opt-in users: 2-DP, trusted curator (Laplace scale Δ/(ε·n_T)); local users: not used"
+    given = OnlyTCM(**SETTING).estimate(OPTIN, LOCAL, rng=ScriptedLaplace(-1.0), sigma2=1)
+    assert _close(given.estimate, MEAN_T - 1)
+    assert (given.sigma2, given.sigma2_source) == (1.0, "given")
+    assert _close(given.expected_squared_error, F(1, 2) + F(3, 20))
+    assert _close(OnlyTCM(**SETTING).expected_squared_error(4, 6), F(1, 2) + F(3, 5))
+
+
+# ----- Hybrid, known σ² ----------------------------------------------------------------------------------------
+
+def _hybrid_mse(w: F, sigma2: F, eps_t: F = F(2)) -> F:
+    """w²A + (1−w)²B + (w−c)²S with A = 2Δ²/(ε_T² n_T²), B = 2Δ²/(ε² n_L), S = σ²/(c(1−c)n)."""
+    a, b, s = F(32) / (eps_t**2 * 16), F(32, 4 * 6), sigma2 / (F(2, 5) * F(3, 5) * 10)
+    return w * w * a + (1 - w) ** 2 * b + (w - F(2, 5)) ** 2 * s
+
+
+def _w_star(sigma2: F, eps_t: F = F(2)) -> F:
+    a, b, s = F(32) / (eps_t**2 * 16), F(32, 4 * 6), sigma2 / (F(2, 5) * F(3, 5) * 10)
+    return (b + F(2, 5) * s) / (a + b + s)
+
+
+def test_hybrid_by_hand() -> None:
+    """σ² = 1: A = 1/2, B = 4/3, S = 5/12, w* = (4/3 + 1/6)/(9/4) = 2/3. μ̂_T = 3/2 + 1/4 (scale 1/2),
+    μ̂_L = 4/3 + 7/4 (draws 1/2..3 at scale 2): estimate (2/3)(7/4) + (1/3)(37/12) = 79/36."""
+    assert _w_star(F(1)) == F(2, 3)
+    rng = ScriptedLaplace(0.25)
+    mech = Hybrid(**SETTING, sigma2=1)
+    est = mech.estimate(OPTIN, LOCAL, rng=rng)
+    assert rng.calls == [(0.0, 0.5, None), (0.0, 2.0, 6)]
+    assert _close(est.estimate, F(79, 36))
+    assert _close(est.weight, F(2, 3)) and _close(mech.weight_for(4, 6), F(2, 3))
+    assert _close(est.expected_squared_error, _hybrid_mse(F(2, 3), F(1)))
+    assert (est.sigma2, est.sigma2_source, est.private_sigma2) == (1.0, "given", None)
+    assert (est.mechanism, est.n_optin, est.n_local, est.clamped) == ("Hybrid", 4, 6, CLAMPED)
+    assert est.guarantee == ("opt-in users: 2-DP, trusted curator (Laplace scale Δ/(ε·n_T)); local users: "
+                             "2-LDP (Laplace scale Δ/ε on the device); σ² is public")
+    # sigma2 at estimate time changes only the variance the error is evaluated at, not the weight
+    other = mech.estimate(OPTIN, LOCAL, rng=ScriptedLaplace(0.25), sigma2=0.5)
+    assert _close(other.weight, F(2, 3)) and _close(other.estimate, F(79, 36))
+    assert _close(other.expected_squared_error, _hybrid_mse(F(2, 3), F(1, 2)))
+    assert other.sigma2 == 0.5
+    # the weight for another variance, and the error at a given weight
+    assert _close(mech.weight_for(4, 6, sigma2=3.0), _w_star(F(3)))
+    assert _close(mech.expected_squared_error(4, 6), _hybrid_mse(F(2, 3), F(1)))
+    assert _close(mech.expected_squared_error(4, 6, sigma2=2.0), _hybrid_mse(_w_star(F(1)), F(2)))
+    assert _close(mech.expected_squared_error(4, 6, weight=0.25), _hybrid_mse(F(1, 4), F(1)))
+
+
+def test_hybrid_with_a_fixed_weight() -> None:
+    mech = Hybrid(**SETTING, sigma2=1, weight=0.25)
+    assert mech.weight == 0.25 and mech.sigma2 == 1.0
+    est = mech.estimate(OPTIN, LOCAL, rng=ScriptedLaplace(0.25))
+    assert est.weight == 0.25 and mech.weight_for(4, 6) == 0.25
+    assert _close(est.estimate, F(1, 4) * F(7, 4) + F(3, 4) * F(37, 12))
+    assert _close(est.expected_squared_error, _hybrid_mse(F(1, 4), F(1)))
+    assert Hybrid(**SETTING, sigma2=0).weight is None
+
+
+@pytest.mark.parametrize("weight", [True, "x", [0.5], math.nan, math.inf])
+def test_hybrid_weight_must_be_one_finite_number(weight: object) -> None:
+    with pytest.raises(ParameterError, match=re.escape(f"weight = {weight!r} is not allowed: it must be a finite "
+                                                        "number.")):
+        Hybrid(**SETTING, sigma2=1, weight=weight)
+
+
+@pytest.mark.parametrize("sigma2", [-0.5, math.nan, "x", True])
+def test_hybrid_sigma2_must_be_a_variance(sigma2: object) -> None:
+    with pytest.raises(ParameterError, match=re.escape(f"sigma2 = {sigma2!r} is not allowed: it must be a finite "
+                                                        "number >= 0")):
+        Hybrid(**SETTING, sigma2=sigma2)
+
+
+# ----- Hybrid, unknown σ² ----------------------------------------------------------------------------------------
+
+def test_hybrid_unknown_variance_by_hand() -> None:
+    """ρ = 1/5: ε_v = 2/5, ε_m = 8/5. s²_T = 5/3 (ddof 1 of 0..3); draw 1/4 at scale Δ²/(n_T ε_v) = 16/(8/5)
+    = 10: σ̂² = 23/12. μ̂_T = 3/2 + 1/4 at scale Δ/(n_T ε_m) = 4/(32/5) = 5/8; μ̂_L = 37/12 (scale 2).
+    ŵ = w*(σ̂²) with A' = 2Δ²/(ε_m² n_T²) = 32/(64/25·16) = 25/32."""
+    rng = ScriptedLaplace(0.25, 0.25)
+    mech = HybridUnknownVariance(**SETTING)
+    assert mech.variance_share == 0.2 and mech.weight is None and mech.sigma2 == 4.0
+    assert _close(mech.variance_epsilon, F(2, 5)) and _close(mech.mean_epsilon, F(8, 5))
+    est = mech.estimate(OPTIN, LOCAL, rng=rng)
+    assert [c[2] for c in rng.calls] == [None, None, 6]
+    assert [c[1] for c in rng.calls] == pytest.approx([10.0, 0.625, 2.0], rel=1e-14)
+    s2_hat = F(5, 3) + F(1, 4)
+    w = _w_star(s2_hat, eps_t=F(8, 5))
+    assert _close(est.private_sigma2, s2_hat) and _close(est.sigma2, s2_hat)
+    assert est.sigma2_source == "private estimate"
+    assert _close(est.weight, w)
+    assert _close(est.estimate, w * F(7, 4) + (1 - w) * F(37, 12))
+    assert _close(est.expected_squared_error, _hybrid_mse(w, s2_hat, eps_t=F(8, 5)))
+    assert (est.mechanism, est.n_optin, est.n_local, est.clamped) == ("Hybrid, unknown σ²", 4, 6, CLAMPED)
+    assert est.guarantee == ("opt-in users: 2-DP, trusted curator, by sequential composition of 0.4 (variance, "
+                             "Laplace scale Δ²/(n_T·ε_v)) + 1.6 (mean, Laplace scale Δ/(n_T·ε_m)); local users: "
+                             "2-LDP; the weight is post-processing")
+    # a given σ² only changes where the error is evaluated (same ŵ)
+    given = mech.estimate(OPTIN, LOCAL, rng=ScriptedLaplace(0.25, 0.25), sigma2=1)
+    assert (given.sigma2, given.sigma2_source) == (1.0, "given") and _close(given.weight, w)
+    assert _close(given.private_sigma2, s2_hat)
+    assert _close(given.expected_squared_error, _hybrid_mse(w, F(1), eps_t=F(8, 5)))
+    assert _close(mech.expected_squared_error(4, 6, sigma2=1.0), _hybrid_mse(_w_star(F(1), F(8, 5)), F(1), F(8, 5)))
+    assert _close(mech.expected_squared_error(4, 6, sigma2=1.0, weight=0.5), _hybrid_mse(F(1, 2), F(1), F(8, 5)))
+    assert _close(mech.weight_for(4, 6, 1.0), _w_star(F(1), F(8, 5)))
+
+
+def test_private_variance_clip_and_one_value() -> None:
+    """σ̂² is clipped to [0, Δ²/4 = 4]; with n_T = 1 the sample variance is 0 and the scale is 16/(1·ε_v)."""
+    mech = HybridUnknownVariance(**SETTING, variance_share=0.5)  # ε_v = 1
+    t = np.array([0.0, 1.0, 2.0, 3.0])
+    assert mech.private_variance(t, ScriptedLaplace(100.0)) == 4.0
+    assert mech.private_variance(t, ScriptedLaplace(-100.0)) == 0.0
+    assert mech.private_variance(t, ScriptedLaplace(2.0)) == pytest.approx(5 / 3 + 2, rel=1e-14)
+    rng = ScriptedLaplace(0.5)
+    assert mech.private_variance(np.array([2.0]), rng) == 0.5 and rng.calls == [(0.0, 16.0, None)]
+    rng = ScriptedLaplace(0.0)
+    assert mech.private_variance(np.array([1.0, 3.0]), rng) == 2.0 and rng.calls == [(0.0, 8.0, None)]
+
+
+def test_hybrid_unknown_variance_needs_a_variance() -> None:
+    mech = HybridUnknownVariance(**SETTING)
+    with pytest.raises(ValueError, match="^" + re.escape("HybridUnknownVariance.weight_for needs the (private) "
+                                                         "variance estimate") + "$"):
+        mech.weight_for(4, 6)
+    with pytest.raises(ValueError, match="^" + re.escape("HybridUnknownVariance.expected_squared_error needs a "
+                                                         "variance") + "$"):
+        mech.expected_squared_error(4, 6)
+    with pytest.raises(ParameterError, match="variance_share"):
+        HybridUnknownVariance(**SETTING, variance_share=1.0)
+
+
+# ----- shared: empty groups, defaults --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [FullLM, OnlyTCM, Hybrid, HybridUnknownVariance])
+def test_both_groups_must_be_non_empty(cls: type) -> None:
+    kw = {"sigma2": 1.0} if cls is Hybrid else {}
+    mech = cls(**SETTING, **kw)
+    for t, loc, nt, nl in [([], [1.0], 0, 1), ([1.0], [], 1, 0)]:
+        with pytest.raises(DataError, match=re.escape(
+                f"{cls.name} needs both groups non-empty: got {nt} opt-in and {nl} local values (ALGORITHM.md §11)")):
+            mech.estimate(t, loc, rng=np.random.default_rng(0))
+    one = mech.estimate([1.0], [2.0], rng=np.random.default_rng(0))  # one of each is enough
+    assert (one.n_optin, one.n_local) == (1, 1)
+
+
+@pytest.mark.parametrize("cls", [FullLM, OnlyTCM, Hybrid, HybridUnknownVariance])
+def test_without_a_generator_the_noise_comes_from_os_entropy(cls: type) -> None:
+    kw = {"sigma2": 1.0} if cls is Hybrid else {}
+    a = cls(**SETTING, **kw).estimate(OPTIN, LOCAL).estimate
+    b = cls(**SETTING, **kw).estimate(OPTIN, LOCAL).estimate
+    assert math.isfinite(a) and a != b
+
+
+def test_properties_of_the_setting() -> None:
+    mech = FullLM(lower=-1, upper=3, epsilon=2)
+    assert mech.width == 4.0 and mech.epsilon == 2.0 and isinstance(mech.epsilon, float)
+
+
+@pytest.mark.parametrize("mechanism", [FullLM(**SETTING), OnlyTCM(**SETTING), Hybrid(**SETTING, sigma2=0.5)])
+def test_bad_groups_are_named_in_the_message(mechanism) -> None:
+    """Which group holds the bad value, with the NaN's position or the shape, whole."""
+    with pytest.raises(DataError, match="^" + re.escape(
+            "opt-in values: value #2 is NaN; every user needs one numeric value") + "$"):
+        mechanism.estimate([0.0, 1.0, math.nan], LOCAL, rng=np.random.default_rng(0))
+    with pytest.raises(DataError, match="^" + re.escape(
+            "local values: value #0 is NaN; every user needs one numeric value") + "$"):
+        mechanism.estimate(OPTIN, [math.nan, 1.0], rng=np.random.default_rng(0))
+    with pytest.raises(DataError, match="^" + re.escape(
+            "local values: expected a 1-D sequence of numbers, got shape (2, 1)") + "$"):
+        mechanism.estimate(OPTIN, [[1.0], [2.0]], rng=np.random.default_rng(0))
+
+
 # ----- the device randomizer ----------------------------------------------------------------
 def test_device_module_imports_no_numpy() -> None:
-    code = ("import sys, hybriddp.mean_device as d; r = d.randomize_value(0.3, lower=0, upper=1, epsilon=1); "
+    code = ("import sys, hybriddp.device.mean as d; r = d.randomize_value(0.3, lower=0, upper=1, epsilon=1); "
             "assert 'numpy' not in sys.modules, sorted(sys.modules); print(r)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -344,7 +611,7 @@ def test_device_is_epsilon_ldp_exactly(lower: float, upper: float, epsilon: floa
 
 def test_device_clamps_counts_and_keeps_value_out_of_logs(caplog) -> None:
     r = NumericRandomizer(lower=0.0, upper=1.0, epsilon=1.0, source=SeededSource(0))
-    with caplog.at_level(logging.WARNING, logger="hybriddp.mean_device"):
+    with caplog.at_level(logging.WARNING, logger="hybriddp.device.mean"):
         for v in (0.5, 1.5, -0.25, 0.9, 123.456):
             assert isinstance(r.randomize(v), float)
     assert r.clamped == 3
@@ -375,3 +642,128 @@ def test_device_bad_parameters(kwargs: dict[str, float], needles: list[str]) -> 
 def test_device_rejects_nan() -> None:
     with pytest.raises(ParameterError, match="value = nan"):
         NumericRandomizer(lower=0, upper=1, epsilon=1).randomize(math.nan)
+
+
+# ----- the device randomizer by hand: the Laplace draw −ln(1 − U) with a fair sign, the clamp, the density ---
+LN2 = math.log(2.0)
+
+
+@pytest.mark.parametrize(("u_sign", "u_mag", "expected"), [
+    (0.25, 0.75, -2.0 * 2 * LN2),  # U < 1/2: negative; −ln(1 − 3/4) = ln 4
+    (0.4999, 0.5, -2.0 * LN2),
+    (0.5, 0.75, 2.0 * 2 * LN2),  # U = 1/2 is the positive half
+    (0.9999, 0.5, 2.0 * LN2),
+    (0.1, 0.0, 0.0),  # −ln 1 = 0
+])
+def test_laplace_draw_by_hand(u_sign: float, u_mag: float, expected: float) -> None:
+    got = laplace(2.0, UniformReplay([u_sign, u_mag]))
+    assert got == pytest.approx(expected, rel=1e-15, abs=0.0)
+
+
+def test_clamp_edges_and_types() -> None:
+    for value, lower, upper, expected in [(2, 0, 5, (2.0, False)), (0, 0, 5, (0.0, False)), (5, 0, 5, (5.0, False)),
+                                          (-1, 0, 5, (0.0, True)), (7, 0, 5, (5.0, True)),
+                                          (-0.5, -0.5, 0.5, (-0.5, False)), (0.5000001, -0.5, 0.5, (0.5, True))]:
+        got = clamp(value, lower, upper)
+        assert got == expected and type(got[0]) is float
+
+
+@pytest.mark.parametrize(("report", "value", "expected"), [
+    (3.0, 1.0, -1.0 - 2 * LN2),  # b = (2 − 0)/1 = 2: −|3 − 1|/2 − ln 4
+    (3.0, 5.0, -0.5 - 2 * LN2),  # 5 clamps to 2
+    (3.0, -1.0, -1.5 - 2 * LN2),  # −1 clamps to 0
+    (-1.0, 1.0, -1.0 - 2 * LN2),
+    (1.0, 1.0, -2 * LN2),
+])
+def test_output_log_density_by_hand(report: float, value: float, expected: float) -> None:
+    got = output_log_density(report, value, lower=0.0, upper=2.0, epsilon=1.0)
+    assert got == pytest.approx(expected, rel=1e-15)
+
+
+def test_output_log_density_other_scale_and_checks() -> None:
+    # [−1, 3], ε = 2: b = 2; r = 0, x = 1: −1/2 − ln 4.  [1, 2], ε = 4: b = 1/4; r = 2, x = 1.5: −2 − ln(1/2)
+    assert output_log_density(0.0, 1.0, lower=-1.0, upper=3.0, epsilon=2.0) == pytest.approx(-0.5 - 2 * LN2)
+    assert output_log_density(2.0, 1.5, lower=1.0, upper=2.0, epsilon=4.0) == pytest.approx(-2.0 + LN2)
+    with pytest.raises(ParameterError, match=exact_message(
+            "upper = 0.0 is not allowed: it must be > lower = 1.0. Give the range [lower, upper] the values are "
+            "known to lie in.")):
+        output_log_density(0.0, 0.0, lower=1.0, upper=0.0, epsilon=1.0)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"lower": True}, "lower = True is not allowed: it must be a finite number."),
+    ({"lower": "0"}, "lower = '0' is not allowed: it must be a finite number."),
+    ({"lower": None}, "lower = None is not allowed: it must be a finite number."),
+    ({"lower": -math.inf}, "lower = -inf is not allowed: it must be a finite number."),
+    ({"upper": False}, "upper = False is not allowed: it must be a finite number."),
+    ({"upper": math.nan}, "upper = nan is not allowed: it must be a finite number."),
+    ({"upper": math.inf}, "upper = inf is not allowed: it must be a finite number."),
+    ({"upper": [1]}, "upper = [1] is not allowed: it must be a finite number."),
+    ({"lower": 1, "upper": 1}, "upper = 1 is not allowed: it must be > lower = 1. Give the range [lower, upper] "
+                               "the values are known to lie in."),
+    ({"lower": 2.5, "upper": 1.0}, "upper = 1.0 is not allowed: it must be > lower = 2.5. Give the range "
+                                   "[lower, upper] the values are known to lie in."),
+    ({"epsilon": True}, "epsilon = True is not allowed: it must be a finite number > 0."),
+    ({"epsilon": "1"}, "epsilon = '1' is not allowed: it must be a finite number > 0."),
+    ({"epsilon": 0}, "epsilon = 0 is not allowed: it must be a finite number > 0."),
+    ({"epsilon": -0.5}, "epsilon = -0.5 is not allowed: it must be a finite number > 0."),
+    ({"epsilon": math.inf}, "epsilon = inf is not allowed: it must be a finite number > 0."),
+    ({"epsilon": math.nan}, "epsilon = nan is not allowed: it must be a finite number > 0."),
+])
+def test_numeric_randomizer_refuses_settings(kwargs: dict, message: str) -> None:
+    setting = {"lower": 0.0, "upper": 1.0, "epsilon": 1.0, **kwargs}
+    with pytest.raises(ParameterError, match=exact_message(message)):
+        NumericRandomizer(**setting)
+
+
+def test_numeric_randomizer_accepts_the_edges_and_stores_floats() -> None:
+    r = NumericRandomizer(lower=0, upper=math.nextafter(0.0, 1.0), epsilon=5e-324)  # lower < upper by one step
+    assert (r.lower, r.upper, r.epsilon) == (0.0, 5e-324, 5e-324)
+    r = NumericRandomizer(lower=-1, upper=3, epsilon=2)
+    assert all(type(v) is float for v in (r.lower, r.upper, r.epsilon)) and (r.lower, r.upper, r.epsilon) == (
+        -1.0, 3.0, 2.0)
+    assert r.scale == 2.0  # (3 − (−1))/2
+    assert NumericRandomizer(lower=1.0, upper=2.0, epsilon=4.0).scale == 0.25
+    assert r.clamped == 0
+
+
+def test_numeric_randomizer_by_hand(caplog: pytest.LogCaptureFixture) -> None:
+    """[−1, 3], ε = 2 (b = 2) with replayed uniforms: report = clamp(x) ± 2·(−ln(1 − U))."""
+    src = UniformReplay([0.25, 0.75, 0.5, 0.5, 0.6, 0.0, 0.7, 0.5, 0.1, 0.75, 0.5, 0.0])
+    r = NumericRandomizer(lower=-1, upper=3, epsilon=2, source=src)
+    with caplog.at_level(logging.WARNING, logger="hybriddp.device.mean"):
+        assert r.randomize(1) == pytest.approx(1.0 - 4 * LN2, rel=1e-15)
+        assert r.clamped == 0
+        assert r.randomize(5.0) == pytest.approx(3.0 + 2 * LN2, rel=1e-15)  # clamped to 3
+        assert r.clamped == 1
+        got = r.randomize(-1)  # on the edge: not clamped
+        assert got == -1.0 and type(got) is float
+        assert r.randomize(3.0) == pytest.approx(3.0 + 2 * LN2, rel=1e-15)
+        assert r.clamped == 1
+        assert r.randomize(-1.5) == pytest.approx(-1.0 - 4 * LN2, rel=1e-15)  # clamped to −1
+        assert r.clamped == 2
+    assert [(rec.levelname, rec.getMessage()) for rec in caplog.records] == [
+        ("WARNING", "a value outside [-1, 3] was clamped before randomizing (1 so far on this device)"),
+        ("WARNING", "a value outside [-1, 3] was clamped before randomizing (2 so far on this device)"),
+    ]
+    assert r.randomize(0.0) == 0.0  # (0.5, 0.0): +0
+
+
+@pytest.mark.parametrize(("value", "shown"), [(True, "True"), ("1.0", "'1.0'"), (None, "None"), (math.nan, "nan"),
+                                               ([1.0], "[1.0]")])
+def test_numeric_randomizer_refuses_values(value: object, shown: str) -> None:
+    r = NumericRandomizer(lower=0, upper=1, epsilon=1, source=UniformReplay([]))
+    with pytest.raises(ParameterError, match=exact_message(
+            f"value = {shown} is not allowed: it must be a number (NaN is not allowed).")):
+        r.randomize(value)  # type: ignore[arg-type]
+    assert r.clamped == 0
+
+
+def test_randomize_value_uses_the_source_given() -> None:
+    # [0, 4], ε = 1/2: b = 8; x = 1, uniforms (0.25, 0.5): 1 − 8 ln 2
+    got = randomize_value(1, lower=0, upper=4, epsilon=0.5, source=UniformReplay([0.25, 0.5]))
+    assert got == pytest.approx(1.0 - 8 * LN2, rel=1e-15)
+    assert randomize_value(9, lower=0, upper=4, epsilon=0.5, source=UniformReplay([0.5, 0.0])) == 4.0
+    with pytest.raises(ParameterError, match=exact_message("epsilon = 0 is not allowed: it must be a finite number "
+                                                           "> 0.")):
+        randomize_value(1, lower=0, upper=4, epsilon=0, source=UniformReplay([]))

@@ -1,4 +1,4 @@
-"""The service curator's mean and variance with exact discrete Laplace noise (hybriddp.mean.curator; ALGORITHM.md
+"""The service curator's mean and variance with exact discrete Laplace noise (hybriddp.curator.mean; ALGORITHM.md
 §11, §3.2).
 
 * Privacy, exactly: the sensitivity of every released integer (brute force on small grids, the proven bound
@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from hybriddp.errors import DataError, ParameterError
-from hybriddp.mean import Hybrid, HybridUnknownVariance
-from hybriddp.mean.curator import (
+from hybriddp.core.errors import DataError, ParameterError
+from hybriddp.core.rng import SecretsIntegers
+from hybriddp.curator.mean import (
     GRID_STEPS,
     MAX_SCALE,
     TARGET_SCALE,
@@ -32,14 +32,14 @@ from hybriddp.mean.curator import (
     coarsening_unit,
     integer_scale,
 )
-from hybriddp.rng import SecretsIntegers
+from hybriddp.mean import Hybrid, HybridUnknownVariance
 from secretshelpers import counting_randbelow
 
 K = GRID_STEPS
 Z = 5.0
 
 
-# ----- the discrete Laplace, written out independently of hybriddp.noise --------------------------------------
+# ----- the discrete Laplace, written out independently of hybriddp.core.noise --------------------------------------
 def log_pmf(y: int, t: Fraction) -> Fraction:
     """log P[Y = y] − log P[Y = 0] = −|y|/t, exactly (the normalizer (1 − q)/(1 + q) is common to all y)."""
     return -Fraction(abs(y)) / t

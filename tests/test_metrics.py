@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from hybriddp import metrics as M
-from hybriddp.headlist import HeadList
+from hybriddp.core.headlist import HeadList
+from hybriddp.simulation import scoring as M
 
 
 def _dcg(rels: list[float]) -> float:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from hybriddp.baselines.olh import (
+from hybriddp.simulation.baselines.olh import (
     keep_probability,
     max_privacy_ratio,
     olh_estimate,

@@ -9,10 +9,10 @@ from decimal import Decimal, getcontext
 import pytest
 
 from hybriddp import BlenderParams, ParameterError
-from hybriddp.device import keep_probability
-from hybriddp.headlist import HeadList
-from hybriddp.params import check_local_budget, check_seed, head_list_threshold
-from hybriddp.randomizer import LocalAlgParams
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.params import check_local_budget, check_seed, head_list_threshold
+from hybriddp.core.protocol import keep_probability
+from hybriddp.core.reportlaw import LocalAlgParams
 
 
 def test_paper_defaults_and_threshold() -> None:

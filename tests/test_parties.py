@@ -16,14 +16,17 @@ import json
 import numpy as np
 import pytest
 
-from hybriddp.device import DeviceHeadList, SeededSource, new_message_id
-from hybriddp.errors import DataError, HeadListError, HybridDPError
+from hybriddp.core.errors import DataError, HeadListError, HybridDPError
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.protocol import new_message_id
+from hybriddp.curator.party import curate
+from hybriddp.curator.release import release_from_documents
+from hybriddp.device.localalg import DeviceHeadList, SeededSource
+from hybriddp.device.party import device_message, log_messages
 from hybriddp.io.exchange import read_messages, write_reports
-from hybriddp.params import BlenderParams
-from hybriddp.parties import count_messages, curate, device_message, release_from_documents, serve_estimates
-from hybriddp.parties.device import log_messages
-from hybriddp.pipeline import round_charges, run_blender, split_optin
-from hybriddp.privacy import describe
+from hybriddp.privacy.guarantees import describe
+from hybriddp.server.party import count_messages, serve_estimates
+from hybriddp.simulation.pipeline import round_charges, run_blender, split_optin
 from logdata import zipf_log
 
 PARAMS = BlenderParams(optin_fraction=0.1, head_list_size=20)
@@ -67,7 +70,7 @@ def test_release_documents_are_bound_and_validated(release) -> None:
     def broken(field: str, value: object) -> dict:
         d = copy.deepcopy(e)
         d[field] = value
-        from hybriddp.device import content_hash
+        from hybriddp.core.protocol import content_hash
         d["content_hash"] = content_hash(d)  # a well-formed but wrong document
         return d
 
@@ -83,7 +86,7 @@ def test_release_documents_are_bound_and_validated(release) -> None:
         release_from_documents(h, tampered)
     other = copy.deepcopy(h)
     other["m_c"] = 2
-    from hybriddp.device import content_hash
+    from hybriddp.core.protocol import content_hash
     other["content_hash"] = content_hash(other)
     with pytest.raises(HeadListError, match="head list"):
         release_from_documents(other, e)
@@ -95,7 +98,7 @@ def test_reuse_release_round_trips_and_is_validated(log) -> None:
     estimator that does not match the version is refused by name."""
     from dataclasses import replace
 
-    from hybriddp.device import content_hash
+    from hybriddp.core.protocol import content_hash
 
     params = replace(PARAMS, estimator="reuse")
     run = run_blender(log, params, seed=21)
@@ -132,8 +135,8 @@ def test_a_release_written_before_the_estimator_field_reads_as_the_papers(log) -
     estimates: they read as ``paper`` (LEGACY_ESTIMATOR), not as today's default ``reuse``."""
     from dataclasses import replace
 
-    from hybriddp.device import content_hash
-    from hybriddp.params import DEFAULT_ESTIMATOR
+    from hybriddp.core.params import DEFAULT_ESTIMATOR
+    from hybriddp.core.protocol import content_hash
 
     assert DEFAULT_ESTIMATOR == "reuse" and BlenderParams().estimator == "reuse"
     rel, _ = curate(log, replace(PARAMS, estimator="paper"), seed=3)
@@ -241,7 +244,7 @@ def test_refused_commit_leaves_earlier_reports_file(release, tmp_path) -> None:
 # ----- seeded releases are marked non-private (PRIVACY.md "Randomness and seeds") --------------------------------
 
 def _rehashed(doc: dict, **fields: object) -> dict:
-    from hybriddp.device import content_hash
+    from hybriddp.core.protocol import content_hash
 
     out = {k: v for k, v in copy.deepcopy(doc).items() if k != "content_hash"}
     out.update(fields)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from hybriddp import BlenderParams
-from hybriddp.errors import HeadListError
-from hybriddp.pipeline import result_from_run, run_blender, split_optin
+from hybriddp.core.errors import HeadListError
+from hybriddp.simulation.pipeline import result_from_run, run_blender, split_optin
 from logdata import zipf_log
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from hybriddp.records import ArrayVocabulary, RecordLog, sample_per_user, sample_records
+from hybriddp.core.records import ArrayVocabulary, RecordLog, sample_per_user, sample_records
 
 # ----- helpers ---------------------------------------------------------------------------------
 

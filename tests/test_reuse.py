@@ -18,10 +18,10 @@ import math
 import numpy as np
 import pytest
 
-from hybriddp.curator import create_head_list_with_counts, estimate_optin_probabilities, reuse_s
-from hybriddp.headlist import WILDCARD, HeadList
-from hybriddp.noise import DiscreteLaplaceNoise, discrete_laplace_pmf, discrete_laplace_tail, rational_scale
-from hybriddp.params import head_list_scale
+from hybriddp.core.headlist import WILDCARD, HeadList
+from hybriddp.core.noise import DiscreteLaplaceNoise, discrete_laplace_pmf, discrete_laplace_tail, rational_scale
+from hybriddp.core.params import head_list_scale
+from hybriddp.curator.mechanisms import create_head_list_with_counts, estimate_optin_probabilities, reuse_s
 
 # ----- exact privacy of the released counts (ALGORITHM.md §3.3) ------------------------------------
 

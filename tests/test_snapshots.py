@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 
 from clihelpers import invoke
-from hybriddp.algorithms import run_algorithm
-from hybriddp.io.atomic import write_text
+from hybriddp.core.atomic import write_text
+from hybriddp.core.noise import noise_factory
+from hybriddp.core.params import BlenderParams
 from hybriddp.mean import simulate
-from hybriddp.noise import noise_factory
-from hybriddp.params import BlenderParams
-from hybriddp.pipeline import run_blender
+from hybriddp.simulation.algorithms import run_algorithm
+from hybriddp.simulation.pipeline import run_blender
 from logdata import write_aol, zipf_log
 
 SNAPSHOT_FILE = Path(__file__).parent / "snapshots" / "seeded.json"

@@ -1,4 +1,4 @@
-"""Tests of the synthetic log generator and writers (hybriddp.io.synth, ALGORITHM.md §10).
+"""Tests of the synthetic log generator and writers (hybriddp.datasets.synth, ALGORITHM.md §10).
 
 Small scales only (≤ 1% of the users), no data files: every fixture is generated here.
 """
@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hybriddp.errors import ParameterError
-from hybriddp.io import synth
-from hybriddp.io.synth import PRESETS, RankLaw, generate, head_record_probabilities, write_log
-from hybriddp.params import head_list_threshold
-from hybriddp.records import NO_URL, RecordLog, SyntheticVocabulary, sample_records
+from hybriddp.core.errors import ParameterError
+from hybriddp.core.params import head_list_threshold
+from hybriddp.core.records import NO_URL, RecordLog, SyntheticVocabulary, sample_records
+from hybriddp.datasets import synth
+from hybriddp.datasets.synth import PRESETS, RankLaw, generate, head_record_probabilities, write_log
 
 AOL_HEADER = "AnonID\tQuery\tQueryTime\tItemRank\tClickURL"
 SCALE = 0.005  # 2,597 AOL users, ~100k records
@@ -270,10 +270,8 @@ def test_aol_writer_is_seeded(tmp_path) -> None:
 
 
 def _loaders():
-    """The project's loaders, if present and importable (written separately)."""
-    loaders = pytest.importorskip("hybriddp.io.loaders")
-    if not (hasattr(loaders, "load_aol") and hasattr(loaders, "load_table")):
-        pytest.skip("hybriddp.io.loaders has no load_aol / load_table")
+    """The project's loaders (the synthetic logs must load through them)."""
+    import hybriddp.io.loaders as loaders
     return loaders
 
 
@@ -303,7 +301,7 @@ def test_round_trip_through_load_table(tmp_path, small_aol: RecordLog) -> None:
 
 def test_writer_decodes_loaded_vocabularies(tmp_path, small_aol: RecordLog) -> None:
     """A log with ArrayVocabulary strings (as loaders make) is written as is."""
-    from hybriddp.records import ArrayVocabulary
+    from hybriddp.core.records import ArrayVocabulary
 
     queries = ArrayVocabulary(["weather", "news\u00e9", 'say "hi"'])
     urls = ArrayVocabulary(["http://a.com", "http://b.com"])
@@ -321,8 +319,8 @@ def test_synthetic_names_vectorized() -> None:
 
 
 def test_aol_writer_refuses_a_tab_in_a_query(tmp_path) -> None:
-    from hybriddp.errors import DataError
-    from hybriddp.records import ArrayVocabulary
+    from hybriddp.core.errors import DataError
+    from hybriddp.core.records import ArrayVocabulary
 
     log = RecordLog(np.array([0, 1]), np.array([0], dtype=np.int32), np.array([0], dtype=np.int32),
                     ArrayVocabulary(["a\tb"]), ArrayVocabulary(["http://a.com"]))
@@ -359,7 +357,7 @@ def test_interrupted_write_keeps_the_earlier_file(tmp_path, small_aol: RecordLog
 
 
 def test_write_log_refuses_an_unwritable_path(tmp_path, small_aol: RecordLog) -> None:
-    from hybriddp.errors import DataError
+    from hybriddp.core.errors import DataError
 
     with pytest.raises(DataError, match="does not exist") as info:
         write_log(small_aol, tmp_path / "no" / "such" / "log.parquet")

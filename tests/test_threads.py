@@ -1,4 +1,4 @@
-"""Thread-count defaults of the library's pools (``hybriddp.threads``)."""
+"""Thread-count defaults of the library's pools (``hybriddp.core.threads``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from hybriddp.baselines.olh import olh_estimate, olh_perturb
-from hybriddp.threads import MAX_DEFAULT_THREADS, default_threads, set_default_threads
+from hybriddp.core.threads import MAX_DEFAULT_THREADS, default_threads, set_default_threads
+from hybriddp.simulation.baselines.olh import olh_estimate, olh_perturb
 
 
 @pytest.fixture(autouse=True)

@@ -13,13 +13,13 @@ from click.testing import CliRunner
 
 from hybriddp import tune as T
 from hybriddp.cli import cli
+from hybriddp.core.noise import DiscreteLaplaceNoise
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import RecordLog, SampledRecords, SyntheticVocabulary
+from hybriddp.curator.party import curate
 from hybriddp.io.exchange import write_release_files
-from hybriddp.metrics import Truth, generalized_ndcg
-from hybriddp.noise import DiscreteLaplaceNoise
-from hybriddp.params import BlenderParams
-from hybriddp.parties import curate
-from hybriddp.pipeline import run_blender, split_optin
-from hybriddp.records import RecordLog, SampledRecords, SyntheticVocabulary
+from hybriddp.simulation.pipeline import run_blender, split_optin
+from hybriddp.simulation.scoring import Truth, generalized_ndcg
 
 
 def law_log(n_users: int, law: T.RankFrequencyLaw, n_ranks: int, urls_per_query: int, seed: int) -> RecordLog:

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from hybriddp.algorithms import run_algorithm
 from hybriddp.cli import cli
-from hybriddp.errors import HeadListError, ParameterError
+from hybriddp.core.errors import HeadListError, ParameterError
+from hybriddp.core.params import BlenderParams
 from hybriddp.experiments.claims import Comparison, binomial_tail, never_worse_claims, tuned_vs_defaults_claim
 from hybriddp.experiments.figures import Point
 from hybriddp.experiments.runner import RunSet, TrialStore, hash_seed
 from hybriddp.experiments.tuned import tuned_params
-from hybriddp.metrics import Truth
-from hybriddp.params import BlenderParams
+from hybriddp.simulation.algorithms import run_algorithm
+from hybriddp.simulation.scoring import Truth
 from hybriddp.tune import GRID_F_C, GRID_F_O, CandidateScore, Interval, search, tune
 from logdata import zipf_log
 

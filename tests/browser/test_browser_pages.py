@@ -29,8 +29,9 @@ import sqlalchemy as sa
 from browserhelpers import API, ARTIFACTS, DemoServer, screenshot
 from test_reliability import ServerProcess, open_round, stored_messages
 
-from hybriddp.device import new_message_id, randomize_records
-from hybriddp.mean_device import randomize_value
+from hybriddp.core.protocol import new_message_id
+from hybriddp.device.localalg import randomize_records
+from hybriddp.device.mean import randomize_value
 
 LATENCY_MS = 100.0
 SEPARATORS = re.compile(r"[\s./_-]+")

@@ -24,12 +24,13 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from hybriddp.device import content_hash, new_message_id, randomize_records
-from hybriddp.ledger import BudgetExceededError, LedgerError
-from hybriddp.mean_device import randomize_value
-from hybriddp.parties import release_from_documents, serve_estimates
-from hybriddp.parties.server import count_messages
-from hybriddp.result import json_default
+from hybriddp.core.protocol import content_hash, new_message_id
+from hybriddp.curator.release import release_from_documents
+from hybriddp.device.localalg import randomize_records
+from hybriddp.device.mean import randomize_value
+from hybriddp.privacy.ledger import BudgetExceededError, LedgerError
+from hybriddp.server.party import count_messages, serve_estimates
+from hybriddp.server.result import json_default
 from hybriddp.service import create_app
 from hybriddp.service.errors import ConflictError, StoreError
 from hybriddp.service.store import Store
@@ -324,6 +325,44 @@ def test_bodies_over_the_size_limit_get_413(store_url: str) -> None:
         assert client.get("/health").status_code == 200
 
 
+def test_the_declared_reports_route_answers_as_the_fast_path_does(store_url: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """POST .../reports is served by the fast path ahead of FastAPI; its declared route (the OpenAPI document's)
+    runs only with the diversion off, and then gives the same answers."""
+    from hybriddp.service.routers import devices
+
+    calls: list[str] = []
+    route_accept = devices.accept_reports
+
+    async def counted(*args: Any) -> Any:
+        calls.append(args[4])
+        return await route_accept(*args)
+    monkeypatch.setattr(devices, "accept_reports", counted)
+    app = create_app(store_url, ADMIN)
+    with TestClient(app) as client:
+        rid, hl = blender_round(client)
+        url = f"{API}/rounds/{rid}/reports"
+
+        def answers(seed: int) -> list[tuple[int, Any]]:
+            batch = device_messages(hl, 5, seed=seed)  # new message ids at every call
+            out = [client.post(url, json=batch), client.post(url, json=batch[:2]),
+                   client.post(url, json=dict(batch[0], id="short")), client.post(url, content=b'{"id": '),
+                   client.post(url, content=b"{}", headers={"Content-Type": "text/plain"}),
+                   client.post(f"{API}/rounds/AAAAAAAAAAAAAAAAAAAAAA/reports", json=batch)]
+            return [(r.status_code, r.json()) for r in out]
+
+        fast = answers(1)
+        assert calls == [] and app.divert_reports
+        app.divert_reports = False
+        declared = answers(2)
+        assert calls == [rid] * 5 + ["AAAAAAAAAAAAAAAAAAAAAA"]
+        assert declared == fast
+        assert fast[0] == (200, {"acknowledged": 5, "counted": 5, "duplicates": 0})
+        assert fast[1] == (200, {"acknowledged": 2, "counted": 0, "duplicates": 2})
+        assert [status for status, _ in fast[2:]] == [422, 400, 415, 404]
+        assert client.get(f"{API}/rounds/{rid}").json()["counts"]["messages"] == 10
+
+
 def test_bad_round_parameters_and_unknown_rounds(client: TestClient) -> None:
     error_of(client.post(f"{API}/rounds", json={"kind": "blender", "params": {"epsilon": 0.5}}, headers=AUTH), 422,
              "invalid_request", "params.epsilon")
@@ -542,8 +581,27 @@ def test_group_commit_counts_each_message_id_once_and_refuses_closed_rounds(stor
         assert isinstance(mixed[0], ConflictError) and mixed[1].counted == 1
         assert store.round(b.id).messages == 1
         with pytest.raises(BudgetExceededError):
-            from hybriddp.ledger import Charge
+            from hybriddp.privacy.ledger import Charge
             store.charge(a, [Charge("optin-S", ["someone"], 17.0, 0.0)])
+    finally:
+        store.close()
+
+
+def test_an_enrolment_that_loses_a_race_is_a_conflict(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the insert of a token fails (another request enrolled the same user meanwhile: a unique key), the
+    request is refused as a conflict if the user now holds a token, and as the database error otherwise."""
+    store = Store(store_url)
+    try:
+        info = store.create_round("blender", None, {})
+        store.enrol(info.id, "alice")
+
+        def fails(fn: Any) -> Any:
+            raise StoreError("database: UniqueViolation")
+        monkeypatch.setattr(store, "_write", fails)
+        with pytest.raises(ConflictError, match=f"already enrolled in round {info.id}"):
+            store.enrol_many(info.id, ["bob", "alice"])
+        with pytest.raises(StoreError, match="UniqueViolation"):
+            store.enrol(info.id, "bob")
     finally:
         store.close()
 
@@ -635,7 +693,7 @@ def test_round_ids_never_look_like_command_line_options() -> None:
 def test_parameters_stored_before_a_field_existed_take_its_default() -> None:
     """A round stored before ``estimator`` existed reads as the paper's weights, and a bad value in such an
     old dict is still refused by name."""
-    from hybriddp.errors import ParameterError
+    from hybriddp.core.errors import ParameterError
     from hybriddp.service.rounds import blender_params
 
     old = {"epsilon": 4.0, "delta": 1e-5, "head_list_size": 50, "m_o": 1, "m_c": 1, "f_o": 0.95, "f_c": 0.85,

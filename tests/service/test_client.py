@@ -1,4 +1,4 @@
-"""The SDK (hybriddp.client), the round CLI and `demo --service` against real servers on 127.0.0.1.
+"""The SDK (hybriddp.sdk.client), the round CLI and `demo --service` against real servers on 127.0.0.1.
 
 Retries and error mapping are checked against tiny scripted ASGI apps served by Uvicorn (so the
 failures are real HTTP answers, timeouts and refused connections); everything else against the
@@ -19,7 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from hybriddp.client import (
+from hybriddp.core.errors import HybridDPError
+from hybriddp.core.protocol import DeviceError, content_hash, new_message_id
+from hybriddp.sdk.client import (
     AdminClient,
     ConflictError,
     DeviceClient,
@@ -31,8 +33,6 @@ from hybriddp.client import (
     ServiceUnavailableError,
     UnauthorizedError,
 )
-from hybriddp.device import DeviceError, content_hash, new_message_id
-from hybriddp.errors import HybridDPError
 from hybriddp.service.demo import local_server
 
 ROUND = "AAAAAAAAAAAAAAAAAAAAAA"
@@ -302,7 +302,7 @@ def published_round(url: str, params: dict[str, Any] | None = None, users: str =
 def test_a_round_through_the_sdk(service: Service, tmp_path: Any) -> None:
     import numpy as np
 
-    from hybriddp.device import DeviceLedger
+    from hybriddp.device.ledger import DeviceLedger
     rid, admin = published_round(service.url)
     rng = np.random.default_rng(4)
     devices = [[POOL[i] for i in rng.integers(0, len(POOL), rng.integers(1, 4))] for _ in range(40)]
@@ -357,7 +357,7 @@ def test_a_relay_uploads_many_users_in_bodies_of_bounded_size(service: Service) 
 
 
 def test_resubmission_is_acknowledged_and_counted_once(service: Service) -> None:
-    from hybriddp.device import randomize_records
+    from hybriddp.device.localalg import randomize_records
     rid, admin = published_round(service.url)
     dev = DeviceClient(service.url, rid)
     doc = dev.fetch_headlist()
@@ -384,7 +384,7 @@ def test_headlist_cached_by_etag_on_the_real_server(service: Service) -> None:
 
 
 def test_a_message_for_another_head_list_is_refused_once(service: Service) -> None:
-    from hybriddp.device import randomize_records
+    from hybriddp.device.localalg import randomize_records
     rid1, _ = published_round(service.url)
     rid2, _ = published_round(service.url, {**PARAMS, "epsilon": 6.0})
     doc1 = DeviceClient(service.url, rid1).fetch_headlist()
@@ -401,7 +401,7 @@ def test_a_message_for_another_head_list_is_refused_once(service: Service) -> No
 def test_an_unacknowledged_message_is_resent_from_the_outbox(service: Service, tmp_path: Any) -> None:
     """The server fails while the device submits: the message stays in the outbox; the next run resends the
     same message (same id, counted once) instead of randomizing again, which the ledger would refuse."""
-    from hybriddp.device import DeviceLedger
+    from hybriddp.device.ledger import DeviceLedger
     rid, admin = published_round(service.url)
     doc = DeviceClient(service.url, rid).fetch_headlist()
     etag = f'"{doc["content_hash"]}"'
@@ -561,8 +561,8 @@ def test_demo_through_the_service_reproduces_the_seeded_demo(estimator: str) -> 
 def test_demo_through_the_service_without_a_seed(tmp_path: Any, capsys: Any) -> None:
     """OS randomness everywhere (no vocabulary order sent, devices randomize on their own, the truth is a fresh
     sample); a small log whose top records are far above tau, so the curator's noise cannot empty the head list."""
-    from hybriddp.cli.rounds import demo_through_service
-    from hybriddp.params import BlenderParams
+    from hybriddp.cli.servicedemo import demo_through_service
+    from hybriddp.core.params import BlenderParams
     from logdata import zipf_log
     log = zipf_log(n_users=3000, n_queries=6, urls_per_query=2, seed=3)
     params = BlenderParams(epsilon=8.0, optin_fraction=0.1)
@@ -584,9 +584,9 @@ def test_serve_demo_serves_a_finished_round_and_one_collecting_reports(tmp_path:
 
     import uvicorn
 
-    import hybriddp.cli.rounds as rounds_cli
+    import hybriddp.cli.servicedemo as servicedemo_cli
     import hybriddp.service.demo as demo
-    monkeypatch.setattr(rounds_cli, "DEMO_SCALE", 0.02)
+    monkeypatch.setattr(servicedemo_cli, "DEMO_SCALE", 0.02)
     monkeypatch.setattr(demo, "populate_demo", functools.partial(demo.populate_demo, seed=5))
     served: dict[str, Any] = {}
 
@@ -681,7 +681,7 @@ def test_participate_three_times_in_one_round_counts_once(service: Service, tmp_
 
 
 def test_device_client_participates_once_per_round_by_default(service: Service) -> None:
-    from hybriddp.device import DeviceLedgerRefusal
+    from hybriddp.device.ledger import DeviceLedgerRefusal
     rid, admin = published_round(service.url)
     with httpx.Client() as http:
         first, second = DeviceClient(service.url, rid, client=http), DeviceClient(service.url, rid, client=http)
@@ -710,7 +710,7 @@ def test_the_lifetime_budget_is_refused_across_rounds(service: Service, tmp_path
 
 
 def test_a_mean_round_is_charged_once_by_default(service: Service) -> None:
-    from hybriddp.device import DeviceLedgerRefusal
+    from hybriddp.device.ledger import DeviceLedgerRefusal
     admin = AdminClient(service.url, ADMIN)
     rid = admin.create_round("mean", {"epsilon": 2.0, "lower": 0.0, "upper": 10.0, "sigma2": 4.0})["id"]
     OptinUploader(service.url, rid, admin.enrol(rid, "u")).upload_values([1.0, 2.0])

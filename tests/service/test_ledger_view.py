@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from clihelpers import assert_clean_error, invoke
-from hybriddp.ledger import Charge, LedgerError
+from hybriddp.privacy.ledger import Charge, LedgerError
 from hybriddp.service.ledger_view import open_service_ledger, service_ledger
 from hybriddp.service.store import Store
 

@@ -28,7 +28,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from hybriddp.device import randomize_records
+from hybriddp.device.localalg import randomize_records
 from hybriddp.service import create_app
 
 ADMIN = "schemathesis-admin-token-0123456789"

@@ -151,7 +151,8 @@ def test_a_seeded_test_round_is_non_private_everywhere_and_its_seed_is_never_pub
         upload_all(c, rid, COMMON)
         assert c.post(f"{API}/rounds/{rid}/headlist", headers=AUTH).json()["state"] == "headlist-published"
         hl = c.get(f"{API}/rounds/{rid}/headlist").json()
-        from hybriddp.device import randomize_records, validate_headlist
+        from hybriddp.core.protocol import validate_headlist
+        from hybriddp.device.localalg import randomize_records
         msg = randomize_records(validate_headlist(hl), [("weather", "https://w.example/a")])
         assert c.post(f"{API}/rounds/{rid}/reports", json=msg).status_code == 200
         assert c.post(f"{API}/rounds/{rid}/close", headers=AUTH).status_code == 200

@@ -16,8 +16,8 @@ import pytest
 import sqlalchemy as sa
 from test_settle import published_round, rows
 
-import hybriddp.service.store as store_module
-from hybriddp.device import new_message_id
+import hybriddp.service.store.reports as store_reports
+from hybriddp.core.protocol import new_message_id
 from hybriddp.service.recent import Appends
 from hybriddp.service.store import Store
 
@@ -33,7 +33,7 @@ def test_appends_take_consecutive_seqs_above_the_base_and_remember_what_was_stor
 @pytest.mark.parametrize("seed", range(1, 13))
 def test_two_stores_on_one_file_count_each_id_once_whatever_the_interleaving(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
-    monkeypatch.setattr(store_module, "_ROWS_PER_INSERT", 5)  # many chunks per group: gaps and mixed chunks
+    monkeypatch.setattr(store_reports, "_ROWS_PER_INSERT", 5)  # many chunks per group: gaps and mixed chunks
     url = f"sqlite:///{tmp_path / 'recent.db'}"
     stores = [Store(url), Store(url)]
     try:
@@ -73,7 +73,7 @@ def test_two_stores_on_one_file_count_each_id_once_whatever_the_interleaving(
 def test_a_chunk_that_meets_a_settled_id_stores_the_others_and_the_next_group_sees_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The slow path of an append (row count short): the rows are read back by their seq range."""
-    monkeypatch.setattr(store_module, "_ROWS_PER_INSERT", 4)
+    monkeypatch.setattr(store_reports, "_ROWS_PER_INSERT", 4)
     store = Store(f"sqlite:///{tmp_path / 'gap.db'}")
     try:
         rnd = published_round(store)

@@ -7,7 +7,7 @@ tested:
 * the server is SIGKILLed while threads stream reports into it and restarted on the same database;
   every unacknowledged message (and some acknowledged ones) is sent again; after the close, every
   acknowledged message is stored exactly once and the per-entry counts equal an independent count
-  of the distinct messages (hybriddp.parties.count_messages, in memory);
+  of the distinct messages (hybriddp.server.party.count_messages, in memory);
 * a close while threads upload: every request is acknowledged (200, then counted) or refused (409),
   and the close counts exactly the acknowledged messages;
 * reports after close (409, also for an id stored before the close);
@@ -31,9 +31,10 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
-from hybriddp.device import new_message_id, randomize_records
-from hybriddp.parties import release_from_documents
-from hybriddp.parties.server import count_messages
+from hybriddp.core.protocol import new_message_id
+from hybriddp.curator.release import release_from_documents
+from hybriddp.device.localalg import randomize_records
+from hybriddp.server.party import count_messages
 from hybriddp.service.process import ServeProcess
 
 API = "/api/v1"

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-import hybriddp.service.store as store_module
 import storehelpers
 from asyncrun import run_async
-from hybriddp.device import new_message_id
+from hybriddp.core.protocol import new_message_id
 from hybriddp.service.store import RoundInfo, Store
+from hybriddp.service.store.engine import MIGRATIONS
 from hybriddp.service.writer import ReportWriter
 
 N_ENTRIES = 8
@@ -262,7 +262,7 @@ def test_the_downgrade_keeps_the_recent_messages(store_url: str) -> None:
         before = store.recount(a.num, N_ENTRIES).tolist()
         assert sum(before) == 27
         cfg = Config()
-        cfg.set_main_option("script_location", str(Path(store_module.__file__).with_name("migrations")))
+        cfg.set_main_option("script_location", str(MIGRATIONS))
         with store.engine.connect() as conn:
             with conn.execution_options(hybriddp_write=True).begin():
                 cfg.attributes["connection"] = conn

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from test_settle import published_round
 
 import hybriddp.service.settled as settled_module
-from hybriddp.device import new_message_id
+from hybriddp.core.protocol import new_message_id
 from hybriddp.service.store import Store
 
 

@@ -15,7 +15,7 @@ import pytest
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The session's SparkSession, stopped at the end."""
-    from hybriddp.backends.spark_session import SparkUnavailable, spark_session
+    from hybriddp.spark.session import SparkUnavailable, spark_session
 
     try:
         session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "4",

@@ -1,4 +1,4 @@
-"""The keyed per-user sample (hybriddp.backends.keyed): hash, uniformity, Spark = reference (ALGORITHM.md §1)."""
+"""The keyed per-user sample (hybriddp.spark.keyed): hash, uniformity, Spark = reference (ALGORITHM.md §1)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hybriddp.backends.keyed import keyed_sample, spark_keyed_sample, xxh64
+from hybriddp.spark.keyed import keyed_sample, spark_keyed_sample, xxh64
 
 
 def test_xxh64_published_vectors() -> None:
@@ -63,9 +63,9 @@ def test_spark_head_list_equals_reference(spark) -> None:
     """CreateHeadList from Spark's keyed counts = from the reference's counts (same seeded noise)."""
     import random
 
-    from hybriddp.backends.spark_curator import reference_optin_counts, spark_optin_counts
-    from hybriddp.noise import DiscreteLaplaceNoise
-    from hybriddp.rng import stage_rng
+    from hybriddp.core.noise import DiscreteLaplaceNoise
+    from hybriddp.core.rng import stage_rng
+    from hybriddp.spark.curator import reference_optin_counts, spark_optin_counts
     rnd = random.Random(4)
     users, queries, urls = [], [], []
     for u in range(3_000):  # Zipf-like queries so that some records pass tau

@@ -16,18 +16,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hybriddp.backends import NumpyBackend
-from hybriddp.backends.spark_backend import SparkBackend
-from hybriddp.backends.spark_reports import count_reports_spark
-from hybriddp.device import new_message_id
-from hybriddp.errors import DataError, HeadListError
+from hybriddp.core.counting import NumpyBackend
+from hybriddp.core.errors import DataError, HeadListError
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.protocol import new_message_id
+from hybriddp.core.records import RecordLog
+from hybriddp.curator.party import curate
+from hybriddp.curator.release import release_from_documents
+from hybriddp.device.party import log_messages
 from hybriddp.io.parquet_reports import read_parquet_messages, write_reports_parquet
-from hybriddp.params import BlenderParams
-from hybriddp.parties import count_messages, curate, release_from_documents, serve_estimates
-from hybriddp.parties.device import log_messages
-from hybriddp.parties.server import MessageCounter
-from hybriddp.pipeline import run_blender, split_optin
-from hybriddp.records import RecordLog
+from hybriddp.server.party import MessageCounter, count_messages, serve_estimates
+from hybriddp.simulation.pipeline import run_blender, split_optin
+from hybriddp.spark.backend import SparkBackend
+from hybriddp.spark.reports import count_reports_spark
 from logdata import zipf_log
 
 DATASETS = {
@@ -42,7 +43,7 @@ DATASETS = {
 
 def _no_urls(log: RecordLog) -> RecordLog:
     """The same users and queries without a URL level (an item log)."""
-    from hybriddp.records import NO_URL, ArrayVocabulary
+    from hybriddp.core.records import NO_URL, ArrayVocabulary
     return RecordLog(log.user_offsets, log.query, np.full(log.n_records, NO_URL, np.int32), log.queries,
                      ArrayVocabulary([]), has_urls=False)
 
@@ -182,8 +183,8 @@ def test_colliding_report_keys_refused_not_miscounted(spark, tmp_path: Path, mon
     """If two listed reports shared a 64-bit key, counts could not be told apart: refuse, name the fix."""
     from pyspark.sql import functions as F
 
-    import hybriddp.backends.spark_reports as sr
-    from hybriddp.errors import HybridDPError
+    import hybriddp.spark.reports as sr
+    from hybriddp.core.errors import HybridDPError
 
     _, _, served, messages = _release_and_messages("m1")
     write_reports_parquet(tmp_path / "r.parquet", messages[:50])

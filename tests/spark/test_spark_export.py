@@ -8,14 +8,15 @@ from pathlib import Path
 import numpy as np
 
 from clihelpers import assert_clean_error, invoke
+from hybriddp.core.params import BlenderParams
+from hybriddp.curator.party import curate
+from hybriddp.curator.release import release_from_documents
+from hybriddp.device.party import log_messages
 from hybriddp.io.parquet_reports import read_parquet_messages
-from hybriddp.params import BlenderParams
-from hybriddp.parties import count_messages, curate, release_from_documents, serve_estimates
-from hybriddp.parties.device import log_messages
-from hybriddp.parties.server import MessageCounter
-from hybriddp.pipeline import split_optin
+from hybriddp.server.party import MessageCounter, count_messages, serve_estimates
 from hybriddp.service.export import close_with_spark
 from hybriddp.service.store import Store
+from hybriddp.simulation.pipeline import split_optin
 from logdata import zipf_log
 from storehelpers import published_round
 

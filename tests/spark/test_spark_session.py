@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hybriddp.backends.spark_reports import _partitions
+from hybriddp.spark.reports import _partitions
 
 
 def test_jvm_launched_with_the_session_settings(spark) -> None:

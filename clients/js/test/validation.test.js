@@ -96,7 +96,7 @@ test("records that are not [query, url] string pairs are refused before anything
     await assert.rejects(randomizeRecords(hl, [["q", "u"]], { messageId: "short" }), /message id/);
   });
 
-test("known answer: the pinned head-list wire format and hash (tests/test_mutants.py)", needsFixtures(fx), async () => {
+test("known answer: the pinned head-list wire format and hash (tests/headlisthelpers.py)", needsFixtures(fx), async () => {
   const ka = fx.known_answer;
   assert.equal(canonicalJson(ka.doc_text), ka.canonical);
   assert.equal(await contentHash(ka.doc_text), ka.hash);

@@ -27,13 +27,13 @@ outputs_x')`` and the events on its outputs). Every adapter calls the library fu
 looked up on its module at call time, so the audit measures the code that ships (a patched or changed
 function included); a block of trials is one call on disjoint copies of the scenario's records:
 
-* ``localalg`` — LocalAlg (ALGORITHM.md §5, paper Fig. 6) through :func:`hybriddp.randomizer.randomize_batch`
+* ``localalg`` — LocalAlg (ALGORITHM.md §5, paper Fig. 6) through :func:`hybriddp.device.batch.randomize_batch`
   on a small head list (3 queries of 2 URLs); x, x' and E are the pair of records and the
   Neyman–Pearson output set with the best predicted bound, found from
-  :func:`~hybriddp.randomizer.output_distribution` (E = {report = x} against a record of
+  :func:`~hybriddp.core.reportlaw.output_distribution` (E = {report = x} against a record of
   another query: likelihood ratio e^{ε'_Q}·k_q·e^{ε'_U}/(e^{ε'_U} + k_q − 1) ≈ e^{0.95ε}).
 * ``headlist`` — CreateHeadList with its released noisy counts (ALGORITHM.md §3, §3.3, Fig. 3) through
-  :func:`hybriddp.curator.create_head_list_with_counts`, m_O ∈ {1, 2, 3} (one user's m_O records move
+  :func:`hybriddp.curator.mechanisms.create_head_list_with_counts`, m_O ∈ {1, 2, 3} (one user's m_O records move
   together, so counts move by m_O). Four pairs (:func:`~hybriddp.audit.curator.headlist_audit`): the
   ε-tight keep decisions of two records in the geometric tails; the δ-dominated presence of a record
   (P[E|x] ≤ δ/2, P[E|x'] = 0: it bounds δ only); the released counts of the swap; and the released
@@ -44,10 +44,10 @@ function included); a block of trials is one call on disjoint copies of the scen
   δ bound δ_lb = p_lo − e^ε·p'_hi is positive at 10^6 trials. Sampling cannot test δ = 1e-5 with a
   feasible number of trials: the exact audit below is the δ test there.
 * ``optin-estimate`` — the noisy counts of EstimateOptinProbabilities (ALGORITHM.md §4, Fig. 4,
-  Theorem 2: (ε, 0)-DP) through :func:`hybriddp.curator.estimate_optin_probabilities`, m_O ∈ {1, 2, 3};
+  Theorem 2: (ε, 0)-DP) through :func:`hybriddp.curator.mechanisms.estimate_optin_probabilities`, m_O ∈ {1, 2, 3};
   x: N(r1) = m_O, N(r2) = 0, x': the other way round; E = {N̂(r1) ≥ m_O, N̂(r2) ≤ 0}
   (N̂ = p̂_O·|D_T|), likelihood ratio e^{2m_O/b} = e^ε.
-* ``local-only`` — the OLH report of a PEM discovery user (:func:`hybriddp.baselines.olh.olh_perturb`,
+* ``local-only`` — the OLH report of a PEM discovery user (:func:`hybriddp.simulation.baselines.olh.olh_perturb`,
   ε-LDP); values v ≠ v'; E = {y = H(v) ≠ H(v')}, likelihood ratio exactly e^ε.
 
 The exact audit (:mod:`hybriddp.audit.exact`, ALGORITHM.md §3.5; ``hybriddp audit --exact``) computes
@@ -61,8 +61,8 @@ fraction, inverted by safeguarded Newton), so SciPy stays a test-only dependency
 
 from __future__ import annotations
 
-# ``X as X``: the public names of the former single module, still reachable as ``hybriddp.audit.X``.
-# The private helpers live in the submodules (module-level state — the defaults, the logger — in ``run``).
+# ``X as X``: the audit's public names, reachable as ``hybriddp.audit.X``; the private helpers live in the
+# submodules (module-level state — the defaults, the logger — in ``run``).
 from hybriddp.audit.bounds import beta_ppf as beta_ppf
 from hybriddp.audit.bounds import betainc as betainc
 from hybriddp.audit.bounds import clopper_pearson_lower as clopper_pearson_lower

@@ -1,10 +1,11 @@
 """The client-side mechanisms: LocalAlg and the local-only baseline's OLH report.
 
 The adapters run the library's randomizers, looked up on their modules at call time (so a patched or changed
-function is what the audit measures): :func:`hybriddp.randomizer.randomize_batch` with
-:meth:`hybriddp.randomizer.LocalAlgParams.build` — what the simulated clients of ``hybriddp run`` and the
-local-only baseline call; its pure-Python twin on devices, :func:`hybriddp.device.local_alg`, gives the same
-report on the same uniforms (``tests/test_localalg.py``) — and :func:`hybriddp.baselines.olh.olh_perturb`, what
+function is what the audit measures): :func:`hybriddp.device.batch.randomize_batch` with
+:meth:`hybriddp.core.reportlaw.LocalAlgParams.build` — what the simulated clients of ``hybriddp run`` and the
+local-only baseline call; its pure-Python twin on devices, :func:`hybriddp.device.localalg.local_alg`, gives the same
+report on the same uniforms (``tests/test_localalg.py``) — and :func:`hybriddp.simulation.baselines.olh.olh_perturb`,
+what
 PEM's users call.
 """
 
@@ -14,7 +15,6 @@ import math
 
 import numpy as np
 
-from hybriddp import randomizer as _randomizer
 from hybriddp.audit.scenario import (
     Event,
     MechanismAudit,
@@ -24,13 +24,15 @@ from hybriddp.audit.scenario import (
     _z,
     best_event,
 )
-from hybriddp.baselines import olh as _olh
-from hybriddp.baselines.olh import OLHReports, olh_g, olh_hash
-from hybriddp.baselines.olh import keep_probability as olh_keep_probability
-from hybriddp.errors import parameter_error
-from hybriddp.headlist import HeadList
-from hybriddp.params import check_delta, check_local_budget
-from hybriddp.randomizer import LocalAlgParams, output_distribution
+from hybriddp.core import reportlaw as _law
+from hybriddp.core.errors import parameter_error
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.params import check_delta, check_local_budget
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
+from hybriddp.device import batch as _randomizer
+from hybriddp.simulation.baselines import olh as _olh
+from hybriddp.simulation.baselines.olh import OLHReports, olh_g, olh_hash
+from hybriddp.simulation.baselines.olh import keep_probability as olh_keep_probability
 
 
 def _audit_head_list() -> tuple[HeadList, list[str]]:
@@ -50,9 +52,9 @@ def localalg_audit(epsilon: float = 1.0, delta: float = 1e-5, *, f_c: float = 0.
     """LocalAlg (ALGORITHM.md §5, Fig. 6; Theorem 3: (ε, δ)-LDP) on a 3-query head list, 2 URLs each.
 
     The pair of records and the event come from the closed form of the *claimed* parameters
-    (:func:`best_event` on :func:`~hybriddp.randomizer.output_distribution`); the samples come
-    from :func:`hybriddp.randomizer.randomize_batch` with ``lp`` — by default the parameters the library
-    builds for the claim (:meth:`hybriddp.randomizer.LocalAlgParams.build`, as production does), or
+    (:func:`best_event` on :func:`~hybriddp.core.reportlaw.output_distribution`); the samples come
+    from :func:`hybriddp.device.batch.randomize_batch` with ``lp`` — by default the parameters the library
+    builds for the claim (:meth:`hybriddp.core.reportlaw.LocalAlgParams.build`, as production does), or
     deliberately broken parameters to test the audit.
     """
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
@@ -60,7 +62,7 @@ def localalg_audit(epsilon: float = 1.0, delta: float = 1e-5, *, f_c: float = 0.
     check_delta(delta)
     hl, names = _audit_head_list()
     check_local_budget(epsilon, f_c, m_c)
-    claimed = _randomizer.LocalAlgParams.build(hl, epsilon, delta, f_c, m_c)
+    claimed = _law.LocalAlgParams.build(hl, epsilon, delta, f_c, m_c)
     used = lp if lp is not None else claimed
     P = output_distribution(claimed)
     i, j, members, predicted = best_event(P, delta, trials, _z(0.01 / 8))
@@ -87,7 +89,7 @@ def localalg_audit(epsilon: float = 1.0, delta: float = 1e-5, *, f_c: float = 0.
 def local_only_audit(epsilon: float = 1.0, delta: float = 0.0, *, v: int = 1, v_prime: int = 2) -> MechanismAudit:
     """The local-only baseline's discovery report: OLH (ε-LDP) of a PEM user's value v vs v'.
 
-    The adapter is :func:`hybriddp.baselines.olh.olh_perturb` (hash seeds and GRR) on
+    The adapter is :func:`hybriddp.simulation.baselines.olh.olh_perturb` (hash seeds and GRR) on
     ``trials`` copies of v and of v'. The privacy loss of a report (H, y) is ±ε when exactly one of
     H(v), H(v') equals y and 0 otherwise, so E = {y = H(v) ≠ H(v')} is the optimal event.
     """

@@ -1,15 +1,15 @@
 """The curator-side mechanisms: CreateHeadList's keep decisions and released counts, and the opt-in noisy counts.
 
-Every adapter runs the library function production runs — :func:`hybriddp.curator.create_head_list_with_counts`
-(ALGORITHM.md §3, §3.3) and :func:`hybriddp.curator.estimate_optin_probabilities` (ALGORITHM.md §4) — looked up on
-:mod:`hybriddp.curator` at call time, so a patched or changed function is what the audit measures. One call runs
-a whole block of trials: its input holds one disjoint copy of the scenario's records per trial (trial i, record
-j is the record ⟨iR + j, iR + j⟩ of a scenario with R records, repeated as many times as its count), and each
-trial's released values are read back from the returned head list. The mechanism draws one independent noise
-value per distinct record (per head-list entry for the opt-in counts), so the trials of a block are independent
-runs of the mechanism on the scenario's records; records whose count does not change between x and x' only add
-independent outputs, which no event reads.
-"""
+Every adapter runs the library function production runs —
+:func:`hybriddp.curator.mechanisms.create_head_list_with_counts` (ALGORITHM.md §3, §3.3) and
+:func:`hybriddp.curator.mechanisms.estimate_optin_probabilities` (ALGORITHM.md §4) — looked up on
+:mod:`hybriddp.curator.mechanisms` at call time, so a patched or changed function is what the audit measures. One
+call runs a whole block of trials: its input holds one disjoint copy of the scenario's records per trial (trial i,
+record j is the record ⟨iR + j, iR + j⟩ of a scenario with R records, repeated as many times as its count), and each
+trial's released values are read back from the returned head list. The mechanism draws one independent noise value
+per distinct record (per head-list entry for the opt-in counts), so the trials of a block are independent runs of
+the mechanism on the scenario's records; records whose count does not change between x and x' only add independent
+outputs, which no event reads. """
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hybriddp import curator as _curator
 from hybriddp.audit.scenario import (
     Event,
     MechanismAudit,
@@ -28,11 +27,12 @@ from hybriddp.audit.scenario import (
     _z,
     predicted_lower_bound,
 )
-from hybriddp.errors import parameter_error
-from hybriddp.headlist import HeadList
-from hybriddp.noise import NoiseSource, effective_scale, noise_factory
-from hybriddp.params import check_head_list_params, head_list_scale
-from hybriddp.rng import make_rng
+from hybriddp.core.errors import parameter_error
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.noise import NoiseSource, effective_scale, noise_factory
+from hybriddp.core.params import check_head_list_params, head_list_scale
+from hybriddp.core.rng import make_rng
+from hybriddp.curator import mechanisms as _curator
 
 BLOCK_ROWS = 1 << 20
 """Log rows per library call: a block of trials holds about this many rows (memory stays bounded)."""
@@ -53,7 +53,8 @@ def check_m_o(m_o: int) -> None:
 
 def head_list_release(counts: np.ndarray, trials: int, noise: NoiseSource, *, epsilon: float, delta: float,
                       m_o: int) -> np.ndarray:
-    """What :func:`hybriddp.curator.create_head_list_with_counts` releases for ``trials`` runs on records with
+    """What :func:`hybriddp.curator.mechanisms.create_head_list_with_counts` releases for ``trials`` runs on records
+    with
     the given counts (ALGORITHM.md §3, §3.3).
 
     Returns a float array of shape (trials, R), R = len(counts): the released noisy count N(r, D_S) + Y_r of
@@ -78,7 +79,8 @@ def head_list_release(counts: np.ndarray, trials: int, noise: NoiseSource, *, ep
 
 def optin_release(counts: np.ndarray, trials: int, noise: NoiseSource, *, epsilon: float, m_o: int,
                   integer: bool) -> np.ndarray:
-    """The noisy counts N̂(r) = p̂_O,r·|D_T| that :func:`hybriddp.curator.estimate_optin_probabilities` releases
+    """The noisy counts N̂(r) = p̂_O,r·|D_T| that :func:`hybriddp.curator.mechanisms.estimate_optin_probabilities`
+    releases
     for ``trials`` runs on records with the given counts in D_T (ALGORITHM.md §4).
 
     HL_S is one query whose URLs are the trials' records (trial i, record j is URL iR + j), M is their number,
@@ -109,7 +111,8 @@ def headlist_audit(epsilon: float = 4.0, delta: float = 1e-2, *, noise: str = "d
     """CreateHeadList (ALGORITHM.md §3, Fig. 3; Theorem 1) with its released noisy counts (§3.3), m_O ∈ {1, 2, 3}.
 
     Every scenario's adapter is :func:`head_list_release`, i.e. the library's
-    :func:`~hybriddp.curator.create_head_list_with_counts` with noise class ``noise``; its output per trial is the
+    :func:`~hybriddp.curator.mechanisms.create_head_list_with_counts` with noise class ``noise``; its output per
+    trial is the
     released count of each of the scenario's records (NaN when not kept), and the events read it. One user's
     m = m_O records are r1 m times; in x' they are r2 m times (ALGORITHM.md §1: a user may hold a record more
     than once), so counts move by m. b_S = 2m/ε, so each record's keep decision and count have likelihood ratio
@@ -169,7 +172,7 @@ def headlist_audit(epsilon: float = 4.0, delta: float = 1e-2, *, noise: str = "d
         "single_record_survival": surv(tau - 1.0, b), "presence_survival": presence_p,
         "closed_form": {"p_x": p_x, "p_x_prime": p_xp, "epsilon_event": _event_epsilon(p_x, p_xp, delta),
                         "presence_p_x": presence_p, "presence_p_x_prime": 0.0},
-        "adapter": "hybriddp.curator.create_head_list_with_counts",
+        "adapter": "hybriddp.curator.mechanisms.create_head_list_with_counts",
     }
     swap = Scenario(
         f"one user moves {m} record(s) from r1 to r2", f"N(r1)={c1}, N(r2)={c2}", f"N(r1)={c1 - m}, N(r2)={c2 + m}",
@@ -310,7 +313,8 @@ def optin_estimate_audit(epsilon: float = 4.0, delta: float = 0.0, *, noise: str
                          m_o: int = 1) -> MechanismAudit:
     """EstimateOptinProbabilities' noisy counts (ALGORITHM.md §4, Fig. 4, Theorem 2: (ε, 0)-DP), m_O ∈ {1, 2, 3}.
 
-    The adapter is :func:`optin_release`, i.e. the library's :func:`~hybriddp.curator.estimate_optin_probabilities`;
+    The adapter is :func:`optin_release`, i.e. the library's
+    :func:`~hybriddp.curator.mechanisms.estimate_optin_probabilities`;
     outputs are N̂(r) = p̂_O,r·|D_T| for the two records whose counts change (the other entries' noise does not
     depend on the input). x: the user's m records are r1 (N(r1) = m, N(r2) = 0); x': they are r2. b_T = 2m/ε.
     E = {N̂(r1) ≥ m, N̂(r2) ≤ 0}: likelihood ratio e^{2m/b} = e^ε.
@@ -337,7 +341,7 @@ def optin_estimate_audit(epsilon: float = 4.0, delta: float = 0.0, *, noise: str
     p_x = at_least(0) * (1.0 - surv(0, b))
     p_xp = at_least(m) * (1.0 - surv(-m, b))
     details = {"noise": noise, "m_o": m, "b": b, "noise_scale": effective_scale(noise, b), "counts_x": [m, 0],
-               "counts_x_prime": [0, m], "adapter": "hybriddp.curator.estimate_optin_probabilities",
+               "counts_x_prime": [0, m], "adapter": "hybriddp.curator.mechanisms.estimate_optin_probabilities",
                "closed_form": {"p_x": p_x, "p_x_prime": p_xp, "epsilon_event": _event_epsilon(p_x, p_xp, delta)}}
     scen = Scenario(f"one user's {m} record(s) r1 become r2", f"N(r1)={m}, N(r2)=0", f"N(r1)=0, N(r2)={m}", adapter,
                     (Event(f"N^(r1) >= {m} and N^(r2) <= 0", lambda out: (out[:, 0] >= m) & (out[:, 1] <= 0.0)),))

@@ -14,16 +14,16 @@ mechanism's output law (ALGORITHM.md §3.5):
   (:func:`record_loss_law`). A neighbour moves one user's ≤ m_O sampled records: counts fall on some records
   and rise on others, each by at most m_O in total (a user may hold one record several times). The search is
   exhaustive over every such move and every count of the touched records (:func:`headlist_exact`).
-  The law comes from the library: the pmf and tails of :mod:`hybriddp.noise`, τ_d from the noise class's
-  ``head_list_threshold``, the scale t ≥ :func:`hybriddp.params.head_list_scale`; and a model check runs
-  :func:`hybriddp.curator.create_head_list_with_counts` itself on replayed draws and confirms it releases
+  The law comes from the library: the pmf and tails of :mod:`hybriddp.core.noise`, τ_d from the noise class's
+  ``head_list_threshold``, the scale t ≥ :func:`hybriddp.core.params.head_list_scale`; and a model check runs
+  :func:`hybriddp.curator.mechanisms.create_head_list_with_counts` itself on replayed draws and confirms it releases
   exactly what the law says (ALGORITHM.md §3.3: ⊥ iff N + Y ≤ τ_d, else N + Y, the draw that kept it).
 * ``optin-estimate`` — EstimateOptinProbabilities' noisy counts (ALGORITHM.md §4), the same per-record losses
   without a threshold; (ε, 0)-DP, so δ(e^ε) must be 0. Model check through
-  :func:`hybriddp.curator.estimate_optin_probabilities`.
+  :func:`hybriddp.curator.mechanisms.estimate_optin_probabilities`.
 * ``localalg`` — LocalAlg (ALGORITHM.md §5) on the audit's head list (3 queries of 2 URLs): the closed form
-  :func:`hybriddp.randomizer.output_distribution` of the parameters the library builds, and
-  :func:`hybriddp.randomizer.privacy_loss_delta` over every pair of records.
+  :func:`hybriddp.core.reportlaw.output_distribution` of the parameters the library builds, and
+  :func:`hybriddp.core.reportlaw.privacy_loss_delta` over every pair of records.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp import curator as _curator
-from hybriddp import randomizer as _randomizer
 from hybriddp.audit.client import _audit_head_list
 from hybriddp.audit.curator import check_m_o
 from hybriddp.audit.run import MAX_EPSILON, check_m_o_for
-from hybriddp.errors import parameter_error
-from hybriddp.headlist import HeadList
-from hybriddp.noise import DiscreteLaplaceNoise, discrete_laplace_pmf, discrete_laplace_tail, rational_scale
-from hybriddp.params import check_delta, check_head_list_params, check_local_budget, head_list_scale
+from hybriddp.core import reportlaw as _law
+from hybriddp.core.errors import parameter_error
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.noise import DiscreteLaplaceNoise, discrete_laplace_pmf, discrete_laplace_tail, rational_scale
+from hybriddp.core.params import check_delta, check_head_list_params, check_local_budget, head_list_scale
+from hybriddp.curator import mechanisms as _curator
 
 EXACT_MECHANISMS = ("headlist", "optin-estimate", "localalg")
 """The mechanisms with an exact audit."""
@@ -283,10 +283,11 @@ class ReplayNoise:
 
 
 def headlist_model_check(epsilon: float, delta: float, m_o: int) -> dict[str, Any]:
-    """Run :func:`hybriddp.curator.create_head_list_with_counts` once on records of counts 1 … τ_d + m_O + 2, each
+    """Run :func:`hybriddp.curator.mechanisms.create_head_list_with_counts` once on records of counts 1 … τ_d + m_O +
+    2, each
     with every draw y in [−(τ_d + m_O + 2), m_O + 2] (replayed), and compare with the law of
     :func:`record_loss_law`: the record is kept iff c + y > τ_d, and then released with count c + y; the library
-    asks for one draw per distinct record at scale :func:`hybriddp.params.head_list_scale` (ε, m_O)."""
+    asks for one draw per distinct record at scale :func:`hybriddp.core.params.head_list_scale` (ε, m_O)."""
     real = DiscreteLaplaceNoise(np.random.default_rng(0))
     tau = int(real.head_list_threshold(epsilon, delta, m_o))
     c, y = np.meshgrid(np.arange(1, tau + m_o + 3), np.arange(-(tau + m_o + 2), m_o + 3), indexing="ij")
@@ -303,17 +304,18 @@ def headlist_model_check(epsilon: float, delta: float, m_o: int) -> dict[str, An
     both = kept & want
     wrong_count = int(np.count_nonzero(s_counts[e[both]] != (c + y)[both]))
     draws_ok = replay.requests == [(head_list_scale(epsilon, m_o), len(c))]
-    return {"function": "hybriddp.curator.create_head_list_with_counts", "cases": len(c),
+    return {"function": "hybriddp.curator.mechanisms.create_head_list_with_counts", "cases": len(c),
             "wrong_keep_decisions": wrong_keep, "wrong_released_counts": wrong_count,
             "noise_requests": [[s, n] for s, n in replay.requests], "draws_as_modelled": draws_ok,
             "passed": wrong_keep == 0 and wrong_count == 0 and draws_ok}
 
 
 def optin_model_check(epsilon: float, m_o: int) -> dict[str, Any]:
-    """Run :func:`hybriddp.curator.estimate_optin_probabilities` once on an HL_S of records with counts 0 … m_O + 3
+    """Run :func:`hybriddp.curator.mechanisms.estimate_optin_probabilities` once on an HL_S of records with counts 0
+    … m_O + 3
     in D_T, each with every draw y in [−(m_O + 3), m_O + 3] (replayed), M = all records (nothing trimmed), and
     check p̂_O·|D_T| = N + y for every record and one draw per entry at scale
-    :func:`hybriddp.params.head_list_scale` (ε, m_O)."""
+    :func:`hybriddp.core.params.head_list_scale` (ε, m_O)."""
     real = DiscreteLaplaceNoise(np.random.default_rng(0))
     c, y = np.meshgrid(np.arange(0, m_o + 4), np.arange(-(m_o + 3), m_o + 4), indexing="ij")
     c, y = c.ravel(), y.ravel()
@@ -328,7 +330,7 @@ def optin_model_check(epsilon: float, m_o: int) -> dict[str, Any]:
     vals = np.rint(est.p_record[e] * est.n)
     wrong = int(np.count_nonzero(vals != c + y)) + int(np.count_nonzero(est.head_list.is_wildcard[e]))
     draws_ok = replay.requests == [(head_list_scale(epsilon, m_o), n_rec + 2)]
-    return {"function": "hybriddp.curator.estimate_optin_probabilities", "cases": n_rec,
+    return {"function": "hybriddp.curator.mechanisms.estimate_optin_probabilities", "cases": n_rec,
             "wrong_released_counts": wrong, "noise_requests": [[s, n] for s, n in replay.requests],
             "draws_as_modelled": draws_ok, "passed": wrong == 0 and draws_ok}
 
@@ -431,15 +433,15 @@ def optin_exact(epsilon: float = 4.0, delta: float = 0.0, m_o: int = 1) -> Exact
 
 def localalg_exact(epsilon: float = 1.0, delta: float = 1e-5, f_c: float = 0.85) -> ExactResult:
     """LocalAlg (ALGORITHM.md §5, Theorem 3) on the audit's head list, m_C = 1: max over pairs of records of the
-    hockey-stick divergence of :func:`hybriddp.randomizer.output_distribution` for the parameters
-    :meth:`hybriddp.randomizer.LocalAlgParams.build` makes (the closed form both samplers are tested against)."""
+    hockey-stick divergence of :func:`hybriddp.core.reportlaw.output_distribution` for the parameters
+    :meth:`hybriddp.core.reportlaw.LocalAlgParams.build` makes (the closed form both samplers are tested against)."""
     start = time.perf_counter()
     check_delta(delta)
     check_local_budget(epsilon, f_c, 1)
     hl, names = _audit_head_list()
-    lp = _randomizer.LocalAlgParams.build(hl, epsilon, delta, f_c, 1)
-    P = _randomizer.output_distribution(lp)
-    value = _randomizer.privacy_loss_delta(P, epsilon)
+    lp = _law.LocalAlgParams.build(hl, epsilon, delta, f_c, 1)
+    P = _law.output_distribution(lp)
+    value = _law.privacy_loss_delta(P, epsilon)
     with np.errstate(divide="ignore"):
         loss = np.log(P[:, None, :]) - np.log(P[None, :, :])  # ln P[y|x]/P[y|x'], every (x, x', y)
     div = np.maximum(P[:, None, :] - math.exp(epsilon) * P[None, :, :], 0.0).sum(axis=2)

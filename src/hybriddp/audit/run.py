@@ -19,11 +19,11 @@ from hybriddp.audit.client import local_only_audit, localalg_audit
 from hybriddp.audit.curator import check_m_o, headlist_audit, optin_estimate_audit
 from hybriddp.audit.result import AuditResult, EventTest
 from hybriddp.audit.scenario import MechanismAudit
-from hybriddp.errors import parameter_error
-from hybriddp.params import LN_MAX, check_seed
-from hybriddp.rng import make_rng
+from hybriddp.core.errors import parameter_error
+from hybriddp.core.params import LN_MAX, check_seed
+from hybriddp.core.rng import make_rng
 
-log = logging.getLogger("hybriddp.audit")  # the former single module's logger name, kept
+log = logging.getLogger("hybriddp.audit")  # one logger for the whole audit package
 
 MECHANISMS = ("localalg", "headlist", "optin-estimate", "local-only")
 

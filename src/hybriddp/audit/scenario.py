@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.errors import parameter_error
+from hybriddp.core.errors import parameter_error
 
 Adapter = Callable[[np.random.Generator, int], tuple[Any, Any]]
 """``(rng, trials) -> (outputs on x, outputs on x')``: the real mechanism, vectorized over trials."""

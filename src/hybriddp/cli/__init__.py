@@ -1,6 +1,6 @@
 """The ``hybriddp`` command line.
 
-Every command validates its input at the boundary; a :class:`~hybriddp.errors.HybridDPError`
+Every command validates its input at the boundary; a :class:`~hybriddp.core.errors.HybridDPError`
 (or a device-side error, or an OS error on a file) is printed as one line on stderr and the
 command exits with status 2. Anything else is a bug and keeps its traceback.
 """
@@ -13,19 +13,20 @@ from typing import Any
 
 import click
 
-from hybriddp import __version__
 from hybriddp.cli.audit import audit_cmd
 from hybriddp.cli.experiment import experiment_cmd
 from hybriddp.cli.files import estimate_cmd, headlist_cmd, randomize_cmd
 from hybriddp.cli.mean import mean_group
+from hybriddp.cli.participate import participate_cmd
 from hybriddp.cli.privacy import privacy_group
-from hybriddp.cli.rounds import participate_cmd, round_group
+from hybriddp.cli.rounds import round_group
 from hybriddp.cli.run import demo_cmd, run_cmd
 from hybriddp.cli.serve import serve_cmd
 from hybriddp.cli.synth import synth_cmd
 from hybriddp.cli.tune import tune_cmd
-from hybriddp.device import DeviceError
-from hybriddp.errors import HybridDPError
+from hybriddp.core.errors import HybridDPError
+from hybriddp.core.protocol import DeviceError
+from hybriddp.core.version import __version__
 
 
 class _Group(click.Group):

@@ -1,6 +1,6 @@
 """``hybriddp audit``: an empirical lower bound on ε from the real mechanism code, or (``--exact``) the exact δ.
 
-See :mod:`hybriddp.audit` (issue "Privacy assurance"; Jagielski et al. 2020, Nasr et al. 2021) and
+See :mod:`hybriddp.audit` (Jagielski et al. 2020, Nasr et al. 2021; PRIVACY.md) and
 :mod:`hybriddp.audit.exact` (ALGORITHM.md §3.5). Exit status 0 when the bound does not exceed the claim, 1 when
 it does (a privacy bug, or for the sampling audit a 1 − confidence accident), 2 on bad arguments.
 """
@@ -8,6 +8,8 @@ it does (a privacy bug, or for the sampling audit a 1 − confidence accident), 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.table import Table
@@ -64,21 +66,21 @@ def audit_cmd(mechanism: str, exact: bool, m_o: int | None, epsilon: float | Non
     computed from the mechanism's exact output law, next to the claimed δ. Exit status 1 if the
     claim is refuted."""
     if exact:
-        res_exact = exact_audit(mechanism, epsilon=epsilon, delta=delta, m_o=m_o, noise=noise, f_c=f_c)
-        if as_json:
-            render.print_json(res_exact.to_json())
-        else:
-            print_exact(res_exact)
-        if res_exact.violation:
-            sys.exit(1)
+        _report(exact_audit(mechanism, epsilon=epsilon, delta=delta, m_o=m_o, noise=noise, f_c=f_c), as_json,
+                print_exact)
         return
     with render.interruptible(), render.count_progress(f"auditing {mechanism}", trials, not as_json) as progress:
         res = audit(mechanism, epsilon=epsilon, delta=delta, trials=trials, seed=seed, confidence=confidence,
                     noise=noise, f_c=f_c, m_o=m_o, progress=progress)
+    _report(res, as_json, print_audit)
+
+
+def _report(res: Any, as_json: bool, printer: Callable[[Any], None]) -> None:
+    """Print an audit's result (JSON or the table ``printer`` draws); exit 1 when the claim is refuted."""
     if as_json:
         render.print_json(res.to_json())
     else:
-        print_audit(res)
+        printer(res)
     if res.violation:
         sys.exit(1)
 

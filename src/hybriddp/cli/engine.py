@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
-from hybriddp.backends import CountingBackend, NumpyBackend
+from hybriddp.core.counting import CountingBackend, NumpyBackend
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,7 +30,7 @@ def engine_options(what: str) -> Callable[[F], F]:
 def make_backend(engine: str, spark_master: str | None) -> CountingBackend:
     """The counting backend the options ask for (Spark starts here, with a clear error if it cannot)."""
     if engine == "spark":
-        from hybriddp.backends.spark_backend import SparkBackend
+        from hybriddp.spark.backend import SparkBackend
         return SparkBackend(master=spark_master)
     if spark_master is not None:
         raise click.BadParameter("--spark-master needs --engine spark", param_hint="--spark-master")

@@ -8,7 +8,7 @@ import click
 
 from hybriddp.cli import render
 from hybriddp.cli.rounds import round_group
-from hybriddp.errors import parameter_error
+from hybriddp.core.errors import parameter_error
 
 
 @round_group.command("export")
@@ -36,7 +36,7 @@ def export_cmd(round_id: str, db_url: str, output: str, close: bool, spark_maste
     store = Store(db_url)
     try:
         if close:
-            from hybriddp.backends.spark_session import spark_session
+            from hybriddp.spark.session import spark_session
             info = close_with_spark(store, round_id, output, spark_session(spark_master))
             render.out.print(f"round {round_id}: {info.reports:,} reports exported to {output}, counted with "
                              f"Spark; state {info.state}")

@@ -1,6 +1,7 @@
 """The file workflow across machines: ``headlist`` (curator) → ``randomize`` (devices) →
 ``estimate`` (server). Each command parses options, calls one party of
-:mod:`hybriddp.parties`, and renders. With the same log, ``--optin-fraction`` and ``--seed`` as
+:func:`hybriddp.curate`, :func:`hybriddp.serve_estimates`, and renders. With the same log, ``--optin-fraction`` and
+``--seed`` as
 ``run``, the three commands reproduce ``run``'s estimates exactly (same code, same streams)."""
 
 from __future__ import annotations
@@ -24,21 +25,21 @@ from hybriddp.cli.options import (
 )
 from hybriddp.cli.privacy import charge_empty_run, charge_round, ledger_options
 from hybriddp.cli.run import output_options
-from hybriddp.device import DeviceLedger
-from hybriddp.errors import DataError, EmptyHeadListError, parameter_error
-from hybriddp.headlist import read_device_json
-from hybriddp.io.atomic import check_output_path
+from hybriddp.core.atomic import check_output_path
+from hybriddp.core.errors import DataError, EmptyHeadListError, parameter_error
+from hybriddp.core.headlist import read_device_json
+from hybriddp.core.noise import noise_factory
+from hybriddp.core.records import RecordLog
+from hybriddp.core.rng import SEED_WARNING
+from hybriddp.curator.party import curate
+from hybriddp.curator.release import CuratorRelease, check_headlist_budget, release_from_documents
+from hybriddp.device.ledger import DeviceLedger
+from hybriddp.device.party import log_messages
 from hybriddp.io.exchange import read_messages, read_release_files, write_release_files, write_reports
 from hybriddp.io.parquet_reports import is_parquet_reports, read_parquet_messages, write_reports_parquet
-from hybriddp.noise import noise_factory
-from hybriddp.parties import curate, release_from_documents, serve_estimates
-from hybriddp.parties.device import log_messages
-from hybriddp.parties.release import CuratorRelease, check_headlist_budget
-from hybriddp.parties.server import MessageCounter, ReportCounts
-from hybriddp.pipeline import Stages, split_optin
-from hybriddp.records import RecordLog
-from hybriddp.result import OUTPUT_SUFFIXES
-from hybriddp.rng import SEED_WARNING
+from hybriddp.server.party import MessageCounter, ReportCounts, serve_estimates
+from hybriddp.server.result import OUTPUT_SUFFIXES
+from hybriddp.simulation.pipeline import Stages, split_optin
 
 optin_fraction_option = click.option(
     "--optin-fraction", type=float, default=None,
@@ -227,8 +228,8 @@ def count_report_paths(rel: CuratorRelease, paths: tuple[str, ...], engine: str,
                        spark_master: str | None, *, strict_ids: bool = False) -> ReportCounts:
     """Counts of the reports at ``paths`` (JSON Lines or Parquet) for ``rel``, on the chosen engine."""
     if engine == "spark":
-        from hybriddp.backends.spark_backend import SparkBackend
-        from hybriddp.backends.spark_reports import count_reports_spark
+        from hybriddp.spark.backend import SparkBackend
+        from hybriddp.spark.reports import count_reports_spark
         not_parquet = [p for p in paths if not is_parquet_reports(p)]
         if not_parquet:
             raise DataError(f"--reports {not_parquet[0]}: --engine spark reads Parquet reports (a directory or "

@@ -18,8 +18,9 @@ import click
 
 from hybriddp.cli import render
 from hybriddp.cli.options import seed_option
-from hybriddp.errors import DataError, parameter_error
-from hybriddp.io.atomic import check_output_dir
+from hybriddp.core.atomic import check_output_dir
+from hybriddp.core.errors import DataError, parameter_error
+from hybriddp.core.rng import SEED_WARNING
 from hybriddp.io.values import TABLE_FORMATS, read_value_column
 from hybriddp.mean import (
     VARIANCE_SHARE,
@@ -35,7 +36,6 @@ from hybriddp.mean import (
 )
 from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
 from hybriddp.mean.simulation import MAX_SIMULATED_VALUES, MAX_TRIALS
-from hybriddp.rng import SEED_WARNING
 
 logger = logging.getLogger(__name__)
 

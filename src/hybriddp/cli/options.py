@@ -7,11 +7,9 @@ from typing import Any
 
 import click
 
-from hybriddp.errors import parameter_error
-from hybriddp.io.loaders import load_log
-from hybriddp.params import (
-    DEFAULT_ESTIMATOR,
-    ESTIMATORS,
+from hybriddp.core.errors import parameter_error
+from hybriddp.core.estimators import DEFAULT_ESTIMATOR, ESTIMATORS, describe_estimators
+from hybriddp.core.params import (
     LN_MAX,
     MAX_RECORDS_PER_USER,
     MAX_SEED,
@@ -19,7 +17,8 @@ from hybriddp.params import (
     BlenderParams,
     check_seed,
 )
-from hybriddp.records import RecordLog
+from hybriddp.core.records import RecordLog
+from hybriddp.io.loaders import load_log
 
 FORMATS = ["aol", "csv", "tsv", "parquet", "items"]
 
@@ -196,7 +195,7 @@ def make_params(epsilon: float, delta: float, optin_fraction: float = 0.05, f_o:
                 f_c: float = 0.85, head_list_size: int = 50, m_o: int = 1, m_c: int = 1,
                 project: bool = True, estimator: str | None = None) -> BlenderParams:
     """Validated parameters (errors name the option); ``estimator`` None (``--estimator`` not given) is
-    :data:`~hybriddp.params.DEFAULT_ESTIMATOR`."""
+    :data:`~hybriddp.core.estimators.DEFAULT_ESTIMATOR`."""
     return BlenderParams(epsilon=epsilon, delta=delta, optin_fraction=optin_fraction, f_o=f_o, f_c=f_c,
                          head_list_size=head_list_size, m_o=m_o, m_c=m_c, project=project,
                          estimator=estimator or DEFAULT_ESTIMATOR)
@@ -205,12 +204,13 @@ def make_params(epsilon: float, delta: float, optin_fraction: float = 0.05, f_o:
 def estimator_option(f):
     """``--estimator``: which opt-in estimates, and how the blend weighs them against the clients'."""
     return click.option("--estimator", type=click.Choice(ESTIMATORS), default=None,
-                        help="'paper' (opt-in estimates from T; Fig. 7 weights, each group's variance at its own "
-                             "estimate: biased low when a group's estimate is noisy), 'pooled' (the same estimates; "
-                             "both variances at the blended estimate, iterated to a fixed point, less the bias that "
-                             "remains, with a variance that matches the error; docs/ALGORITHM.md §7), 'reuse' (the "
-                             "curator also releases the kept records' noisy counts from S, at no privacy cost; S and T "
-                             "together then choose the M records and estimate them, §4.1; pooled weights) or "
-                             "'consistent' ('reuse', then each query's estimate and its entries' made to agree, query ="
-                             " sum of its entries, by generalized least squares: lower record error, §7.1). Default: "
-                             "reuse (estimate: the one in the release).")(f)
+                        help=f"{describe_estimators()}. Default: {DEFAULT_ESTIMATOR} (estimate: the one in the "
+                             "release).")(f)
+
+
+def check_output(output: str | None) -> None:
+    """--output must be writable: checked before anything is loaded or computed."""
+    if output:
+        from hybriddp.core.atomic import check_output_path
+        from hybriddp.server.result import OUTPUT_SUFFIXES
+        check_output_path(output, "--output", OUTPUT_SUFFIXES)

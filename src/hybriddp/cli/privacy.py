@@ -1,5 +1,5 @@
 """``hybriddp privacy report LEDGER``: per-round and cumulative guarantees from a ledger — a file ledger
-(:class:`~hybriddp.ledger.PrivacyLedger`) or the collection service's database
+(:class:`~hybriddp.privacy.ledger.PrivacyLedger`) or the collection service's database
 (:mod:`hybriddp.service.ledger_view`) — and the charging helpers of the commands that release.
 
 Every run of a curator mechanism is charged, whatever it outputs (ALGORITHM.md §3.4): an empty head
@@ -15,8 +15,8 @@ import click
 from rich.table import Table
 
 from hybriddp.cli import render
-from hybriddp.errors import EmptyHeadListError, parameter_error
-from hybriddp.ledger import Charge, LedgerError, PrivacyLedger, is_service_database
+from hybriddp.core.errors import EmptyHeadListError, parameter_error
+from hybriddp.privacy.ledger import Charge, LedgerError, PrivacyLedger, is_service_database
 
 
 def ledger_options(f: Any) -> Any:

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hybriddp.headlist import HeadList
-from hybriddp.io.jsonfile import json_safe
-from hybriddp.result import Result, json_default
-from hybriddp.rng import SEED_WARNING
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.jsonfile import json_safe
+from hybriddp.core.rng import SEED_WARNING
+from hybriddp.server.result import Result, json_default
 
 out = Console(highlight=False, soft_wrap=False, width=max(100, Console().width))
 err = Console(stderr=True, highlight=False)
@@ -93,15 +93,6 @@ def _print_metrics(m: dict[str, Any]) -> None:
               f"queries@10 {m['ndcg_queries_at_10']:.4f})")
 
 
-ESTIMATOR_NOTES = {
-    "reuse": "S's noisy counts join T's (docs/ALGORITHM.md §4.1)",
-    "paper": "BLENDER as published (Fig. 4, Fig. 7)",
-    "pooled": "the paper's estimates, pooled weights (§7)",
-    "consistent": "reuse, then queries = sums of their entries (§7.1)",
-}
-"""One line per ``--estimator`` value, printed with every result."""
-
-
 def print_summary(res: Result) -> None:
     """Sizes, head list, metrics and the privacy guarantee, after the table."""
     s = res.sizes
@@ -113,8 +104,7 @@ def print_summary(res: Result) -> None:
             line += f", {m['top_url_rate']:.1%} click its top URL"
         out.print(line)
     out.print(f"head list: {head_list_size(res.head_list, res.url_level)} (M = {res.params.head_list_size})")
-    est = res.params.estimator
-    out.print(f"estimator: {est} — {ESTIMATOR_NOTES.get(est, est)}")
+    out.print(f"estimator: {res.params.estimator} — {res.params.estimator_spec.summary}")
     if "users" in s:
         out.print(f"users: {s['users']:,} ({s['optin_users']:,} opt-in: {s['optin_users_s']:,} in S, "
                   f"{s['optin_users_t']:,} in T; {s['clients']:,} clients)")
@@ -186,7 +176,7 @@ def same_file(a: str, b: str) -> bool:
 def interruptible() -> Iterator[None]:
     """Ctrl-C inside the block: one line ``interrupted`` on stderr and exit status 130, no traceback.
 
-    Commands write their outputs after the loop (through :mod:`hybriddp.io.atomic`), so an
+    Commands write their outputs after the loop (through :mod:`hybriddp.core.atomic`), so an
     interrupted command leaves earlier outputs as they were.
     """
     try:

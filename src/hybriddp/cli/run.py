@@ -8,12 +8,11 @@ from dataclasses import replace
 
 import click
 
-from hybriddp.algorithms import ALGORITHMS, run_algorithm
-from hybriddp.backends import CountingBackend
 from hybriddp.cli import render
 from hybriddp.cli.engine import engine_options, make_backend
 from hybriddp.cli.options import (
     MAX_SCALE,
+    check_output,
     check_scale,
     estimator_option,
     input_options,
@@ -25,12 +24,14 @@ from hybriddp.cli.options import (
     seed_option,
 )
 from hybriddp.cli.privacy import charge_empty_run, charge_round, ledger_options
-from hybriddp.errors import EmptyHeadListError, HeadListError, parameter_error
-from hybriddp.groups import check_algorithm_params, check_group_sizes
-from hybriddp.noise import noise_factory
-from hybriddp.params import BlenderParams
-from hybriddp.pipeline import Stages, result_from_run, round_charges, run_blender
-from hybriddp.records import RecordLog
+from hybriddp.core.counting import CountingBackend
+from hybriddp.core.errors import EmptyHeadListError, HeadListError, parameter_error
+from hybriddp.core.noise import noise_factory
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import RecordLog
+from hybriddp.simulation.algorithms import ALGORITHMS, run_algorithm
+from hybriddp.simulation.groups import check_algorithm_params, check_group_sizes
+from hybriddp.simulation.pipeline import Stages, result_from_run, round_charges, run_blender
 
 
 def output_options(f):
@@ -47,14 +48,6 @@ def output_options(f):
     return f
 
 
-def check_output(output: str | None) -> None:
-    """--output must be writable: checked before anything is loaded or computed."""
-    if output:
-        from hybriddp.io.atomic import check_output_path
-        from hybriddp.result import OUTPUT_SUFFIXES
-        check_output_path(output, "--output", OUTPUT_SUFFIXES)
-
-
 def params_from_knobs(knobs: dict[str, object]) -> BlenderParams:
     """Validated parameters from the command's knobs (``no_project`` and ``estimator`` are popped)."""
     no_project = bool(knobs.pop("no_project", False))
@@ -68,7 +61,7 @@ def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | No
                         source: str = "the log", backend: CountingBackend | None = None) -> None:
     """Run BLENDER (or a baseline) on a loaded log and print/write the result.
 
-    ``backend`` counts (NumPy by default; :class:`~hybriddp.backends.spark_backend.SparkBackend`
+    ``backend`` counts (NumPy by default; :class:`~hybriddp.spark.backend.SparkBackend`
     for ``--engine spark``): same seed, same counts, same result."""
     check_output(output)  # fail before any work (and before a ledger is charged)
     check_algorithm_params(algorithm, params, log)
@@ -190,7 +183,7 @@ def demo_cmd(preset: str, scale: float, algorithm: str, seed: int | None, as_jso
              noise: str, service: bool, **knobs: object) -> None:
     """Run BLENDER on a built-in synthetic search log calibrated to AOL (paper defaults: ε = 4,
     δ = 1e-5, 5% opt-in, M = 50). Takes well under a minute."""
-    from hybriddp.io.synth import generate
+    from hybriddp.datasets.synth import generate
     ctx = click.get_current_context()
     if preset == "yandex":  # paper Fig. 10 Yandex defaults unless given on the command line
         for name, value in (("delta", 1e-7), ("optin_fraction", 0.025), ("head_list_size", 500)):
@@ -204,7 +197,7 @@ def demo_cmd(preset: str, scale: float, algorithm: str, seed: int | None, as_jso
             on_stage(f"generating the {preset} preset")
         log = generate(preset, seed=seed, scale=scale)
     if service:
-        from hybriddp.cli.rounds import demo_through_service
+        from hybriddp.cli.servicedemo import demo_through_service
         return demo_through_service(log, params, seed=seed, as_json=as_json, output=output, top=top, noise=noise,
                                     algorithm=algorithm, source=f"the {preset} preset at --scale {scale:g}")
     simulate_and_report(log, params, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm,

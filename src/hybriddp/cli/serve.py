@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from hybriddp.errors import DataError, parameter_error
-from hybriddp.io.atomic import write_text
+from hybriddp.core.atomic import write_text
+from hybriddp.core.errors import DataError, parameter_error
 
 DEFAULT_DATA_DIR = "hybriddp-data"
 TOKEN_NAME = "admin-token"
@@ -129,7 +129,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         data.mkdir(parents=True, exist_ok=True)
         db_url = f"sqlite:///{(data / DB_NAME).resolve()}"
     if demo:
-        from hybriddp.cli.rounds import populate_demo_round
+        from hybriddp.cli.servicedemo import populate_demo_round
         demo_round, collecting_round = populate_demo_round(db_url, lifetime_epsilon, lifetime_delta)
     from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS
     if check_workers is None:

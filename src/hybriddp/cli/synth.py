@@ -34,8 +34,8 @@ def synth_cmd(preset: str, scale: float, seed: int | None, output: str, fmt: str
     The file (or, with --partitioned, the directory) is written under a temporary name and renamed
     at the end: an interrupted run leaves an earlier output at --output as it was.
     """
-    from hybriddp.io.atomic import check_output_path
-    from hybriddp.io.synth import generate, write_log
+    from hybriddp.core.atomic import check_output_path
+    from hybriddp.datasets.synth import generate, write_log
     if partitioned:
         return _synth_partitioned(preset, scale, seed, output, fmt, users_per_file)
     check_scale(scale)
@@ -57,8 +57,8 @@ def _synth_partitioned(preset: str, scale: float, seed: int | None, output: str,
     """``synth --partitioned``: a Parquet directory written part by part (no --scale limit)."""
     from rich.progress import Progress
 
-    from hybriddp.errors import parameter_error
-    from hybriddp.io.synth_parts import write_partitioned_log
+    from hybriddp.core.errors import parameter_error
+    from hybriddp.datasets.synth_parts import write_partitioned_log
     if fmt not in (None, "parquet"):
         raise parameter_error("--format", fmt, "parquet with --partitioned")
     if not (scale > 0):

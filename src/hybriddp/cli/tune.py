@@ -9,8 +9,8 @@ from rich.table import Table
 
 from hybriddp.cli import render
 from hybriddp.cli.options import estimator_option, noise_option, seed_option
-from hybriddp.errors import ParameterError
-from hybriddp.params import DEFAULT_ESTIMATOR
+from hybriddp.core.errors import ParameterError
+from hybriddp.core.params import DEFAULT_ESTIMATOR
 from hybriddp.tune import (
     PrivatizedInputs,
     TuneResult,

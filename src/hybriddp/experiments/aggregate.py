@@ -14,9 +14,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hybriddp.core.stats import t_quantile_975
 from hybriddp.experiments.figures import Figure, Point
 from hybriddp.experiments.runner import FIG9_COLUMNS, RunSet
-from hybriddp.stats import t_quantile_975
 
 
 def mean_ci(values: list[float]) -> tuple[float, float, float]:

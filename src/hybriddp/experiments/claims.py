@@ -324,8 +324,8 @@ def tuned_vs_defaults_claim(runs: RunSet, points: list[Point], metric: str = "nd
 
 
 def estimator_claims(runs: RunSet, points: list[Point]) -> list[Claim]:
-    """Beyond the paper (issue 13): pooled blend weights, reusing S, and reusing S with consistent queries
-    are each never significantly worse than the paper's estimates, and consistent queries never
+    """Beyond the paper (ALGORITHM.md §4.1, §7, §7.1): pooled blend weights, reusing S, and reusing S with
+    consistent queries are each never significantly worse than the paper's estimates, and consistent queries never
     significantly worse than reuse without them.
 
     ``blender-pooled`` is the same run as ``blender`` blended differently, ``blender-reuse`` a run

@@ -21,13 +21,13 @@ import importlib.util
 from pathlib import Path
 
 FAMILY_ROOTS: dict[str, tuple[str, ...]] = {
-    "blender": ("hybriddp.algorithms",),
-    "blender-reuse": ("hybriddp.algorithms",),
-    "local-only": ("hybriddp.algorithms",),
-    "local-only-hashed": ("hybriddp.algorithms",),
-    "blender-tuned": ("hybriddp.algorithms", "hybriddp.tune", "hybriddp.experiments.tuned"),
+    "blender": ("hybriddp.simulation.algorithms",),
+    "blender-reuse": ("hybriddp.simulation.algorithms",),
+    "local-only": ("hybriddp.simulation.algorithms",),
+    "local-only-hashed": ("hybriddp.simulation.algorithms",),
+    "blender-tuned": ("hybriddp.simulation.algorithms", "hybriddp.tune", "hybriddp.experiments.tuned"),
 }
-"""Where each family's code starts (``hybriddp.algorithms`` reaches the pipeline, the baselines,
+"""Where each family's code starts (``hybriddp.simulation.algorithms`` reaches the pipeline, the baselines,
 the metrics and the scoring)."""
 
 EXCLUDED_PREFIXES = ("hybriddp.cli", "hybriddp.experiments")

@@ -1,7 +1,7 @@
 """The log an experiment runs on, and its default parameters (paper Fig. 10).
 
 ``--dataset aol`` / ``yandex`` generates the calibrated synthetic log
-(:func:`hybriddp.io.synth.generate`, seeded from ``--seed``, once per experiment run and
+(:func:`hybriddp.datasets.synth.generate`, seeded from ``--seed``, once per experiment run and
 shared by every trial). ``--dataset PATH`` loads a real log with :func:`hybriddp.io.loaders.load_log`
 (format detected: AOL TSV, items ``.dat`` such as Kosarak, CSV/TSV/Parquet with columns
 ``user``, ``query`` and optionally ``url``); ``--row-per-user`` makes every record its own
@@ -19,10 +19,10 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hybriddp.errors import DataError, parameter_error
+from hybriddp.core.errors import DataError, parameter_error
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import RecordLog
 from hybriddp.experiments.figures import Point
-from hybriddp.params import BlenderParams
-from hybriddp.records import RecordLog
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class DatasetSpec:
         """Generate or load the log (once per experiment run)."""
         self.validate()
         if self.is_preset:
-            from hybriddp.io.synth import generate
+            from hybriddp.datasets.synth import generate
 
             logger.info("generating the %s preset (scale %g, seed %d)", self.dataset, self.scale, self.seed)
             return generate(self.dataset, seed=self.seed, scale=self.scale)

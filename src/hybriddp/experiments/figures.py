@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hybriddp.params import BlenderParams
+from hybriddp.core.params import BlenderParams
 
 FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16", "sizes", "estimators")
 """Every figure ``hybriddp experiment`` makes (the paper's, and ``sizes`` beyond it); ``all`` means all of them."""
@@ -36,7 +36,7 @@ FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blen
              "blender-tuned": "blender-tuned"}
 """The run that produces each algorithm: one BLENDER run gives ``blender``, ``optin-only`` and
 ``client-only``, and ``blender-pooled`` (its estimates with pooled blend weights) (paired,
-:func:`hybriddp.algorithms.blender_family`); ``blender-reuse`` is BLENDER with ``--estimator reuse``
+:func:`hybriddp.simulation.algorithms.blender_family`); ``blender-reuse`` is BLENDER with ``--estimator reuse``
 (a run of its own, with the point's seed: paired by seed), and ``blender-consistent`` that run with
 consistent queries (ALGORITHM.md §7.1); ``blender-tuned`` is
 BLENDER with the knobs tune picks from an earlier round (:mod:`hybriddp.experiments.tuned`)."""
@@ -104,7 +104,7 @@ class Figure:
     title : what the paper's caption says.
     x_name : the swept :class:`Point` field, or ``None`` for the Fig. 9 table.
     x_values : the grid.
-    metrics : the metrics drawn (keys of :attr:`hybriddp.result.Result.metrics`), one panel each.
+    metrics : the metrics drawn (keys of :attr:`hybriddp.server.result.Result.metrics`), one panel each.
     algorithms : the algorithms drawn.
     head_list_sizes : the sizes M drawn (one line each); empty means the dataset default.
     """
@@ -186,7 +186,7 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
 
 def select(name: str) -> tuple[str, ...]:
     """Figure names of an experiment NAME (``all`` or one figure); raises ParameterError otherwise."""
-    from hybriddp.errors import parameter_error
+    from hybriddp.core.errors import parameter_error
 
     if name == "all":
         return FIGURE_NAMES

@@ -3,7 +3,7 @@
 Every line is one algorithm (Figs. 11, 12) or one head-list size M (Figs. 13–16), with 95%
 t-interval error bars over the trials; a missing point (head list shorter than M) is a gap,
 as in the paper. Fig. 9 is drawn as grouped bars of the first trial's top-10 table. Images are
-written atomically (:mod:`hybriddp.io.atomic`).
+written atomically (:mod:`hybriddp.core.atomic`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
+from hybriddp.core.atomic import atomic_path
 from hybriddp.experiments.aggregate import PointStat
 from hybriddp.experiments.figures import METRIC_LABELS, X_LABELS, Figure
-from hybriddp.io.atomic import atomic_path
 
 ALGORITHM_LABELS = {"blender": "blended (BLENDER)", "optin-only": "opt-in only",
                     "client-only": "client only", "blender-tuned": "BLENDER, knobs from hybriddp tune",

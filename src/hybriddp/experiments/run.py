@@ -1,6 +1,6 @@
 """``run_experiment``: figures → runs → ``trials.csv`` → ``figN.csv``/``.png``, ``summary.json``, ``report.md``.
 
-Every output is replaced atomically (:mod:`hybriddp.io.atomic`): a killed experiment leaves each
+Every output is replaced atomically (:mod:`hybriddp.core.atomic`): a killed experiment leaves each
 file as it was or complete; ``trials.csv`` is the resume log (:class:`~hybriddp.experiments.runner.TrialStore`).
 """
 
@@ -11,11 +11,12 @@ import io
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hybriddp.core.atomic import check_output_dir, write_bytes, write_text
+from hybriddp.core.stages import ProgressFn
 from hybriddp.experiments import claims as claims_mod
 from hybriddp.experiments import plots
 from hybriddp.experiments.aggregate import PointStat, figure9_summary, figure_points
@@ -23,7 +24,6 @@ from hybriddp.experiments.datasets import DatasetSpec
 from hybriddp.experiments.figures import FAMILY_ALGORITHMS, Figure, Point, figures, select
 from hybriddp.experiments.report import write_report
 from hybriddp.experiments.runner import TABLES_FILE, TRIALS_FILE, RunSet, Task, TrialStore, execute, make_tasks
-from hybriddp.io.atomic import check_output_dir, write_bytes, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +32,6 @@ POINT_COLUMNS = ("algorithm", "x", "metric", "head_list_size", "mean", "lo", "hi
 FIG9_CSV_COLUMNS = ("query", "p_true", "p_blended", "p_optin_sum", "p_client_direct", "p_client_sum",
                     "p_blended_regression", "p_optin_sum_regression", "p_client_direct_regression",
                     "p_client_sum_regression")
-
-ProgressFn = Callable[[int, int], None]
 
 
 @dataclass
@@ -71,7 +69,7 @@ def run_experiment(name: str, spec: DatasetSpec, *, trials: int = 5, out_dir: Pa
     quick : tiny grids (tests).
     progress : ``progress(done, total)`` after each run (and once at the start).
     """
-    from hybriddp.errors import parameter_error
+    from hybriddp.core.errors import parameter_error
 
     t0 = time.perf_counter()
     selected = select(name)
@@ -164,7 +162,7 @@ def _write_outputs(out_dir: Path, figs: dict[str, Figure], base: Point, runs: Ru
 
 
 def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
-    """Replace ``path`` atomically (:mod:`hybriddp.io.atomic`) with ``rows`` as CSV."""
+    """Replace ``path`` atomically (:mod:`hybriddp.core.atomic`) with ``rows`` as CSV."""
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, columns, extrasaction="ignore")
     w.writeheader()

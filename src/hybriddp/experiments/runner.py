@@ -2,7 +2,7 @@
 
 A *task* is one run of one algorithm family at one :class:`~hybriddp.experiments.figures.Point`
 for one trial. The ``blender`` family is one BLENDER run giving the paired ``blender``,
-``optin-only`` and ``client-only`` results (:func:`hybriddp.algorithms.blender_family`);
+``optin-only`` and ``client-only`` results (:func:`hybriddp.simulation.algorithms.blender_family`);
 ``local-only`` and ``local-only-hashed`` are the baselines of paper Fig. 12, and ``blender-tuned``
 is BLENDER with tune's knobs (:mod:`hybriddp.experiments.tuned`). Tasks do not belong to figures: a point that
 several figures use is run once.
@@ -27,7 +27,6 @@ so ``jobs`` processes use ``jobs`` cores.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import logging
@@ -40,17 +39,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hybriddp.errors import DataError, HybridDPError
+from hybriddp.core.atomic import write_bytes
+from hybriddp.core.errors import DataError, HybridDPError
+from hybriddp.core.records import RecordLog
+from hybriddp.core.rng import hash_seed
 from hybriddp.experiments.codeversion import family_fingerprint
 from hybriddp.experiments.figures import FAMILY_ALGORITHMS, FAMILY_OF, Point
-from hybriddp.io.atomic import write_bytes
-from hybriddp.records import RecordLog
 
 logger = logging.getLogger(__name__)
 
 METRICS = ("ndcg", "ndcg_queries", "ndcg_queries_at_10", "l1", "l1_queries", "hit_rate", "top_url_rate",
            "mass_outside_head_list")
-"""Metrics written for every run (ALGORITHM.md §9; :func:`hybriddp.evaluate.score`)."""
+"""Metrics written for every run (ALGORITHM.md §9; :func:`hybriddp.simulation.evaluate.score`)."""
 
 FIG9_COLUMNS = ("p_blended", "p_optin_sum", "p_client_direct", "p_client_sum")
 """The estimate columns of the paper's Fig. 9 (blended, opt-in Σ_u, client direct, client Σ_u)."""
@@ -90,12 +90,6 @@ def row_key(row: dict[str, Any]) -> tuple[str, ...]:
     return _key(*(row[c] for c in KEY_COLUMNS))
 
 
-def hash_seed(*parts: object) -> int:
-    """A 63-bit seed hashed from ``parts`` (joined by ``|``): independent streams per purpose."""
-    digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
-
-
 def trial_seed(seed: int, trial: int, point: Point) -> int:
     """The algorithm seed of trial ``trial`` at ``point``: a 63-bit hash of (seed, trial, point)."""
     return hash_seed(seed, trial, point.key())
@@ -118,7 +112,7 @@ class TrialStore:
     Both files are resume logs that grow by one finished run at a time. A run's lines are
     appended in one write, flushed and fsynced (the table line before the CSV rows); a file is
     created with its header, compacted or repaired only by an atomic rewrite
-    (:mod:`hybriddp.io.atomic`). So a process killed at any moment leaves both files readable:
+    (:mod:`hybriddp.core.atomic`). So a process killed at any moment leaves both files readable:
     at worst the last line is cut off. The reader ignores such a torn line (it is the run in
     progress at the kill; it is run again), logs a warning naming the file, counts it in
     :attr:`torn`, and rewrites the file atomically before anything is appended after it.
@@ -295,11 +289,11 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
     """Run one task on the module's log; returns its ``trials.csv`` rows and (BLENDER) its Fig. 9 table.
 
     A run that cannot complete for a reason the user can cause (e.g. the opt-in group's head list
-    is empty at a small opt-in fraction; :class:`~hybriddp.errors.HybridDPError`) gives rows with
+    is empty at a small opt-in fraction; :class:`~hybriddp.core.errors.HybridDPError`) gives rows with
     the error and ``head_list_records = 0``: the point is then missing from the figure.
     """
-    from hybriddp.algorithms import blender_family, reblended, run_algorithm
-    from hybriddp.pipeline import run_blender
+    from hybriddp.simulation.algorithms import blender_family, reblended, run_algorithm
+    from hybriddp.simulation.pipeline import run_blender
 
     if _LOG is None:
         raise RuntimeError("run_task: no log loaded (set_log first)")
@@ -354,8 +348,8 @@ def _num(v: Any) -> float | None:
 
 def _init_worker() -> None:
     """One thread per worker process, so ``jobs`` processes use ``jobs`` cores: the library's own
-    pools (:func:`hybriddp.threads.default_threads`) and BLAS (these variables)."""
-    from hybriddp.threads import set_default_threads
+    pools (:func:`hybriddp.core.threads.default_threads`) and BLAS (these variables)."""
+    from hybriddp.core.threads import set_default_threads
 
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"

@@ -8,7 +8,7 @@ deployment:
 1. **Round 1 (pilot)** at the paper's defaults: an independent opt-in draw of the same users
    (seed ``blake2b(trial seed | "pilot")``) runs the curator (CreateHeadList and
    EstimateOptinProbabilities, ALGORITHM.md §3–§4) and releases the two documents ``hybriddp headlist``
-   writes — the device head list and the opt-in estimates (:func:`hybriddp.parties.curate`).
+   writes — the device head list and the opt-in estimates (:func:`hybriddp.curator.party.curate`).
 2. **Tune** reads those two documents only (:func:`hybriddp.tune.inputs.from_release`), fits its
    population model and picks (f_O, f_C) for the point's M (:func:`hybriddp.tune.tune` with
    ``head_list_size``; 3 simulated populations per candidate, in-process).
@@ -26,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hybriddp.errors import HybridDPError
+from hybriddp.core.errors import HybridDPError
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import RecordLog
+from hybriddp.core.rng import hash_seed
+from hybriddp.curator.party import curate
 from hybriddp.experiments.figures import Point
-from hybriddp.experiments.runner import hash_seed
-from hybriddp.params import BlenderParams
-from hybriddp.parties import curate
-from hybriddp.pipeline import split_optin
-from hybriddp.records import RecordLog
+from hybriddp.simulation.pipeline import split_optin
 
 TUNE_TRIALS = 3
 """Simulated populations per candidate in the experiment's tune calls (tune's own default)."""
@@ -41,7 +41,7 @@ TUNE_TRIALS = 3
 def tuned_params(log: RecordLog, point: Point, seed: int) -> tuple[BlenderParams, dict[str, Any]]:
     """The round-2 parameters of ``blender-tuned`` at ``point`` (module docstring) and what tune said.
 
-    Raises :class:`~hybriddp.errors.HybridDPError` subclasses when round 1 forms no usable list
+    Raises :class:`~hybriddp.core.errors.HybridDPError` subclasses when round 1 forms no usable list
     or no f_O forms M (the point is then missing, as in the paper).
     """
     from hybriddp.tune import tune

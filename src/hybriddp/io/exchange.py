@@ -1,6 +1,6 @@
 """Files that cross machines in the file workflow: curator → devices → server (docs/FORMATS.md).
 
-This module only reads and writes; what the documents mean is :mod:`hybriddp.parties`.
+This module only reads and writes; what the documents mean is :mod:`hybriddp.curator.release`.
 
 * the curator's release: the device head list and the opt-in estimates, two JSON files
   (:func:`write_release_files`, :func:`read_release_files`);
@@ -13,7 +13,7 @@ This module only reads and writes; what the documents mean is :mod:`hybriddp.par
   The trailer lets a reader tell a complete file from a truncated one; a file without it,
   or whose counts disagree, is refused.
 
-Every file is written to a temporary file and renamed (:mod:`hybriddp.io.atomic`), so a failed
+Every file is written to a temporary file and renamed (:mod:`hybriddp.core.atomic`), so a failed
 or killed writer leaves earlier files as they were. Raw opt-in records are never written here.
 """
 
@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from hybriddp.errors import DataError, HeadListError
-from hybriddp.io.atomic import atomic_open, atomic_path
-from hybriddp.io.jsonfile import read_json
+from hybriddp.core.atomic import atomic_open, atomic_path
+from hybriddp.core.errors import DataError, HeadListError
+from hybriddp.core.jsonfile import read_json
 
 REPORTS_FORMAT = "hybriddp-reports"
 REPORTS_VERSION = 2
@@ -54,7 +54,7 @@ def write_release_files(headlist_path: str | Path, estimates_path: str | Path, h
 
 
 def read_release_files(headlist_path: str | Path, estimates_path: str | Path) -> tuple[Any, Any]:
-    """The two parsed JSON documents (validated by :func:`hybriddp.parties.release_from_documents`)."""
+    """The two parsed JSON documents (validated by :func:`hybriddp.curator.release.release_from_documents`)."""
     return (read_json(headlist_path, "head list", HeadListError),
             read_json(estimates_path, "opt-in estimates", DataError))
 
@@ -95,7 +95,7 @@ def read_messages(path: str | Path) -> Iterator[tuple[str, Any]]:
     ``where`` is ``"FILE, line N"`` for error messages. The header must name the format and
     the trailer must close the file with the right counts; otherwise :class:`DataError` says
     the file is truncated or not a reports file. Messages are yielded as parsed JSON, to be
-    checked by the server (:class:`hybriddp.parties.server.MessageCounter`).
+    checked by the server (:class:`hybriddp.server.party.MessageCounter`).
     """
     p = Path(path)
     if not p.is_file():

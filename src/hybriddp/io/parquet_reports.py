@@ -6,8 +6,8 @@ with one ``id``; a resent message repeats its (id, pos) rows and is counted once
 holds ``part-NNNNN.parquet`` files; it is written under a temporary name and renamed when
 complete, so a reader never sees half a directory.
 
-Counted by :func:`hybriddp.backends.spark_reports.count_reports_spark` (Spark) or, in one
-process, by :func:`read_parquet_messages` feeding :class:`~hybriddp.parties.server.MessageCounter`.
+Counted by :func:`hybriddp.spark.reports.count_reports_spark` (Spark) or, in one
+process, by :func:`read_parquet_messages` feeding :class:`~hybriddp.server.party.MessageCounter`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hybriddp.errors import DataError
+from hybriddp.core.errors import DataError
 
 REPORT_SCHEMA = pa.schema([("id", pa.string()), ("pos", pa.int32()), ("headlist", pa.string()),
                            ("query", pa.string()), ("url", pa.string())])

@@ -1,11 +1,13 @@
-"""Opening log files: decompression by name, refusing non-text files, repairing UTF-8.
+"""Opening log files: the format and compression a name says, refusing non-text files, repairing UTF-8.
 
-Used by :mod:`hybriddp.io.loaders`. A file is decompressed when its name ends in ``.gz``,
-``.bz2`` or ``.zst`` (and refused when its first bytes say otherwise). Where text is expected,
+Used by the log readers (:mod:`hybriddp.io.loaders`) and the value reader (:mod:`hybriddp.io.values`).
+A file is decompressed when its name ends in ``.gz``, ``.bz2`` or ``.zst`` (and refused when its first
+bytes say otherwise); :func:`table_format` is the one reading of a table's format from its name. Where
+text is expected,
 :func:`check_text` refuses what is clearly not text (compressed data under another name,
 Parquet, ZIP, SQLite, UTF-16, NUL bytes near the start), and :class:`Utf8Repair` replaces bytes
 that are not UTF-8 by U+FFFD before parsing. Every failure is a one-line
-:class:`~hybriddp.errors.DataError` naming the file and the fix.
+:class:`~hybriddp.core.errors.DataError` naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -15,11 +17,16 @@ import os
 
 import pyarrow as pa
 
-from hybriddp.errors import DataError
+from hybriddp.core.errors import DataError
 
 logger = logging.getLogger("hybriddp.io.loaders")
+"""The one logger of every log reader's messages (AOL, tables, item logs)."""
 
 COMPRESSION = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
+TABLE_FORMATS = ("csv", "tsv", "parquet")
+TABLE_EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".txt": "tsv", ".parquet": "parquet",
+                    ".pq": "parquet"}
+"""The table format each file extension names (a compression suffix is looked through)."""
 _CODEC_MAGIC = {"gzip": (b"\x1f\x8b", "gzip-compressed"), "bz2": (b"BZh", "bzip2-compressed"),
                 "zstd": (b"\x28\xb5\x2f\xfd", "zstd-compressed")}
 _OTHER_MAGIC = ((b"PK\x03\x04", "a ZIP archive", "unpack it first"),
@@ -51,6 +58,25 @@ def base_ext(path: str) -> str:
     if ext in COMPRESSION:
         root, ext = os.path.splitext(root)
     return ext
+
+
+def table_format(path: str, fmt: str | None = None) -> str:
+    """``fmt`` when given, else the table format (one of :data:`TABLE_FORMATS`) the file name says.
+
+    ``.csv`` is comma-separated with double-quote quoting; ``.tsv``, ``.tab`` and ``.txt`` are
+    tab-separated without quoting; ``.parquet`` and ``.pq`` are Parquet. ``.txt`` is tab-separated
+    because the AOL logs are distributed as ``.txt`` files of tab-separated rows (a ``.txt`` log whose
+    first line is the AOL header is read as AOL by :func:`hybriddp.io.loaders.detect_format`). A
+    compression suffix is looked through: ``a.txt.gz`` is TSV. Another name is a :class:`DataError`
+    asking for ``--format``.
+    """
+    if fmt is not None:
+        return fmt
+    kind = TABLE_EXTENSIONS.get(base_ext(path))
+    if kind is None:
+        raise DataError(f"cannot tell the table format of {path} from its extension; "
+                        "pass --format csv, tsv or parquet")
+    return kind
 
 
 def open_stream(path: str) -> tuple[pa.NativeFile, pa.NativeFile]:

@@ -1,38 +1,25 @@
 """Reading one numeric column (one value per user) for hybrid mean estimation (ALGORITHM.md §11).
 
-CSV/TSV (``.gz``/``.bz2``/``.zst`` allowed) and Parquet; every unusable value is a
-:class:`~hybriddp.errors.DataError` naming the file, the line (or row) and the value.
+CSV/TSV (``.gz``/``.bz2``/``.zst`` allowed) and Parquet, the format from ``--format`` or the name
+(:func:`~hybriddp.io.textfiles.table_format`: ``.txt`` is TSV); every unusable value is a
+:class:`~hybriddp.core.errors.DataError` naming the file, the line (or row) and the value.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import numpy as np
 
-from hybriddp.errors import DataError
+from hybriddp.core.errors import DataError
+from hybriddp.io.textfiles import TABLE_FORMATS, check_file, table_format
+
+__all__ = ["TABLE_FORMATS", "read_value_column", "table_format"]
 
 logger = logging.getLogger(__name__)
 
-TABLE_FORMATS = ("csv", "tsv", "parquet")
-_TEXT_EXT = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet", ".pq": "parquet"}
-_COMPRESSED = (".gz", ".bz2", ".zst")
 _NUMBER = r"^\s*[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*$"
-
-
-def table_format(path: str, fmt: str | None = None) -> str:
-    """csv / tsv / parquet from ``fmt`` or the file name (``.csv.gz`` etc. allowed for text)."""
-    if fmt is not None:
-        return fmt
-    name = path.lower()
-    for ext in _COMPRESSED:
-        name = name.removesuffix(ext)
-    kind = _TEXT_EXT.get(os.path.splitext(name)[1])
-    if kind is None:
-        raise DataError(f"{path}: cannot tell the format from the file name; pass --format csv, tsv or parquet")
-    return kind
 
 
 def _missing_column(path: str, column: str, present: list[str]) -> DataError:
@@ -65,7 +52,7 @@ def _read_text_column(path: str, column: str, delimiter: str) -> np.ndarray:
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
-    from hybriddp.io.loaders import header_names
+    from hybriddp.io.blocks import header_names, physical_lines
 
     names = header_names(path, delimiter, quoted=delimiter == ",")
     if column not in names:
@@ -104,25 +91,14 @@ def _read_text_column(path: str, column: str, delimiter: str) -> np.ndarray:
         cells = pc.utf8_trim_whitespace(table.column(name).combine_chunks())
         blank &= np.asarray(pc.fill_null(pc.equal(cells, ""), True).to_numpy(zero_copy_only=False), dtype=bool)
     if blank.any():
-        lines = _lines(np.flatnonzero(blank), skipped_lines)
+        lines = physical_lines(np.flatnonzero(blank), skipped_lines)
         skipped_lines = np.sort(np.concatenate([skipped_lines, lines]))
         strings = strings.filter(pa.array(~blank))
 
     def where(k: int) -> str:
-        return f"line {int(_lines(np.array([k]), skipped_lines)[0])}"
+        return f"line {int(physical_lines(np.array([k]), skipped_lines)[0])}"
 
     return _parse_numbers(strings, path, column, where)
-
-
-def _lines(rows: np.ndarray, skipped: np.ndarray) -> np.ndarray:
-    """Physical line numbers of data rows ``rows`` (0-based) given the skipped lines (header is line 1)."""
-    base = np.asarray(rows, dtype=np.int64) + 2
-    lines = base
-    while True:  # fixed point: line = base + number of skipped lines at or before it
-        nxt = base + np.searchsorted(skipped, lines, side="right")
-        if np.array_equal(nxt, lines):
-            return lines
-        lines = nxt
 
 
 def _read_parquet_column(path: str, column: str) -> np.ndarray:
@@ -161,8 +137,7 @@ def read_value_column(path: str, column: str, fmt: str | None = None) -> np.ndar
     Errors name the file, the column and the line (text; the header is line 1) or row
     (Parquet). Values must be finite numbers; blank lines are skipped.
     """
-    if not os.path.isfile(path):
-        raise DataError(f"file not found: {path}" if not os.path.exists(path) else f"not a regular file: {path}")
+    check_file(path)
     kind = table_format(path, fmt)
     if kind == "parquet":
         values = _read_parquet_column(path, column)
@@ -172,6 +147,3 @@ def read_value_column(path: str, column: str, fmt: str | None = None) -> np.ndar
         raise DataError(f"{path}: no rows; one row per user is needed")
     logger.info("read %d values from column %r of %s", len(values), column, path)
     return values
-
-
-# ----- options ------------------------------------------------------------------------------

@@ -31,20 +31,20 @@ The formula functions take n and c as real numbers (for plots); the mechanisms a
 use the realized group sizes, c = n_T/n. Clamping to [lo, hi] happens before anything else;
 the errors are about the mean of the clamped values, and clamping is counted and reported.
 
-Randomness: NumPy generators from :func:`hybriddp.rng.make_rng` (OS-seeded unless a seed is
+Randomness: NumPy generators from :func:`hybriddp.core.rng.make_rng` (OS-seeded unless a seed is
 given; a seed is for experiments only and gives no privacy). One device's randomizer without
-NumPy is :mod:`hybriddp.mean_device`.
+NumPy is :mod:`hybriddp.device.mean`.
 
 Floating-point noise: the mechanisms above and :func:`simulate` add NumPy's float Laplace noise,
 which is fine for simulations and studies but leaks through its low-order bits in a deployment
-(Mironov 2012). The collection service's curator uses :class:`DiscreteMeanCurator`
-(:mod:`hybriddp.mean.curator`): the same opt-in mean and private variance from integers, with
+(Mironov 2012). The collection service's curator uses
+:class:`hybriddp.curator.mean.DiscreteMeanCurator`: the same opt-in mean and private variance from integers, with
 exact discrete Laplace noise drawn from the OS CSPRNG.
 """
 
 from __future__ import annotations
 
-# ``X as X``: a public name of the former single module that is not in __all__, still reachable as
+# ``X as X``: a public name that is not in __all__, reachable as
 # ``hybriddp.mean.X``. The private helpers live in the submodules; the logger lives in ``inputs``.
 from hybriddp.mean.analysis import (
     crossover_n,
@@ -56,7 +56,6 @@ from hybriddp.mean.analysis import (
     mse_only_tcm,
     optimal_weight,
 )
-from hybriddp.mean.curator import DiscreteEstimate, DiscreteMeanCurator
 from hybriddp.mean.data import DataRun, simulate_on_data
 from hybriddp.mean.distributions import Distribution
 from hybriddp.mean.inputs import OPTION_NAMES as OPTION_NAMES
@@ -72,8 +71,6 @@ __all__ = [
     "VARIANCE_SHARE",
     "ClampCount",
     "DataRun",
-    "DiscreteEstimate",
-    "DiscreteMeanCurator",
     "Distribution",
     "FullLM",
     "Hybrid",

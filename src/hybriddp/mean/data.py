@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from hybriddp.core.params import check_seed
+from hybriddp.core.rng import SEED_WARNING, make_rng
 from hybriddp.mean.inputs import (
     VARIANCE_SHARE,
     ClampCount,
@@ -18,8 +20,6 @@ from hybriddp.mean.inputs import (
     group_sizes,
 )
 from hybriddp.mean.mechanisms import FullLM, Hybrid, HybridUnknownVariance, MeanEstimate, OnlyTCM
-from hybriddp.params import check_seed
-from hybriddp.rng import SEED_WARNING, make_rng
 
 
 @dataclass(frozen=True)

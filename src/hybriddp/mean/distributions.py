@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybriddp.errors import parameter_error
+from hybriddp.core.errors import parameter_error
 from hybriddp.mean.inputs import _label
 
 _DYADIC = 2.0 ** -np.arange(1, 54)  # bit weights of a 53-bit uniform (NumPy's random())

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.errors import DataError, parameter_error
+from hybriddp.core.errors import DataError, parameter_error
 
 # the package's one logger, under the name the single module logged as ("hybriddp.mean")
 logger = logging.getLogger(__package__)
@@ -124,7 +124,7 @@ class MeanSetting:
 def group_sizes(n: int, optin_fraction: float) -> tuple[int, int]:
     """(n_T, n_L) = (round(c·n), n − n_T); both groups must be non-empty (ALGORITHM.md §11).
 
-    ``round`` is Python's (as in :func:`hybriddp.pipeline.split_optin`).
+    ``round`` is Python's (as in :func:`hybriddp.simulation.pipeline.split_optin`).
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
         raise parameter_error(_label("n"), n, "an integer >= 2 (number of users)")

@@ -3,9 +3,9 @@
 Floating-point noise, for simulations and studies only (``hybriddp mean simulate / estimate``): these
 mechanisms add NumPy's float Laplace noise, whose low-order bits can leak the data in a deployment
 (Mironov 2012). The collection service's curator computes the same opt-in mean and private variance
-with exact discrete Laplace noise on integer statistics: :class:`hybriddp.mean.curator.DiscreteMeanCurator`
+with exact discrete Laplace noise on integer statistics: :class:`hybriddp.curator.mean.DiscreteMeanCurator`
 (ALGORITHM.md §11, §3.2). The device side of FullLM and the Hybrid's local reports is
-:mod:`hybriddp.mean_device`.
+:mod:`hybriddp.device.mean`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.errors import DataError
+from hybriddp.core.errors import DataError
+from hybriddp.core.rng import make_rng
 from hybriddp.mean.analysis import mse_full_lm, mse_hybrid, mse_only_tcm, optimal_weight
 from hybriddp.mean.inputs import (
     VARIANCE_SHARE,
@@ -29,7 +30,6 @@ from hybriddp.mean.inputs import (
     _variance,
     clamp_values,
 )
-from hybriddp.rng import make_rng
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class FullLM(_Mechanism):
 
     Guarantee: every user, opt-in or not, gets ε-LDP. Expected squared error MSE_F = 2Δ²/(ε² n)
     (it does not depend on the data). The device-side randomizer is
-    :class:`hybriddp.mean_device.NumericRandomizer`; this is its batch (NumPy) equivalent.
+    :class:`hybriddp.device.mean.NumericRandomizer`; this is its batch (NumPy) equivalent.
     """
 
     name = "FullLM"
@@ -135,7 +135,7 @@ class OnlyTCM(_Mechanism):
     opt-in mean moves by at most Δ/n_T); the local users' data is not used. The analytic error
     MSE_T needs σ²: pass ``sigma2`` (known), else the worst case Δ²/4 is used (an upper bound).
     The noise is float Laplace: simulation only (the service's curator uses
-    :class:`~hybriddp.mean.curator.DiscreteMeanCurator`).
+    :class:`~hybriddp.curator.mean.DiscreteMeanCurator`).
     """
 
     name = "OnlyTCM"
@@ -171,7 +171,7 @@ class Hybrid(_Mechanism):
     Guarantee: opt-in users ε-DP (trusted curator), local users ε-LDP. The weight depends only
     on public quantities (n_T, n_L, ε, Δ and the *known* σ²), so it costs no privacy. The noise
     is float Laplace: simulation only (the service's curator computes μ̂_T with
-    :class:`~hybriddp.mean.curator.DiscreteMeanCurator`, the devices use :mod:`hybriddp.mean_device`).
+    :class:`~hybriddp.curator.mean.DiscreteMeanCurator`, the devices use :mod:`hybriddp.device.mean`).
 
     Parameters
     ----------
@@ -282,7 +282,7 @@ class HybridUnknownVariance(Hybrid):
 
         Float Laplace noise: simulation only. The service's curator releases σ̂² with exact discrete
         noise on the integer statistic n·Σk² − (Σk)² of the snapped values, same sensitivity argument
-        (:meth:`hybriddp.mean.curator.DiscreteMeanCurator.private_variance`).
+        (:meth:`hybriddp.curator.mean.DiscreteMeanCurator.private_variance`).
         """
         n_t = len(optin_values)
         s2 = float(np.var(optin_values, ddof=1)) if n_t > 1 else 0.0

@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.io.atomic import atomic_path, check_output_path
+from hybriddp.core.atomic import atomic_path, check_output_path
 from hybriddp.mean.analysis import crossover_n, improvement, mse_full_lm, mse_hybrid_optimal, mse_only_tcm
 from hybriddp.mean.inputs import _fraction
 
 
 def _save(fig: Any, path: str | Path) -> None:
-    """Write ``fig`` through :mod:`hybriddp.io.atomic` (temporary file, rename), in the format of the name."""
+    """Write ``fig`` through :mod:`hybriddp.core.atomic` (temporary file, rename), in the format of the name."""
     fmt = Path(path).suffix.lstrip(".").lower() or "png"
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=fmt)

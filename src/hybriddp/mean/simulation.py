@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.errors import parameter_error
+from hybriddp.core.errors import parameter_error
+from hybriddp.core.params import check_seed
+from hybriddp.core.rng import SEED_WARNING, make_rng
 from hybriddp.mean.analysis import improvement, mse_full_lm, mse_hybrid_optimal, mse_only_tcm, optimal_weight
 from hybriddp.mean.distributions import _BLOCK_ELEMENTS, Distribution
 from hybriddp.mean.inputs import (
@@ -23,8 +25,6 @@ from hybriddp.mean.inputs import (
     group_sizes,
     logger,
 )
-from hybriddp.params import check_seed
-from hybriddp.rng import SEED_WARNING, make_rng
 
 _MAX_JOB_TRIALS = 1 << 15
 

@@ -5,7 +5,7 @@ against the head list (:class:`hybriddp.service.rounds.BlenderReports`). In the 
 work would hold the GIL the event loop and the group-commit writer need; in a worker process it
 runs on another core. The worker gets the body and a *recipe* of the round's checker (the
 published documents, sent only the first time a worker meets the round) and sends back the checked
-``(message id, entries)`` items, or the :class:`~hybriddp.errors.HybridDPError` that refused the body.
+``(message id, entries)`` items, or the :class:`~hybriddp.core.errors.HybridDPError` that refused the body.
 Nothing is stored by a worker: storing stays with the one writer of the server process.
 
 Workers are started lazily (spawned, not forked: the server has threads) and exit on their own
@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from hybriddp.errors import HybridDPError
+from hybriddp.core.errors import HybridDPError
 from hybriddp.service.bodies import parse_messages
 from hybriddp.service.metrics import Metrics
 

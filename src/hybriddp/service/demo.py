@@ -1,9 +1,9 @@
 """The demo through the collection service: one BLENDER round over HTTP on a local server.
 
 :func:`service_round` plays every party of paper Fig. 1 against a running server with the SDK
-(:mod:`hybriddp.client`): the operator creates the round and enrols the opt-in users, each opt-in
+(:mod:`hybriddp.sdk.client`): the operator creates the round and enrols the opt-in users, each opt-in
 user uploads their raw records, the server builds and publishes the head list, every client
-device randomizes its records (the device randomizer, :func:`hybriddp.parties.device.log_messages`)
+device randomizes its records (the device randomizer, :func:`hybriddp.device.party.log_messages`)
 and the messages are submitted in batches, the operator closes the round, and the result is
 fetched. :func:`service_demo` does that on a temporary SQLite database behind a server started on
 127.0.0.1 (:func:`local_server`); ``hybriddp demo --service`` and ``hybriddp serve --demo`` call it.
@@ -13,14 +13,14 @@ open for reports (:func:`collecting_round`: head list published, no device repor
 local-search page can search the finished round and contribute to the open one.
 
 Reproducing a seeded simulation. With a seed the round is created as an *experiment* (no privacy):
-the opt-in users are :func:`hybriddp.pipeline.split_optin`'s, enrolled in the simulation's order,
+the opt-in users are :func:`hybriddp.simulation.pipeline.split_optin`'s, enrolled in the simulation's order,
 each uploading their records in log order; the head-list build gets the seed and the order of the
 vocabulary codes (CreateHeadList draws one noise value per distinct record in code order), and the
 devices replay the batch randomizer's draws (``log_messages(..., seed=seed)``). The server then
 computes exactly what ``hybriddp demo --seed`` computes.
 
 Scoring. The server knows no truth. The demo rebuilds the server's result from the published
-release (head list, opt-in estimates, report counts: :func:`hybriddp.parties.serve_estimates`),
+release (head list, opt-in estimates, report counts: :func:`hybriddp.server.party.serve_estimates`),
 checks it equals the result the server published, and scores it against the distribution of the
 records the parties sampled (ALGORITHM.md §9): with a seed the simulation replays the curator's and
 the devices' sampling; without one the parties' samples are secret and a fresh sample stands in.
@@ -42,24 +42,25 @@ from typing import Any
 import httpx
 import numpy as np
 
-from hybriddp.client import Acknowledgement, AdminClient, DeviceClient, OptinRelay
-from hybriddp.errors import DataError, HybridDPError
-from hybriddp.evaluate import ground_truth, score, truth_vectors
-from hybriddp.headlist import HeadList
-from hybriddp.noise import noise_factory
-from hybriddp.params import BlenderParams
-from hybriddp.parties import release_from_documents, serve_estimates
-from hybriddp.parties.curator import curator_side
-from hybriddp.parties.device import log_messages, sample_clients
-from hybriddp.pipeline import split_optin
-from hybriddp.records import NO_URL, RecordLog, SampledRecords, sample_records
-from hybriddp.result import Result
-from hybriddp.rng import stage_rng
-from hybriddp.stages import Stages
+from hybriddp.core.errors import DataError, HybridDPError
+from hybriddp.core.headlist import HeadList
+from hybriddp.core.noise import noise_factory
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import NO_URL, RecordLog, SampledRecords, sample_records
+from hybriddp.core.rng import stage_rng
+from hybriddp.core.stages import Stages
+from hybriddp.curator.party import curator_side
+from hybriddp.curator.release import release_from_documents
+from hybriddp.device.party import log_messages, sample_clients
+from hybriddp.sdk.client import Acknowledgement, AdminClient, DeviceClient, OptinRelay
+from hybriddp.server.party import serve_estimates
+from hybriddp.server.result import Result
+from hybriddp.simulation.evaluate import ground_truth, score, truth_vectors
+from hybriddp.simulation.pipeline import split_optin
 
 RUN_SIZES = ("users", "records", "optin_users", "optin_users_s", "optin_users_t", "clients", "records_s",
              "records_t", "reports", "head_list_s_records", "head_list_s_queries")
-"""The sizes of a simulated run (:func:`hybriddp.pipeline.result_from_run`), in its order."""
+"""The sizes of a simulated run (:func:`hybriddp.simulation.pipeline.result_from_run`), in its order."""
 
 MESSAGES_PER_REQUEST = 20_000
 """Device messages per batched submission (NDJSON)."""
@@ -216,7 +217,7 @@ def collecting_round(log: RecordLog, params: BlenderParams, exclude: np.ndarray,
 def scored_result(log: RecordLog, params: BlenderParams, release: dict[str, Any], optin_users: np.ndarray,
                   client_users: np.ndarray, *, seed: int | None, noise: str) -> Result:
     """The server's result rebuilt from its release, named in the log's vocabulary, with truth and metrics
-    as :func:`hybriddp.pipeline.result_from_run` computes them."""
+    as :func:`hybriddp.simulation.pipeline.result_from_run` computes them."""
     rel = release_from_documents(release["headlist"], release["estimates"], headlist_source="the round's head list",
                                  estimates_source="the round's opt-in estimates")
     counts = np.asarray(release["counts"], dtype=np.int64)
@@ -320,7 +321,7 @@ def populate_demo(db_url: str, *, preset: str = "aol", scale: float = 0.1, seed:
     """``hybriddp serve --demo``: run a demo round (paper defaults, OS randomness unless ``seed``) into the
     database at ``db_url`` through a temporary server; the round stays there, results published, next to a
     second round of the same population left collecting reports (:func:`collecting_round`)."""
-    from hybriddp.io.synth import generate
+    from hybriddp.datasets.synth import generate
 
     stages = stages or Stages()
     params = BlenderParams.paper_defaults(preset)

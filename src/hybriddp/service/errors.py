@@ -1,13 +1,16 @@
 """Errors of the collection service, each mapped to one HTTP status by :mod:`hybriddp.service.app`.
 
-All are :class:`~hybriddp.errors.HybridDPError` subclasses whose message names what was wrong and
+All are :class:`~hybriddp.core.errors.HybridDPError` subclasses whose message names what was wrong and
 the fix, like the rest of hybriddp. Anything else escaping a request is a bug (HTTP 500).
 """
 
 from __future__ import annotations
 
-from hybriddp.errors import DataError, HeadListError, HybridDPError, ParameterError
-from hybriddp.ledger import BudgetExceededError, LedgerError
+import json
+from typing import Any
+
+from hybriddp.core.errors import DataError, HeadListError, HybridDPError, ParameterError
+from hybriddp.privacy.ledger import BudgetExceededError, LedgerError
 
 
 class ServiceError(HybridDPError):
@@ -102,3 +105,14 @@ def error_payload(exc: HybridDPError) -> tuple[int, dict[str, dict[str, str]], d
     status, code = classify(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
     return status, {"error": {"code": code, "message": str(exc)}}, headers
+
+
+def describe_errors(errs: Any) -> str:
+    """Pydantic's validation errors in one line: field, problem and the value given, for the first five."""
+    parts = []
+    for e in list(errs)[:5]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        got = "" if e.get("type") == "missing" else f" (got {json.dumps(e.get('input'), default=str)[:60]})"
+        parts.append(f"{loc}: {e.get('msg', 'invalid')}{got}")
+    more = f"; and {len(errs) - 5} more" if len(errs) > 5 else ""
+    return "; ".join(parts) + more

@@ -3,7 +3,7 @@
 :func:`export_reports` writes a BLENDER round's stored messages as a Parquet reports directory
 (docs/FORMATS.md: one row per report), mapping each stored head-list entry back to the (query, url)
 the device reported. :func:`close_with_spark` closes a round (reports are refused from then on),
-exports it, counts the export with Spark (:func:`hybriddp.backends.spark_reports.count_reports_spark`),
+exports it, counts the export with Spark (:func:`hybriddp.spark.reports.count_reports_spark`),
 checks those counts against the database's own and publishes the same results a normal close would
 (ALGORITHM.md §6, §7). Reads go through the store's tables; nothing here writes to them except the
 close itself (``Store.start_close``/``Store.finish_close``).
@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow as pa
 from sqlalchemy import select
 
-from hybriddp.errors import DataError
+from hybriddp.core.errors import DataError
+from hybriddp.curator.release import CuratorRelease, release_from_documents
 from hybriddp.io.parquet_reports import ReportsWriter, atomic_directory
-from hybriddp.parties import CuratorRelease, release_from_documents
 from hybriddp.service import schema as s
 from hybriddp.service.store import RoundInfo, Store
 
@@ -57,7 +57,7 @@ def _stored_reports(store: Store, round_num: int) -> list[tuple[str, int]]:
 
 def export_reports(store: Store, round_id: str, path: str | os.PathLike[str]) -> tuple[int, int]:
     """Write the round's stored reports as a Parquet reports directory at ``path``; (messages, reports)."""
-    from hybriddp.backends.spark_reports import entry_table
+    from hybriddp.spark.reports import entry_table
 
     info = store.round(round_id)
     release = _release(store, info)
@@ -84,9 +84,9 @@ def export_reports(store: Store, round_id: str, path: str | os.PathLike[str]) ->
 def close_with_spark(store: Store, round_id: str, path: str | os.PathLike[str],
                      spark: SparkSession | None = None) -> RoundInfo:
     """Close the round, export its reports to ``path``, count them with Spark, publish the results."""
-    from hybriddp.backends.spark_reports import count_reports_spark
-    from hybriddp.backends.spark_session import spark_session
     from hybriddp.service.rounds import blender_result
+    from hybriddp.spark.reports import count_reports_spark
+    from hybriddp.spark.session import spark_session
 
     info = store.start_close(round_id)
     release = _release(store, info)

@@ -34,8 +34,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, case, create_engine, func, inspect, literal, select
 from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 
-from hybriddp.errors import parameter_error
-from hybriddp.ledger import LedgerError, non_private_warning
+from hybriddp.core.errors import parameter_error
+from hybriddp.privacy.ledger import LedgerError, non_private_warning
 from hybriddp.service import schema as s
 from hybriddp.service.store import PSYCOPG_NEEDED, database_url, describe_url
 
@@ -47,7 +47,7 @@ def service_ledger(source: Connection | Engine, *, limit: int | None = None) -> 
 
     ``limit`` keeps the ``limit`` most-charged pseudonyms (``pseudonyms_total`` is the number of all).
     Only SELECTs are run (on a caller's connection, inside the caller's transaction); the salt is
-    never read. Raises :class:`~hybriddp.ledger.LedgerError` for a database without the ledger's tables.
+    never read. Raises :class:`~hybriddp.privacy.ledger.LedgerError` for a database without the ledger's tables.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise parameter_error("limit", limit, "None or an integer ≥ 0")

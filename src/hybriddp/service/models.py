@@ -1,7 +1,7 @@
 """Request and response models of the HTTP API (pydantic), so that /openapi.json states the real shapes.
 
 The models check types and ranges that a schema can express; the library's own checks
-(:class:`hybriddp.params.BlenderParams`, :mod:`hybriddp.mean`) run after them and give the
+(:class:`hybriddp.core.params.BlenderParams`, :mod:`hybriddp.mean`) run after them and give the
 last word, with the library's messages (HTTP 422).
 """
 
@@ -11,8 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hybriddp.core.estimators import ESTIMATORS, describe_estimators
+from hybriddp.core.params import LN2, MAX_EPSILON_HEAD_LIST, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams
+from hybriddp.core.protocol import ID_PATTERN
 from hybriddp.mean import VARIANCE_SHARE
-from hybriddp.params import LN2, MAX_EPSILON_HEAD_LIST, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams
 from hybriddp.service.store import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS
 
 _D = BlenderParams()
@@ -42,11 +44,8 @@ class BlenderParamsIn(_Strict):
     f_c: float = Field(_D.f_c, gt=0, lt=1, description="f_C: share of a device's budget spent on the query.")
     noise: Literal["discrete", "laplace"] = Field("discrete", description="The curator's noise.")
     project: bool = Field(_D.project, description="Project the blended estimates onto the simplex.")
-    estimator: Literal["paper", "pooled", "reuse", "consistent"] = Field(
-        _D.estimator, description="Estimates: 'reuse' (the default: the noisy S counts released with the head list "
-        "also choose the records and enter their opt-in estimates, ALGORITHM.md §4.1; pooled weights), 'consistent' "
-        "('reuse', then every query made the sum of its entries by least squares, §7.1), 'paper' (BLENDER as "
-        "published, Fig. 7 blend weights) or 'pooled' (blend variances at the blended estimate, §7).")
+    estimator: Literal[ESTIMATORS] = Field(  # type: ignore[valid-type]  # the registry's names
+        _D.estimator, description=f"Estimates: {describe_estimators()}. Default: '{_D.estimator}'.")
     optin_fraction: float = Field(_D.optin_fraction, gt=0, lt=1, description="Not used by the service (whoever "
                                   "enrols is opt-in); kept with the parameters, e.g. to reproduce a simulation.")
     url_level: bool = Field(True, description="Records are (query, clicked URL); false: queries alone.")
@@ -242,7 +241,7 @@ class ErrorOut(BaseModel):
     error: ErrorDetail
 
 
-_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$", "description": "16 random bytes, URL-safe base64"}
+_ID = {"type": "string", "pattern": f"^{ID_PATTERN}$", "description": "16 random bytes, URL-safe base64"}
 _REPORT = {"type": "object", "required": ["query", "url"],
            "properties": {"query": {"type": ["string", "null"]}, "url": {"type": ["string", "null"]}}}
 DEVICE_MESSAGE = {"type": "object", "title": "DeviceMessage", "required": ["id", "headlist", "reports"],

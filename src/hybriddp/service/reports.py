@@ -9,8 +9,9 @@ handed to the group-commit writer (:mod:`hybriddp.service.writer`). The answer g
 the commit. Errors have the API's one JSON shape, with the same statuses as everywhere else.
 
 :class:`hybriddp.service.app.ServiceApp` hands such requests to :class:`ReportsEndpoint` before
-FastAPI's middleware and routing. The FastAPI route of the same path stays for the OpenAPI document
-(and answers exactly as this handler does, through :func:`accept_reports`), but requests never reach it.
+FastAPI's middleware and routing. The FastAPI route of the same path (:mod:`hybriddp.service.routers.devices`)
+states the endpoint in the OpenAPI document; it answers only when the app's ``divert_reports`` is off, through
+the same :func:`accept_reports`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 import orjson
 from starlette.requests import ClientDisconnect
 
-from hybriddp.errors import HybridDPError
+from hybriddp.core.errors import HybridDPError
+from hybriddp.core.protocol import ID_PATTERN
 from hybriddp.service import rounds
 from hybriddp.service.bodies import check_content_length, read_body
 from hybriddp.service.checkpool import CheckPool, check_here
@@ -37,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 ROUTE = "/api/v1/rounds/{round_id}/reports"
 """The route template (the latency metric's label, as FastAPI names it)."""
-_PATH = re.compile(r"/api/v1/rounds/([A-Za-z0-9_-]{22})/reports")
+_PATH = re.compile(rf"/api/v1/rounds/({ID_PATTERN})/reports")
 INLINE_CHECK_BYTES = 64 * 1024
 """Bodies up to this size are checked on the event loop (no thread hop); larger ones in a thread."""
 

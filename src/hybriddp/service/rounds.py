@@ -1,21 +1,21 @@
 """Round logic of the collection service, on top of the library's three parties.
 
 * **Parameters** (:func:`validate_params`): a BLENDER round takes everything
-  :class:`~hybriddp.params.BlenderParams` checks, plus the curator's noise and whether records
+  :class:`~hybriddp.core.params.BlenderParams` checks, plus the curator's noise and whether records
   have URLs; a mean round takes ε and the public range [lower, upper] (ALGORITHM.md §11), and
   optionally a known σ².
 * **Head list** (:func:`publish_headlist`): the ledger is charged **before** the curator's
   mechanism runs, in the transaction that starts the build (a round over a user's lifetime budget
-  is refused, with nothing run); the opt-in records become a :class:`~hybriddp.records.RecordLog`
+  is refused, with nothing run); the opt-in records become a :class:`~hybriddp.core.records.RecordLog`
   (one user per opt-in token, in enrolment order; records in upload order),
-  :func:`hybriddp.parties.curate` builds the head list and the opt-in estimates (ALGORITHM.md §3,
+  :func:`hybriddp.curator.party.curate` builds the head list and the opt-in estimates (ALGORITHM.md §3,
   §4), and one transaction stores the two documents (or records an empty head list, which ends
   the round), deletes the raw records and moves the round on. A mean round does the same with the
   curator's discrete-noise mean of the opt-in values.
 * **Reports** (:class:`BlenderReports`, :class:`MeanReports`): each device message is checked
   (id, head-list hash or round, m_C, entries) before anything is stored.
 * **Close** (:func:`close_round`): reports per entry from the database →
-  :func:`hybriddp.parties.serve_estimates` (ALGORITHM.md §6, §7); a mean round blends the opt-in
+  :func:`hybriddp.server.party.serve_estimates` (ALGORITHM.md §6, §7); a mean round blends the opt-in
   and client means with the Hybrid weighting of :mod:`hybriddp.mean`.
 """
 
@@ -34,26 +34,25 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from hybriddp.device import DeviceError, check_message_id, content_hash
-from hybriddp.errors import DataError, EmptyHeadListError, HybridDPError, parameter_error
-from hybriddp.ledger import Charge
+from hybriddp.core.errors import DataError, EmptyHeadListError, HybridDPError, parameter_error
+from hybriddp.core.noise import NOISE_CLASSES, noise_factory
+from hybriddp.core.params import LEGACY_ESTIMATOR, BlenderParams, check_seed
+from hybriddp.core.protocol import DeviceError, check_message_id, content_hash
+from hybriddp.core.records import NO_URL, ArrayVocabulary, RecordLog
+from hybriddp.core.rng import SEED_WARNING, make_rng
+from hybriddp.curator.party import curate
+from hybriddp.curator.release import CuratorRelease, release_from_documents
 from hybriddp.mean import VARIANCE_SHARE, Hybrid, HybridUnknownVariance
 from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
-from hybriddp.noise import NOISE_CLASSES, noise_factory
-from hybriddp.params import LEGACY_ESTIMATOR, BlenderParams, check_seed
-from hybriddp.parties import CuratorRelease, ReportCounts, curate, release_from_documents, serve_estimates
-from hybriddp.parties.server import MessageCounter
-from hybriddp.records import NO_URL, ArrayVocabulary, RecordLog
-from hybriddp.result import Result
-from hybriddp.rng import SEED_WARNING, make_rng
+from hybriddp.privacy.ledger import Charge
+from hybriddp.server.party import MessageCounter, ReportCounts, serve_estimates
+from hybriddp.server.result import Result
 from hybriddp.service.errors import ConflictError
 from hybriddp.service.store import RoundInfo, Store
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("blender", "mean")
-MEAN_DEVICE_FORMAT = "hybriddp-mean-round"
-MEAN_OPTIN_FORMAT = "hybriddp-mean-optin"
 
 _BLENDER_FIELDS = [f.name for f in fields(BlenderParams)]
 BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", "seed")
@@ -99,7 +98,7 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         rho = out["variance_share"] if out["sigma2"] is None else None
         check_noise_scales(out["epsilon"], 1, 1, rho)
         check_noise_scales(out["epsilon"], MAX_USERS / 2, MAX_USERS / 2, rho)
-        from hybriddp.mean.curator import integer_scale
+        from hybriddp.curator.mean import integer_scale
         for eps in [out["epsilon"]] if rho is None else [rho * out["epsilon"], (1.0 - rho) * out["epsilon"]]:
             integer_scale(1, eps, "epsilon")  # the curator's exact noise can run: refused now, not after the charge
         return out
@@ -211,41 +210,24 @@ def _codes(strings: list[Any], order: list[str] | None, field: str) -> tuple[np.
 
 
 def _curate_mean(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
-    """The curator's opt-in mean and, when σ² is not given, private variance (ALGORITHM.md §11): one clamped
-    value per user, exact discrete Laplace noise on integer statistics (:class:`hybriddp.mean.DiscreteMeanCurator`,
-    ε-DP exactly for the opt-in users), drawn from the OS CSPRNG unless the round is seeded (no privacy)."""
-    from hybriddp.mean.curator import DiscreteMeanCurator
+    """The curator's release of a mean round from its stored opt-in values
+    (:func:`hybriddp.curator.mean.curate_mean`, ALGORITHM.md §11), drawn from the OS CSPRNG unless the round
+    is seeded (no privacy)."""
+    from hybriddp.curator.mean import curate_mean
 
     users, values, pseudonyms = store.optin_values(info.num)
     if len(values) == 0:
         raise DataError(f"round {info.id} has no opt-in values; opt-in users upload them with their token "
                         "(POST /api/v1/rounds/{id}/optin/records with {\"values\": [...]}) first")
     p = info.params
-    mech = mean_mechanism(p)
-    seqs, code = np.unique(users, return_inverse=True)
-    # a user who uploaded several values contributes their mean: one value in [lower, upper] per user
-    clamped = np.clip(values, p["lower"], p["upper"])
-    per_user = np.bincount(code, weights=clamped) / np.bincount(code)
-    n_t = len(per_user)
-    curator = DiscreteMeanCurator.for_mechanism(mech, None if p["seed"] is None else make_rng(p["seed"]))
-    if isinstance(mech, HybridUnknownVariance):
-        sigma2, source = curator.private_variance(per_user).estimate, "private estimate"
-    else:
-        sigma2, source = float(mech.sigma2), "given"
-    mu_t = curator.private_mean(per_user).estimate
-    device = {"format": MEAN_DEVICE_FORMAT, "version": 1, "round": info.id, "lower": float(p["lower"]),
-              "upper": float(p["upper"]), "epsilon": float(p["epsilon"])}
-    device["content_hash"] = content_hash(device)
-    estimates = {"format": MEAN_OPTIN_FORMAT, "version": 1, "headlist": device["content_hash"], "n_optin": n_t,
-                 "mean": mu_t, "sigma2": float(sigma2), "sigma2_source": source}
-    charges = [Charge("optin", [pseudonyms[int(s)] for s in seqs.tolist()], float(p["epsilon"]), 0.0)]
-    return device, estimates, charges
+    rng = None if p["seed"] is None else make_rng(p["seed"])
+    return curate_mean(info.id, users, values, mean_mechanism(p), pseudonyms, rng)
 
 
 # ----- device messages --------------------------------------------------------------------------
 class BlenderReports:
     """Checks BLENDER device messages against one published head list (ALGORITHM.md §5, §6): the
-    checks of :meth:`hybriddp.parties.server.MessageCounter.entries` (fields, a valid random id, the
+    checks of :meth:`hybriddp.server.party.MessageCounter.entries` (fields, a valid random id, the
     head list's hash, at most m_C reports, every report a listed entry)."""
 
     recipe: tuple[Any, ...] = ()
@@ -263,7 +245,7 @@ class BlenderReports:
 class MeanReports:
     """Checks mean-round messages ``{"id": ..., "round": round id, "value": randomized number}``.
 
-    A value is clamp(x) + Laplace(Δ/ε) (:mod:`hybriddp.mean_device`); one farther than 1000 noise
+    A value is clamp(x) + Laplace(Δ/ε) (:mod:`hybriddp.device.mean`); one farther than 1000 noise
     scales from [lower, upper] (probability e^-1000 for a device) is refused, so sums stay finite.
     """
 
@@ -279,7 +261,7 @@ class MeanReports:
     def check(self, msg: Any, index: int) -> tuple[str, float]:
         """(message id, value) of the ``index``-th message of a request, or a DataError naming the problem."""
         source = f"message {index}"
-        shape = '{"id": ..., "round": ..., "value": ...} (made with hybriddp.mean_device)'
+        shape = '{"id": ..., "round": ..., "value": ...} (made with hybriddp.device.mean)'
         if not isinstance(msg, dict):
             raise DataError(f"{source}: expected a JSON object {shape}, found {_kind(msg)}")
         missing = [k for k in ("id", "round", "value") if k not in msg]
@@ -292,11 +274,9 @@ class MeanReports:
         v = msg["value"]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not self.low <= v <= self.high:
             raise DataError(f"{source}: field 'value' = {str(v)[:40]} must be a number between {self.low:.6g} and "
-                            f"{self.high:.6g} (the device's randomized value, hybriddp.mean_device.randomize_value: "
+                            f"{self.high:.6g} (the device's randomized value, hybriddp.device.mean.randomize_value: "
                             "the range plus 1000 noise scales)")
         return mid, float(v)
-
-
 
 
 def _message_id(value: Any, source: str) -> str:

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybriddp.curator import OptinEstimates
-from hybriddp.errors import DataError
-from hybriddp.headlist import HeadList
+from hybriddp.core.errors import DataError
+from hybriddp.core.headlist import HeadList
+from hybriddp.curator.estimates import OptinEstimates
+from hybriddp.curator.release import CuratorRelease, release_from_documents
 from hybriddp.io.exchange import read_release_files
-from hybriddp.parties.release import CuratorRelease, release_from_documents
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybriddp.errors import DataError
-from hybriddp.noise import effective_scale, noise_factory
-from hybriddp.params import head_list_scale
+from hybriddp.core.errors import DataError
+from hybriddp.core.noise import effective_scale, noise_factory
+from hybriddp.core.params import head_list_scale
 from hybriddp.tune.constants import MIN_PASS_PROBABILITY
 from hybriddp.tune.inputs import PrivatizedInputs
 

@@ -1,4 +1,7 @@
-"""The population model synthetic populations are drawn from: fitted to the DP files, or the built-in prior."""
+"""The population model synthetic populations are drawn from: fitted to the DP files, or the built-in prior.
+
+"TUNE.md model, item i" refers to item i of docs/TUNE.md, "The population model".
+"""
 
 from __future__ import annotations
 
@@ -8,11 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.records import NO_URL, RecordLog, SyntheticVocabulary
+from hybriddp.core.records import NO_URL, RecordLog, SyntheticVocabulary
 from hybriddp.tune.constants import EXTRAPOLATION_COUNT, LAW_UNCERTAINTY, MAX_EXTRAPOLATED, PRIOR_PRESET
 from hybriddp.tune.inputs import PrivatizedInputs
 from hybriddp.tune.law import (
     CuratorObservation,
+    LawFit,
+    RankFrequencyLaw,
     _CountNoise,
     _noise_scale,
     _PassProbability,
@@ -116,61 +121,61 @@ def _shrink(estimate: np.ndarray, var: np.ndarray, prior: np.ndarray, prior_sd: 
     return w * estimate + (1.0 - w) * prior
 
 
-def model_from_inputs(inputs: PrivatizedInputs, *, population: int, optin_fraction: float,
-                      reps: int = 48, seed: int | None = 0) -> PopulationModel:
-    """Fit a :class:`PopulationModel` to the curator's DP outputs (module docstring).
-
-    Parameters
-    ----------
-    inputs : the head list and opt-in estimates (:func:`load_privatized`); nothing else.
-    population, optin_fraction : N and c of the deployment being tuned; they set how far the law
-        is extrapolated (down to an expected count of 0.2 in the opt-in group c·N).
-    reps, seed : replicas and seed of the law fit and of the query assignment.
-
-    Returns
-    -------
-    PopulationModel with ``source = 'privatized'``.
-    """
-    obs = CuratorObservation.from_inputs(inputs)
-    fit = fit_rank_law(obs, reps=reps, seed=seed)
-    law = fit.law
+def _listed_records(inputs: PrivatizedInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Query index, estimate p̂_O and its variance of each listed record (without URLs: each listed query)."""
     hl, est = inputs.head_list, inputs.optin
-    k = hl.n_queries
     if inputs.url_level:
         real = np.flatnonzero(~hl.is_wildcard)
-        rec_q, rec_est, rec_var = hl.entry_query[real], est.p_record[real], est.var_record[real]
-    else:
-        rec_q, rec_est, rec_var = np.arange(k), est.p_query[:k], est.var_query[:k]
+        return hl.entry_query[real], est.p_record[real], est.var_record[real]
+    k = hl.n_queries
+    return np.arange(k), est.p_query[:k], est.var_query[:k]
+
+
+def _listed_probabilities(law: RankFrequencyLaw, rec_est: np.ndarray, rec_var: np.ndarray) -> np.ndarray:
+    """Probability of each listed record: the law at its noisy rank, shrunk to its estimate (TUNE.md model, item 1)."""
     m = len(rec_est)
     rank = np.empty(m)
     rank[np.argsort(-rec_est, kind="stable")] = np.arange(1, m + 1)
     law_p = law.density(rank)
-    p_listed = np.maximum(_shrink(rec_est, rec_var, law_p, LAW_UNCERTAINTY * law_p), 0.05 * law_p)
-    listed_mass = np.bincount(rec_q, weights=p_listed, minlength=k)
-    if inputs.url_level:
-        wc = hl.wildcard_entry[:k]
-        t_est = np.maximum(est.p_record[wc], 0.0)
-        rho = float(np.clip(t_est.sum() / max(listed_mass.sum(), 1e-12), 0.0, 10.0))
-        t_q = np.maximum(_shrink(t_est, est.var_record[wc], rho * listed_mass, rho * listed_mass), 0.0)
-        nu = k / m
-    else:
-        t_q, rho, nu = np.zeros(k), 0.0, 1.0
+    return np.maximum(_shrink(rec_est, rec_var, law_p, LAW_UNCERTAINTY * law_p), 0.05 * law_p)
 
-    # --- extrapolation past the list -------------------------------------------------------
-    p_cut = EXTRAPOLATION_COUNT / (optin_fraction * population)
+
+def _query_tails(inputs: PrivatizedInputs, listed_mass: np.ndarray, m: int) -> tuple[np.ndarray, float, float]:
+    """Tail mass of each listed query, the tail ratio ρ and the new-query rate ν (TUNE.md model, items 1-2)."""
+    k = inputs.head_list.n_queries
+    if not inputs.url_level:
+        return np.zeros(k), 0.0, 1.0
+    wc = inputs.head_list.wildcard_entry[:k]
+    t_est = np.maximum(inputs.optin.p_record[wc], 0.0)
+    rho = float(np.clip(t_est.sum() / max(listed_mass.sum(), 1e-12), 0.0, 10.0))
+    t_q = np.maximum(_shrink(t_est, inputs.optin.var_record[wc], rho * listed_mass, rho * listed_mass), 0.0)
+    return t_q, rho, k / m
+
+
+def _extrapolated_probabilities(law: RankFrequencyLaw, m: int, p_cut: float, budget: float,
+                                rho: float, nu: float) -> np.ndarray:
+    """The law past the m listed ranks down to ``p_cut``, within 98% of the mass ``budget`` (TUNE.md model, item 1)."""
     r_end = int(min(max(law.rank_of(p_cut), m), m + MAX_EXTRAPOLATED))
     ext_p = law.density(np.arange(m + 1, r_end + 1))
-    budget = 1.0 - p_listed.sum() - t_q.sum()
     grow = np.cumsum(ext_p * (1.0 + rho * nu))
     n_ext = int(np.searchsorted(grow, max(budget, 0.0) * 0.98, side="right"))
-    ext_p = ext_p[:n_ext]
+    return ext_p[:n_ext]
+
+
+def _attach_extrapolated(ext_p: np.ndarray, query_mass: np.ndarray, k: int, rho: float, nu: float, url_level: bool,
+                         seed: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Query index of each extrapolated record and whether it opens a new query (TUNE.md model, item 1).
+
+    ``query_mass``: the mass of each of the ``k`` listed queries (listed records and tail), the weights of the
+    preferential attachment; ``rng`` draws first which records are new, then the attachments.
+    """
     rng = np.random.default_rng(seed)
-    is_new = rng.random(n_ext) < nu
-    if not inputs.url_level:
+    is_new = rng.random(len(ext_p)) < nu
+    if not url_level:
         is_new[:] = True
     new_id = k + np.cumsum(is_new) - 1  # query index of a new query
     # preferential attachment: weights of queries in creation order (listed, then new ones)
-    weights = np.concatenate([listed_mass + t_q, ext_p[is_new] * (1.0 + rho)])
+    weights = np.concatenate([query_mass, ext_p[is_new] * (1.0 + rho)])
     cum_w = np.cumsum(weights)
     n_before = k + np.cumsum(is_new) - is_new  # queries that exist when record j arrives
     att = np.flatnonzero(~is_new)
@@ -179,7 +184,12 @@ def model_from_inputs(inputs: PrivatizedInputs, *, population: int, optin_fracti
         total_before = cum_w[n_before[att] - 1]
         ext_q[att] = np.minimum(np.searchsorted(cum_w, rng.random(len(att)) * total_before, side="right"),
                                 n_before[att] - 1)
-    n_q = k + int(is_new.sum())
+    return ext_q, is_new
+
+
+def _model_records(rec_q: np.ndarray, p_listed: np.ndarray, t_q: np.ndarray, ext_q: np.ndarray, ext_p: np.ndarray,
+                   is_new: np.ndarray, k: int, rho: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Query and probability of each head record, and each query's tail mass; total <= 1 (TUNE.md model, items 1-3)."""
     attached_listed = np.bincount(ext_q[ext_q < k], weights=ext_p[ext_q < k], minlength=k)
     tails = np.concatenate([np.maximum(t_q - attached_listed, 0.0), rho * ext_p[is_new]])
     record_q = np.concatenate([rec_q, ext_q]).astype(np.int64)
@@ -187,9 +197,18 @@ def model_from_inputs(inputs: PrivatizedInputs, *, population: int, optin_fracti
     total = record_p.sum() + tails.sum()
     if total > 1.0:  # the listed estimates alone can exceed 1 by noise: renormalize
         record_p, tails = record_p / total, tails / total
-    star = float(est.p_record[hl.wildcard_entry[k]])
+    return record_q, record_p, tails
+
+
+def _model_parameters(fit: LawFit, obs: CuratorObservation, inputs: PrivatizedInputs, m: int, rho: float, nu: float,
+                      p_cut: float, n_ext: int, record_q: np.ndarray, record_p: np.ndarray,
+                      tails: np.ndarray) -> dict[str, Any]:
+    """The fitted law, the fit's diagnostics and the model's masses, for :attr:`PopulationModel.parameters`."""
+    law, hl, k = fit.law, inputs.head_list, inputs.head_list.n_queries
+    n_q = len(tails)  # the k listed queries, then one per new extrapolated query
+    star = float(inputs.optin.p_record[hl.wildcard_entry[k]])
     outside = 1.0 - float(np.bincount(record_q, weights=record_p, minlength=n_q)[:k].sum() + tails[:k].sum())
-    params = {
+    return {
         "law": "p(r) = A r^-alpha_head (r <= break_rank), continued with slope alpha_tail",
         "amplitude": round(law.amplitude, 6), "alpha_head": round(law.alpha_head, 4),
         "alpha_tail": round(law.alpha_tail, 4), "break_rank": law.break_rank,
@@ -205,6 +224,37 @@ def model_from_inputs(inputs: PrivatizedInputs, *, population: int, optin_fracti
         "singleton_mass": round(max(0.0, 1.0 - float(record_p.sum() + tails.sum())), 5),
         "mass_outside_listed_queries": {"estimated": round(star, 5), "model": round(outside, 5)},
     }
+
+
+def model_from_inputs(inputs: PrivatizedInputs, *, population: int, optin_fraction: float,
+                      reps: int = 48, seed: int | None = 0) -> PopulationModel:
+    """Fit a :class:`PopulationModel` to the curator's DP outputs (docs/TUNE.md, "The population model").
+
+    Parameters
+    ----------
+    inputs : the head list and opt-in estimates (:func:`load_privatized`); nothing else.
+    population, optin_fraction : N and c of the deployment being tuned; they set how far the law
+        is extrapolated (down to an expected count of 0.2 in the opt-in group c·N).
+    reps, seed : replicas and seed of the law fit and of the query assignment.
+
+    Returns
+    -------
+    PopulationModel with ``source = 'privatized'``.
+    """
+    obs = CuratorObservation.from_inputs(inputs)
+    fit = fit_rank_law(obs, reps=reps, seed=seed)
+    k = inputs.head_list.n_queries
+    rec_q, rec_est, rec_var = _listed_records(inputs)
+    m = len(rec_est)
+    p_listed = _listed_probabilities(fit.law, rec_est, rec_var)
+    listed_mass = np.bincount(rec_q, weights=p_listed, minlength=k)
+    t_q, rho, nu = _query_tails(inputs, listed_mass, m)
+    # extrapolation past the list, each record on a new query or attached to an earlier one
+    p_cut = EXTRAPOLATION_COUNT / (optin_fraction * population)
+    ext_p = _extrapolated_probabilities(fit.law, m, p_cut, 1.0 - p_listed.sum() - t_q.sum(), rho, nu)
+    ext_q, is_new = _attach_extrapolated(ext_p, listed_mass + t_q, k, rho, nu, inputs.url_level, seed)
+    record_q, record_p, tails = _model_records(rec_q, p_listed, t_q, ext_q, ext_p, is_new, k, rho)
+    params = _model_parameters(fit, obs, inputs, m, rho, nu, p_cut, len(ext_p), record_q, record_p, tails)
     desc = (f"fitted to the privatized head list ({m} records, {k} queries) and opt-in estimates "
             f"(|D_T| = {obs.n_t:,}) in {inputs.paths[0]}, {inputs.paths[1]}")
     return PopulationModel(record_q, record_p, tails, inputs.url_level, "privatized", desc, params)
@@ -216,9 +266,9 @@ def prior_model(preset: str = PRIOR_PRESET) -> PopulationModel:
     Parameters
     ----------
     preset : ``'aol'`` (default) or ``'yandex'``; its head queries with their URL shares
-        (:func:`hybriddp.io.synth.head_record_probabilities`).
+        (:func:`hybriddp.datasets.synth.head_record_probabilities`).
     """
-    from hybriddp.io.synth import get_preset, head_record_probabilities
+    from hybriddp.datasets.synth import get_preset, head_record_probabilities
 
     q, _, p = head_record_probabilities(preset)
     n_q = int(get_preset(preset).head_size)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.stats import t_quantile_975
+from hybriddp.core.stats import t_quantile_975
 from hybriddp.tune.constants import PRIVACY_NOTE
 from hybriddp.tune.model import PopulationModel
 

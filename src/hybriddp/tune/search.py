@@ -1,21 +1,23 @@
-"""The search: :func:`tune`, its input checks, the M grid and the paired comparisons of candidates."""
+"""The search: :func:`tune`, its input checks, the M grid and the paired comparisons of candidates.
+
+"TUNE.md search, i" (or "search, i") refers to step i of docs/TUNE.md, "The search".
+"""
 
 from __future__ import annotations
 
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from hybriddp.errors import HeadListError, parameter_error
-from hybriddp.metrics import Truth
-from hybriddp.noise import noise_factory
-from hybriddp.params import (
-    DEFAULT_ESTIMATOR,
+from hybriddp.core.errors import HeadListError, parameter_error
+from hybriddp.core.estimators import DEFAULT_ESTIMATOR
+from hybriddp.core.noise import noise_factory
+from hybriddp.core.params import (
     LN_MAX,
     check_delta,
     check_epsilon_for_head_list,
@@ -24,6 +26,8 @@ from hybriddp.params import (
     check_positive_int,
     check_seed,
 )
+from hybriddp.core.stages import StatusFn
+from hybriddp.simulation.scoring import Truth
 from hybriddp.tune.constants import (
     COARSE_F_C,
     GRID_F_C,
@@ -42,8 +46,6 @@ from hybriddp.tune.inputs import PrivatizedInputs
 from hybriddp.tune.model import PopulationModel, model_from_inputs, prior_model
 from hybriddp.tune.result import CandidateScore, Interval, TuneResult
 from hybriddp.tune.simulate import _POPULATIONS, _SETTINGS, _Population, _Simulator
-
-ProgressFn = Callable[[str], None]
 
 MAX_EPSILON = LN_MAX - 1.0
 """≈ 708.78: the simulations run LocalAlg with f_C up to 1 (a log without URLs) and, when the target is out of
@@ -117,7 +119,7 @@ def tune(
     population: int, optin_fraction: float, epsilon: float, delta: float | None = None, *,
     target_ndcg: float = 0.95, inputs: PrivatizedInputs | None = None, trials: int = 3,
     seed: int | None = None, noise: str = "discrete", workers: int | None = None,
-    progress: ProgressFn | None = None, head_list_size: int | None = None, estimator: str = DEFAULT_ESTIMATOR,
+    progress: StatusFn | None = None, head_list_size: int | None = None, estimator: str = DEFAULT_ESTIMATOR,
 ) -> TuneResult:
     """Pick f_O, f_C and the largest M whose expected generalized NDCG reaches ``target_ndcg``.
 
@@ -189,9 +191,40 @@ def tune(
     return result
 
 
+_Accepted = tuple[CandidateScore, CandidateScore]
+"""A passing probe's fresh scores: the chosen candidate and the paper's defaults at the same M."""
+
+
 def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, epsilon: float, delta: float,
-            target: float, trials: int, seed: int | None, noise: str, say: ProgressFn,
+            target: float, trials: int, seed: int | None, noise: str, say: StatusFn,
             fixed_m: int | None = None) -> TuneResult:
+    """The recommendation: the largest passing M and its best (f_O, f_C), else the best probed (TUNE.md search)."""
+    safe, formable, m_max, fixed_safe = _formable_sizes(sim, model, population, c, epsilon, delta, noise, say,
+                                                        fixed_m)
+    grid = [fixed_m] if fixed_m is not None else m_grid(m_max)
+    url_level = model.url_level  # without URLs f_C does not matter: LocalAlg spends the whole budget on the query
+    probes = _Probes(sim, grid, formable, target, url_level, say)
+    chosen = _largest_passing(probes)
+    met = chosen is not None
+    knobs: dict[str, Any] = {}
+    if chosen is None:
+        chosen, knobs = _out_of_reach(sim, probes, c, epsilon, say)
+    if not url_level:  # simulated at the paper's f_C, which the pipeline replaces by 1 for a log without URLs
+        chosen = (replace(chosen[0], f_c=1.0), replace(chosen[1], f_c=1.0))
+    search = {
+        "f_o_grid": list(GRID_F_O), "f_c_grid": list(GRID_F_C) if url_level else [1.0], "m_grid": grid,
+        "max_formable_m": {f"{fo:g}": int(v) for fo, v in formable.items()},
+        "head_list_s_99pct": {f"{fo:g}": int(v) for fo, v in safe.items()}, "path": probes.path,
+        "fixed_head_list_size": fixed_m, "fixed_head_list_size_forms_99pct": fixed_safe,
+    }
+    return TuneResult(chosen[0], chosen[1], met, target, model, population, c, epsilon, delta, noise, trials, seed,
+                      search, knobs)
+
+
+def _formable_sizes(sim: _Simulator, model: PopulationModel, population: int, c: float, epsilon: float,
+                    delta: float, noise: str, say: StatusFn,
+                    fixed_m: int | None) -> tuple[dict[float, int], dict[float, int], int, bool | None]:
+    """Per f_O the ~99% |HL_S| and the largest formable M; their maximum; does ``fixed_m`` form at 99% (search, 1)."""
     say("finding the largest head list each f_O can form")
     n_optin = round(c * population)
     safe = {fo: model.safe_head_list_size(round(fo * n_optin), epsilon, delta, noise) for fo in GRID_F_O}
@@ -205,6 +238,12 @@ def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, 
             # the user's M forms in every simulated trial but not with the model's 99%: still choose
             # the best knobs for it, among the f_O that formed it, and say so in the recommendation
             formable, m_max = in_trials, max(in_trials.values())
+    _check_forms(m_max, fixed_m, population, c, epsilon, delta)
+    return safe, formable, m_max, fixed_safe
+
+
+def _check_forms(m_max: int, fixed_m: int | None, population: int, c: float, epsilon: float, delta: float) -> None:
+    """Raise :class:`HeadListError` when ``fixed_m`` (or, without it, any head list) cannot form."""
     if fixed_m is not None and fixed_m > m_max:
         raise HeadListError(
             f"no f_O forms a head list of {fixed_m} records: with {population:,} users and opt-in fraction {c:g} "
@@ -215,78 +254,99 @@ def _search(sim: _Simulator, model: PopulationModel, population: int, c: float, 
             f"no head list forms: with {population:,} users and opt-in fraction {c:g} no record of the simulated "
             f"opt-in group passes the privacy threshold (epsilon {epsilon:g}, delta {delta:g}). Increase "
             "--optin-fraction or --epsilon.")
-    grid = [fixed_m] if fixed_m is not None else m_grid(m_max)
-    path: list[dict[str, Any]] = []
-    probes: dict[int, tuple[CandidateScore, tuple[CandidateScore, CandidateScore] | None]] = {}
-    fc_cur = PAPER_F_C
-    url_level = model.url_level  # without URLs f_C does not matter: LocalAlg spends the whole budget on the query
 
-    def probe(i: int) -> bool:
+
+@dataclass
+class _Probes:
+    """The probes of one search (TUNE.md search, 2) and the state they carry from one to the next.
+
+    Attributes
+    ----------
+    fc_cur : the f_C the next probe's f_O scan runs at (the paper's, then the last probe's best).
+    path : one row per probe, in order, for the output.
+    results : per probed grid index, the best candidate and, when the probe passed, its fresh scores.
+    """
+
+    sim: _Simulator
+    grid: list[int]
+    formable: dict[float, int]
+    target: float
+    url_level: bool
+    say: StatusFn
+    fc_cur: float = PAPER_F_C
+    path: list[dict[str, Any]] = field(default_factory=list)
+    results: dict[int, tuple[CandidateScore, _Accepted | None]] = field(default_factory=dict)
+
+    def probe(self, i: int) -> bool:
         """Best (f_O, f_C) at M = grid[i]; True when it reaches the target on fresh populations too."""
-        nonlocal fc_cur
-        m = grid[i]
-        say(f"M = {m}: scanning f_O and f_C")
-        fos = [fo for fo in sorted(GRID_F_O, reverse=True) if formable[fo] >= m]  # the default 0.95 first
-        best = _best(sim.score("search", [(fo, fc_cur, m) for fo in fos]), target)
-        if url_level:
-            if not probes:  # first probe: a coarse f_C scan before the local climb
-                best = _best([best, *sim.score("search", [(best.f_o, fc, m) for fc in COARSE_F_C])], target)
-            best = _climb_f_c(sim, best, target)
-        fc_cur = best.f_c
-        row: dict[str, Any] = {"head_list_size": m, "f_o": best.f_o, "f_c": best.f_c if url_level else 1.0,
+        m = self.grid[i]
+        self.say(f"M = {m}: scanning f_O and f_C")
+        best = self._best_knobs(m)
+        self.fc_cur = best.f_c
+        row: dict[str, Any] = {"head_list_size": m, "f_o": best.f_o, "f_c": best.f_c if self.url_level else 1.0,
                                "ndcg_search": round(best.ndcg.mean, 5)}
-        path.append(row)
-        accepted = None
-        if best.ndcg.mean >= target:
-            say(f"M = {m}: re-simulating on fresh populations")
-            fresh, paper = sim.score("fresh", [(best.f_o, best.f_c, m), (PAPER_F_O, PAPER_F_C, m)])
-            row["ndcg_fresh"] = round(fresh.ndcg.mean, 5)
-            row["reached_fresh"] = fresh.reached
-            if fresh.reached and fresh.ndcg.mean >= target:
-                accepted = (fresh, paper)
-        probes[i] = (best, accepted)
+        self.path.append(row)
+        accepted = self._confirm(best, m, row) if best.ndcg.mean >= self.target else None
+        self.results[i] = (best, accepted)
         return accepted is not None
 
-    last = len(grid) - 1
-    chosen: tuple[CandidateScore, CandidateScore] | None = None
-    if probe(0):
-        chosen = probes[0][1]
-    elif last > 0 and probe(last):
+    def _best_knobs(self, m: int) -> CandidateScore:
+        """The best search-trial candidate at M = ``m``: f_O scan at the current f_C, then the f_C climb."""
+        fos = [fo for fo in sorted(GRID_F_O, reverse=True) if self.formable[fo] >= m]  # the default 0.95 first
+        best = _best(self.sim.score("search", [(fo, self.fc_cur, m) for fo in fos]), self.target)
+        if self.url_level:
+            if not self.results:  # first probe: a coarse f_C scan before the local climb
+                coarse = self.sim.score("search", [(best.f_o, fc, m) for fc in COARSE_F_C])
+                best = _best([best, *coarse], self.target)
+            best = _climb_f_c(self.sim, best, self.target)
+        return best
+
+    def _confirm(self, best: CandidateScore, m: int, row: dict[str, Any]) -> _Accepted | None:
+        """Fresh scores of ``best`` and of the paper's defaults at M = ``m``, when ``best`` still passes on them."""
+        self.say(f"M = {m}: re-simulating on fresh populations")
+        fresh, paper = self.sim.score("fresh", [(best.f_o, best.f_c, m), (PAPER_F_O, PAPER_F_C, m)])
+        row["ndcg_fresh"] = round(fresh.ndcg.mean, 5)
+        row["reached_fresh"] = fresh.reached
+        if fresh.reached and fresh.ndcg.mean >= self.target:
+            return (fresh, paper)
+        return None
+
+
+def _largest_passing(probes: _Probes) -> _Accepted | None:
+    """Fresh scores of the largest passing M of the grid (largest, smallest, then bisection: TUNE.md search, 3)."""
+    last = len(probes.grid) - 1
+    if probes.probe(0):
+        return probes.results[0][1]
+    if last > 0 and probes.probe(last):
         lo, hi = 0, last  # grid[lo] fails, grid[hi] passes: bisect for the largest passing M
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if probe(mid):
+            if probes.probe(mid):
                 hi = mid
             else:
                 lo = mid
-        chosen = probes[hi][1]
-    met = chosen is not None
+        return probes.results[hi][1]
+    return None
+
+
+def _out_of_reach(sim: _Simulator, probes: _Probes, c: float, epsilon: float,
+                  say: StatusFn) -> tuple[_Accepted, dict[str, Any]]:
+    """Fresh scores of the best probed candidate; its NDCG at twice the opt-in fraction and at ε + 1 (search, 3)."""
+    best_seen = max((b for b, _ in probes.results.values()), key=_key)
+    m = best_seen.head_list_size
+    fresh, paper = sim.score("fresh", [(best_seen.f_o, best_seen.f_c, m), (PAPER_F_O, PAPER_F_C, m)])
+    say("no M reaches the target: trying a larger opt-in fraction and epsilon")
+    cand = [(fresh.f_o, fresh.f_c, m)]
     knobs: dict[str, Any] = {}
-    if chosen is None:
-        best_seen = max((b for b, _ in probes.values()), key=_key)
-        m = best_seen.head_list_size
-        fresh, paper = sim.score("fresh", [(best_seen.f_o, best_seen.f_c, m), (PAPER_F_O, PAPER_F_C, m)])
-        chosen = (fresh, paper)
-        say("no M reaches the target: trying a larger opt-in fraction and epsilon")
-        cand = [(fresh.f_o, fresh.f_c, m)]
-        c2 = min(2 * c, 0.5)
-        if c2 > c:
-            s = sim.score("fresh", cand, optin_fraction=c2)[0]
-            knobs["optin_fraction"] = {"option": "--optin-fraction", "label": f"--optin-fraction {c2:g}",
-                                       "value": c2, "ndcg": s.ndcg.to_json()}
-        s = sim.score("fresh", cand, epsilon=epsilon + 1.0)[0]
-        knobs["epsilon"] = {"option": "--epsilon", "label": f"--epsilon {epsilon + 1:g}", "value": epsilon + 1.0,
-                            "ndcg": s.ndcg.to_json()}
-    if not url_level:  # simulated at the paper's f_C, which the pipeline replaces by 1 for a log without URLs
-        chosen = (replace(chosen[0], f_c=1.0), replace(chosen[1], f_c=1.0))
-    search = {
-        "f_o_grid": list(GRID_F_O), "f_c_grid": list(GRID_F_C) if url_level else [1.0], "m_grid": grid,
-        "max_formable_m": {f"{fo:g}": int(v) for fo, v in formable.items()},
-        "head_list_s_99pct": {f"{fo:g}": int(v) for fo, v in safe.items()}, "path": path,
-        "fixed_head_list_size": fixed_m, "fixed_head_list_size_forms_99pct": fixed_safe,
-    }
-    return TuneResult(chosen[0], chosen[1], met, target, model, population, c, epsilon, delta, noise, trials, seed,
-                      search, knobs)
+    c2 = min(2 * c, 0.5)
+    if c2 > c:
+        s = sim.score("fresh", cand, optin_fraction=c2)[0]
+        knobs["optin_fraction"] = {"option": "--optin-fraction", "label": f"--optin-fraction {c2:g}",
+                                   "value": c2, "ndcg": s.ndcg.to_json()}
+    s = sim.score("fresh", cand, epsilon=epsilon + 1.0)[0]
+    knobs["epsilon"] = {"option": "--epsilon", "label": f"--epsilon {epsilon + 1:g}", "value": epsilon + 1.0,
+                        "ndcg": s.ndcg.to_json()}
+    return (fresh, paper), knobs
 
 
 def _key(s: CandidateScore) -> tuple[bool, float]:

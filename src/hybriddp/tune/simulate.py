@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hybriddp.errors import HeadListError
-from hybriddp.metrics import Truth, generalized_ndcg, l1_queries, l1_records
-from hybriddp.noise import noise_factory
-from hybriddp.params import BlenderParams
-from hybriddp.pipeline import curator_side, run_blender, split_optin
-from hybriddp.records import RecordLog
+from hybriddp.core.errors import HeadListError
+from hybriddp.core.noise import noise_factory
+from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import RecordLog
+from hybriddp.simulation.pipeline import curator_side, run_blender, split_optin
+from hybriddp.simulation.scoring import Truth, generalized_ndcg, l1_queries, l1_records
 from hybriddp.tune.constants import PAPER_F_C
 from hybriddp.tune.result import CandidateScore, Interval
 

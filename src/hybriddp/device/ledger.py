@@ -1,0 +1,294 @@
+"""The device's own privacy ledger: at most one report per round, within a lifetime budget (ALGORITHM.md §2;
+PRIVACY.md). A JSON file, rewritten atomically under a lock; by default in the per-user data directory."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hybriddp.core.atomic import write_text
+from hybriddp.core.protocol import DeviceError, _as_float, _check_number, _kind, _show
+from hybriddp.privacy.budget import LifetimeBudget, compose
+
+
+class DeviceLedgerRefusal(DeviceError):
+    """The device ledger refused a charge: this device already reported for the head list, or the charge would
+    pass its lifetime budget. Nothing was charged and nothing may be reported.
+
+    ``head_list``: the round's content hash; ``already``: True for a second report in the round, False for the
+    lifetime budget; ``charge``: (ε, δ) of the refused report; ``spent`` and ``lifetime``: (Σε, Σδ) so far and
+    the budget; ``path``: the ledger file; ``round_id``: the service round, when known. :meth:`explained`
+    gives the one-line message a device shows, naming the way out.
+    """
+
+    def __init__(self, message: str, *, head_list: str, already: bool, charge: tuple[float, float],
+                 spent: tuple[float, float], lifetime: tuple[float, float], path: str,
+                 round_id: str | None = None) -> None:
+        super().__init__(message)
+        self.head_list, self.already, self.charge = head_list, already, charge
+        self.spent, self.lifetime, self.path, self.round_id = spent, lifetime, path, round_id
+
+    def explained(self, way_out: str, round_id: str | None = None) -> DeviceLedgerRefusal:
+        """The same refusal with a one-line message naming the round, what was spent, the lifetime budget and
+        ``way_out`` (how a test or a simulation skips the ledger)."""
+        rid = round_id if round_id is not None else self.round_id
+        where = (f"round {rid} (head list {self.head_list[:19]}…)" if rid is not None
+                 else f"head list {self.head_list[:19]}…")
+        (e, d), (se, sd), (le, ld) = self.charge, self.spent, self.lifetime
+        budget = f"lifetime ε = {le:g}, δ = {ld:g}"
+        if self.already:
+            what = (f"this device already reported in {where}; a second report would spend ε = {e:g} again "
+                    f"(spent so far ε = {se:.4g}, δ = {sd:.3g} of its {budget}; device ledger {self.path})")
+        else:
+            what = (f"{where}: reporting would spend ε = {e:g}, δ = {d:g} more and pass this device's {budget} "
+                    f"(spent so far ε = {se:.4g}, δ = {sd:.3g}; device ledger {self.path})")
+        return DeviceLedgerRefusal(f"{what}. No report was sent; {way_out}", head_list=self.head_list,
+                                   already=self.already, charge=self.charge, spent=self.spent,
+                                   lifetime=self.lifetime, path=self.path, round_id=rid)
+
+
+class DeviceLedger:
+    """The device's own privacy ledger: at most one report per round, within a lifetime budget
+    (basic composition over the rounds it reports in, ALGORITHM.md §2; the rule of
+    :mod:`hybriddp.privacy.budget`).
+
+    A round is identified by the head list's content hash (a mean round's by its document's hash). The
+    ledger is a small JSON file ``{"lifetime": {"epsilon": E, "delta": D}, "rounds": {hash: {"epsilon": e,
+    "delta": d}}}`` rewritten atomically (temporary file + rename) *before* any report leaves the device; a
+    new file is made readable by its owner only (0600). :meth:`record` re-reads the file under an exclusive
+    lock on its directory (``flock``; none on Windows), so ledgers open in several processes, or several
+    objects on one file, never charge one round twice nor lose each other's charges.
+
+    ``default_lifetime``: the (ε, δ) budget of a new ledger when ``lifetime_epsilon``/``lifetime_delta`` are
+    not given (without it a new ledger needs both).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, lifetime_epsilon: float | None = None,
+                 lifetime_delta: float | None = None,
+                 default_lifetime: tuple[float, float] | None = None) -> None:
+        self.path = os.fspath(path)
+        if os.path.isdir(self.path):
+            raise DeviceError(f"device ledger {self.path} is a directory; give a file name")
+        try:
+            with open(self.path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            if default_lifetime is not None:
+                lifetime_epsilon = default_lifetime[0] if lifetime_epsilon is None else lifetime_epsilon
+                lifetime_delta = default_lifetime[1] if lifetime_delta is None else lifetime_delta
+            self.state = _new_ledger_state(self.path, lifetime_epsilon, lifetime_delta)
+            return
+        except OSError as exc:
+            raise DeviceError(f"cannot read device ledger {self.path}: {exc.strerror or exc}") from None
+        self.state = _parse_ledger(data, self.path)
+        for name, given in (("epsilon", lifetime_epsilon), ("delta", lifetime_delta)):
+            if given is not None and _as_float(given) != self.state["lifetime"][name]:
+                raise DeviceError(f"device ledger {self.path} has lifetime {name} {self.state['lifetime'][name]!r}, "
+                                  f"not {given!r}: a device's lifetime budget is fixed when its ledger is created; "
+                                  f"leave out --lifetime-{name}")
+
+    def spent(self) -> tuple[float, float]:
+        """(Σε, Σδ) over the rounds reported so far (basic composition)."""
+        rounds = self.state["rounds"].values()
+        return math.fsum(r["epsilon"] for r in rounds), math.fsum(r["delta"] for r in rounds)
+
+    def check(self, round_id: str, epsilon: float, delta: float) -> None:
+        """Raise :class:`DeviceLedgerRefusal` (already reported / over budget) or :class:`DeviceError` (a charge
+        that is not a finite number >= 0) if :meth:`record` would refuse this round; change nothing."""
+        life = self.state["lifetime"]
+        facts = {"head_list": round_id, "spent": self.spent(), "lifetime": (life["epsilon"], life["delta"]),
+                 "path": self.path}
+        if round_id in self.state["rounds"]:
+            prior = self.state["rounds"][round_id]
+            raise DeviceLedgerRefusal(f"this device already reported for head list {round_id[:19]}…; "
+                                      "a device reports at most once per round", already=True,
+                                      charge=(prior["epsilon"], prior["delta"]), **facts)
+        for name, value in (("epsilon", epsilon), ("delta", delta)):
+            _check_number(f"the round's {name}", value, "a finite number >= 0", lambda x: 0 <= x < math.inf,
+                          "The head list is damaged or not from a hybriddp server; not reporting.")
+        e, d = facts["spent"]
+        if LifetimeBudget(life["epsilon"], life["delta"]).exceeded_by(*compose((e, d), (epsilon, delta))):
+            raise DeviceLedgerRefusal(f"reporting would exceed this device's lifetime budget (epsilon "
+                                      f"{life['epsilon']}, delta {life['delta']}; spent {e:.4g}, {d:.3g}); not "
+                                      "reporting", already=False, charge=(float(epsilon), float(delta)), **facts)
+
+    def record(self, round_id: str, epsilon: float, delta: float) -> None:
+        """Charge one round, or raise :class:`DeviceError` (already reported / over budget / not saved).
+
+        Under the ledger's lock the file is read again first, so a charge made meanwhile by another process
+        (or another object on the same file) counts.
+        """
+        with _ledger_lock(self.path):
+            self._reload()
+            self.check(round_id, epsilon, delta)
+            self.state["rounds"][round_id] = {"epsilon": float(epsilon), "delta": float(delta)}
+            try:
+                self._save()
+            except OSError as exc:
+                del self.state["rounds"][round_id]
+                raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); nothing was "
+                                  "charged, so nothing may be reported") from None
+
+    def _reload(self) -> None:
+        """Replace the state with the file's, if the file exists (a new ledger keeps its state)."""
+        try:
+            with open(self.path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise DeviceError(f"cannot read device ledger {self.path}: {exc.strerror or exc}") from None
+        self.state = _parse_ledger(data, self.path)
+
+    def _save(self) -> None:
+        """Replace the file atomically (:mod:`hybriddp.core.atomic`): it is never half-written; a new file is
+        made 0600 (what rounds a device reported in is its owner's business)."""
+        new = not os.path.exists(self.path)
+        # pragma (mutation testing, docs/TESTING.md): every number in the state was checked finite on its way in
+        # (_new_ledger_state, _parse_ledger, check), so allow_nan=False is a guard no input reaches
+        write_text(self.path, json.dumps(self.state, allow_nan=False))  # pragma: no mutate
+        if new:
+            with contextlib.suppress(OSError):  # a file system without modes: the charge stands all the same
+                os.chmod(self.path, 0o600)
+
+
+@contextlib.contextmanager
+def _ledger_lock(path: str) -> Iterator[None]:
+    """An exclusive advisory lock (``flock``) on the directory of the ledger file ``path``, held for one charge.
+
+    The directory, not the file, is locked because the file is replaced by a rename at every charge. Where
+    ``flock`` does not exist (Windows) or the file system refuses it, charges are not serialized.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:  # no such directory: the save names the problem
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# ----- the default device ledger ------------------------------------------------------------------
+DEVICE_LIFETIME_EPSILON = 16.0
+"""Lifetime ε of a new default device ledger (the browser page's budget too)."""
+DEVICE_LIFETIME_DELTA = 1e-4
+"""Lifetime δ of a new default device ledger."""
+DEVICE_LEDGER_NAME = "device-ledger.json"
+"""The device ledger's file name in :func:`data_home`."""
+
+
+def data_home() -> Path:
+    """hybriddp's per-user data directory: ``$HYBRIDDP_DATA_HOME`` if set; else ``$XDG_DATA_HOME/hybriddp``
+    (an absolute ``XDG_DATA_HOME`` only, as the XDG specification says); else the platform's place:
+    ``%LOCALAPPDATA%\\hybriddp`` on Windows, ``~/Library/Application Support/hybriddp`` on macOS,
+    ``~/.local/share/hybriddp`` elsewhere. Nothing is created here."""
+    env = os.environ.get("HYBRIDDP_DATA_HOME")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "hybriddp"
+    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
+        return Path(os.environ["LOCALAPPDATA"]) / "hybriddp"
+    try:
+        home = Path.home()
+    except RuntimeError:  # no HOME and no password entry
+        raise DeviceError("cannot find this user's home directory for hybriddp's data (the device ledger); set "
+                          "HYBRIDDP_DATA_HOME to a private directory") from None
+    if sys.platform == "darwin":
+        return home / "Library" / "Application Support" / "hybriddp"
+    return home / ".local" / "share" / "hybriddp"
+
+
+def default_device_ledger_path() -> Path:
+    """Where a device keeps its ledger unless told otherwise: ``device-ledger.json`` in :func:`data_home`.
+
+    ``hybriddp participate`` and :class:`hybriddp.sdk.client.DeviceClient` both use it by default.
+    """
+    return data_home() / DEVICE_LEDGER_NAME
+
+
+def open_device_ledger(path: str | os.PathLike[str] | None = None, *, lifetime_epsilon: float | None = None,
+                       lifetime_delta: float | None = None) -> DeviceLedger:
+    """The device ledger at ``path``, by default :func:`default_device_ledger_path` (its directory created
+    with mode 0700 if missing). A new ledger gets the lifetime budget given, else
+    (:data:`DEVICE_LIFETIME_EPSILON`, :data:`DEVICE_LIFETIME_DELTA`); an existing one keeps its own."""
+    if path is None:
+        path = default_device_ledger_path()
+        try:
+            os.makedirs(path.parent, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise DeviceError(f"cannot create hybriddp's data directory {path.parent} for the device ledger "
+                              f"({exc.strerror or exc}); set HYBRIDDP_DATA_HOME to a writable private directory, "
+                              "or give the ledger's path (--device-ledger)") from None
+    return DeviceLedger(path, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
+                        default_lifetime=(DEVICE_LIFETIME_EPSILON, DEVICE_LIFETIME_DELTA))
+
+
+_LEDGER_FIX = ("Restore it from a backup; do not delete it, since a new ledger would forget the budget this "
+               "device has already spent.")
+
+
+def _new_ledger_state(path: str, epsilon: float | None, delta: float | None) -> dict[str, Any]:
+    """The state of a new device ledger with lifetime budget (ε, δ), checked."""
+    if epsilon is None or delta is None:
+        raise DeviceError(f"device ledger {path} does not exist; to create it give the device's lifetime budget "
+                          "(--lifetime-epsilon and --lifetime-delta)")
+    _check_number("lifetime epsilon (--lifetime-epsilon)", epsilon, "a finite number > 0",
+                  lambda x: 0 < x < math.inf, "")
+    _check_number("lifetime delta (--lifetime-delta)", delta, "a number in (0, 1)", lambda x: 0 < x < 1, "")
+    return {"lifetime": {"epsilon": float(epsilon), "delta": float(delta)}, "rounds": {}}
+
+
+def _parse_ledger(data: bytes, path: str) -> dict[str, Any]:
+    """Parse and check a device ledger file's bytes; raise :class:`DeviceError` saying what is wrong."""
+    where = f"device ledger {path}"
+    if not data.strip():
+        raise DeviceError(f"{where} is empty. hybriddp writes it atomically, so it was never left empty by a "
+                          f"report: something else truncated it. {_LEDGER_FIX}")
+    try:
+        state = json.loads(data.decode())  # UTF-8
+    except UnicodeDecodeError as exc:
+        raise DeviceError(f"{where} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}), so it is "
+                          f"damaged or not a device ledger. {_LEDGER_FIX}") from None
+    except (ValueError, RecursionError) as exc:
+        raise DeviceError(f"{where} is not valid JSON ({exc}), so it is damaged or not a device ledger. "
+                          f"{_LEDGER_FIX}") from None
+    shape = '{"lifetime": {"epsilon": E, "delta": D}, "rounds": {...}}'
+    if not isinstance(state, dict) or not isinstance(state.get("lifetime"), dict) \
+            or not isinstance(state.get("rounds"), dict):
+        found = (f"{_kind(state)} {_show(state, 40)}" if not isinstance(state, dict) else
+                 f"an object with {', '.join(_show(k, 20) for k in list(state)[:5]) or 'no fields'}")
+        raise DeviceError(f"{where}: expected a JSON object {shape}, found {found}; it is damaged or not a "
+                          f"device ledger. {_LEDGER_FIX}")
+    life = state["lifetime"]
+    for name, allowed, ok in (("epsilon", "a finite number > 0", lambda x: 0 < x < math.inf),
+                              ("delta", "a number in (0, 1)", lambda x: 0 < x < 1)):
+        if name not in life:
+            raise DeviceError(f"{where}: field 'lifetime' has no {name!r}. {_LEDGER_FIX}")
+        _check_number(f"{where}: field lifetime.{name}", life[name], allowed, ok, _LEDGER_FIX)
+    for key, charge in state["rounds"].items():
+        if not isinstance(charge, dict) or "epsilon" not in charge or "delta" not in charge:
+            raise DeviceError(f"{where}: round {_show(key, 30)} = {_show(charge, 40)}; it must be an object "
+                              f'{{"epsilon": e, "delta": d}}. {_LEDGER_FIX}')
+        _check_number(f"{where}: rounds[{_show(key, 30)}].epsilon", charge["epsilon"], "a finite number >= 0",
+                      lambda x: 0 <= x < math.inf, _LEDGER_FIX)
+        _check_number(f"{where}: rounds[{_show(key, 30)}].delta", charge["delta"], "a number in [0, 1]",
+                      lambda x: 0 <= x <= 1, _LEDGER_FIX)
+    return state
+

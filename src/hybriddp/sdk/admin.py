@@ -1,0 +1,121 @@
+"""The operator's client of the collection service: rounds, enrolment, the head list, results."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hybriddp.core.errors import parameter_error
+from hybriddp.sdk.http import (
+    API,
+    ServiceHttp,
+    ServiceRequestError,
+    fetch_local_search,
+    fetch_results,
+    round_path,
+)
+
+
+class AdminClient(ServiceHttp):
+    """The operator of the service (admin bearer token).
+
+    >>> admin = AdminClient("http://127.0.0.1:8000", token)            # doctest: +SKIP
+    >>> rnd = admin.create_round("blender", {"epsilon": 4, "delta": 1e-5})  # doctest: +SKIP
+    """
+
+    def __init__(self, base_url: str, token: str, **kw: Any) -> None:
+        if not isinstance(token, str) or not token.strip():
+            raise parameter_error("admin token", "<empty>", "the token `hybriddp serve` was started with "
+                                  "(--admin-token-file, or the HYBRIDDP_ADMIN_TOKEN environment variable)")
+        kw.setdefault("timeout", 600.0)  # closing a round of millions of reports takes seconds
+        super().__init__(base_url, token=token.strip(), **kw)
+
+    def create_round(self, kind: str = "blender", params: dict[str, Any] | None = None, *, name: str | None = None,
+                     seed: int | None = None, retention_hours: float | None = None) -> dict[str, Any]:
+        """Create a round (state collecting-optin). ``seed``: experiments only, no privacy (refused unless the
+        server runs with ``--insecure-testing-seeds``). ``retention_hours``: raw opt-in data are purged that
+        long after creation at the latest (server default: a week)."""
+        body: dict[str, Any] = {"kind": kind, "params": dict(params or {})}
+        if name is not None:
+            body["name"] = name
+        if retention_hours is not None:
+            body["retention_hours"] = retention_hours
+        if seed is not None:
+            body["params"]["seed"] = seed
+        return self.request_json("POST", f"{API}/rounds", what="create round", idempotent=False, json_body=body,
+                                 ok=(201, 200))
+
+    def round(self, round_id: str) -> dict[str, Any]:
+        """One round's state, parameters and counts."""
+        what = f"round {round_id}"
+        return self.request_json("GET", round_path(round_id), what=what, idempotent=True)
+
+    def rounds(self) -> list[dict[str, Any]]:
+        """Every round, newest first as the server lists them."""
+        return self.request_json("GET", f"{API}/rounds", what="list rounds", idempotent=True)["rounds"]
+
+    def enrol(self, round_id: str, user: str) -> str:
+        """Enrol one opt-in user; returns the user's upload token (shown once, never stored by the server)."""
+        what = f"enrol a user in round {round_id}"
+        return self.request_json("POST", round_path(round_id, "/optin/enrol"), what=what, idempotent=False,
+                                 json_body={"user": user}, ok=(201, 200))["token"]
+
+    def enrol_many(self, round_id: str, users: Sequence[str], *, chunk: int = 10_000) -> list[str]:
+        """Enrol users in order (their order is the curator's user order); one token per user."""
+        what = f"enrol users in round {round_id}"
+        tokens: list[str] = []
+        for i in range(0, len(users), chunk):
+            part = list(users[i:i + chunk])
+            got = self.request_json("POST", round_path(round_id, "/optin/enrol"), what=what, idempotent=False,
+                                    json_body={"users": part}, ok=(201, 200)).get("tokens")
+            if not isinstance(got, list) or len(got) != len(part):
+                raise ServiceRequestError(f"{what}: the server answered without one token per user")
+            tokens.extend(got)
+        return tokens
+
+    def publish_headlist(self, round_id: str, *, vocabulary: dict[str, list[str]] | None = None) -> dict[str, Any]:
+        """Build the head list from the uploaded opt-in records, charge the ledger, publish, delete raw data.
+
+        ``vocabulary`` (seeded experiment rounds only): the order of the query and URL codes
+        ``{"queries": [...], "urls": [...]}``, so the build reproduces a seeded simulation.
+        """
+        what = f"publish the head list of round {round_id}"
+        body = {"vocabulary": vocabulary} if vocabulary is not None else None
+        return self.request_json("POST", round_path(round_id, "/headlist"), what=what, idempotent=False,
+                                 json_body=body)
+
+    def abort(self, round_id: str) -> dict[str, Any]:
+        """End a round still collecting opt-in data; its raw opt-in data are deleted (nothing is charged)."""
+        what = f"abort round {round_id}"
+        return self.request_json("POST", round_path(round_id, "/abort"), what=what, idempotent=False)
+
+    def delete_round(self, round_id: str) -> dict[str, Any]:
+        """Delete a round's raw data, tokens, reports, documents and results (its ledger charges stay)."""
+        what = f"delete round {round_id}"
+        return self.request_json("DELETE", round_path(round_id), what=what, idempotent=True)
+
+    def ledger(self) -> dict[str, Any]:
+        """The service's privacy ledger: per-round totals and per-pseudonym spend (no identities)."""
+        what = "read the ledger"
+        return self.request_json("GET", f"{API}/ledger", what=what, idempotent=True)
+
+    def close(self, round_id: str) -> dict[str, Any]:
+        """Close the round (reports are refused from now on) and compute its results."""
+        what = f"close round {round_id}"
+        return self.request_json("POST", round_path(round_id, "/close"), what=what, idempotent=False)
+
+    def results(self, round_id: str, fmt: str = "json") -> Any:
+        """The results: a dict for ``json``, the bytes of the records table for ``csv`` / ``parquet``."""
+        if fmt not in ("json", "csv", "parquet"):
+            raise parameter_error("results format", fmt, "json, csv or parquet")
+        return fetch_results(self, round_id, fmt)
+
+    def local_search(self, round_id: str) -> dict[str, Any]:
+        """The compact local-search document (queries, their URLs, blended probabilities)."""
+        return fetch_local_search(self, round_id)
+
+    def release(self, round_id: str) -> dict[str, Any]:
+        """The published inputs of the result: head list, opt-in estimates, report counts per entry."""
+        what = f"release of round {round_id}"
+        return self.request_json("GET", round_path(round_id, "/release"), what=what, idempotent=True)
+

@@ -1,0 +1,24 @@
+"""The HTTP API's routes, one :class:`fastapi.APIRouter` per resource (``create_app`` includes :data:`ROUTERS`).
+
+* :mod:`.health`: ``/health``, ``/metrics``;
+* :mod:`.rounds`: a round's administration (create, list, show, publish the head list, close, abort, delete);
+* :mod:`.ledger`: the privacy ledger;
+* :mod:`.optin`: opt-in enrolment and uploads;
+* :mod:`.devices`: the head list devices fetch and the reports endpoint they post to;
+* :mod:`.results`: results, release and local-search document.
+
+:mod:`.common` holds their dependencies: the running service (:class:`~.common.ServiceContext`), the
+administrator check, the round id in a path and the documented errors.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from hybriddp.service.routers import devices, health, ledger, optin, results, rounds
+
+ROUTERS: tuple[APIRouter, ...] = (health.router, rounds.router, ledger.router, optin.router, devices.router,
+                                  results.router)
+"""Every router of the API, in the order of the OpenAPI document."""
+
+__all__ = ["ROUTERS"]

@@ -1,0 +1,74 @@
+"""The service's storage: every SQL statement of the collection service, on SQLite or PostgreSQL (SQLAlchemy Core).
+
+:class:`Store` offers one method per operation of a round; each is one transaction, and state changes
+are conditional ``UPDATE ... WHERE state = ...`` statements, so two requests racing for the same
+transition cannot both win. It is composed of one class per concern:
+
+* :mod:`.engine`: the engine, SQLite pragmas, migrations (Alembic ``upgrade head``) and transactions;
+* :mod:`.rounds`: the round state machine, documents, abort, delete, purge and scrub of raw opt-in data;
+* :mod:`.optin`: enrolment and tokens, idempotent uploads within quotas, the build's charge;
+* :mod:`.ledger`: the privacy ledger's charges (the budget rule itself is :mod:`hybriddp.privacy.budget`);
+* :mod:`.reports`: the deduplicating report path, SQLite's settling, and the counts per entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from hybriddp.service.store.engine import (
+    ADVISORY_LEDGER,
+    ADVISORY_MIGRATE,
+    DATABASE_URLS,
+    DEFAULT_LIFETIME_DELTA,
+    DEFAULT_LIFETIME_EPSILON,
+    DEFAULT_OPTIN_MAX_BYTES,
+    DEFAULT_OPTIN_MAX_RECORDS,
+    IN_CHUNK,
+    PSYCOPG_NEEDED,
+    RETRIES,
+    SETTLE_ROWS,
+    SQLITE_BUSY_TIMEOUT_MS,
+    database_url,
+    describe_url,
+    make_engine,
+    migrate,
+)
+from hybriddp.service.store.optin import OptinStore, OptinUpload, UploadAck, token_hash
+from hybriddp.service.store.reports import SETTLE_CACHE_KIB, SQLITE_CACHE_KIB, ReportAck, ReportStore
+from hybriddp.service.store.rounds import (
+    DEFAULT_RETENTION_HOURS,
+    ENDED_STATES,
+    MAX_RETENTION_HOURS,
+    REPORT_STATES,
+    ROUND_ID,
+    RoundDocuments,
+    RoundInfo,
+    new_round_id,
+    now,
+)
+
+
+class Store(OptinStore, ReportStore):
+    """Every database operation of the collection service: the concerns' classes composed (module docstring);
+    its parameters are those of :class:`~hybriddp.service.store.engine.StoreBase`."""
+
+
+@contextlib.contextmanager
+def open_store(url: str, **kw: Any) -> Iterator[Store]:
+    """A :class:`Store`, closed on exit."""
+    store = Store(url, **kw)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+__all__ = ["ADVISORY_LEDGER", "ADVISORY_MIGRATE", "DATABASE_URLS", "DEFAULT_LIFETIME_DELTA",
+           "DEFAULT_LIFETIME_EPSILON", "DEFAULT_OPTIN_MAX_BYTES", "DEFAULT_OPTIN_MAX_RECORDS",
+           "DEFAULT_RETENTION_HOURS", "ENDED_STATES", "IN_CHUNK", "MAX_RETENTION_HOURS", "PSYCOPG_NEEDED",
+           "REPORT_STATES", "RETRIES", "ROUND_ID", "SETTLE_CACHE_KIB", "SETTLE_ROWS", "SQLITE_BUSY_TIMEOUT_MS",
+           "SQLITE_CACHE_KIB", "OptinUpload", "ReportAck", "RoundDocuments", "RoundInfo", "Store", "UploadAck",
+           "database_url", "describe_url", "make_engine", "migrate", "new_round_id", "now", "open_store",
+           "token_hash"]

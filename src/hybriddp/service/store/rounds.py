@@ -1,0 +1,322 @@
+"""The round state machine in the store: create, read, move between states, end, purge raw opt-in data.
+
+States and their transitions are those of :data:`hybriddp.service.schema.ROUND_STATES` (PRIVACY.md, "The raw
+opt-in data's lifecycle"). Every transition is a conditional ``UPDATE ... WHERE state IN (...)``
+(:meth:`RoundStore._transition`), so two requests racing for the same transition cannot both win. Every
+way out of collecting-optin and building-headlist deletes the raw opt-in data in the same transaction and
+then scrubs them from the database files (:meth:`RoundStore.scrub`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.engine import Connection
+
+from hybriddp.core.errors import parameter_error
+from hybriddp.core.protocol import ID_REGEX
+from hybriddp.core.rng import SEED_WARNING
+from hybriddp.service import schema as s
+from hybriddp.service.errors import ConflictError, NotFoundError
+from hybriddp.service.store.engine import StoreBase
+
+DEFAULT_RETENTION_HOURS = 168.0
+"""Hours after its creation at which a round's raw opt-in data are purged whatever its state (one week)."""
+MAX_RETENTION_HOURS = 24.0 * 366
+ENDED_STATES = ("headlist-empty", "aborted", "deleted")
+"""States a round never leaves."""
+REPORT_STATES = ("headlist-published", "collecting-reports")
+"""States in which a round takes device reports."""
+ROUND_ID = ID_REGEX
+"""A round id: 16 random bytes in URL-safe base64 without padding (:func:`new_round_id`)."""
+
+
+def now() -> str:
+    """UTC time, ISO 8601 to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_round_id() -> str:
+    """16 random bytes from the OS, URL-safe base64 without padding (22 characters), drawn again while
+    it starts with ``-`` (a command line would take such an id for an option: ``hybriddp round close
+    -Lx...``). That leaves 127.9 of the 128 bits of randomness."""
+    while True:
+        rid = base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=").decode("ascii")
+        if not rid.startswith("-"):
+            return rid
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """A round's row without its large documents (what ``GET /rounds/{id}`` shows)."""
+
+    num: int
+    id: str
+    kind: str
+    name: str | None
+    state: str
+    params: dict[str, Any]
+    created: str
+    headlist_hash: str | None
+    closed: str | None
+    optin_users: int
+    optin_records: int
+    messages: int
+    reports: int
+    duplicates: int
+    retention_deadline: str | None = None
+    purged: str | None = None
+
+    @property
+    def non_private(self) -> bool:
+        """A seeded (experiment) round: anyone who knows the seed can regenerate its noise."""
+        return self.params.get("seed") is not None
+
+    def to_json(self, *, admin: bool = False) -> dict[str, Any]:
+        """The round as the API shows it. The public view (``admin=False``) leaves out what the mechanisms do
+        not release: the live opt-in counts (polling them would tell what each upload carried) and a seed."""
+        params = dict(self.params)
+        if not admin:
+            params.pop("seed", None)
+        out: dict[str, Any] = {
+            "id": self.id, "kind": self.kind, "name": self.name, "state": self.state, "params": params,
+            "created": self.created, "headlist_hash": self.headlist_hash,
+            "counts": {"optin_users": self.optin_users if admin else None,
+                       "optin_records": self.optin_records if admin else None,
+                       "messages": self.messages, "reports": self.reports},
+            "non_private": self.non_private, "retention_deadline": self.retention_deadline,
+            "raw_data_purged": self.purged}
+        if self.non_private:
+            out["warning"] = SEED_WARNING
+        return out
+
+
+@dataclass(frozen=True)
+class RoundDocuments:
+    """A round's published documents and stored results (JSON text as stored; None until made)."""
+
+    info: RoundInfo
+    headlist: str | None
+    estimates: str | None
+    report_counts: str | None
+    results: str | None
+
+
+_INFO_COLUMNS = (s.rounds.c.num, s.rounds.c.id, s.rounds.c.kind, s.rounds.c.name, s.rounds.c.state,
+                 s.rounds.c.params, s.rounds.c.created, s.rounds.c.headlist_hash, s.rounds.c.closed,
+                 s.rounds.c.optin_users, s.rounds.c.optin_records, s.rounds.c.n_messages, s.rounds.c.n_reports,
+                 s.rounds.c.n_duplicates, s.rounds.c.retention_deadline, s.rounds.c.purged)
+
+
+def _info(row: Any) -> RoundInfo:
+    return RoundInfo(int(row.num), row.id, row.kind, row.name, row.state, json.loads(row.params), row.created,
+                     row.headlist_hash, row.closed, int(row.optin_users), int(row.optin_records),
+                     int(row.n_messages), int(row.n_reports), int(row.n_duplicates), row.retention_deadline,
+                     row.purged)
+
+
+def _json(doc: Any) -> str:
+    """A document as stored: strict JSON (no NaN), UTF-8 text."""
+    return json.dumps(doc, allow_nan=False, ensure_ascii=False)
+
+
+class RoundStore(StoreBase):
+    """Rounds: create and read them, move them between states, end them, purge their raw opt-in data."""
+
+    def create_round(self, kind: str, name: str | None, params: dict[str, Any], *,
+                     retention_hours: float = DEFAULT_RETENTION_HOURS) -> RoundInfo:
+        """A new round in state collecting-optin, whose raw opt-in data are purged ``retention_hours`` after
+        its creation at the latest (:meth:`purge_expired`)."""
+        if (isinstance(retention_hours, bool) or not isinstance(retention_hours, (int, float))
+                or not 0 < retention_hours <= MAX_RETENTION_HOURS):
+            raise parameter_error("retention_hours (--retention-hours)", retention_hours,
+                                  f"a number of hours in (0, {MAX_RETENTION_HOURS:g}]",
+                                  f"The default, {DEFAULT_RETENTION_HOURS:g} h, purges raw opt-in data after a week.")
+        rid = new_round_id()
+        created = datetime.now(timezone.utc)
+        deadline = (created + timedelta(hours=float(retention_hours))).isoformat(timespec="seconds")
+
+        def run(conn: Connection) -> None:
+            conn.execute(insert(s.rounds).values(id=rid, kind=kind, name=name, state="collecting-optin",
+                                                 params=json.dumps(params, allow_nan=False),
+                                                 created=created.isoformat(timespec="seconds"),
+                                                 retention_deadline=deadline))
+        self._write(run)
+        return self.round(rid)
+
+    def _get(self, conn: Connection, round_id: str) -> RoundInfo:
+        row = None
+        if ROUND_ID.fullmatch(round_id):  # anything else cannot be a round (and never reaches the database)
+            row = conn.execute(select(*_INFO_COLUMNS).where(s.rounds.c.id == round_id)).first()
+        if row is None:
+            raise NotFoundError(f"round {round_id[:40]!r} does not exist (a round id is 22 characters of URL-safe "
+                                "base64); list the rounds with GET /api/v1/rounds (administrator)")
+        return _info(row)
+
+    def round(self, round_id: str) -> RoundInfo:
+        """The round with this id, or :class:`NotFoundError`."""
+        return self._read(lambda conn: self._get(conn, round_id))
+
+    def rounds(self) -> list[RoundInfo]:
+        """Every round, oldest first."""
+        return self._read(lambda conn: [_info(r) for r in conn.execute(
+            select(*_INFO_COLUMNS).order_by(s.rounds.c.num)).all()])
+
+    def documents(self, round_id: str) -> RoundDocuments:
+        """The round with its documents and results."""
+        def run(conn: Connection) -> RoundDocuments:
+            info = self._get(conn, round_id)
+            row = conn.execute(select(s.rounds.c.headlist, s.rounds.c.estimates, s.rounds.c.report_counts,
+                                      s.rounds.c.results).where(s.rounds.c.num == info.num)).one()
+            return RoundDocuments(info, row.headlist, row.estimates, row.report_counts, row.results)
+        return self._read(run)
+
+    def state_counts(self) -> dict[str, int]:
+        """Rounds per state."""
+        return self._read(lambda conn: {st: int(n) for st, n in conn.execute(
+            select(s.rounds.c.state, func.count()).group_by(s.rounds.c.state)).all()})
+
+    def unfinished(self) -> list[RoundInfo]:
+        """Rounds left mid-step by a stopped server: building-headlist or closed (see rounds.recover)."""
+        return self._read(lambda conn: [_info(r) for r in conn.execute(select(*_INFO_COLUMNS).where(
+            s.rounds.c.state.in_(["building-headlist", "closed"])).order_by(s.rounds.c.num)).all()])
+
+    def table_counts(self, round_num: int) -> dict[str, int]:
+        """Rows per table for one round (tests and operators: raw opt-in data must be 0 once published)."""
+        def run(conn: Connection) -> dict[str, int]:
+            out = {}
+            for t in (s.optin_records, s.optin_values, s.optin_tokens, s.messages, s.messages_recent,
+                      s.extra_entries, s.entry_counts):
+                out[t.name] = int(conn.execute(select(func.count()).select_from(t)
+                                               .where(t.c.round_num == round_num)).scalar_one())
+            return out
+        return self._read(run)
+
+    # ----- transitions ------------------------------------------------------------------------
+    def _transition(self, conn: Connection, round_id: str, from_states: Sequence[str], to_state: str,
+                    action: str, **values: Any) -> RoundInfo:
+        """Conditional UPDATE of the state; ConflictError (naming the state) when the round is elsewhere."""
+        res = conn.execute(update(s.rounds).where(s.rounds.c.id == round_id, s.rounds.c.state.in_(from_states))
+                           .values(state=to_state, **values))
+        info = self._get(conn, round_id)
+        if res.rowcount != 1:
+            raise ConflictError(f"cannot {action}: round {round_id} is {info.state!r}, it must be "
+                                f"{' or '.join(repr(x) for x in from_states)}")
+        return info
+
+    def finish_build(self, info: RoundInfo, outcome: str, headlist: dict[str, Any] | None = None,
+                     estimates: dict[str, Any] | None = None, results: dict[str, Any] | None = None) -> RoundInfo:
+        """building-headlist → ``outcome`` (headlist-published, headlist-empty or aborted), storing the
+        documents, and deleting the raw opt-in data in the same transaction (then scrubbed from the files)."""
+        def run(conn: Connection) -> RoundInfo:
+            values: dict[str, Any] = {}
+            if headlist is not None:
+                values.update(headlist=_json(headlist), headlist_hash=headlist["content_hash"])
+            if estimates is not None:
+                values["estimates"] = _json(estimates)
+            if results is not None:
+                values["results"] = _json(results)
+            self._transition(conn, info.id, ["building-headlist"], outcome, f"end the build as {outcome}", **values)
+            self._purge_raw(conn, info.num)
+            return self._get(conn, info.id)
+        out = self._write(run)
+        self.scrub()
+        return out
+
+    def finish_close(self, info: RoundInfo, results: dict[str, Any], counts: list[int] | None) -> RoundInfo:
+        """Store the results; closed → results-published."""
+        def run(conn: Connection) -> RoundInfo:
+            return self._transition(conn, info.id, ["closed"], "results-published", "publish results",
+                                    results=_json(results),
+                                    report_counts=None if counts is None else json.dumps(counts))
+        self._write(run)
+        return self.round(info.id)
+
+    # ----- ends and raw data ------------------------------------------------------------------
+    def abort(self, round_id: str) -> RoundInfo:
+        """collecting-optin → aborted: the round ends before its head list is built; its raw opt-in data are
+        deleted (and scrubbed from the files). Nothing was released, so nothing is charged."""
+        out = self._write(lambda conn: self._end(conn, round_id, ["collecting-optin"], "aborted", "abort"))
+        self.scrub()
+        return out
+
+    def delete_round(self, round_id: str) -> RoundInfo:
+        """Any state but building-headlist → deleted: raw opt-in data, tokens, device messages, documents and
+        results are deleted; the round's id, parameters and ledger charges stay (the charges are spent)."""
+        def run(conn: Connection) -> RoundInfo:
+            states = [st for st in s.ROUND_STATES if st not in ("building-headlist", "deleted")]
+            info = self._end(conn, round_id, states, "deleted", "delete", headlist=None, headlist_hash=None,
+                             estimates=None, report_counts=None, results=None)
+            for t in (s.messages, s.messages_recent, s.extra_entries, s.entry_counts):
+                conn.execute(delete(t).where(t.c.round_num == info.num))
+            if self.dialect == "sqlite":
+                self._recent.catch_up(conn)  # under the write lock: forgets the deleted ids
+            return info
+        out = self._write(run)
+        self.scrub()
+        return out
+
+    def _end(self, conn: Connection, round_id: str, from_states: Sequence[str], to_state: str, action: str,
+             **values: Any) -> RoundInfo:
+        info = self._transition(conn, round_id, from_states, to_state, action, **values)
+        self._purge_raw(conn, info.num)
+        return self._get(conn, round_id)
+
+    def purge_expired(self, at: str | None = None) -> list[str]:
+        """Purge the raw opt-in data of every round whose retention deadline is at or before ``at`` (default:
+        now): a round still collecting-optin is aborted. The ids of the rounds purged."""
+        when = at or now()
+
+        def run(conn: Connection) -> list[str]:
+            r = s.rounds.c
+            due = conn.execute(select(r.num, r.id, r.state).where(
+                r.purged.is_(None), r.retention_deadline.is_not(None), r.retention_deadline <= when,
+                r.state != "building-headlist")).all()
+            for num, rid, state in due:
+                if state == "collecting-optin":
+                    self._transition(conn, rid, ["collecting-optin"], "aborted", "abort at the retention deadline")
+                self._purge_raw(conn, int(num))
+            return [rid for _, rid, _ in due]
+        purged = self._write(run)
+        if purged:
+            self.scrub()
+        return purged
+
+    def _purge_raw(self, conn: Connection, round_num: int) -> None:
+        """Delete a round's raw opt-in data: records, values, upload keys and tokens (inside the caller's
+        transaction); the round records when."""
+        for t in (s.optin_records, s.optin_values, s.optin_uploads, s.optin_tokens):
+            conn.execute(delete(t).where(t.c.round_num == round_num))
+        conn.execute(update(s.rounds).where(s.rounds.c.num == round_num, s.rounds.c.purged.is_(None))
+                     .values(purged=now()))
+
+    def scrub(self) -> bool:
+        """Remove deleted rows from the database files, not only from the tables.
+
+        SQLite: ``secure_delete`` (set on every connection) zeroes the freed space of the pages in the
+        WAL; ``wal_checkpoint(TRUNCATE)`` then copies them over the main file and empties the WAL, whose
+        older frames still held the rows. Retried while readers hold an old snapshot; False if it could
+        not finish (:meth:`purge_expired`, run periodically, scrubs again). PostgreSQL: ``VACUUM FULL``
+        of the opt-in tables rewrites them into new files (the old ones are unlinked); the server's WAL
+        (``pg_wal``) and base backups keep the rows until they are recycled (docs: PRIVACY.md).
+        """
+        if self.dialect == "sqlite":
+            for attempt in range(50):
+                with self.engine.connect() as conn:
+                    busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
+                if busy is None or int(busy[0]) == 0:
+                    return True
+                time.sleep(0.01 * min(2 ** attempt, 20))
+            return False
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.exec_driver_sql("VACUUM FULL optin_records, optin_values, optin_uploads, optin_tokens")
+        return True

@@ -1,0 +1,1 @@
+"""The counting backend on Apache Spark (docs/SCALE.md): session, backend, report counting."""

@@ -501,9 +501,12 @@ def test_mean_round_lifecycle(client: TestClient, store_url: str) -> None:
     error_of(post_reports(client, rid, dict(reports[0], round="another-round")), 422, "invalid_data", "round")
     error_of(post_reports(client, rid, dict(reports[0], id=new_message_id(), value="7")), 422, "invalid_data")
     error_of(post_reports(client, rid, dict(reports[0], id=new_message_id(), value=True)), 422, "invalid_data")
-    # farther than 1000 noise scales (Δ/ε = 10) from [0, 10]: no device sends it (probability e^-1000)
-    error_of(post_reports(client, rid, dict(reports[0], id=new_message_id(), value=10_011.0)), 422, "invalid_data",
-             "between -10000 and 10010")
+    # farther than ln(1e9) ≈ 20.72 noise scales (Δ/ε = 10) from [0, 10]: an honest device sends it with
+    # probability e^-20.72 = 1e-9 (derived here: P[|Laplace(b)| > t·b] = e^-t)
+    reach = math.log(1e9) * 10.0
+    error_of(post_reports(client, rid, dict(reports[0], id=new_message_id(), value=10.0 + reach + 0.01)), 422,
+             "invalid_data", f"between {-reach:.6g} and {10 + reach:.6g}")
+    error_of(post_reports(client, rid, dict(reports[0], id=new_message_id(), value=1000.999)), 422, "invalid_data")
     assert client.post(f"{API}/rounds/{rid}/close", headers=AUTH).status_code == 200
 
     res = client.get(f"{API}/rounds/{rid}/results").json()

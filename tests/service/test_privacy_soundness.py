@@ -7,6 +7,7 @@ Each test is an attack that succeeded before the defence it checks."""
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -330,3 +331,26 @@ def test_the_ledger_is_served_to_administrators_without_identities(client: TestC
     salt = store.read(lambda conn: conn.execute(sa.text("SELECT value FROM ledger_meta WHERE key = 'salt'"))
                       .scalar_one())
     assert salt not in text
+
+
+# ----- mean rounds: a fake extreme value is refused ------------------------------------------------
+def test_mean_reports_outside_what_an_honest_device_sends_are_refused() -> None:
+    """The attack: 20 fake values of 1000.999 among 5,000 honest ones moved a published mean of a [0, 1]
+    attribute from 0.29 to 1.05. A value farther than ln(1e9) noise scales from [lower, upper] is refused
+    (an honest device sends one with probability 1e-9: P[|Laplace(b)| > t·b] = e^-t), and honest values are
+    all taken."""
+    from hybriddp.core.errors import DataError
+    from hybriddp.device.localalg import SeededSource
+    from hybriddp.device.mean import randomize_value
+    from hybriddp.service.rounds import MeanReports
+
+    checker = MeanReports("r" * 22, {"lower": 0.0, "upper": 1.0, "epsilon": 1.0})
+    reach = math.log(1e9)  # noise scales b = Δ/ε = 1
+    for value in (1000.999, 1.0 + reach + 1e-6, -reach - 1e-6):
+        with pytest.raises(DataError, match="value"):
+            checker.check({"id": "A" * 22, "round": "r" * 22, "value": value}, 0)
+    assert checker.check({"id": "A" * 22, "round": "r" * 22, "value": 1.0 + reach - 1e-6}, 0)[1] == 1.0 + reach - 1e-6
+    src = SeededSource(20261127)
+    honest = [randomize_value(0.29, lower=0.0, upper=1.0, epsilon=1.0, source=src) for _ in range(100_000)]
+    for i, v in enumerate(honest):
+        checker.check({"id": "A" * 22, "round": "r" * 22, "value": v}, i)

@@ -242,11 +242,19 @@ class BlenderReports:
         return self._counter.entries(msg, f"message {index}")
 
 
+HONEST_TAIL = 1e-9
+"""A mean-round value an honest device sends with at most this probability is refused (:class:`MeanReports`)."""
+
+
 class MeanReports:
     """Checks mean-round messages ``{"id": ..., "round": round id, "value": randomized number}``.
 
-    A value is clamp(x) + Laplace(Δ/ε) (:mod:`hybriddp.device.mean`); one farther than 1000 noise
-    scales from [lower, upper] (probability e^-1000 for a device) is refused, so sums stay finite.
+    A value is clamp(x) + Laplace(Δ/ε) (:mod:`hybriddp.device.mean`). An honest device's value lies
+    within ln(1/:data:`HONEST_TAIL`) ≈ 20.7 noise scales of [lower, upper] with probability 1 − 1e-9
+    (P[|Y| > t·b] = e^{−t}); a value farther out is refused: a fake report of an extreme value
+    would otherwise move the client mean by up to its distance over n_L (a few such reports can
+    move a mean of [0, 1] anywhere). Refusing costs an honest device a report with probability
+    at most 1e-9 and depends on nothing but the public range and ε.
     """
 
     recipe: tuple[Any, ...] = ()
@@ -255,7 +263,7 @@ class MeanReports:
     def __init__(self, round_id: str, params: dict[str, Any]) -> None:
         self.round_id = round_id
         lo, hi = float(params["lower"]), float(params["upper"])
-        reach = 1000.0 * (hi - lo) / float(params["epsilon"])
+        reach = math.log(1.0 / HONEST_TAIL) * (hi - lo) / float(params["epsilon"])
         self.low, self.high = lo - reach, hi + reach
 
     def check(self, msg: Any, index: int) -> tuple[str, float]:
@@ -275,7 +283,7 @@ class MeanReports:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not self.low <= v <= self.high:
             raise DataError(f"{source}: field 'value' = {str(v)[:40]} must be a number between {self.low:.6g} and "
                             f"{self.high:.6g} (the device's randomized value, hybriddp.device.mean.randomize_value: "
-                            "the range plus 1000 noise scales)")
+                            "the range plus the noise an honest device exceeds with probability 1e-9)")
         return mid, float(v)
 
 

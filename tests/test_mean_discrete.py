@@ -310,9 +310,9 @@ class _FakeStore:
     def __init__(self, values: list[tuple[int, float]]) -> None:
         self.values = values
 
-    def optin_values(self, num: int) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+    def optin_values(self, num: int) -> tuple[np.ndarray, np.ndarray]:
         users = np.array([u for u, _ in self.values], dtype=np.int64)
-        return users, np.array([v for _, v in self.values]), {u: f"p-{u}" for u, _ in self.values}
+        return users, np.array([v for _, v in self.values])
 
 
 @pytest.mark.parametrize("sigma2", [None, 4.0])
@@ -324,13 +324,12 @@ def test_the_service_mean_round_uses_the_os_csprng_unless_seeded(monkeypatch: py
     store = _FakeStore([(1, 2.0), (1, 4.0), (2, 25.0), (3, 5.5), (4, 7.0)])
     info = SimpleNamespace(num=1, id="r-1", params=params)
     calls = counting_randbelow(monkeypatch)
-    _, estimates, charges = _curate_mean(store, info)
+    _, estimates = _curate_mean(store, info)
     assert len(calls) >= (8 if sigma2 is None else 4)  # every draw from the OS
     assert set(estimates) == {"format", "version", "headlist", "n_optin", "mean", "sigma2", "sigma2_source"}
     assert estimates["n_optin"] == 4 and isinstance(estimates["mean"], float)
     assert estimates["sigma2_source"] == ("private estimate" if sigma2 is None else "given")
     assert 0.0 <= estimates["sigma2"] <= 25.0 and (sigma2 is None or estimates["sigma2"] == sigma2)
-    assert sorted(charges[0].users) == ["p-1", "p-2", "p-3", "p-4"]
     assert isinstance(mean_mechanism(params), HybridUnknownVariance if sigma2 is None else Hybrid)
     # a seeded round (experiments only) draws from its generator, reproducibly, and never from the OS
     calls.clear()

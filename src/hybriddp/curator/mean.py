@@ -52,7 +52,6 @@ t = 1). The bias against the clamped mean is at most (Δ/K)·(½ + 2⁻¹¹) + �
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -64,7 +63,6 @@ from hybriddp.core.noise import DiscreteLaplaceNoise, sample_discrete_laplace
 from hybriddp.core.protocol import content_hash
 from hybriddp.mean.inputs import MeanSetting, OnSetting, _epsilon, _values
 from hybriddp.mean.mechanisms import Hybrid, HybridUnknownVariance
-from hybriddp.privacy.ledger import Charge
 
 GRID_STEPS = 1 << 40
 """K: steps of the grid over [lower, upper] that per-user values are snapped to."""
@@ -265,20 +263,18 @@ class DiscreteMeanCurator(OnSetting):
 
 
 def curate_mean(round_id: str, users: np.ndarray, values: np.ndarray, mechanism: Hybrid,
-                user_ids: Mapping[int, str], rng: np.random.Generator | None = None
-                ) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
-    """The curator's release of a hybrid-mean round (ALGORITHM.md §11): (device document, opt-in estimates,
-    the opt-in users' charge).
+                rng: np.random.Generator | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The curator's release of a hybrid-mean round (ALGORITHM.md §11): (device document, opt-in estimates).
 
     ``users`` holds the user code of each of ``values``; a user who gave several values contributes the mean
     of their clamped values, so each user holds one value in [lower, upper]. The opt-in mean and, when
     ``mechanism`` does not know σ² (:class:`~hybriddp.mean.HybridUnknownVariance`), the private variance
     are released with exact discrete Laplace noise (:class:`DiscreteMeanCurator`): ε-DP exactly for the
-    opt-in users, who are charged ε (``user_ids``: each user code's ledger id). ``rng``: None draws every
+    opt-in users (the service charges them ε before this runs). ``rng``: None draws every
     random integer from the OS CSPRNG; a seeded generator is for experiments only (no privacy).
     """
     s = mechanism.setting
-    seqs, code = np.unique(users, return_inverse=True)
+    _, code = np.unique(users, return_inverse=True)
     per_user = np.bincount(code, weights=np.clip(values, s.lower, s.upper)) / np.bincount(code)
     curator = DiscreteMeanCurator.for_mechanism(mechanism, rng)
     if isinstance(mechanism, HybridUnknownVariance):
@@ -291,5 +287,4 @@ def curate_mean(round_id: str, users: np.ndarray, values: np.ndarray, mechanism:
     device["content_hash"] = content_hash(device)
     estimates = {"format": MEAN_OPTIN_FORMAT, "version": 1, "headlist": device["content_hash"],
                  "n_optin": len(per_user), "mean": mu_t, "sigma2": float(sigma2), "sigma2_source": source}
-    charges = [Charge("optin", [user_ids[int(u)] for u in seqs.tolist()], float(s.epsilon), 0.0)]
-    return device, estimates, charges
+    return device, estimates

@@ -44,7 +44,6 @@ from hybriddp.curator.party import curate
 from hybriddp.curator.release import CuratorRelease, release_from_documents
 from hybriddp.mean import VARIANCE_SHARE, Hybrid, HybridUnknownVariance
 from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
-from hybriddp.privacy.ledger import Charge
 from hybriddp.server.party import MessageCounter, ReportCounts, serve_estimates
 from hybriddp.server.result import Result
 from hybriddp.service.errors import ConflictError
@@ -147,9 +146,9 @@ def publish_headlist(store: Store, round_id: str, vocabulary: dict[str, list[str
     info = store.start_build(round_id, float(p["epsilon"]), delta, private=not info.non_private)
     try:
         if info.kind == "blender":
-            headlist, estimates, _ = _curate_blender(store, info, vocabulary)
+            headlist, estimates = _curate_blender(store, info, vocabulary)
         else:
-            headlist, estimates, _ = _curate_mean(store, info)
+            headlist, estimates = _curate_mean(store, info)
     except EmptyHeadListError as exc:
         logger.warning("round %s: CreateHeadList kept no record; the round ends (its run was charged)", info.id)
         outcome = {"outcome": "headlist-empty", "message": f"{str(exc).rstrip('.')}. The run was charged to the "
@@ -166,12 +165,15 @@ def publish_headlist(store: Store, round_id: str, vocabulary: dict[str, list[str
 
 
 def _curate_blender(store: Store, info: RoundInfo, vocabulary: dict[str, list[str]] | None
-                    ) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The curator's head list and opt-in estimates documents (the opt-in users were charged by
+    :meth:`Store.start_build`, so the release's own charges are not computed)."""
     users, queries, urls, pseudonyms = store.optin_records(info.num)
     p = info.params
     log = optin_log(np.asarray(users, dtype=np.int64), queries, urls, pseudonyms, p["url_level"], vocabulary)
-    release, _ = curate(log, blender_params(p), seed=p["seed"], noise_factory=noise_factory(p["noise"]))
-    return release.headlist, release.estimates, list(release.charges)
+    release, _ = curate(log, blender_params(p), seed=p["seed"], noise_factory=noise_factory(p["noise"]),
+                        with_charges=False)
+    return release.headlist, release.estimates
 
 
 def optin_log(users: np.ndarray, queries: list[str], urls: list[str | None], pseudonyms: dict[int, str],
@@ -209,19 +211,16 @@ def _codes(strings: list[Any], order: list[str] | None, field: str) -> tuple[np.
     return np.array(order, dtype=object), mapped[inverse]
 
 
-def _curate_mean(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[str, Any], list[Charge]]:
+def _curate_mean(store: Store, info: RoundInfo) -> tuple[dict[str, Any], dict[str, Any]]:
     """The curator's release of a mean round from its stored opt-in values
     (:func:`hybriddp.curator.mean.curate_mean`, ALGORITHM.md §11), drawn from the OS CSPRNG unless the round
     is seeded (no privacy)."""
     from hybriddp.curator.mean import curate_mean
 
-    users, values, pseudonyms = store.optin_values(info.num)
-    if len(values) == 0:
-        raise DataError(f"round {info.id} has no opt-in values; opt-in users upload them with their token "
-                        "(POST /api/v1/rounds/{id}/optin/records with {\"values\": [...]}) first")
+    users, values = store.optin_values(info.num)  # not empty: start_build refuses a round without values
     p = info.params
     rng = None if p["seed"] is None else make_rng(p["seed"])
-    return curate_mean(info.id, users, values, mean_mechanism(p), pseudonyms, rng)
+    return curate_mean(info.id, users, values, mean_mechanism(p), rng)
 
 
 # ----- device messages --------------------------------------------------------------------------

@@ -224,14 +224,14 @@ class OptinStore(RoundStore, LedgerStore):
             return users, queries, urls, self._pseudonyms(conn, round_num)
         return self._read(run)
 
-    def optin_values(self, round_num: int) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
-        """(user code per value, value, pseudonym per user code), values in upload order."""
-        def run(conn: Connection) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+    def optin_values(self, round_num: int) -> tuple[np.ndarray, np.ndarray]:
+        """(user code per value, value), values in upload order."""
+        def run(conn: Connection) -> tuple[np.ndarray, np.ndarray]:
             rows = conn.execute(select(s.optin_values.c.user_seq, s.optin_values.c.value)
                                 .where(s.optin_values.c.round_num == round_num).order_by(s.optin_values.c.id)).all()
             users = np.array([r[0] for r in rows], dtype=np.int64)
             values = np.array([r[1] for r in rows], dtype=np.float64)
-            return users, values, self._pseudonyms(conn, round_num)
+            return users, values
         return self._read(run)
 
     def _pseudonyms(self, conn: Connection, round_num: int) -> dict[int, str]:

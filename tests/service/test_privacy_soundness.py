@@ -354,3 +354,28 @@ def test_mean_reports_outside_what_an_honest_device_sends_are_refused() -> None:
     honest = [randomize_value(0.29, lower=0.0, upper=1.0, epsilon=1.0, source=src) for _ in range(100_000)]
     for i, v in enumerate(honest):
         checker.check({"id": "A" * 22, "round": "r" * 22, "value": v}, i)
+
+
+def test_a_scrub_blocked_by_a_reader_is_finished_by_the_next_purge_pass(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader holding an old snapshot stops the WAL checkpoint, so an abort leaves the canaries in the WAL;
+    the periodic purge pass (nothing new to purge) scrubs again once the reader is gone."""
+    import sqlite3
+
+    import hybriddp.service.store.rounds as store_rounds
+
+    monkeypatch.setattr(store_rounds, "SCRUB_WAIT_MS", 50)  # the checkpoint gives up on the reader quickly
+    url = f"sqlite:///{tmp_path / 'hybriddp.db'}"
+    with TestClient(create_app(url, ADMIN)) as c:
+        store: Store = c.app.state.store  # type: ignore[attr-defined]
+        rid = create(c)
+        upload_all(c, rid, canaries(20))
+        reader = sqlite3.connect(str(tmp_path / "hybriddp.db"))
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM rounds").fetchone()  # holds its snapshot of the WAL
+        assert c.post(f"{API}/rounds/{rid}/abort", headers=AUTH).json()["state"] == "aborted"
+        assert store.scrub_pending and canary_hits(store) > 0
+        reader.rollback()
+        reader.close()
+        assert store.purge_expired() == []  # nothing new to purge, but the pending scrub runs
+        assert not store.scrub_pending and canary_hits(store) == 0

@@ -174,6 +174,9 @@ class StoreBase:
         self.engine = make_engine(url)
         self.dialect = self.engine.dialect.name
         self.settle_rows = SETTLE_ROWS
+        self.scrub_pending = False
+        """A purge whose scrub of the files could not finish (readers held old snapshots): the next purge pass
+        (:meth:`~hybriddp.service.store.rounds.RoundStore.purge_expired`) scrubs again."""
         """SQLite: :meth:`settle_if_due` settles once ``messages_recent`` holds this many rows (tests make it small)."""
         self._recent = RecentIds()
         """SQLite: the ids in ``messages_recent`` (that table has no index on them; :mod:`hybriddp.service.recent`)."""

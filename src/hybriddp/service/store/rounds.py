@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -26,11 +25,13 @@ from hybriddp.core.protocol import ID_REGEX
 from hybriddp.core.rng import SEED_WARNING
 from hybriddp.service import schema as s
 from hybriddp.service.errors import ConflictError, NotFoundError
-from hybriddp.service.store.engine import StoreBase
+from hybriddp.service.store.engine import SQLITE_BUSY_TIMEOUT_MS, StoreBase
 
 DEFAULT_RETENTION_HOURS = 168.0
 """Hours after its creation at which a round's raw opt-in data are purged whatever its state (one week)."""
 MAX_RETENTION_HOURS = 24.0 * 366
+SCRUB_WAIT_MS = 5_000
+"""SQLite: how long a scrub's WAL checkpoint waits for readers that hold an old snapshot (then it is left pending)."""
 ENDED_STATES = ("headlist-empty", "aborted", "deleted")
 """States a round never leaves."""
 REPORT_STATES = ("headlist-published", "collecting-reports")
@@ -286,7 +287,7 @@ class RoundStore(StoreBase):
                 self._purge_raw(conn, int(num))
             return [rid for _, rid, _ in due]
         purged = self._write(run)
-        if purged:
+        if purged or self.scrub_pending:
             self.scrub()
         return purged
 
@@ -303,19 +304,21 @@ class RoundStore(StoreBase):
 
         SQLite: ``secure_delete`` (set on every connection) zeroes the freed space of the pages in the
         WAL; ``wal_checkpoint(TRUNCATE)`` then copies them over the main file and empties the WAL, whose
-        older frames still held the rows. Retried while readers hold an old snapshot; False if it could
-        not finish (:meth:`purge_expired`, run periodically, scrubs again). PostgreSQL: ``VACUUM FULL``
+        older frames still held the rows. It waits up to :data:`SCRUB_WAIT_MS` for readers that hold an
+        old snapshot; False if it could not finish (:attr:`scrub_pending`: the next :meth:`purge_expired`
+        pass, run periodically, scrubs again). PostgreSQL: ``VACUUM FULL``
         of the opt-in tables rewrites them into new files (the old ones are unlinked); the server's WAL
         (``pg_wal``) and base backups keep the rows until they are recycled (docs: PRIVACY.md).
         """
         if self.dialect == "sqlite":
-            for attempt in range(50):
-                with self.engine.connect() as conn:
+            with self.engine.connect() as conn:  # the checkpoint waits for readers up to the busy timeout
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {SCRUB_WAIT_MS}")
+                try:
                     busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").first()
-                if busy is None or int(busy[0]) == 0:
-                    return True
-                time.sleep(0.01 * min(2 ** attempt, 20))
-            return False
+                finally:
+                    conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            self.scrub_pending = busy is not None and int(busy[0]) != 0
+            return not self.scrub_pending
         with self.engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.exec_driver_sql("VACUUM FULL optin_records, optin_values, optin_uploads, optin_tokens")

@@ -16,7 +16,8 @@ from hybriddp.cli import cli
 from hybriddp.experiments import DatasetSpec, run_experiment
 from hybriddp.experiments.aggregate import mean_ci, point_stat, t_quantile_975
 from hybriddp.experiments.codeversion import FAMILY_ROOTS, family_fingerprint, module_closure, normalized_code
-from hybriddp.experiments.figures import FIGURE_NAMES, Point, figures
+from hybriddp.experiments.figures import DEFAULT_LINE, FIGURE_NAMES, METRIC_LABELS, Point, figures
+from hybriddp.experiments.plots import ALGORITHM_LABELS
 from hybriddp.experiments.runner import TrialStore, make_tasks, trial_seed
 from hybriddp.tune import GRID_F_C, GRID_F_O
 from logdata import write_aol, zipf_log
@@ -133,7 +134,7 @@ def test_torn_last_row_is_run_again(tmp_path: Path) -> None:
     text = trials.read_text()
     trials.write_text(text[: text.rstrip("\n").rfind(",")])  # cut the last row inside its last fields
     again = run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True)
-    assert first.n_ran == 4 and again.n_ran == 1
+    assert first.n_ran == 8 and again.n_ran == 1  # 2 ε × 2 M × (paper's estimator, default estimator)
     assert run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True).n_ran == 0
 
 
@@ -203,7 +204,7 @@ def test_log_file_dataset_row_per_user(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["kind"] == "file" and summary["n_users"] == summary["n_records"]
     assert summary["params"]["delta"] == pytest.approx(min(1e-5, 1 / summary["n_users"]))
-    assert res.n_ran == res.n_runs == 4
+    assert res.n_ran == res.n_runs == 8  # 2 f_C × 2 trials × (paper's estimator, default estimator)
 
 
 def test_seeds_deterministic_and_distinct() -> None:
@@ -246,7 +247,8 @@ def test_cli_errors_one_line(args, needle) -> None:
 def test_sizes_figure_sweeps_m_for_blender_and_both_local_baselines(quick_all: Path) -> None:
     summary = json.loads((quick_all / "summary.json").read_text())
     pts = summary["figures"]["sizes"]
-    assert {p["algorithm"] for p in pts} == {"blender", "local-only", "local-only-hashed"}
+    assert {p["algorithm"] for p in pts} == {"blender", "blender-reuse", "local-only", "local-only-hashed"}
+    assert {p["metric"] for p in pts} == {"ndcg", "l1", "l1_union"}
     assert all(p["head_list_size"] == p["x"] for p in pts)  # the x axis is M itself
     assert sorted({p["x"] for p in pts}) == [10, 100]  # quick grid: smallest and largest M
     assert any(c["figure"] == "sizes" for c in summary["claims"])
@@ -270,7 +272,9 @@ def test_rows_of_older_code_are_run_again_and_replaced(tmp_path: Path, caplog) -
     assert again.n_ran == first.n_runs and "different algorithm code" in caplog.text
     assert run_experiment("fig15", spec, trials=1, out_dir=tmp_path, jobs=1, quick=True).n_ran == 0
     rows = read_csv(trials)  # the stale rows were replaced, not kept beside the new ones
-    assert len(rows) == 4 * first.n_runs  # one row per algorithm of each BLENDER run: no stale duplicates
+    # one row per algorithm of each run, no stale duplicates: half the runs are BLENDER's (4 algorithms each),
+    # half the default estimator's (blender-reuse and blender-consistent)
+    assert len(rows) == (4 + 2) * first.n_runs // 2
     assert {r["code"] for r in rows} == {family_fingerprint("blender")}
 
 
@@ -292,7 +296,7 @@ def test_estimators_figure_pairs_the_papers_blend_with_the_pooled_one(quick_all:
     summary = json.loads((quick_all / "summary.json").read_text())
     pts = summary["figures"]["estimators"]
     assert {p["algorithm"] for p in pts} == {"blender", "blender-pooled", "blender-reuse", "blender-consistent"}
-    assert {p["metric"] for p in pts} == {"l1", "l1_queries", "ndcg", "ndcg_queries_at_10"}
+    assert {p["metric"] for p in pts} == {"l1", "l1_union", "l1_queries", "ndcg", "ndcg_queries_at_10"}
     rows = read_csv(quick_all / "trials.csv")
     paper = {(r["epsilon"], r["trial"]) for r in rows if r["algorithm"] == "blender"}
     for algo in ("blender-pooled", "blender-reuse", "blender-consistent"):
@@ -348,3 +352,61 @@ def test_blender_reuse_is_a_run_of_its_own_paired_by_seed(monkeypatch: pytest.Mo
     assert rows[1]["l1"] == pytest.approx(consistent.metrics["l1"]) and rows[1]["l1"] != rows[0]["l1"]
     assert consistent.p_query.tolist() == pytest.approx(np.bincount(consistent.head_list.entry_query,
                                                                     weights=consistent.blended.records.p).tolist())
+
+
+def test_every_figure_draws_the_default_estimator_next_to_the_papers(quick_all: Path) -> None:
+    """What ships (``--estimator reuse``, the default) is a line of every figure, beside the paper's estimator,
+    and every L1 panel has the union L1 beside it (ALGORITHM.md §9)."""
+    assert DEFAULT_LINE == "blender-reuse"  # DEFAULT_ESTIMATOR is "reuse" (core/estimators.py)
+    defs = figures("aol", quick=True)
+    for name, fig in defs.items():
+        assert "blender" in fig.algorithms and "blender-reuse" in fig.algorithms, name
+        assert ("l1" in fig.metrics) <= ("l1_union" in fig.metrics), name
+    assert "blender-tuned" in defs["fig12"].algorithms and "l1_union" in METRIC_LABELS
+    summary = json.loads((quick_all / "summary.json").read_text())
+    for name in FIGURE_NAMES[1:]:
+        assert {"blender", "blender-reuse"} <= {p["algorithm"] for p in summary["figures"][name]}, name
+    assert summary["figures"]["fig9"]["default"]["estimator"] == "reuse"
+    assert {p["metric"] for p in summary["figures"]["fig12"]} == {"ndcg_queries_at_10", "l1_union"}
+    # the legends name the estimator, and say which one is the default
+    assert "estimator paper" in ALGORITHM_LABELS["blender"] and "default" not in ALGORITHM_LABELS["blender"]
+    assert "estimator reuse, the default" in ALGORITHM_LABELS["blender-reuse"]
+    assert "estimator reuse" in ALGORITHM_LABELS["blender-tuned"]
+
+
+def test_trials_csv_and_report_name_each_lines_estimator(quick_all: Path) -> None:
+    rows = read_csv(quick_all / "trials.csv")
+    want = {"blender": "paper", "optin-only": "paper", "client-only": "paper", "blender-pooled": "pooled",
+            "blender-reuse": "reuse", "blender-consistent": "consistent", "blender-tuned": "reuse",
+            "local-only": "", "local-only-hashed": ""}
+    assert {r["algorithm"] for r in rows} == set(want)
+    for r in rows:
+        assert r["estimator"] == want[r["algorithm"]], r["algorithm"]
+        if r["l1"] and r["l1_union"]:  # the union holds the list: it can only add what the list misses
+            assert float(r["l1_union"]) >= float(r["l1"]) - 1e-12
+    assert any(r["l1_union"] for r in rows)
+    report = (quick_all / "report.md").read_text()
+    lines = report[report.index("## Lines"):report.index("## The paper's claims")]
+    assert "| `blender` | BLENDER (estimator paper, as published) | `paper` |" in lines
+    assert "| `blender-reuse` |" in lines and "| `reuse` (the default) |" in lines
+    tuned = next(line for line in lines.splitlines() if line.startswith("| `blender-tuned` |"))
+    assert "`reuse` (the default)" in tuned and "tune" in tuned
+
+
+def test_rows_written_before_the_estimator_column_get_their_lines_estimator(tmp_path: Path) -> None:
+    """An older trials.csv (no ``estimator`` column) is read with each line's estimator filled in, and rewritten
+    with today's columns."""
+    from hybriddp.experiments.runner import COLUMNS, KEY_COLUMNS
+
+    old = [c for c in COLUMNS if c not in ("estimator", "l1_union")]
+    lines = [",".join(old)]
+    for algorithm in ("blender", "blender-reuse"):
+        row = {"data": "d", "algorithm": algorithm, "epsilon": "1.0", "delta": "1e-05", "optin_fraction": "0.05",
+               "f_c": "0.85", "head_list_size": "10", "trial": "0", "seed": "7", "family": algorithm}
+        lines.append(",".join(row.get(c, "") for c in old))
+    (tmp_path / "trials.csv").write_text("\n".join(lines) + "\n")
+    store = TrialStore(tmp_path)
+    got = {r["algorithm"]: r["estimator"] for r in store.rows.values()}
+    assert got == {"blender": "paper", "blender-reuse": "reuse"}
+    assert (tmp_path / "trials.csv").read_text().splitlines()[0].split(",") == list(COLUMNS)
+    assert set(KEY_COLUMNS) <= set(COLUMNS)

@@ -11,9 +11,11 @@ from click.testing import CliRunner
 
 from hybriddp.cli import cli
 from hybriddp.core.errors import HeadListError, ParameterError
+from hybriddp.core.estimators import DEFAULT_ESTIMATOR
 from hybriddp.core.params import BlenderParams
-from hybriddp.experiments.claims import Comparison, binomial_tail, never_worse_claims, tuned_vs_defaults_claim
-from hybriddp.experiments.figures import Point
+from hybriddp.experiments.claims import Comparison, binomial_tail, never_worse_claims
+from hybriddp.experiments.claims_fig12 import tuned_vs_defaults_claim
+from hybriddp.experiments.figures import FAMILY_OF, LINE_OF_ESTIMATOR, TUNED_ESTIMATOR, Point
 from hybriddp.experiments.runner import RunSet, TrialStore, hash_seed
 from hybriddp.experiments.tuned import tuned_params
 from hybriddp.simulation.algorithms import run_algorithm
@@ -27,8 +29,9 @@ def test_tune_with_fixed_m_only_chooses_f_o_and_f_c() -> None:
     assert res.search["m_grid"] == [10] and res.search["fixed_head_list_size"] == 10
     assert res.chosen.head_list_size == res.paper_defaults.head_list_size == 10
     assert res.chosen.f_o in GRID_F_O and res.chosen.f_c in GRID_F_C
-    # the paper's f_O = 0.95 spends 5% of the opt-in group on the estimates: at M = 10 more is better
-    assert res.met and res.chosen.ndcg.mean >= res.paper_defaults.ndcg.mean
+    # the paper's f_O = 0.95 spends 5% of the opt-in group on the estimates: at M = 10 more is no worse (the
+    # final scores are fresh simulations, 2 per candidate: a tie within 0.002 is noise)
+    assert res.met and res.chosen.ndcg.mean >= res.paper_defaults.ndcg.mean - 0.002
 
 
 def test_tune_fixed_m_larger_than_any_list_is_a_clear_error() -> None:
@@ -48,10 +51,22 @@ def test_tune_cli_head_list_size() -> None:
     assert r.exit_code != 0 and "--head-list-size" in r.output and "Traceback" not in r.output
 
 
-def test_tuned_params_come_from_a_pilot_round() -> None:
+def test_tuned_params_come_from_a_pilot_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hybriddp.tune
+
+    asked: list[str] = []
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["estimator"])
+        return tune(*args, **kwargs)
+
+    monkeypatch.setattr(hybriddp.tune, "tune", spy)
     log = zipf_log(n_users=60_000, n_queries=200, seed=4)
     point = Point(3.0, 1e-5, 0.1, 0.85, 10)
     params, info = tuned_params(log, point, seed=11)
+    # round 2 runs the estimator tune simulated, and that is the one a deployment ships by default
+    assert asked == [DEFAULT_ESTIMATOR] and params.estimator == info["estimator"] == DEFAULT_ESTIMATOR
+    assert TUNED_ESTIMATOR == DEFAULT_ESTIMATOR != point.params().estimator
     assert (params.f_o, params.f_c) == (info["tuned_f_o"], info["tuned_f_c"])
     assert params.f_o in GRID_F_O and params.f_c in GRID_F_C
     assert (params.epsilon, params.delta, params.optin_fraction, params.head_list_size) == (3.0, 1e-5, 0.1, 10)
@@ -131,7 +146,7 @@ def _store_rows(tmp_path, values: dict[str, list[float]], points: list[Point]) -
     runs = RunSet(store, "d", 3, 0)
     for point in points:
         for algorithm, vals in values.items():
-            family = "blender" if algorithm == "blender" else "blender-tuned"
+            family = FAMILY_OF[algorithm]
             rows = []
             for trial, v in enumerate(vals):
                 task = runs.task(family, point, trial)
@@ -144,14 +159,22 @@ def _store_rows(tmp_path, values: dict[str, list[float]], points: list[Point]) -
 
 
 def test_tuned_vs_defaults_claim_is_paired(tmp_path) -> None:
+    """Tune's knobs are compared with the same estimator at the paper's knobs (the line of the estimator tune
+    simulated), not with the paper's estimator: only the knobs differ between the pair."""
     points = [Point(e, 1e-5, 0.05, 0.85, 10) for e in (1.0, 2.0)]
+    same = LINE_OF_ESTIMATOR[TUNED_ESTIMATOR]
+    assert same == "blender-reuse"  # the default estimator is reuse (core/estimators.py)
     # trial effects shared by both (same seeds): paired differences are tiny but consistent
-    better = _store_rows(tmp_path / "a", {"blender": [0.90, 0.95, 0.99], "blender-tuned": [0.92, 0.97, 1.0]}, points)
+    better = _store_rows(tmp_path / "a", {same: [0.90, 0.95, 0.99], "blender-tuned": [0.92, 0.97, 1.0]}, points)
     claim = tuned_vs_defaults_claim(better, points)[0]
     assert claim.holds is True and "significantly worse (paired 95% CI) at 0" in claim.here
-    worse = _store_rows(tmp_path / "b", {"blender": [0.90, 0.95, 0.99], "blender-tuned": [0.88, 0.93, 0.97]}, points)
+    assert f"`{TUNED_ESTIMATOR}`" in claim.paper
+    worse = _store_rows(tmp_path / "b", {same: [0.90, 0.95, 0.99], "blender-tuned": [0.88, 0.93, 0.97]}, points)
     claim = tuned_vs_defaults_claim(worse, points)[0]
     assert claim.holds is False and "at 2" in claim.here
+    # the paper's estimator is not the baseline: with only its rows there is nothing to pair
+    paper_only = _store_rows(tmp_path / "c", {"blender": [0.5, 0.5, 0.5], "blender-tuned": [0.9, 0.9, 0.9]}, points)
+    assert tuned_vs_defaults_claim(paper_only, points) == []
 
 
 def test_fixed_m_that_forms_only_in_the_trials_still_gets_knobs_with_a_caution() -> None:

@@ -11,11 +11,12 @@ list at 1% opt-in) counts as not reached.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from hybriddp.core.stats import t_quantile_975
-from hybriddp.experiments.figures import Figure, Point
+from hybriddp.experiments.figures import ALGORITHM_ESTIMATORS, DEFAULT_LINE, Figure, Point
 from hybriddp.experiments.runner import FIG9_COLUMNS, RunSet
 
 
@@ -68,17 +69,40 @@ def figure_points(fig: Figure, base: Point, runs: RunSet) -> list[PointStat]:
             for algorithm in fig.algorithms for metric in fig.metrics for x, m, point in fig.points(base)]
 
 
+def _mean_regressions(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Mean regressions per Fig. 9 column over the completed runs."""
+    out: dict[str, float | None] = {}
+    for c in FIG9_COLUMNS:
+        col = f"regressions_{c.removeprefix('p_')}"
+        vals = [r[col] for r in rows if not r.get("error") and r.get(col) is not None]
+        out[c] = (sum(vals) / len(vals)) if vals else None
+    return out
+
+
 def figure9_summary(base: Point, runs: RunSet) -> dict[str, Any]:
-    """Paper Fig. 9 at the defaults: the first trial's table and the mean regressions per column."""
+    """Paper Fig. 9 at the defaults: the first trial's table and the mean regressions per column, for the paper's
+    estimator, and the mean regressions of the default estimator's runs with the same seeds (``default``)."""
     rows = runs.rows("blender", base)
     ok = [r for r in rows if not r.get("error")]
     first = next(({"trial": t, "rows": tab} for t in range(runs.trials)
                   if (tab := runs.table(base, t)) is not None), None)
-    regressions: dict[str, float | None] = {}
-    for c in FIG9_COLUMNS:
-        col = f"regressions_{c.removeprefix('p_')}"
-        vals = [r[col] for r in ok if r.get(col) is not None]
-        regressions[c] = (sum(vals) / len(vals)) if vals else None
     reached = bool(rows) and len(ok) == len(rows) and all(r["head_list_records"] >= base.head_list_size for r in ok)
-    return {"n_trials": len(rows), "head_list_size": base.head_list_size, "reached": reached,
-            "first_trial": first, "mean_regressions": regressions}
+    out = {"n_trials": len(rows), "head_list_size": base.head_list_size, "reached": reached,
+           "first_trial": first, "mean_regressions": _mean_regressions(rows)}
+    if DEFAULT_LINE != "blender" and (default_rows := runs.rows(DEFAULT_LINE, base)):
+        out["default"] = {"algorithm": DEFAULT_LINE, "estimator": ALGORITHM_ESTIMATORS[DEFAULT_LINE],
+                          "n_trials": len(default_rows), "mean_regressions": _mean_regressions(default_rows)}
+    return out
+
+
+def tuned_knobs(fig: Figure, base: Point, runs: RunSet) -> list[dict[str, Any]]:
+    """Per x of ``fig``: the estimator ``blender-tuned`` ran and how often tune chose each (f_O, f_C)."""
+    out = []
+    for x, _m, point in fig.points(base):
+        rows = [r for r in runs.rows("blender-tuned", point) if not r.get("error") and r.get("tuned_f_o") is not None]
+        if not rows:
+            continue
+        knobs = Counter((r["tuned_f_o"], r["tuned_f_c"]) for r in rows)
+        out.append({"x": x, "estimators": sorted({str(r.get("estimator")) for r in rows}),
+                    "knobs": [{"f_o": fo, "f_c": fc, "trials": n} for (fo, fc), n in knobs.most_common()]})
+    return out

@@ -1,5 +1,8 @@
 """The paper's claims about its Figures 9–16 (and ALGORITHM.md §10), checked against this run's numbers.
 
+Fig. 12's lines (the paper's estimator, the default, tune's knobs, local-only) and the ``sizes`` figure are
+checked in :mod:`hybriddp.experiments.claims_fig12`; :func:`hybriddp.experiments.run.all_claims` gathers all.
+
 Each :class:`Claim` states what the paper says, what the data here show, and whether the
 claim holds here (``True``/``False``), or ``None`` when the run does not contain what the
 claim needs (the figure was not run, or its grid lacks the value). Nothing is hard-coded:
@@ -12,12 +15,11 @@ trial, :mod:`hybriddp.experiments.aggregate`): a missing point cannot support a 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hybriddp.experiments.aggregate import PointStat, mean_ci, point_stat
-from hybriddp.experiments.figures import Figure, Point
+from hybriddp.experiments.figures import Point
 from hybriddp.experiments.runner import RunSet
 
 NDCG_TARGET = 0.95
@@ -39,7 +41,7 @@ class Claim:
         return {"figure": self.figure, "paper": self.paper, "here": self.here, "holds": self.holds}
 
 
-class _Points:
+class Points:
     """Lookup of aggregated points by (algorithm, metric, M, x)."""
 
     def __init__(self, points: list[PointStat]) -> None:
@@ -64,7 +66,7 @@ def _f(v: float | None) -> str:
     return "missing" if v is None else f"{v:.3f}"
 
 
-def _x(name: str, x: float | None) -> str:
+def x_text(name: str, x: float | None) -> str:
     """``4.5%`` for an opt-in fraction, ``ε=3`` for ε, ``name=x`` otherwise."""
     if x is None:
         return "?"
@@ -77,7 +79,7 @@ def _first_reached(line: list[PointStat]) -> PointStat | None:
     return next((p for p in line if p.reached), None)
 
 
-def _all_above(line: list[PointStat], target: float, x: str = "x") -> tuple[bool | None, str]:
+def all_above(line: list[PointStat], target: float, x: str = "x") -> tuple[bool | None, str]:
     """Every point reached and above ``target``; text lists the minimum and the missing points (``x``: axis name)."""
     if not line:
         return None, "not run"
@@ -86,9 +88,9 @@ def _all_above(line: list[PointStat], target: float, x: str = "x") -> tuple[bool
     text = ""
     if have:
         low = min(have, key=lambda p: p.mean or 0.0)
-        text = f"min {low.mean:.3f} at {_x(x, low.x)}"
+        text = f"min {low.mean:.3f} at {x_text(x, low.x)}"
     if missing:
-        text += ("; " if text else "") + f"missing at {', '.join(_x(x, p.x) for p in missing)}"
+        text += ("; " if text else "") + f"missing at {', '.join(x_text(x, p.x) for p in missing)}"
     return (not missing and all((p.mean or 0.0) > target for p in have)), text
 
 
@@ -115,13 +117,16 @@ def fig9_claims(summary: dict[str, Any]) -> list[Claim]:
     n0 = sum(bool(r.get("p_blended_regression")) for r in first["rows"])
     mean = reg["p_blended"]
     others = ", ".join(f"{k.removeprefix('p_')} {v:.1f}" for k, v in reg.items() if k != "p_blended" and v is not None)
+    default = summary.get("default") or {}
+    d_mean = (default.get("mean_regressions") or {}).get("p_blended")
+    also = "" if d_mean is None else f"; default estimator (`{default['estimator']}`), same seeds: {d_mean:.2f}"
     return [Claim("fig9", "Top-10 table: only one regression in the blended column (≤ 1)",
                   f"trial 0: {n0} (table of {len(first['rows'])} queries); mean over "
-                  f"{_n(summary['n_trials'], 'trial')}: {mean:.2f} (ingredients: {others})",
+                  f"{_n(summary['n_trials'], 'trial')}: {mean:.2f} (ingredients: {others}){also}",
                   mean <= 1.0)]
 
 
-def fig11_claims(pts: _Points) -> list[Claim]:
+def fig11_claims(pts: Points) -> list[Claim]:
     """Fig. 11: L1 falls as f_C grows (client, blended); client NDCG peaks near f_C = 0.85."""
     out = []
     parts, ok = [], True
@@ -253,76 +258,6 @@ def never_worse_claims(comparisons: list[Comparison]) -> list[Claim]:
     return out
 
 
-def fig12_claims(pts: _Points) -> list[Claim]:
-    """Fig. 12: BLENDER NDCG@10 > 0.95 for every ε in 1..5, the local-only baseline far below (~0.3 in Qin et al.).
-
-    Checked for BLENDER at the paper's defaults and with tune's knobs (``blender-tuned``), and
-    against both local-only codings: far below means a gap of at least :data:`FAR_BELOW` at every ε
-    (measured from the better BLENDER line).
-    """
-    out = []
-    metric = "ndcg_queries_at_10"
-    lines = {a: pts.line(a, metric) for a in ("blender", "blender-tuned")}
-    for algorithm, what in (("blender", "at the paper's defaults"),
-                            ("blender-tuned", "with the knobs `hybriddp tune -M 10` picks from an earlier round")):
-        if lines[algorithm]:
-            holds, text = _all_above(lines[algorithm], NDCG_TARGET, "ε")
-            out.append(Claim("fig12", f"BLENDER NDCG@10 (queries, M = 10) > {NDCG_TARGET} for every ε in the grid, "
-                             + what, text, holds))
-    best = {}
-    for algorithm in ("blender", "blender-tuned"):
-        for b in lines[algorithm]:
-            if b.mean is not None and (b.x not in best or b.mean > (best[b.x].mean or 0.0)):
-                best[b.x] = b
-    for local, what, need in (
-            ("local-only-hashed", "far above (by ≥ {gap:g} at every ε) the local-only alternative without a "
-             "dictionary (paper: Qin et al.'s LDPMiner ≈ 0.3 at best; here PEM/OLH over 32-bit hashed records + "
-             "LocalAlg)", FAR_BELOW),
-            ("local-only", "above the local-only alternative whose aggregator holds a dictionary of the existing "
-             "records (PEM/OLH over dictionary codes + LocalAlg: stronger than any dictionary-free method)", 0.0)):
-        line = pts.line(local, metric)
-        pairs = [(best[lo.x], lo) for lo in line if lo.x in best and lo.mean is not None]
-        if not line:
-            continue
-        if not pairs:
-            out.append(Claim("fig12", "BLENDER " + what.format(gap=FAR_BELOW),
-                             "no ε where both BLENDER and " + local + " reached M", None))
-            continue
-        vals = [lo.mean or 0.0 for _, lo in pairs]
-        gaps = [(b.mean or 0.0) - (lo.mean or 0.0) for b, lo in pairs]
-        low = min(range(len(gaps)), key=gaps.__getitem__)
-        complete = len(pairs) == len(line)
-        out.append(Claim("fig12", "BLENDER " + what.format(gap=FAR_BELOW),
-                         f"{local} {min(vals):.3f}–{max(vals):.3f}; BLENDER − {local} from {gaps[low]:.3f} "
-                         f"(at {_x('eps', pairs[low][1].x)}) to {max(gaps):.3f}"
-                         + ("" if complete else "; some local-only points missing"),
-                         complete and min(gaps) > need))
-    return out
-
-
-def tuned_vs_defaults_claim(runs: RunSet, points: list[Point], metric: str = "ndcg_queries_at_10") -> list[Claim]:
-    """Beyond the paper: ``blender-tuned`` at least as good as ``blender`` at the paper's defaults.
-
-    Both run with the same trial seeds at each point (same opt-in draw and client randomness;
-    only f_O and f_C differ), so the comparison is paired: it holds when no point has the tuned
-    knobs significantly worse (paired 95% interval entirely below 0) and the mean difference
-    over the points is not negative.
-    """
-    diffs = [(point, d) for point in points
-             if (d := paired_difference(runs.rows("blender-tuned", point), runs.rows("blender", point), metric,
-                                        point.head_list_size)) is not None]
-    if not diffs:
-        return []
-    worse = [x for x in diffs if x[1][2] < 0]
-    low = min(diffs, key=lambda x: x[1][0])
-    avg = sum(d[0] for _, d in diffs) / len(diffs)
-    text = (f"tuned − defaults from {low[1][0]:+.3f} (at ε={low[0].epsilon:g}) to "
-            f"{max(d[0] for _, d in diffs):+.3f}, mean {avg:+.3f} over {len(diffs)} ε; significantly worse "
-            f"(paired 95% CI) at {len(worse)}")
-    return [Claim("fig12", "beyond the paper: tune's knobs do at least as well as the paper's defaults "
-                  "(NDCG@10, paired trials)", text, not worse and avg >= 0)]
-
-
 def estimator_claims(runs: RunSet, points: list[Point]) -> list[Claim]:
     """Beyond the paper (ALGORITHM.md §4.1, §7, §7.1): pooled blend weights, reusing S, and reusing S with
     consistent queries are each never significantly worse than the paper's estimates, and consistent queries never
@@ -361,25 +296,7 @@ def estimator_claims(runs: RunSet, points: list[Point]) -> list[Claim]:
     return out
 
 
-def sizes_claims(pts: _Points) -> list[Claim]:
-    """Beyond the paper: BLENDER's generalized NDCG against both local-only baselines at every M
-    where BLENDER's list forms (the defaults otherwise: ε, opt-in share, f_O, f_C)."""
-    out = []
-    blender = {p.x: p for p in pts.line("blender", "ndcg") if p.mean is not None}
-    for local, what in (("local-only-hashed", "without a dictionary"), ("local-only", "with a record dictionary")):
-        line = pts.line(local, "ndcg")
-        pairs = [(blender[lo.x], lo) for lo in line if lo.x in blender and lo.mean is not None]
-        if not line:
-            continue
-        text = "; ".join(f"M={lo.x:g}: {b.mean:.3f} vs {lo.mean:.3f}" for b, lo in pairs) or \
-            "no M where both reached the size"
-        out.append(Claim("sizes", f"beyond the paper: BLENDER's generalized NDCG is above local-only {what} at "
-                         "every head-list size M its list forms", text,
-                         (all((b.mean or 0.0) > (lo.mean or 0.0) for b, lo in pairs) if pairs else None)))
-    return out
-
-
-def aol_robustness_claims(fig: dict[str, _Points]) -> list[Claim]:
+def aol_robustness_claims(fig: dict[str, Points]) -> list[Claim]:
     """Figs. 13a–16a (AOL): where the M = 50 lines begin; ≈5% opt-in for NDCG 0.95; L1 falls with ε."""
     out = []
     if "fig13" in fig or "fig14" in fig:
@@ -388,7 +305,8 @@ def aol_robustness_claims(fig: dict[str, _Points]) -> list[Claim]:
         first = _first_reached(pts.line("blender", metric, 50))
         if pts.line("blender", metric, 50):
             out.append(Claim("fig13a", "the M = 50 line begins at 4.5% opt-in (smaller fractions: list not created)",
-                             f"begins at {_x('optin', first.x)}" if first else "never begins (M = 50 never reached)",
+                             f"begins at {x_text('optin', first.x)}" if first
+                             else "never begins (M = 50 never reached)",
                              first is not None and abs((first.x or 0) - 0.045) < 1e-9))
     if "fig14" in fig:
         p5 = fig["fig14"].at("blender", "ndcg", 50, 0.05)
@@ -402,7 +320,8 @@ def aol_robustness_claims(fig: dict[str, _Points]) -> list[Claim]:
         if pts.line("blender", metric, 50):
             first = _first_reached(pts.line("blender", metric, 50))
             out.append(Claim("fig15a", "the M = 50 line begins at ε = 3 (smaller ε: list not created)",
-                             f"begins at {_x('eps', first.x)}" if first else "never begins (M = 50 never reached)",
+                             f"begins at {x_text('eps', first.x)}" if first
+                             else "never begins (M = 50 never reached)",
                              first is not None and abs((first.x or 0) - 3.0) < 1e-9))
     if "fig15" in fig:
         out += _l1_falls_with_eps(fig["fig15"])
@@ -411,10 +330,10 @@ def aol_robustness_claims(fig: dict[str, _Points]) -> list[Claim]:
 
 def _threshold_text(line: list[PointStat]) -> str:
     ok = [p for p in line if p.mean is not None and p.mean >= NDCG_TARGET]
-    return f"first ≥ {NDCG_TARGET} at {_x('optin', ok[0].x)}" if ok else f"never ≥ {NDCG_TARGET}"
+    return f"first ≥ {NDCG_TARGET} at {x_text('optin', ok[0].x)}" if ok else f"never ≥ {NDCG_TARGET}"
 
 
-def _l1_falls_with_eps(pts: _Points) -> list[Claim]:
+def _l1_falls_with_eps(pts: Points) -> list[Claim]:
     parts, ok = [], True
     for m in pts.sizes():
         line = [p for p in pts.line("blender", "l1", m) if p.mean is not None]
@@ -426,13 +345,13 @@ def _l1_falls_with_eps(pts: _Points) -> list[Claim]:
     return [Claim("fig15", "L1 declines steadily with ε (every M)", "; ".join(parts), ok)]
 
 
-def yandex_claims(fig: dict[str, _Points], sizes: list[int]) -> list[Claim]:
+def yandex_claims(fig: dict[str, Points], sizes: list[int]) -> list[Claim]:
     """Figs. 13b–16b (Yandex) and ALGORITHM.md §10: NDCG > 0.95 from 1.5% opt-in at M = 500; L1 < 0.1 for ε ≥ 1."""
     out = []
     big = max(sizes) if sizes else 500
     if "fig14" in fig:
         line = [p for p in fig["fig14"].line("blender", "ndcg", big) if (p.x or 0) >= 0.015 - 1e-12]
-        holds, text = _all_above(line, NDCG_TARGET, "optin")
+        holds, text = all_above(line, NDCG_TARGET, "optin")
         if line:
             out.append(Claim("fig14b", f"M = {big}: NDCG > {NDCG_TARGET} from 1.5% opt-in (ALGORITHM.md §10)",
                              text, holds))
@@ -468,31 +387,4 @@ def yandex_claims(fig: dict[str, _Points], sizes: list[int]) -> list[Claim]:
             holds = all(p.mean is not None and p.mean >= NDCG_TARGET for p in at1)  # type: ignore[union-attr]
             out.append(Claim("fig16b", f"ε = 1: NDCG ≥ {NDCG_TARGET} for all but the two largest M",
                              ", ".join(f"M={p.head_list_size}: {_f(p.mean)}" for p in at1), holds))  # type: ignore[union-attr]
-    return out
-
-
-def all_claims(kind: str, base: Point, runs: RunSet, figure_points: dict[str, list[PointStat]],
-               fig9: dict[str, Any] | None, comparisons: Callable[[], list[Comparison]],
-               figures: dict[str, Figure]) -> list[Claim]:
-    """Every claim that the figures of this run can check, in the paper's order."""
-    fig = {name: _Points(p) for name, p in figure_points.items()}
-    out = default_point_claims(kind, base, runs)
-    if fig9 is not None:
-        out += fig9_claims(fig9)
-    if "fig11" in fig:
-        out += fig11_claims(fig["fig11"])
-    out += never_worse_claims(comparisons())
-    if "fig12" in fig:
-        out += fig12_claims(fig["fig12"])
-        out += tuned_vs_defaults_claim(runs, [point for _, _, point in figures["fig12"].points(base)])
-    if "sizes" in fig:
-        out += sizes_claims(fig["sizes"])
-    if "estimators" in fig:
-        out += estimator_claims(runs, [point for _, _, point in figures["estimators"].points(base)])
-    if kind == "yandex":
-        sizes = sorted({p.head_list_size for name in ("fig13", "fig14", "fig15", "fig16") if name in fig
-                        for p in fig[name].points})
-        out += yandex_claims(fig, sizes)
-    else:
-        out += aol_robustness_claims(fig)
     return out

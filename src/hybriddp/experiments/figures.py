@@ -7,11 +7,16 @@ share a point (e.g. the paper defaults appear in Figures 9, 11, 14 and 16) share
 
 Grids (paper §4.2; ``quick`` shrinks every grid for tests):
 
-* Fig. 9 — the top-10 query table at the paper defaults (Fig. 10).
+Every figure draws BLENDER twice: with the paper's estimator (``blender``, what the paper plots) and with
+the estimator hybriddp ships by default (:data:`DEFAULT_LINE`, ``blender-reuse`` while the default is
+``reuse``), run with the same seeds (paired); :data:`ALGORITHM_ESTIMATORS` names each line's estimator.
+Every L1 panel has its union form next to it (``l1_union``, ALGORITHM.md §9), which a junk list cannot win.
+
+* Fig. 9 — the top-10 query table at the paper defaults (Fig. 10), and the default's regressions.
 * Fig. 11 — f_C = 0.50, 0.55, …, 0.95; L1 and generalized NDCG of client-only, opt-in-only
-  and blended (one BLENDER run per point gives all three).
-* Fig. 12 — ε = 1, 1.5, …, 5; NDCG@10 over queries of BLENDER and the local-only baseline,
-  head-list size 10 (as in the paper's comparison with Qin et al.).
+  and blended (one BLENDER run per point gives all three), and the default estimator's blend.
+* Fig. 12 — ε = 1, 1.5, …, 5; NDCG@10 over queries (and the union L1) of BLENDER, BLENDER with tune's
+  knobs and the local-only baselines, head-list size 10 (as in the paper's comparison with Qin et al.).
 * Figs. 13 / 14 — opt-in fraction 1%, 1.5%, 2%, 2.5%, 3%, …, 10% (4.5% included); L1 /
   generalized NDCG of BLENDER for several M (AOL 10, 25, 50, 100; Yandex 50, 100, 250, 500).
 * Figs. 15 / 16 — ε = 1, 1.5, …, 5; L1 / generalized NDCG of BLENDER for the same M.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from hybriddp.core.estimators import DEFAULT_ESTIMATOR
 from hybriddp.core.params import BlenderParams
 
 FIGURE_NAMES = ("fig9", "fig11", "fig12", "fig13", "fig14", "fig15", "fig16", "sizes", "estimators")
@@ -41,6 +47,28 @@ FAMILY_OF = {"blender": "blender", "optin-only": "blender", "client-only": "blen
 consistent queries (ALGORITHM.md §7.1); ``blender-tuned`` is
 BLENDER with the knobs tune picks from an earlier round (:mod:`hybriddp.experiments.tuned`)."""
 
+PAPER_ESTIMATOR = "paper"
+"""The estimator of the paper's figures (Fig. 4, Fig. 7): the ``blender`` line and its ingredients."""
+
+TUNED_ESTIMATOR = DEFAULT_ESTIMATOR
+"""The estimator ``blender-tuned`` runs, and the one ``hybriddp tune`` is asked to simulate when it picks the
+knobs (:mod:`hybriddp.experiments.tuned`): a deployment tunes the estimator it ships."""
+
+ALGORITHM_ESTIMATORS: dict[str, str | None] = {
+    "blender": PAPER_ESTIMATOR, "optin-only": PAPER_ESTIMATOR, "client-only": PAPER_ESTIMATOR,
+    "blender-pooled": "pooled", "blender-reuse": "reuse", "blender-consistent": "consistent",
+    "blender-tuned": TUNED_ESTIMATOR, "local-only": None, "local-only-hashed": None}
+"""The estimator (``--estimator``, :mod:`hybriddp.core.estimators`) of each line; None: not BLENDER (the
+local-only baselines estimate with LocalAlg's client side alone). ``optin-only`` and ``client-only`` are the
+ingredients of the paper's run."""
+
+LINE_OF_ESTIMATOR = {ALGORITHM_ESTIMATORS[line]: line
+                     for line in ("blender", "blender-pooled", "blender-reuse", "blender-consistent")}
+"""The line that runs each estimator at the paper's knobs (the inverse of :data:`ALGORITHM_ESTIMATORS` there)."""
+
+DEFAULT_LINE = LINE_OF_ESTIMATOR[DEFAULT_ESTIMATOR]
+"""The line of the default estimator: what ``hybriddp run`` and the service ship, drawn next to the paper's."""
+
 FAMILY_ALGORITHMS = {"blender": ("blender", "optin-only", "client-only", "blender-pooled"),
                      "blender-reuse": ("blender-reuse", "blender-consistent"),
                      "local-only": ("local-only",), "local-only-hashed": ("local-only-hashed",),
@@ -56,6 +84,7 @@ FIG12_HEAD_LIST_SIZE = 10  # "head list size=10" (paper Fig. 12 caption)
 
 METRIC_LABELS = {
     "l1": "L1 over head-list records (lower is better)",
+    "l1_union": "L1 over the list ∪ the true top-M records (lower is better)",
     "l1_queries": "L1 over head-list queries (lower is better)",
     "ndcg": "generalized NDCG (higher is better)",
     "ndcg_queries_at_10": "NDCG@10 over queries (higher is better)",
@@ -84,9 +113,9 @@ class Point:
 
     def params(self) -> BlenderParams:
         """The validated :class:`BlenderParams` of this point (f_O, m_O, m_C: paper defaults; the paper's
-        estimator, which the paper's figures reproduce: ``blender-reuse`` asks for its own)."""
+        estimator, which the paper's figures reproduce: the other lines ask for their own)."""
         return BlenderParams(epsilon=self.epsilon, delta=self.delta, optin_fraction=self.optin_fraction,
-                             f_c=self.f_c, head_list_size=self.head_list_size, estimator="paper")
+                             f_c=self.f_c, head_list_size=self.head_list_size, estimator=PAPER_ESTIMATOR)
 
     def key(self) -> str:
         """Canonical text (also what the trial seed is hashed from)."""
@@ -158,27 +187,29 @@ def figures(dataset_kind: str, *, quick: bool = False) -> dict[str, Figure]:
         est_sizes = (fig12_m,)
         eps, fcs, opt, sizes = (2.0, 4.0), (0.5, 0.85), (0.05, 0.1), (sizes[0], sizes[-1])
     m_label = "head-list sizes M"
+    both = tuple(dict.fromkeys(("blender", DEFAULT_LINE)))  # the paper's estimator and the default
     figs = [
         Figure("fig9", "Top-10 queries: true p_q and the estimates of BLENDER's ingredients (paper Fig. 9)",
-               None, (), (), ("blender",)),
+               None, (), (), both),
         Figure("fig11", "Budget split f_C: client, opt-in and blended results (paper Fig. 11)",
-               "f_c", fcs, ("l1", "ndcg"), ("client-only", "optin-only", "blender")),
+               "f_c", fcs, ("l1", "l1_union", "ndcg"), ("client-only", "optin-only", *both)),
         Figure("fig12", f"NDCG@10 of queries vs ε, head list size {fig12_m}: BLENDER vs local-only "
-               "(paper Fig. 12)", "epsilon", eps, ("ndcg_queries_at_10",),
-               ("blender", "blender-tuned", "local-only", "local-only-hashed"), (fig12_m,)),
+               "(paper Fig. 12)", "epsilon", eps, ("ndcg_queries_at_10", "l1_union"),
+               (*both, "blender-tuned", "local-only", "local-only-hashed"), (fig12_m,)),
         Figure("fig13", f"L1 vs opt-in percentage for select {m_label} (paper Fig. 13)",
-               "optin_fraction", opt, ("l1",), ("blender",), sizes),
+               "optin_fraction", opt, ("l1", "l1_union"), both, sizes),
         Figure("fig14", f"Generalized NDCG vs opt-in percentage for select {m_label} (paper Fig. 14)",
-               "optin_fraction", opt, ("ndcg",), ("blender",), sizes),
-        Figure("fig15", f"L1 vs ε for select {m_label} (paper Fig. 15)", "epsilon", eps, ("l1",), ("blender",), sizes),
+               "optin_fraction", opt, ("ndcg",), both, sizes),
+        Figure("fig15", f"L1 vs ε for select {m_label} (paper Fig. 15)", "epsilon", eps, ("l1", "l1_union"), both,
+               sizes),
         Figure("fig16", f"Generalized NDCG vs ε for select {m_label} (paper Fig. 16)",
-               "epsilon", eps, ("ndcg",), ("blender",), sizes),
-        Figure("sizes", "Beyond the paper: generalized NDCG vs head-list size M, BLENDER vs local-only",
-               "head_list_size", tuple(float(m) for m in sizes), ("ndcg",),
-               ("blender", "local-only", "local-only-hashed")),
+               "epsilon", eps, ("ndcg",), both, sizes),
+        Figure("sizes", "Beyond the paper: generalized NDCG and L1 vs head-list size M, BLENDER vs local-only",
+               "head_list_size", tuple(float(m) for m in sizes), ("ndcg", "l1", "l1_union"),
+               (*both, "local-only", "local-only-hashed")),
         Figure("estimators", "Beyond the paper: the paper's estimates against pooled blend weights (ALGORITHM.md "
                "§7), reused S counts (§4.1) and consistent queries (§7.1), paired by seed; M = 10 as in Fig. 12, and "
-               "the dataset's M", "epsilon", eps, ("l1", "l1_queries", "ndcg", "ndcg_queries_at_10"),
+               "the dataset's M", "epsilon", eps, ("l1", "l1_union", "l1_queries", "ndcg", "ndcg_queries_at_10"),
                ("blender", "blender-pooled", "blender-reuse", "blender-consistent"), est_sizes),
     ]
     return {f.name: f for f in figs}

@@ -1,9 +1,9 @@
 """PNG plots of the reproduced figures (matplotlib's Agg canvas directly: no display, no pyplot state).
 
-Every line is one algorithm (Figs. 11, 12) or one head-list size M (Figs. 13–16), with 95%
-t-interval error bars over the trials; a missing point (head list shorter than M) is a gap,
-as in the paper. Fig. 9 is drawn as grouped bars of the first trial's top-10 table. Images are
-written atomically (:mod:`hybriddp.core.atomic`).
+Every line is one algorithm (Figs. 11, 12) or one algorithm at one head-list size M (Figs. 13–16: colour = M,
+style = estimator), with 95% t-interval error bars over the trials; every BLENDER line's legend names its
+estimator. A missing point (head list shorter than M) is a gap, as in the paper. Fig. 9 is drawn as grouped
+bars of the first trial's top-10 table. Images are written atomically (:mod:`hybriddp.core.atomic`).
 """
 
 from __future__ import annotations
@@ -16,21 +16,35 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
 from hybriddp.core.atomic import atomic_path
+from hybriddp.core.estimators import DEFAULT_ESTIMATOR
 from hybriddp.experiments.aggregate import PointStat
-from hybriddp.experiments.figures import METRIC_LABELS, X_LABELS, Figure
+from hybriddp.experiments.figures import ALGORITHM_ESTIMATORS, METRIC_LABELS, X_LABELS, Figure
 
-ALGORITHM_LABELS = {"blender": "blended (BLENDER)", "optin-only": "opt-in only",
-                    "client-only": "client only", "blender-tuned": "BLENDER, knobs from hybriddp tune",
-                    "blender-pooled": "BLENDER, pooled blend weights",
-                    "blender-reuse": "BLENDER, S reused + pooled weights",
-                    "blender-consistent": "BLENDER, S reused + consistent queries",
+
+def _estimator_label(algorithm: str) -> str:
+    """``estimator paper`` / ``estimator reuse, the default``: the estimator of a BLENDER line, as the legend says."""
+    est = ALGORITHM_ESTIMATORS.get(algorithm)
+    return "" if est is None else f"estimator {est}" + (", the default" if est == DEFAULT_ESTIMATOR else "")
+
+
+ALGORITHM_LABELS = {"blender": f"BLENDER ({_estimator_label('blender')}, as published)",
+                    "optin-only": f"opt-in only ({_estimator_label('optin-only')})",
+                    "client-only": "client only",
+                    "blender-tuned": f"BLENDER ({_estimator_label('blender-tuned')}), knobs from hybriddp tune",
+                    "blender-pooled": f"BLENDER ({_estimator_label('blender-pooled')}: pooled blend weights)",
+                    "blender-reuse": f"BLENDER ({_estimator_label('blender-reuse')}: S reused + pooled weights)",
+                    "blender-consistent": f"BLENDER ({_estimator_label('blender-consistent')}: reuse + consistent "
+                                          "queries)",
                     "local-only": "local-only, record dictionary (PEM/OLH + LocalAlg)",
                     "local-only-hashed": "local-only, no dictionary (32-bit PEM/OLH + LocalAlg)"}
+"""The legend of each line; every BLENDER line names its estimator (and whether it is the default)."""
 ALGORITHM_COLORS = {"blender": "tab:green", "optin-only": "tab:orange", "client-only": "tab:blue",
                     "blender-tuned": "tab:olive", "local-only": "tab:red", "local-only-hashed": "tab:purple",
                     "blender-pooled": "tab:cyan", "blender-reuse": "tab:brown",
                     "blender-consistent": "tab:pink"}
 MARKERS = "osD^vP*X"
+LINESTYLES = {"blender": "-", "blender-reuse": "--", "blender-consistent": ":", "blender-pooled": "-."}
+"""With several M per panel colours mark M, so the estimator of a line shows in its style."""
 
 
 def _save(f: MplFigure, path: Path) -> None:
@@ -65,8 +79,9 @@ def plot_figure(fig: Figure, points: list[PointStat], path: Path, subtitle: str)
                 label = f"{label}, M = {m}" if label else f"M = {m}"
             if all(p.mean is None for p in pts):
                 label += " (head list never reached M)" if len(sizes) > 1 else " (never reached M)"
-            color = ALGORITHM_COLORS.get(algorithm) if len(sizes) == 1 else None
-            ax.errorbar(xs, ys, yerr=err, fmt="-", marker=MARKERS[i % len(MARKERS)], capsize=3, label=label,
+            color = ALGORITHM_COLORS.get(algorithm) if len(sizes) == 1 else f"C{sizes.index(m) % 10}"
+            style = LINESTYLES.get(algorithm, "-") if len(sizes) > 1 else "-"
+            ax.errorbar(xs, ys, yerr=err, fmt=style, marker=MARKERS[i % len(MARKERS)], capsize=3, label=label,
                         color=color, markersize=5, linewidth=1.6)
         if metric.startswith("ndcg"):  # NDCG lies in [0, 1]: keep the axis there (the CSV keeps full intervals)
             lows = [p.lo for p in points if p.metric == metric and p.lo is not None]

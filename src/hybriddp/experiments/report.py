@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybriddp.core.estimators import DEFAULT_ESTIMATOR
 from hybriddp.experiments.aggregate import PointStat
 from hybriddp.experiments.claims import Claim
-from hybriddp.experiments.figures import METRIC_LABELS, X_LABELS, Figure
+from hybriddp.experiments.figures import ALGORITHM_ESTIMATORS, DEFAULT_LINE, METRIC_LABELS, X_LABELS, Figure
 from hybriddp.experiments.plots import ALGORITHM_LABELS
 
 MISSING = "—"
+
 
 
 def _ci(p: PointStat) -> str:
@@ -67,6 +69,34 @@ def figure_table(fig: Figure, points: list[PointStat]) -> list[str]:
     return lines
 
 
+def lines_table(figs: dict[str, Figure], params: dict[str, Any]) -> list[str]:
+    """One row per line drawn: its label, its estimator (``--estimator``) and its knobs."""
+    algorithms = dict.fromkeys(a for f in figs.values() for a in f.algorithms)
+    defaults = f"paper's (f_O = {params['f_o']:g}, f_C = {params['f_c']:g} unless the x axis is f_C)"
+    lines = ["| line | legend | estimator | knobs |", "|---|---|---|---|"]
+    for a in algorithms:
+        est = ALGORITHM_ESTIMATORS.get(a)
+        est_text = "— (not BLENDER: LocalAlg's client estimates)" if est is None else \
+            f"`{est}`" + (" (the default)" if est == DEFAULT_ESTIMATOR else "")
+        knobs = ("f_O, f_C chosen per trial by `hybriddp tune -M 10` (table under Fig. 12; trials.csv `tuned_f_o`, "
+                 "`tuned_f_c`)") if a == "blender-tuned" else (
+            "no opt-in group: PEM/OLH discovery, then LocalAlg" if est is None else defaults)
+        lines.append(f"| `{a}` | {_cell(ALGORITHM_LABELS.get(a, a))} | {est_text} | {knobs} |")
+    return lines
+
+
+def tuned_knobs_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Under Fig. 12: per ε, the estimator ``blender-tuned`` ran and the knobs tune chose (trials each)."""
+    if not rows:
+        return []
+    out = ["", "Knobs `hybriddp tune -M 10` chose for `blender-tuned` (trials per choice):", "",
+           "| epsilon | estimator | (f_O, f_C): trials |", "|---|---|---|"]
+    for r in rows:
+        knobs = ", ".join(f"({k['f_o']:g}, {k['f_c']:g}): {k['trials']}" for k in r["knobs"])
+        out.append(f"| {r['x']:g} | {', '.join(r['estimators'])} | {knobs} |")
+    return out
+
+
 def figure9_section(summary: dict[str, Any]) -> list[str]:
     first = summary.get("first_trial")
     if not first:
@@ -84,6 +114,11 @@ def figure9_section(summary: dict[str, Any]) -> list[str]:
     lines += ["", f"Mean regressions per column over {summary['n_trials']} trial(s): "
               + ", ".join(f"{h} {reg[k]:.2f}" for k, h in cols if k in reg and reg[k] is not None)
               + " (paper Fig. 9: blended 1)."]
+    default = summary.get("default")
+    if default and default["mean_regressions"].get("p_blended") is not None:
+        lines.append(f"The default estimator (`{default['estimator']}`, line `{default['algorithm']}`), same seeds: "
+                     f"{default['mean_regressions']['p_blended']:.2f} regressions in its blended column on average "
+                     f"over {default['n_trials']} trial(s).")
     return lines
 
 
@@ -114,11 +149,19 @@ def write_report(meta: dict[str, Any], figs: dict[str, Figure], points: dict[str
         "stay in the list with true frequency 0); `local-only`'s aggregator holds a dictionary of exactly the "
         "existing records, the strongest local baseline. The paper compares against the numbers *reported* by Qin "
         "et al. (LDPMiner, CCS 2016; NDCG ≈ 0.3), a weaker discovery method than PEM.",
-        "* `blender-tuned` (Fig. 12) is BLENDER with the f_O and f_C that `hybriddp tune -M 10` picks from the DP "
-        "files of an earlier round run at the paper's defaults (a second release; tuning reads nothing else).",
+        f"* `blender` is BLENDER as published (estimator `paper`), what the paper plots; `{DEFAULT_LINE}` is the "
+        f"estimator hybriddp ships by default (`{DEFAULT_ESTIMATOR}`), run with the same seeds, next to it in every "
+        "figure. The table of lines below names every line's estimator and knobs; trials.csv has them per run "
+        "(columns `estimator`, `tuned_f_o`, `tuned_f_c`).",
+        f"* `blender-tuned` (Fig. 12) is BLENDER with estimator `{ALGORITHM_ESTIMATORS['blender-tuned']}` and the f_O "
+        "and f_C that `hybriddp tune -M 10` picks, simulating that estimator, from the DP files of an earlier round "
+        "run at the paper's defaults (a second release; tuning reads nothing else).",
+        "* `l1_union` (docs/ALGORITHM.md §9) is L1 over the list ∪ the true top-M records, a listed-nowhere record "
+        "counting with estimate 0: unlike `l1` (over the algorithm's own list) a list of rare or absent records "
+        "cannot score well on it.",
         "* `blender-pooled` (figure `estimators`) is the same BLENDER run blended with pooled weights (both "
         "variances at the blended estimate, docs/ALGORITHM.md §7) instead of the paper's: paired by construction.",
-        "* `blender-reuse` (figure `estimators`) is BLENDER with `--estimator reuse`, with the same seed as the "
+        "* `blender-reuse` (every figure) is BLENDER with `--estimator reuse`, with the same seed as the "
         "point's `blender` run (paired by seed): the noisy S counts CreateHeadList released rank the records for "
         "trimming and enter their opt-in estimates (docs/ALGORITHM.md §4.1); pooled weights.",
         "* `blender-consistent` (figure `estimators`) is the same run as `blender-reuse` with every query's subtree "
@@ -131,6 +174,7 @@ def write_report(meta: dict[str, Any], figs: dict[str, Figure], points: dict[str
     if meta["kind"] == "file":
         lines.append(f"* log file: AOL defaults with δ = min(1e-5, 1/n_users) = {p['delta']:g}; the paper's AOL "
                      "claims refer to the full AOL log and are shown for comparison only")
+    lines += ["", "## Lines", "", *lines_table(figs, p)]
     lines += ["", "## The paper's claims, checked on this run", "",
               "Verdicts are computed from the numbers below (– : the run does not contain what the claim needs).", ""]
     lines += claims_table(claims)
@@ -143,4 +187,6 @@ def write_report(meta: dict[str, Any], figs: dict[str, Figure], points: dict[str
                      + X_LABELS.get(fig.x_name or "", str(fig.x_name)) + ". Lines: "
                      + ", ".join(ALGORITHM_LABELS.get(a, a) for a in fig.algorithms) + ".")
         lines += ["", *figure_table(fig, points[name])]
+        if name == "fig12":
+            lines += tuned_knobs_table(meta.get("tuned_knobs") or [])
     return "\n".join(lines) + "\n"

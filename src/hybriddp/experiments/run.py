@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from hybriddp.core.atomic import check_output_dir, write_bytes, write_text
 from hybriddp.core.stages import ProgressFn
 from hybriddp.experiments import claims as claims_mod
 from hybriddp.experiments import plots
-from hybriddp.experiments.aggregate import PointStat, figure9_summary, figure_points
+from hybriddp.experiments.aggregate import PointStat, figure9_summary, figure_points, tuned_knobs
+from hybriddp.experiments.claims import Claim
+from hybriddp.experiments.claims_fig12 import fig12_claims, sizes_claims, tuned_vs_defaults_claim
 from hybriddp.experiments.datasets import DatasetSpec
 from hybriddp.experiments.figures import FAMILY_ALGORITHMS, Figure, Point, figures, select
 from hybriddp.experiments.report import write_report
@@ -126,6 +129,33 @@ def _comparisons(runs: RunSet, tasks: list[Task]) -> list[claims_mod.Comparison]
     return out
 
 
+def all_claims(kind: str, base: Point, runs: RunSet, figure_points: dict[str, list[PointStat]],
+               fig9: dict[str, Any] | None, comparisons: Callable[[], list[claims_mod.Comparison]],
+               figures: dict[str, Figure]) -> list[Claim]:
+    """Every claim that the figures of this run can check, in the paper's order."""
+    fig = {name: claims_mod.Points(p) for name, p in figure_points.items()}
+    out = claims_mod.default_point_claims(kind, base, runs)
+    if fig9 is not None:
+        out += claims_mod.fig9_claims(fig9)
+    if "fig11" in fig:
+        out += claims_mod.fig11_claims(fig["fig11"])
+    out += claims_mod.never_worse_claims(comparisons())
+    if "fig12" in fig:
+        out += fig12_claims(fig["fig12"])
+        out += tuned_vs_defaults_claim(runs, [point for _, _, point in figures["fig12"].points(base)])
+    if "sizes" in fig:
+        out += sizes_claims(fig["sizes"])
+    if "estimators" in fig:
+        out += claims_mod.estimator_claims(runs, [point for _, _, point in figures["estimators"].points(base)])
+    if kind == "yandex":
+        sizes = sorted({p.head_list_size for name in ("fig13", "fig14", "fig15", "fig16") if name in fig
+                        for p in fig[name].points})
+        out += claims_mod.yandex_claims(fig, sizes)
+    else:
+        out += claims_mod.aol_robustness_claims(fig)
+    return out
+
+
 def _write_outputs(out_dir: Path, figs: dict[str, Figure], base: Point, runs: RunSet, meta: dict[str, Any],
                    tasks: list[Task], n_ran: int, jobs: int, wall: float) -> list[Path]:
     files: list[Path] = [runs.store.path]
@@ -148,8 +178,9 @@ def _write_outputs(out_dir: Path, figs: dict[str, Figure], base: Point, runs: Ru
                   if (r := runs.store.get(t, runs.data_id, FAMILY_ALGORITHMS[t.family][0])) is not None)
     meta["runs"] = {"total": len(tasks), "ran": n_ran, "skipped": len(tasks) - n_ran, "jobs": jobs,
                     "seconds_wall": wall, "seconds_compute": compute}
-    claims = claims_mod.all_claims(meta["kind"], base, runs, points, fig9,
-                                   lambda: _comparisons(runs, tasks), figs)
+    claims = all_claims(meta["kind"], base, runs, points, fig9, lambda: _comparisons(runs, tasks), figs)
+    if "fig12" in figs:
+        meta["tuned_knobs"] = tuned_knobs(figs["fig12"], base, runs)
     summary = {**meta, "figures": {n: [p.to_dict() for p in pts] for n, pts in points.items()},
                "claims": [c.to_dict() for c in claims]}
     if fig9 is not None:

@@ -3,8 +3,11 @@
 A *task* is one run of one algorithm family at one :class:`~hybriddp.experiments.figures.Point`
 for one trial. The ``blender`` family is one BLENDER run giving the paired ``blender``,
 ``optin-only`` and ``client-only`` results (:func:`hybriddp.simulation.algorithms.blender_family`);
-``local-only`` and ``local-only-hashed`` are the baselines of paper Fig. 12, and ``blender-tuned``
-is BLENDER with tune's knobs (:mod:`hybriddp.experiments.tuned`). Tasks do not belong to figures: a point that
+``blender-reuse`` is BLENDER with ``--estimator reuse`` (and ``blender-consistent`` that run reblended) at the
+point's seed; ``local-only`` and ``local-only-hashed`` are the baselines of paper Fig. 12, and ``blender-tuned``
+is BLENDER with tune's knobs (:mod:`hybriddp.experiments.tuned`). Every row names its line's estimator
+(column ``estimator``; :data:`~hybriddp.experiments.figures.ALGORITHM_ESTIMATORS`) and ``blender-tuned``'s rows
+the knobs tune chose (``tuned_f_o``, ``tuned_f_c``). Tasks do not belong to figures: a point that
 several figures use is run once.
 
 Seeds: trial ``t`` of a point uses the algorithm seed ``blake2b(seed | t | point)`` (63 bits),
@@ -44,19 +47,21 @@ from hybriddp.core.errors import DataError, HybridDPError
 from hybriddp.core.records import RecordLog
 from hybriddp.core.rng import hash_seed
 from hybriddp.experiments.codeversion import family_fingerprint
-from hybriddp.experiments.figures import FAMILY_ALGORITHMS, FAMILY_OF, Point
+from hybriddp.experiments.figures import ALGORITHM_ESTIMATORS, FAMILY_ALGORITHMS, FAMILY_OF, Point
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("ndcg", "ndcg_queries", "ndcg_queries_at_10", "l1", "l1_queries", "hit_rate", "top_url_rate",
-           "mass_outside_head_list")
+METRICS = ("ndcg", "ndcg_queries", "ndcg_queries_at_10", "l1", "l1_union", "l1_queries", "hit_rate",
+           "top_url_rate", "mass_outside_head_list")
 """Metrics written for every run (ALGORITHM.md §9; :func:`hybriddp.simulation.evaluate.score`)."""
 
 FIG9_COLUMNS = ("p_blended", "p_optin_sum", "p_client_direct", "p_client_sum")
 """The estimate columns of the paper's Fig. 9 (blended, opt-in Σ_u, client direct, client Σ_u)."""
+FIG9_ALGORITHMS = ("blender", "blender-reuse")
+"""The lines whose rows count the regressions of their Fig. 9 table (the table itself is kept for ``blender``)."""
 
 KEY_COLUMNS = ("data", "algorithm", "epsilon", "delta", "optin_fraction", "f_c", "head_list_size", "trial", "seed")
-COLUMNS = (*KEY_COLUMNS, "family", *METRICS, "head_list_records", "head_list_queries",
+COLUMNS = (*KEY_COLUMNS, "family", "estimator", *METRICS, "head_list_records", "head_list_queries",
            *(f"regressions_{c.removeprefix('p_')}" for c in FIG9_COLUMNS), "tuned_f_o", "tuned_f_c", "seconds",
            "error", "code")
 TRIALS_FILE = "trials.csv"
@@ -271,6 +276,8 @@ def _parse(raw: dict[str, str]) -> dict[str, Any]:
         else:
             row[k] = v
     row_key(row)  # raises on an incomplete key
+    if row.get("estimator") is None and row["algorithm"] != "blender-tuned":  # a row from before the column
+        row["estimator"] = ALGORITHM_ESTIMATORS.get(row["algorithm"])
     return row
 
 
@@ -311,30 +318,33 @@ def run_task(task: Task, data_id: str) -> tuple[list[dict[str, Any]], list[dict[
             from hybriddp.experiments.tuned import tuned_params
 
             tuned, info = tuned_params(_LOG, task.point, task.seed)
-            extra = {"tuned_f_o": info["tuned_f_o"], "tuned_f_c": info["tuned_f_c"]}
+            extra = {"tuned_f_o": info["tuned_f_o"], "tuned_f_c": info["tuned_f_c"], "estimator": tuned.estimator}
             results = {"blender-tuned": run_blender(_LOG, tuned, seed=task.seed).result()}
         elif task.family == "blender-reuse":  # the same seed as the point's blender run: paired
-            run = run_blender(_LOG, replace(params, estimator="reuse"), seed=task.seed)
+            run = run_blender(_LOG, replace(params, estimator=ALGORITHM_ESTIMATORS["blender-reuse"]), seed=task.seed)
             results = {"blender-reuse": run.result(), "blender-consistent": reblended(run, "consistent").result()}
         else:
             results = {task.family: run_algorithm(task.family, _LOG, params, seed=task.seed)}
     except HybridDPError as exc:
         seconds = time.perf_counter() - start
         logger.info("run %s %s trial %d failed: %s", task.family, task.point.key(), task.trial, exc)
-        return [{**base, "algorithm": a, "head_list_records": 0, "head_list_queries": 0, "seconds": seconds,
-                 "error": str(exc).replace("\n", " ")} for a in algorithms], None
+        return [{**base, "estimator": ALGORITHM_ESTIMATORS.get(a), **extra, "algorithm": a, "head_list_records": 0,
+                 "head_list_queries": 0, "seconds": seconds, "error": str(exc).replace("\n", " ")}
+                for a in algorithms], None
     seconds = time.perf_counter() - start
     rows = []
     table = None
     for a in algorithms:
         res = results[a]
-        row = {**base, **extra, "algorithm": a, "head_list_records": int(res.n_records),
+        row = {**base, "estimator": ALGORITHM_ESTIMATORS.get(a), **extra, "algorithm": a,
+               "head_list_records": int(res.n_records),
                "head_list_queries": int(res.head_list.n_queries), "seconds": seconds, "error": None}
         row.update({m: _num(res.metrics.get(m)) for m in METRICS})
-        if a == "blender" and res.parts is not None and res.truth_query is not None:
-            table = res.figure9()
+        if a in FIG9_ALGORITHMS and res.parts is not None and res.truth_query is not None:
+            fig9 = res.figure9()
             for c in FIG9_COLUMNS:
-                row[f"regressions_{c.removeprefix('p_')}"] = sum(bool(r[c + "_regression"]) for r in table)
+                row[f"regressions_{c.removeprefix('p_')}"] = sum(bool(r[c + "_regression"]) for r in fig9)
+            table = fig9 if a == "blender" else table
         rows.append(row)
     return rows, table
 

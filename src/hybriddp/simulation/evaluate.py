@@ -41,7 +41,8 @@ def truth_vectors(hl: HeadList, truth: M.Truth) -> tuple[np.ndarray, np.ndarray]
 
 def score(hl: HeadList, p_record: np.ndarray, p_query: np.ndarray, truth: M.Truth, log: RecordLog,
           held: np.ndarray) -> dict[str, float | None]:
-    """L1, NDCG (generalized, queries, queries@10), hit rates and the mass outside HL."""
+    """L1 (over the list, and over the list ∪ the true top-k: ``l1_union``), NDCG (generalized, queries,
+    queries@10), hit rates and the mass outside HL (ALGORITHM.md §9)."""
     url_level = log.has_urls
     _, tr = truth_vectors(hl, truth)
     hit, top = M.hit_rates(hl, p_record, log.query, log.url, held)
@@ -51,6 +52,8 @@ def score(hl: HeadList, p_record: np.ndarray, p_query: np.ndarray, truth: M.Trut
         "ndcg_queries_at_10": M.query_ndcg(hl, p_query, truth, 10),
         "l1": M.l1_records(hl, p_record, truth) if url_level else M.l1_queries(hl, p_query, truth),
         "l1_queries": M.l1_queries(hl, p_query, truth),
+        "l1_union": (M.l1_union_records(hl, p_record, truth) if url_level
+                     else M.l1_union_queries(hl, p_query, truth)),
         "hit_rate": hit,
         "top_url_rate": top if url_level else None,
         "mass_outside_head_list": float(1.0 - tr.sum()),

@@ -142,6 +142,54 @@ def l1_queries(hl: HeadList, p_query: np.ndarray, truth: Truth) -> float:
     return float(np.abs(p_query[:k] - truth.of_queries(hl.query_ids)).sum())
 
 
+def l1_union(listed: np.ndarray, estimate: np.ndarray, truth_ids: np.ndarray, truth_freq: np.ndarray) -> float:
+    """Σ over U = (listed items) ∪ (true top-k items), k = the number of listed items, of |p̂ − p|, with p̂ = 0
+    for an item of U that is not listed (ALGORITHM.md §9, "union L1").
+
+    Guarantee: a list that misses the truly frequent items pays their whole true frequency, so no list beats the
+    true top-k with exact estimates (L1 0) by being junk; on a list that *is* the true top-k it equals the L1 over
+    the list. Ties at the k-th true frequency are broken in favour of listed items (the value is then unique).
+
+    Parameters
+    ----------
+    listed : ids of the listed items (distinct). estimate : p̂ of each listed item.
+    truth_ids : sorted distinct ids of every item in the data. truth_freq : p of each, aligned with ``truth_ids``.
+    """
+    listed = np.asarray(listed, dtype=np.int64)
+    estimate = np.asarray(estimate, dtype=np.float64)
+    k = len(listed)
+    if k == 0:
+        return 0.0
+    true_of_listed = Truth._lookup(truth_ids, truth_freq, listed)
+    total = float(np.abs(estimate - true_of_listed).sum())
+    if len(truth_ids) == 0:
+        return total
+    kth = _top(truth_freq, k)[-1]
+    above = truth_freq > kth  # all of these are in the true top-k
+    tied = np.flatnonzero(truth_freq == kth) if kth > 0 else np.empty(0, dtype=np.int64)
+    is_listed = np.isin(truth_ids, listed)
+    missing = float(truth_freq[above & ~is_listed].sum())
+    # the top-k takes (k − #above) of the tied items, listed ones first: only the rest of the slots miss
+    free = k - int(above.sum())
+    unlisted_tied = int((~is_listed[tied]).sum())
+    listed_tied = len(tied) - unlisted_tied
+    missing += max(0, min(free, len(tied)) - listed_tied) * float(kth)
+    return total + missing
+
+
+def l1_union_records(hl: HeadList, p_record: np.ndarray, truth: Truth) -> float:
+    """:func:`l1_union` over records: the non-wildcard records of HL against the true top-k records."""
+    real = ~hl.is_wildcard
+    keys = record_keys(hl.query_ids[hl.entry_query[real]], hl.entry_url[real])
+    return l1_union(keys, p_record[real], truth.keys, truth.record_freq)
+
+
+def l1_union_queries(hl: HeadList, p_query: np.ndarray, truth: Truth) -> float:
+    """:func:`l1_union` over queries: the listed queries against the true top-k queries."""
+    k = hl.n_queries
+    return l1_union(hl.query_ids, p_query[:k], truth.query_ids, truth.query_freq)
+
+
 def hit_rates(hl: HeadList, p_record: np.ndarray, query: np.ndarray, url: np.ndarray,
               mask: np.ndarray | None = None, chunk: int = 1 << 23) -> tuple[float, float]:
     """Local search on held-out events (ALGORITHM.md §9): share whose query is in HL, and share whose

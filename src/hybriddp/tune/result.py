@@ -92,6 +92,11 @@ class TuneResult:
     knobs: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def estimator(self) -> str:
+        """The estimator the simulations ran (``--estimator``): the knobs are chosen for it alone."""
+        return str(self.search["estimator"])
+
+    @property
     def recommendation(self) -> str:
         return self._recommendation() + ("" if self.model.url_level else " f_C = 1: the head list has no URLs, "
                                          "so a client spends its whole budget on the query.")

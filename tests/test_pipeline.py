@@ -49,11 +49,13 @@ def test_run_sizes_determinism_and_utility(log) -> None:
 
 
 def test_blended_no_worse_than_inputs_on_average(log) -> None:
-    """Averaged over seeds, blending beats each group alone in L1 of query estimates."""
+    """Averaged over seeds, blending beats each group alone in L1 of query estimates (the blend of §7, undefended:
+    with 150 users in T the opt-in anchor of §7.2 is loose and its bound costs the clients' precision; see
+    ALGORITHM.md §7.2, "Honest cost")."""
     params = BlenderParams(optin_fraction=0.1, head_list_size=30)
     errs = {"blend": [], "optin": [], "client": []}
     for seed in range(6):
-        res = result_from_run(run_blender(log, params, seed=seed))
+        res = result_from_run(run_blender(log, params, seed=seed, defense=None))
         truth = res.truth_query
         k = res.head_list.n_queries
         errs["blend"].append(np.abs(res.blended.queries.p[:k] - truth).sum())

@@ -283,7 +283,7 @@ def published_round_with_urls(srv: ServerProcess, urls: list[str], n_users: int 
     messages = [randomize_records(doc, [("alert me", urls[i % len(urls)])]) for i in range(n_users)]
     with httpx.Client(base_url=srv.base_url + API, timeout=60) as http:
         assert http.post(f"/rounds/{rid}/reports", json=messages).status_code == 200
-        assert http.post(f"/rounds/{rid}/close", headers=srv.admin).status_code == 200
+        assert http.post(f"/rounds/{rid}/close", headers=srv.admin, json={"flagged": "publish"}).status_code == 200
     return rid
 
 
@@ -409,7 +409,7 @@ def test_round_page_of_a_closed_mean_round(demo: DemoServer, page: Any) -> None:
         reports = [{"id": new_message_id(), "round": rid, "value": randomize_value(
             rng.uniform(lower, upper), lower=lower, upper=upper, epsilon=eps)} for _ in range(300)]
         assert http.post(f"/rounds/{rid}/reports", json=reports).status_code == 200
-        assert http.post(f"/rounds/{rid}/close", headers=admin).status_code == 200
+        assert http.post(f"/rounds/{rid}/close", headers=admin, json={"flagged": "publish"}).status_code == 200
         results = http.get(f"/rounds/{rid}/results").json()
     page.goto(f"{demo.base_url}/rounds/{rid}")
     page.wait_for_selector("body[data-ready='true']")

@@ -38,7 +38,7 @@ def page_rounds(client: TestClient) -> tuple[str | None, str | None]:
 def report_and_close(client: TestClient, rid: str, headlist: dict[str, Any]) -> None:
     resp = client.post(f"{API}/rounds/{rid}/reports", json=device_messages(headlist, 50, seed=3))
     assert resp.status_code == 200, resp.text
-    resp = client.post(f"{API}/rounds/{rid}/close", headers=AUTH)
+    resp = client.post(f"{API}/rounds/{rid}/close", headers=AUTH, json={"flagged": "publish"})
     assert resp.status_code == 200, resp.text
 
 

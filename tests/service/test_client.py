@@ -320,7 +320,7 @@ def test_a_round_through_the_sdk(service: Service, tmp_path: Any) -> None:
     rnd = admin.round(rid)
     assert rnd["state"] == "collecting-reports" and rnd["counts"]["messages"] == 40
     assert rnd["counts"]["reports"] == total
-    closed = admin.close(rid)
+    closed = admin.close(rid, "publish")
     assert closed["state"] == "results-published"
     res = admin.results(rid)
     assert res["sizes"]["reports"] == total and res["sizes"]["messages"] == 40
@@ -369,7 +369,7 @@ def test_resubmission_is_acknowledged_and_counted_once(service: Service) -> None
     one = dev.submit(msgs[5])
     assert (one.counted, one.duplicates) == (0, 1)
     assert admin.round(rid)["counts"]["messages"] == 30
-    assert admin.close(rid)["counts"]["reports"] == 30
+    assert admin.close(rid, "publish")["counts"]["reports"] == 30
 
 
 def test_headlist_cached_by_etag_on_the_real_server(service: Service) -> None:
@@ -437,7 +437,7 @@ def test_a_mean_round_through_the_sdk(service: Service) -> None:
         with pytest.raises(HybridDPError, match="not a mean round"):
             brid, _ = published_round(service.url)
             DeviceClient(service.url, brid, client=http).participate_value(1.0)
-    admin.close(rid)
+    admin.close(rid, "publish")
     res = admin.results(rid)
     assert res["sizes"]["messages"] == 60 and res["sizes"]["optin_users"] == 40
 
@@ -504,7 +504,8 @@ def test_round_commands_end_to_end(service: Service, tmp_path: Any) -> None:
     assert status["state"] == "collecting-reports" and status["counts"]["messages"] == 6
     assert rid in _cli("round", "list", *admin).stdout
     _clean_error(_cli("round", "results", rid, "--server", url, ok=False), "HTTP 409")
-    closed = _cli("round", "close", rid, "--server", url, "--json", env={"HYBRIDDP_ADMIN_TOKEN": ADMIN})
+    closed = _cli("round", "close", rid, "--server", url, "--json", "--flagged", "publish",
+                  env={"HYBRIDDP_ADMIN_TOKEN": ADMIN})
     assert json.loads(closed.stdout)["state"] == "results-published"
     res = json.loads(_cli("round", "results", rid, "--server", url, "--json").stdout)
     assert res["sizes"]["reports"] == 12 and res["sizes"]["messages"] == 6
@@ -640,7 +641,7 @@ def test_a_mean_round_with_the_cli(service: Service, tmp_path: Any) -> None:
                  "already reported")
     for v in (1, 2, 9):  # three more devices, each with the default ledger of its own data home
         _cli("participate", "--round", rid, "--value", v, env={**env, "HYBRIDDP_DATA_HOME": str(tmp_path / str(v))})
-    _cli("round", "close", rid, env=env)
+    _cli("round", "close", rid, "--flagged", "publish", env=env)
     table = _cli("round", "results", rid, env=env).stdout
     assert "mean estimates" in table and all(name in table for name in ("optin", "client", "hybrid"))
     res = json.loads(_cli("round", "results", rid, "--json", env=env).stdout)

@@ -156,7 +156,7 @@ def test_a_seeded_test_round_is_non_private_everywhere_and_its_seed_is_never_pub
         from hybriddp.device.localalg import randomize_records
         msg = randomize_records(validate_headlist(hl), [("weather", "https://w.example/a")])
         assert c.post(f"{API}/rounds/{rid}/reports", json=msg).status_code == 200
-        assert c.post(f"{API}/rounds/{rid}/close", headers=AUTH).status_code == 200
+        assert c.post(f"{API}/rounds/{rid}/close", headers=AUTH, json={"flagged": "publish"}).status_code == 200
         public = {path: c.get(f"{API}/rounds/{rid}{path}").text
                   for path in ("", "/headlist", "/release", "/results", "/local-search")}
         for path, text in public.items():

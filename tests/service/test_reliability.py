@@ -106,7 +106,8 @@ def post_reports(http: httpx.Client, rid: str, msgs: list[dict[str, Any]]) -> ht
 
 
 def close_round(srv: ServerProcess, rid: str) -> dict[str, Any]:
-    r = httpx.post(f"{srv.base_url}{API}/rounds/{rid}/close", headers=srv.admin, timeout=120)
+    r = httpx.post(f"{srv.base_url}{API}/rounds/{rid}/close", headers=srv.admin, timeout=120,
+                   json={"flagged": "publish"})  # the devices here are not the opt-in population
     assert r.status_code == 200, r.text
     return r.json()
 

@@ -14,8 +14,8 @@ from hybriddp.cli import render
 from hybriddp.cli.options import MAX_SCALE, check_scale, int_range, seed_option
 
 MAX_TRIALS = 100
-"""Largest --trials: `all` on the AOL preset is ~76 points × trials runs of ~0.7 s (about 1.5 hours at 100 on 2
-cores); the Yandex preset takes ~10 times longer per run."""
+"""Largest --trials: `all` on the AOL preset makes 219 runs per trial (657 at --trials 3; docs/RESULTS.md, "Issue
+28", has measured times); the Yandex preset takes several times longer per run."""
 MAX_JOBS = 256
 
 
@@ -56,7 +56,7 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
                    scale: float, row_per_user: bool, quick: bool) -> None:
-    """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators or all.
+    """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators, all, or poisoning.
 
     \b
     fig9   top-10 query table at the paper defaults
@@ -68,6 +68,13 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     sizes  beyond the paper: NDCG vs head-list size M, BLENDER vs both local-only baselines
     estimators  beyond the paper: L1 / NDCG / NDCG@10 vs ε for each estimator: the paper's,
            pooled weights, reuse (the default) and consistent, paired by seed
+    poisoning   beyond the paper: fake devices (direct, spread, honest randomizer, adaptive; 0.1%–10% of
+           the reports) against a target query of true rank 11–50, undefended vs the opt-in anchor
+           (docs/ALGORITHM.md §7.2): success, detection, false alarms, honest cost; not part of all
+
+    Every figure's BLENDER lines: the paper's estimator and the default
+    (reuse), paired by seed; every L1 panel has its union form (l1_union, over the
+    list and the true top M).
 
     Writes trials.csv, figN.csv, figN.png, summary.json and report.md (claims of the paper
     checked against the numbers) to --out.
@@ -75,6 +82,8 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     from hybriddp.experiments import DatasetSpec, run_experiment
     from hybriddp.experiments.figures import select
 
+    if name == "poisoning":
+        return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick)
     select(name)  # unknown NAME: one-line error before any work
     spec = DatasetSpec(dataset, seed=seed, scale=scale, row_per_user=row_per_user)
     spec.validate()
@@ -87,3 +96,22 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     render.out.print(f"{res.n_runs} runs ({res.n_ran} new, {res.n_runs - res.n_ran} reused) in {res.seconds:.0f} s; "
                      f"figures {', '.join(res.figures)}")
     render.out.print(f"wrote {res.out_dir}/: trials.csv, summary.json, report.md and figN.csv/.png")
+
+
+def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale: float, row_per_user: bool,
+               quick: bool) -> None:
+    """``experiment poisoning``: every attack and fraction, undefended vs defended (docs/ALGORITHM.md §7.2)."""
+    from hybriddp.experiments import DatasetSpec
+    from hybriddp.experiments.poisoning_report import run_poisoning
+
+    spec = DatasetSpec(dataset, seed=seed, scale=scale, row_per_user=row_per_user)
+    spec.validate()
+    if spec.is_preset:
+        check_scale(scale)
+    with render.interruptible(), _runs_progress(True) as progress:
+        out, checks = run_poisoning(spec, trials=trials, out_dir=Path(out_dir) if out_dir else None, quick=quick,
+                                    progress=progress)
+    for c in checks:
+        mark = "[green]holds[/green]" if c["holds"] else "[red]does not hold[/red]"
+        render.out.print(f"{mark}: {c['claim']} — {c['measured']}")
+    render.out.print(f"wrote {out}/: trials.csv, summary.csv, poisoning.png, report.md")

@@ -25,7 +25,12 @@ from hybriddp.core.errors import parameter_error
                    "the close happens in the database directly.")
 @click.option("--spark-master", default=None, metavar="URL",
               help="With --close: the Spark master (default: spark-submit's --master, else local[2]).")
-def export_cmd(round_id: str, db_url: str, output: str, close: bool, spark_master: str | None) -> None:
+@click.option("--flagged", type=click.Choice(["hold", "publish", "remove"]), default="hold", show_default=True,
+              help="With --close, when the check against the opt-in group flags the results (docs/ALGORITHM.md "
+                   "§7.2): hold them for `round publish-results`, publish them, or publish them without the "
+                   "flagged entries.")
+def export_cmd(round_id: str, db_url: str, output: str, close: bool, spark_master: str | None,
+               flagged: str) -> None:
     """Export a BLENDER round's stored device reports as a Parquet reports directory (docs/SCALE.md);
     with --close, close the round with the Spark engine (ALGORITHM.md §6, §7)."""
     from hybriddp.service.export import close_with_spark, export_reports
@@ -37,7 +42,7 @@ def export_cmd(round_id: str, db_url: str, output: str, close: bool, spark_maste
     try:
         if close:
             from hybriddp.spark.session import spark_session
-            info = close_with_spark(store, round_id, output, spark_session(spark_master))
+            info = close_with_spark(store, round_id, output, spark_session(spark_master), flagged)
             render.out.print(f"round {round_id}: {info.reports:,} reports exported to {output}, counted with "
                              f"Spark; state {info.state}")
             return

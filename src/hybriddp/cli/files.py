@@ -15,6 +15,8 @@ import numpy as np
 from hybriddp.cli import render
 from hybriddp.cli.engine import engine_options
 from hybriddp.cli.options import (
+    defense_from,
+    defense_options,
     estimator_option,
     input_options,
     load_input,
@@ -191,10 +193,11 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
                    "and the service do (a regular expression per report, ~60% more time). Default: ids are "
                    "checked for their length (22 bytes) only.")
 @output_options
+@defense_options
 @engine_options("the reports")
 def estimate_cmd(headlist_path: str, optin_path: str, reports_path: tuple[str, ...], strict_ids: bool,
                  as_json: bool, output: str | None, top: int, no_project: bool, estimator: str | None, engine: str,
-                 spark_master: str | None) -> None:
+                 spark_master: str | None, **defense_knobs: object) -> None:
     """Server: estimate from client reports (ALGORITHM.md §6) and blend with the opt-in estimates (§7).
 
     With --engine spark the reports (Parquet, one row per report) are checked and counted per
@@ -204,10 +207,12 @@ def estimate_cmd(headlist_path: str, optin_path: str, reports_path: tuple[str, .
                                  "in full)", param_hint="--strict-ids")
     if output:
         check_output_path(output, "--output", OUTPUT_SUFFIXES)
+    defense = defense_from(defense_knobs)
     hdoc, edoc = read_release_files(headlist_path, optin_path)
     rel = release_from_documents(hdoc, edoc, headlist_source=headlist_path, estimates_source=optin_path)
     counts = count_report_paths(rel, reports_path, engine, spark_master, strict_ids=strict_ids)
-    res = serve_estimates(rel, counts, project=False if no_project else None, estimator=estimator)
+    res = serve_estimates(rel, counts, project=False if no_project else None, estimator=estimator,
+                          defense=defense)  # type: ignore[arg-type]
     render.warn_delta(rel.params.delta, counts.messages)
     if output:
         res.write(output)

@@ -208,6 +208,33 @@ def estimator_option(f):
                              "release).")(f)
 
 
+def defense_options(f):
+    """``--defense``, ``--anchor-alpha``, ``--anchor-kappa``: the server's check against the opt-in group
+    (docs/ALGORITHM.md §7.2)."""
+    from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, DEFENSES
+
+    f = click.option("--anchor-kappa", type=float, default=DEFAULT_KAPPA, show_default=True,
+                     help="The bound of --defense anchor, in standard deviations: no published estimate lies "
+                          "further than this many from its opt-in estimate, whatever the device reports say "
+                          "(0: publish the opt-in estimates).")(f)
+    f = click.option("--anchor-alpha", type=float, default=DEFAULT_ALPHA, show_default=True,
+                     help="False-alarm rate of --defense anchor per round: an honest round has a flagged entry at "
+                          "most this often (Holm's procedure over all entries and queries).")(f)
+    return click.option("--defense", type=click.Choice(DEFENSES), default=DEFENSES[0], show_default=True,
+                        help="anchor: test every estimate from the devices against the opt-in group's, publish a "
+                             "flagged one from the opt-in group and bound the devices' influence on the rest "
+                             "(fake devices cannot push a query up); none: the plain blend of the paper, which "
+                             "1% fake reports can steer.")(f)
+
+
+def defense_from(knobs: dict[str, object]) -> object:
+    """The :class:`~hybriddp.server.anchor.AnchorPolicy` (or None) of the popped ``--defense`` options."""
+    from hybriddp.server.anchor import policy_named
+
+    return policy_named(str(knobs.pop("defense", "anchor")), knobs.pop("anchor_alpha"),  # type: ignore[arg-type]
+                        knobs.pop("anchor_kappa"))  # type: ignore[arg-type]
+
+
 def check_output(output: str | None) -> None:
     """--output must be writable: checked before anything is loaded or computed."""
     if output:

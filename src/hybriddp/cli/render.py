@@ -105,6 +105,7 @@ def print_summary(res: Result) -> None:
         out.print(line)
     out.print(f"head list: {head_list_size(res.head_list, res.url_level)} (M = {res.params.head_list_size})")
     out.print(f"estimator: {res.params.estimator} — {res.params.estimator_spec.summary}")
+    print_check(res)
     if "users" in s:
         out.print(f"users: {s['users']:,} ({s['optin_users']:,} opt-in: {s['optin_users_s']:,} in S, "
                   f"{s['optin_users_t']:,} in T; {s['clients']:,} clients)")
@@ -115,6 +116,24 @@ def print_summary(res: Result) -> None:
         out.print("note: m_C > 1, client variances are approximate (a client's reports are dependent)")
     if res.seed is not None:
         err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")
+
+
+def print_check(res: Result) -> None:
+    """One line on the anchor check (ALGORITHM.md §7.2): what it flagged and changed, or that it was off."""
+    check = res.parts.check if res.parts is not None else None
+    if check is None:
+        out.print("[yellow]defense: none — fake device reports could steer these estimates "
+                  "(docs/ALGORITHM.md §7.2)[/yellow]")
+        return
+    c = check.summary()
+    flagged = c["flagged_records"] + c["flagged_queries"]
+    line = (f"defense: anchor (α = {c['alpha']:g}, κ = {c['kappa']:g}): {c['flagged_records']} records and "
+            f"{c['flagged_queries']} queries flagged, {c['clamped_records'] + c['clamped_queries']} bounded, "
+            f"largest |z| {c['max_abs_z']:.2f} (critical {c['critical_z']:.2f})")
+    if flagged:
+        line = (f"[red]{line}; at least {c['excess_reports']:,.0f} fake reports "
+                f"({c['fake_fraction_lower']:.2%}): flagged entries show their opt-in estimates[/red]")
+    out.print(line)
 
 
 def print_algorithm(alg: Result, top: int = 10) -> None:

@@ -209,10 +209,37 @@ def delete_cmd(round_id: str, server: str, admin_token_file: str | None, yes: bo
 @click.argument("round_id")
 @admin_options
 @json_option
-def close_cmd(round_id: str, server: str, admin_token_file: str | None, as_json: bool) -> None:
-    """Close the round (reports are refused from now on) and compute the results (ALGORITHM.md §6, §7)."""
+@click.option("--flagged", type=click.Choice(["hold", "publish", "remove"]), default="hold", show_default=True,
+              help="When the check against the opt-in group flags the results (fake device reports, "
+                   "docs/ALGORITHM.md §7.2): hold them unpublished for `round publish-results`, publish them "
+                   "(flagged entries carry their opt-in estimates), or publish them without the flagged entries.")
+def close_cmd(round_id: str, server: str, admin_token_file: str | None, as_json: bool, flagged: str) -> None:
+    """Close the round (reports are refused from now on), compute the results and check them against the opt-in
+    group (ALGORITHM.md §6, §7, §7.2)."""
     with admin_client(server, admin_token_file) as admin:
-        rnd = admin.close(round_id)
+        rnd = admin.close(round_id, flagged)
+        check = admin.results(round_id).get("anchor_check") if rnd["state"] == "results-held" else None
+    show_round(rnd, as_json)
+    if check and not as_json:
+        render.err.print(f"[red]the results are held: {check['verdict']}; at least "
+                         f"{check.get('excess_reports', 0):,.0f} fake reports. Publish them with `hybriddp round "
+                         f"publish-results {round_id}` (--flagged remove leaves the flagged entries out), or delete "
+                         "the round[/red]")
+
+
+@round_group.command("publish-results")
+@click.argument("round_id")
+@admin_options
+@json_option
+@click.option("--flagged", type=click.Choice(["keep", "remove"]), default="keep", show_default=True,
+              help="keep: publish the held results as they are (flagged entries carry their opt-in estimates); "
+                   "remove: publish them without the flagged entries.")
+def publish_results_cmd(round_id: str, server: str, admin_token_file: str | None, as_json: bool,
+                        flagged: str) -> None:
+    """Publish the results a close held because the check against the opt-in group flagged them
+    (docs/ALGORITHM.md §7.2)."""
+    with admin_client(server, admin_token_file) as admin:
+        rnd = admin.publish_results(round_id, flagged)
     show_round(rnd, as_json)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 import click
 
@@ -14,6 +15,8 @@ from hybriddp.cli.options import (
     MAX_SCALE,
     check_output,
     check_scale,
+    defense_from,
+    defense_options,
     estimator_option,
     input_options,
     int_range,
@@ -29,6 +32,7 @@ from hybriddp.core.errors import EmptyHeadListError, HeadListError, parameter_er
 from hybriddp.core.noise import noise_factory
 from hybriddp.core.params import BlenderParams
 from hybriddp.core.records import RecordLog
+from hybriddp.server.party import DEFAULT_DEFENSE
 from hybriddp.simulation.algorithms import ALGORITHMS, run_algorithm
 from hybriddp.simulation.groups import check_algorithm_params, check_group_sizes
 from hybriddp.simulation.pipeline import Stages, result_from_run, round_charges, run_blender
@@ -58,7 +62,8 @@ def params_from_knobs(knobs: dict[str, object]) -> BlenderParams:
 def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | None, as_json: bool,
                         output: str | None, top: int, algorithm: str = "blender", noise: str = "discrete",
                         ledger: tuple[str, str | None, float | None, float | None] | None = None,
-                        source: str = "the log", backend: CountingBackend | None = None) -> None:
+                        source: str = "the log", backend: CountingBackend | None = None,
+                        defense: Any = DEFAULT_DEFENSE) -> None:
     """Run BLENDER (or a baseline) on a loaded log and print/write the result.
 
     ``backend`` counts (NumPy by default; :class:`~hybriddp.spark.backend.SparkBackend`
@@ -86,7 +91,7 @@ def simulate_and_report(log: RecordLog, params: BlenderParams, *, seed: int | No
     try:
         with render.interruptible(), render.stage_progress(not as_json) as on_stage, _row_per_user_hint(log):
             run = run_blender(log, params, seed=seed, noise_factory=factory, stages=Stages(on_stage), backend=backend,
-                              with_charges=ledger is not None)
+                              with_charges=ledger is not None, defense=defense)
             res = result_from_run(run)
     except EmptyHeadListError as exc:  # an output of the curator's mechanism: its opt-in users are charged
         raise charge_empty_run(exc, *(ledger or (None, None, None, None))) from None
@@ -138,6 +143,7 @@ algorithm_option = click.option(
 @noise_option()
 @seed_option()
 @output_options
+@defense_options
 @ledger_options
 @engine_options("opt-in records, head-list entries and reports")
 def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | None, query_col: str, url_col: str | None,
@@ -151,6 +157,7 @@ def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | No
     With --engine spark every count (distinct opt-in records, head-list entries, client reports) runs
     on Spark and the noise is drawn here, on the driver; the log itself is still loaded here."""
     check_output(output)  # before loading: nothing is read or computed for an unwritable --output
+    defense = defense_from(knobs)
     params = params_from_knobs(knobs)
     if engine == "spark" and algorithm != "blender":
         raise click.BadParameter(f"--engine spark runs --algorithm blender only, not {algorithm}",
@@ -163,7 +170,7 @@ def run_cmd(algorithm: str, input_path: str, fmt: str | None, user_col: str | No
         render.err.print(f"skipped {st.rows_skipped_bad:,} malformed rows of {input_path}")
     ledger = (ledger_path, round_name, lifetime_epsilon, lifetime_delta) if ledger_path else None
     simulate_and_report(log, params, seed=seed, as_json=as_json, output=output, top=top, algorithm=algorithm,
-                        ledger=ledger, noise=noise, source=input_path, backend=backend)
+                        ledger=ledger, noise=noise, source=input_path, backend=backend, defense=defense)
 
 
 @click.command("demo")

@@ -99,10 +99,21 @@ class AdminClient(ServiceHttp):
         what = "read the ledger"
         return self.request_json("GET", f"{API}/ledger", what=what, idempotent=True)
 
-    def close(self, round_id: str) -> dict[str, Any]:
-        """Close the round (reports are refused from now on) and compute its results."""
+    def close(self, round_id: str, flagged: str = "hold") -> dict[str, Any]:
+        """Close the round (reports are refused from now on) and compute its results. ``flagged``: what to do when
+        the check against the opt-in group flags them (docs/ALGORITHM.md §7.2): ``hold`` them for
+        :meth:`publish_results` (state results-held), ``publish`` them, or publish them without the flagged
+        entries (``remove``)."""
         what = f"close round {round_id}"
-        return self.request_json("POST", round_path(round_id, "/close"), what=what, idempotent=False)
+        return self.request_json("POST", round_path(round_id, "/close"), what=what, idempotent=False,
+                                 json_body={"flagged": flagged})
+
+    def publish_results(self, round_id: str, flagged: str = "keep") -> dict[str, Any]:
+        """Publish held results (state results-held): as they are (``keep``) or without the flagged entries
+        (``remove``)."""
+        what = f"publish the held results of round {round_id}"
+        return self.request_json("POST", round_path(round_id, "/results/publish"), what=what, idempotent=False,
+                                 json_body={"flagged": flagged})
 
     def results(self, round_id: str, fmt: str = "json") -> Any:
         """The results: a dict for ``json``, the bytes of the records table for ``csv`` / ``parquet``."""

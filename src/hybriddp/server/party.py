@@ -17,11 +17,13 @@ from typing import Any
 import numpy as np
 
 from hybriddp.core.errors import DataError, HeadListError
-from hybriddp.core.estimators import estimator_named
+from hybriddp.core.estimators import Blend, estimator_named
+from hybriddp.core.headlist import HeadList
 from hybriddp.core.params import OPTION_NAMES
 from hybriddp.core.protocol import ID_REGEX, DeviceError, check_message_id
 from hybriddp.core.reportlaw import LocalAlgParams
 from hybriddp.curator.release import CuratorRelease
+from hybriddp.server.anchor import AnchorCheck, AnchorPolicy, anchor_blend
 from hybriddp.server.blend import BlendOutput, blend_estimates
 from hybriddp.server.client_estimates import ClientEstimates, estimate_client_probabilities
 from hybriddp.server.result import BlendParts, Result
@@ -148,27 +150,56 @@ def count_messages(release: CuratorRelease, messages: Iterable[Any], source: str
 
 @dataclass
 class ServerOutput:
-    """The server's estimates: LocalAlg constants, client estimates, blend."""
+    """The server's estimates: LocalAlg constants, client estimates, blend (defended when ``check`` is set), and
+    the anchor check (ALGORITHM.md §7.2; None: undefended)."""
 
     lp: LocalAlgParams
     client: ClientEstimates
     blended: BlendOutput
+    check: AnchorCheck | None = None
 
 
-def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, estimator: str = "paper") -> ServerOutput:
+DEFAULT_DEFENSE = AnchorPolicy()
+"""What the server applies unless told otherwise: the anchor test and bound (ALGORITHM.md §7.2)."""
+
+
+def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, estimator: str = "paper",
+                defense: AnchorPolicy | None = DEFAULT_DEFENSE) -> ServerOutput:
     """EstimateClientProbabilities (ALGORITHM.md §6) and BlendProbabilities (§7) from report counts,
-    with the blend strategy of the estimator named ``estimator`` (:data:`hybriddp.core.estimators.REGISTRY`)."""
+    with the blend strategy of the estimator named ``estimator`` (:data:`hybriddp.core.estimators.REGISTRY`),
+    then the opt-in anchor's test and bound (§7.2) unless ``defense`` is None."""
     hl = release.head_list
     doc = release.headlist
     lp = LocalAlgParams.build(hl, float(doc["epsilon"]), float(doc["delta"]), release.f_c, release.m_c)
-    client = estimate_client_probabilities(counts, hl, lp, release.m_c)
-    return ServerOutput(lp, client, blend_estimates(release.optin, client, project, estimator=estimator, lp=lp))
+
+    def estimate(c: np.ndarray, project: bool = False) -> tuple[ClientEstimates, BlendOutput]:
+        client = estimate_client_probabilities(c, hl, lp, release.m_c)
+        return client, blend_estimates(release.optin, client, project, estimator=estimator, lp=lp)
+    if defense is None:
+        return ServerOutput(lp, *estimate(counts, project))
+    client, blended, check = anchor_blend(release.optin, lp, counts, defense, estimate, project)
+    if estimator_named(estimator).blend is Blend.CONSISTENT:  # queries stay the sums of their (defended) entries
+        blended = consistent_queries(blended, hl)
+    return ServerOutput(lp, client, blended, check)
+
+
+def consistent_queries(blended: BlendOutput, hl: HeadList) -> BlendOutput:
+    """The defended blend with every query the sum of its defended entries (ALGORITHM.md §7.1, §7.2): the
+    ``consistent`` estimator's promise kept after the anchor check; a query's bound is then the sum of its
+    entries' bounds, clipped into [0, 1]."""
+    from dataclasses import replace
+
+    sums = np.bincount(hl.entry_query, weights=blended.records.p, minlength=hl.k)
+    queries = replace(blended.queries, p=sums)
+    return replace(blended, queries=queries, queries_final=np.clip(sums, 0.0, 1.0))
 
 
 def serve_estimates(release: CuratorRelease, counts: ReportCounts | np.ndarray, *,
                     project: bool | None = None, estimator: str | None = None,
-                    sizes: dict[str, int] | None = None) -> Result:
-    """The server's result: client estimates from ``counts``, blended with the release's opt-in estimates.
+                    sizes: dict[str, int] | None = None,
+                    defense: AnchorPolicy | None = DEFAULT_DEFENSE) -> Result:
+    """The server's result: client estimates from ``counts``, blended with the release's opt-in estimates and
+    checked against them (``defense``, ALGORITHM.md §7.2; None: the undefended blend of §7).
 
     ``project`` and ``estimator`` None use the release's parameters. Raises :class:`DataError` when there are no
     reports at all (nothing to estimate from the clients).
@@ -193,10 +224,10 @@ def serve_estimates(release: CuratorRelease, counts: ReportCounts | np.ndarray, 
     if overrides:
         from dataclasses import replace
         params = replace(params, **overrides)
-    out = server_side(release, c, params.project, params.estimator)
+    out = server_side(release, c, params.project, params.estimator, defense)
     all_sizes = {**release.sizes, **(sizes or {}), "reports": out.client.n}
     if isinstance(counts, ReportCounts):
         all_sizes.update(messages=counts.messages, duplicate_messages=counts.duplicates)
     return Result.blender(params, release.head_list, release.queries, release.urls,
-                          BlendParts(release.optin, out.client, out.blended, release.f_c, release.noise),
+                          BlendParts(release.optin, out.client, out.blended, release.f_c, release.noise, out.check),
                           all_sizes, release.seed, release.url_level)

@@ -26,6 +26,7 @@ from hybriddp.core.records import Vocabulary
 from hybriddp.core.rng import SEED_WARNING
 from hybriddp.curator.estimates import OptinEstimates
 from hybriddp.privacy.guarantees import Guarantee, blender_guarantees, describe
+from hybriddp.server.anchor import AnchorCheck
 from hybriddp.server.blend import BlendOutput
 from hybriddp.server.client_estimates import ClientEstimates
 
@@ -35,13 +36,15 @@ OUTPUT_SUFFIXES = (".json", ".csv", ".parquet")
 
 @dataclass
 class BlendParts:
-    """BLENDER's intermediate estimates: opt-in (§4), client (§6) and their blend (§7)."""
+    """BLENDER's intermediate estimates: opt-in (§4), client (§6), their blend (§7) and its anchor check (§7.2;
+    None: undefended)."""
 
     optin: OptinEstimates
     client: ClientEstimates
     blended: BlendOutput
     f_c_used: float
     noise: str
+    check: AnchorCheck | None = None
 
 
 @dataclass
@@ -137,6 +140,8 @@ class Result:
                 "p_optin": o.p_record, "var_optin": o.var_record, "noise_draws": o.draws_record,
                 "p_client": c.p_record, "var_client": c.var_record,
             })
+            cols.update(interval95(b.records_final, b.records.var))
+            cols.update(self._check_columns(self.parts.check, "records"))
         if self.truth_record is not None:
             cols["p_true"] = self.truth_record
         return pa.table(cols)
@@ -154,9 +159,21 @@ class Result:
                 "p_client_direct": c.p_query, "var_client_direct": c.var_query,
                 "p_client_sum": self.client_record_sums(),
             })
+            cols.update(interval95(b.queries_final, b.queries.var))
+            cols.update(self._check_columns(self.parts.check, "queries"))
         if self.truth_query is not None:
             cols["p_true"] = np.append(self.truth_query, np.nan)
         return pa.table(cols)
+
+    @staticmethod
+    def _check_columns(check: AnchorCheck | None, level: str) -> dict[str, Any]:
+        """The anchor check's columns (ALGORITHM.md §7.2): z against the opt-in estimate, flagged, the bound, whether
+        the bound moved the estimate, and the undefended blend."""
+        if check is None:
+            return {}
+        side = check.records if level == "records" else check.queries
+        return {"anchor_z": side.z, "flagged": side.flagged, "anchor_bound": side.bound, "clamped": side.clamped,
+                "p_undefended": side.undefended}
 
     def _columns(self) -> dict[str, np.ndarray]:
         if self.parts is None:
@@ -209,6 +226,8 @@ class Result:
             "noise": self.noise,
             "seed": self.seed,
             "figure9": self.figure9(),
+            "anchor_check": (self.parts.check.summary() if self.parts is not None and self.parts.check is not None
+                             else None),
             "queries": self.queries_table().to_pylist(),
             "records": self.records_table().to_pylist(),
         }
@@ -228,6 +247,15 @@ class Result:
     def write(self, path: str | Path) -> None:
         """Write by extension: ``.json`` (everything), ``.csv`` or ``.parquet`` (records table)."""
         write_output(path, self.to_json(), self.records_table())
+
+
+def interval95(p: np.ndarray, var: np.ndarray) -> dict[str, np.ndarray]:
+    """p ± 1.96σ cut at [0, 1], the range of a probability, with ``ci95_clipped`` marking a cut interval."""
+    half = 1.959963984540054 * np.sqrt(np.where(np.isfinite(var) & (var >= 0), var, np.nan))
+    lo, hi = p - half, p + half
+    with np.errstate(invalid="ignore"):
+        return {"ci95_low": np.clip(lo, 0.0, 1.0), "ci95_high": np.clip(hi, 0.0, 1.0),
+                "ci95_clipped": (lo < 0.0) | (hi > 1.0)}
 
 
 def write_output(path: str | Path, obj: dict[str, Any], table: pa.Table) -> None:

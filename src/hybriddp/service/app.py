@@ -27,8 +27,8 @@ from starlette.requests import ClientDisconnect
 
 from hybriddp.core.errors import HybridDPError, parameter_error
 from hybriddp.core.version import __version__
+from hybriddp.service import closing, pages
 from hybriddp.service import models as m
-from hybriddp.service import pages, rounds
 from hybriddp.service.bodies import BodyLimit
 from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS, CheckPool
 from hybriddp.service.errors import describe_errors, error_payload
@@ -140,7 +140,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     ``lifetime_epsilon``/``lifetime_delta``: the opt-in users' lifetime budget of a new database
     (an existing one keeps its own). ``check_workers``: processes that parse and check large report
     bodies (0: a thread of the server process does). ``recover``: finish what a stopped server
-    left mid-step (:func:`hybriddp.service.rounds.recover`) first. ``allow_seeds``: take seeded
+    left mid-step (:func:`hybriddp.service.closing.recover`) first. ``allow_seeds``: take seeded
     (experiment) rounds, which give no privacy (``hybriddp serve --insecure-testing-seeds``); refused
     otherwise. ``optin_max_records``/``optin_max_bytes``: each opt-in token's upload quota per round.
     Raw opt-in data past a round's retention deadline are purged every :data:`PURGE_INTERVAL_S`.
@@ -155,7 +155,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                   optin_max_records=optin_max_records, optin_max_bytes=optin_max_bytes)
     try:
         if recover:  # `serve --workers N` recovers once, before its workers start
-            rounds.recover(store)
+            closing.recover(store)
     except BaseException:
         store.close()
         raise

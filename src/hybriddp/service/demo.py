@@ -184,7 +184,7 @@ def service_round(log: RecordLog, params: BlenderParams, *, base_url: str, admin
             ack = device.submit_batch(log_messages(log, client_users, headlist, seed=seed),
                                       chunk=MESSAGES_PER_REQUEST)
         with stages.stage("close the round and estimate"):
-            closed = admin.close(rid)
+            closed = admin.close(rid, "publish")  # a simulated, honest round
             server_results = admin.results(rid)
             release = admin.release(rid)
         with stages.stage("score against the truth"):

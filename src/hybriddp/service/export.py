@@ -82,9 +82,10 @@ def export_reports(store: Store, round_id: str, path: str | os.PathLike[str]) ->
 
 
 def close_with_spark(store: Store, round_id: str, path: str | os.PathLike[str],
-                     spark: SparkSession | None = None) -> RoundInfo:
-    """Close the round, export its reports to ``path``, count them with Spark, publish the results."""
-    from hybriddp.service.rounds import blender_result
+                     spark: SparkSession | None = None, flagged: str = "hold") -> RoundInfo:
+    """Close the round, export its reports to ``path``, count them with Spark, and store the results from those
+    counts: published, or held when the anchor check flags them and ``flagged`` is ``hold`` (ALGORITHM.md §7.2)."""
+    from hybriddp.service.closing import finish_close
     from hybriddp.spark.reports import count_reports_spark
     from hybriddp.spark.session import spark_session
 
@@ -97,4 +98,4 @@ def close_with_spark(store: Store, round_id: str, path: str | os.PathLike[str],
         raise DataError(f"round {round_id}: Spark counted {int(counts.sum())} reports in {path} but the database "
                         f"holds {int(stored.sum())}; the export is incomplete. The round stays closed: run "
                         "`hybriddp round close` (or the server's recovery) to publish from the database")
-    return store.finish_close(info, blender_result(release, counts, info).to_json(), counts.tolist())
+    return finish_close(store, info, flagged)  # from the database's counts, equal to Spark's

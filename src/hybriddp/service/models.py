@@ -15,6 +15,7 @@ from hybriddp.core.estimators import ESTIMATORS, describe_estimators
 from hybriddp.core.params import LN2, MAX_EPSILON_HEAD_LIST, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams
 from hybriddp.core.protocol import ID_PATTERN
 from hybriddp.mean import VARIANCE_SHARE
+from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, MEAN_DEFAULT_KAPPA
 from hybriddp.service.store import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS
 
 _D = BlenderParams()
@@ -24,7 +25,7 @@ MAX_TEXT = 10_000
 """Longest query, URL, user name or round name accepted (characters)."""
 
 STATES = Literal["collecting-optin", "building-headlist", "headlist-published", "collecting-reports", "closed",
-                 "results-published", "headlist-empty", "aborted", "deleted"]
+                 "results-held", "results-published", "headlist-empty", "aborted", "deleted"]
 
 
 class _Strict(BaseModel):
@@ -49,6 +50,14 @@ class BlenderParamsIn(_Strict):
     optin_fraction: float = Field(_D.optin_fraction, gt=0, lt=1, description="Not used by the service (whoever "
                                   "enrols is opt-in); kept with the parameters, e.g. to reproduce a simulation.")
     url_level: bool = Field(True, description="Records are (query, clicked URL); false: queries alone.")
+    defense: Literal["anchor", "none"] = Field(
+        "anchor", description="'anchor' (default): test every estimate from the devices against the opt-in group's, "
+        "publish flagged ones from the opt-in group, bound the devices' influence on the rest (docs/ALGORITHM.md "
+        "§7.2); 'none': the undefended blend, which fake devices can steer.")
+    anchor_alpha: float = Field(DEFAULT_ALPHA, gt=0, lt=1, description="False-alarm rate of the anchor test per "
+                                "round (Holm over all entries and queries).")
+    anchor_kappa: float = Field(DEFAULT_KAPPA, ge=0, le=1e6, description="The bound: no published estimate lies "
+                                "more than this many standard deviations from its opt-in estimate.")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 
@@ -63,6 +72,14 @@ class MeanParamsIn(_Strict):
                                                          "privately from the opt-in group.")
     variance_share: float = Field(VARIANCE_SHARE, gt=0, lt=1, description="Share of the opt-in budget spent on "
                                                                           "σ² when it is not given.")
+    defense: Literal["anchor", "none"] = Field(
+        "anchor", description="'anchor' (default): test every estimate from the devices against the opt-in group's, "
+        "publish flagged ones from the opt-in group, bound the devices' influence on the rest (docs/ALGORITHM.md "
+        "§7.2); 'none': the undefended blend, which fake devices can steer.")
+    anchor_alpha: float = Field(DEFAULT_ALPHA, gt=0, lt=1, description="False-alarm rate of the anchor test per "
+                                "round (Holm over all entries and queries).")
+    anchor_kappa: float = Field(MEAN_DEFAULT_KAPPA, ge=0, le=1e6, description="The bound: no published estimate lies "
+                                "more than this many standard deviations from its opt-in estimate.")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 
@@ -137,6 +154,19 @@ class TokensOut(BaseModel):
 class VocabularyIn(_Strict):
     queries: list[Text]
     urls: list[Text] = Field(default_factory=list)
+
+
+class CloseIn(_Strict):
+    flagged: Literal["hold", "publish", "remove"] = Field(
+        "hold", description="What to do when the anchor check flags the results (docs/ALGORITHM.md §7.2): 'hold' "
+        "(default) keeps them unpublished (state results-held) for an administrator to look at; 'publish' publishes "
+        "them (flagged entries carry their opt-in estimates); 'remove' publishes them without the flagged entries.")
+
+
+class PublishResultsIn(_Strict):
+    flagged: Literal["keep", "remove"] = Field(
+        "keep", description="'keep': publish the held results as they are (flagged entries carry their opt-in "
+        "estimates); 'remove': publish them without the flagged entries.")
 
 
 class PublishIn(_Strict):

@@ -14,9 +14,7 @@
   curator's discrete-noise mean of the opt-in values.
 * **Reports** (:class:`BlenderReports`, :class:`MeanReports`): each device message is checked
   (id, head-list hash or round, m_C, entries) before anything is stored.
-* **Close** (:func:`close_round`): reports per entry from the database →
-  :func:`hybriddp.server.party.serve_estimates` (ALGORITHM.md §6, §7); a mean round blends the opt-in
-  and client means with the Hybrid weighting of :mod:`hybriddp.mean`.
+* **Close** and the results: :mod:`hybriddp.service.closing`.
 """
 
 from __future__ import annotations
@@ -32,20 +30,25 @@ from dataclasses import fields
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from hybriddp.core.errors import DataError, EmptyHeadListError, HybridDPError, parameter_error
+from hybriddp.core.errors import DataError, EmptyHeadListError, parameter_error
 from hybriddp.core.noise import NOISE_CLASSES, noise_factory
 from hybriddp.core.params import LEGACY_ESTIMATOR, BlenderParams, check_seed
 from hybriddp.core.protocol import DeviceError, check_message_id, content_hash
 from hybriddp.core.records import NO_URL, ArrayVocabulary, RecordLog
-from hybriddp.core.rng import SEED_WARNING, make_rng
+from hybriddp.core.rng import make_rng
 from hybriddp.curator.party import curate
 from hybriddp.curator.release import CuratorRelease, release_from_documents
 from hybriddp.mean import VARIANCE_SHARE, Hybrid, HybridUnknownVariance
 from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
-from hybriddp.server.party import MessageCounter, ReportCounts, serve_estimates
-from hybriddp.server.result import Result
+from hybriddp.server.anchor import (
+    DEFAULT_ALPHA,
+    DEFAULT_KAPPA,
+    MEAN_DEFAULT_KAPPA,
+    AnchorPolicy,
+    policy_named,
+)
+from hybriddp.server.party import MessageCounter
 from hybriddp.service.errors import ConflictError
 from hybriddp.service.store import RoundInfo, Store
 
@@ -54,8 +57,11 @@ logger = logging.getLogger(__name__)
 KINDS = ("blender", "mean")
 
 _BLENDER_FIELDS = [f.name for f in fields(BlenderParams)]
-BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", "seed")
-MEAN_KEYS = ("epsilon", "lower", "upper", "sigma2", "variance_share", "seed")
+DEFENSE_KEYS = ("defense", "anchor_alpha", "anchor_kappa")
+BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", *DEFENSE_KEYS, "seed")
+MEAN_KEYS = ("epsilon", "lower", "upper", "sigma2", "variance_share", *DEFENSE_KEYS, "seed")
+DEFENSE_DEFAULTS = {"defense": "anchor", "anchor_alpha": DEFAULT_ALPHA, "anchor_kappa": DEFAULT_KAPPA}
+"""A new round's defense (ALGORITHM.md §7.2); a round stored before these keys existed has none (:func:`defense`)."""
 
 
 # ----- parameters -----------------------------------------------------------------------------
@@ -76,7 +82,8 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     if kind == "blender":
         _check_keys(kind, params, BLENDER_KEYS)
         out = {**BlenderParams().to_dict(), "noise": next(iter(NOISE_CLASSES)), "url_level": True, "seed": None,
-               **params}
+               **DEFENSE_DEFAULTS, **params}
+        defense(out)
         _flag("project", out["project"])
         _flag("url_level", out["url_level"])
         if not isinstance(out["noise"], str):
@@ -90,8 +97,10 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         for name in ("epsilon", "lower", "upper"):
             if name not in params:
                 raise parameter_error(name, None, "given: a mean round needs epsilon, lower and upper")
-        out = {"sigma2": None, "variance_share": VARIANCE_SHARE, "seed": None, **params}
+        out = {"sigma2": None, "variance_share": VARIANCE_SHARE, "seed": None, **DEFENSE_DEFAULTS,
+               "anchor_kappa": MEAN_DEFAULT_KAPPA, **params}
         check_seed(out["seed"])
+        defense(out)
         mean_mechanism(out)
         # every group size a round can have (1 .. MAX_USERS) keeps the noise and the errors finite
         rho = out["variance_share"] if out["sigma2"] is None else None
@@ -102,6 +111,15 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
             integer_scale(1, eps, "epsilon")  # the curator's exact noise can run: refused now, not after the charge
         return out
     raise parameter_error("kind", kind, " or ".join(repr(k) for k in KINDS))
+
+
+def defense(params: dict[str, Any]) -> AnchorPolicy | None:
+    """The round's defense against fake reports (ALGORITHM.md §7.2): None for ``"none"`` and for a round stored
+    before the field existed (its published results were computed without one)."""
+    if "defense" not in params:
+        return None
+    return policy_named(params["defense"], params.get("anchor_alpha", DEFAULT_ALPHA),
+                        params.get("anchor_kappa", DEFAULT_KAPPA))
 
 
 def blender_params(params: dict[str, Any]) -> BlenderParams:
@@ -363,134 +381,3 @@ def checker_from_recipe(recipe: tuple[Any, ...]) -> BlenderReports | MeanReports
     checker.recipe = recipe
     checker.key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("utf-8", "surrogatepass")).hexdigest()
     return checker
-
-
-# ----- close --------------------------------------------------------------------------------
-def close_round(store: Store, round_id: str) -> RoundInfo:
-    """Close (one request wins; reports are refused from now), estimate, store the results."""
-    return finish_close(store, store.start_close(round_id))
-
-
-def finish_close(store: Store, info: RoundInfo) -> RoundInfo:
-    """closed → results-published: estimates from the stored reports."""
-    docs = store.documents(info.id)
-    if info.kind == "blender":
-        release = release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates))
-        counts = store.entry_counts(info.num, release.head_list.n_entries)
-        doc = blender_result(release, counts, info).to_json()
-        if info.non_private:
-            doc.update(non_private=True, warning=SEED_WARNING)
-        return store.finish_close(info, doc, counts.tolist())
-    return store.finish_close(info, mean_results(store, info, json.loads(docs.estimates)), None)
-
-
-def blender_result(release: CuratorRelease, counts: np.ndarray, info: RoundInfo) -> Result:
-    """The round's :class:`Result` from the release and the reports per entry (deterministic)."""
-    rc = ReportCounts(np.asarray(counts, dtype=np.int64), messages=info.messages, reports=int(np.sum(counts)),
-                      duplicates=info.duplicates)
-    return serve_estimates(release, rc)
-
-
-def mean_results(store: Store, info: RoundInfo, estimates: dict[str, Any]) -> dict[str, Any]:
-    """Opt-in, client and hybrid means with their expected squared errors (ALGORITHM.md §11)."""
-    p = info.params
-    mech = mean_mechanism(p)
-    n_l, total = store.report_values(info.num)
-    n_t, mu_t, sigma2 = int(estimates["n_optin"]), float(estimates["mean"]), float(estimates["sigma2"])
-    mu_l = total / n_l
-    w = mech.weight_for(n_t, n_l, sigma2)
-
-    def row(name: str, estimate: float, n: int, weight: float) -> dict[str, Any]:
-        mse = mech.expected_squared_error(n_t, n_l, sigma2, weight=weight)
-        return {"estimator": name, "estimate": estimate, "variance": mse, "n": n, "weight_optin": weight}
-    rows = [row("optin", mu_t, n_t, 1.0), row("client", mu_l, n_l, 0.0),
-            row("hybrid", w * mu_t + (1.0 - w) * mu_l, n_t + n_l, w)]
-    out: dict[str, Any] = {
-        "algorithm": "hybrid-mean", "round": info.id, "params": {k: v for k, v in p.items() if k != "seed"},
-        "guarantee": mech.guarantee,
-        "sigma2": sigma2, "sigma2_source": estimates["sigma2_source"],
-        "variance_meaning": "expected squared error as an estimate of the mean of all n_optin + n_client users' "
-                            "clamped values (ALGORITHM.md §11), at sigma2",
-        "sizes": {"optin_users": n_t, "messages": n_l, "duplicate_messages": info.duplicates},
-        "optin": rows[0], "client": rows[1], "hybrid": rows[2], "estimates": rows,
-    }
-    if info.non_private:
-        out.update(non_private=True, warning=SEED_WARNING)
-    return out
-
-
-def result_of(store: Store, round_id: str) -> tuple[RoundInfo, dict[str, Any], Result | None]:
-    """(round, result JSON, BLENDER Result rebuilt from the stored state or None for a mean round)."""
-    docs = store.documents(round_id)
-    info = docs.info
-    if info.state == "headlist-empty" and docs.results is not None:
-        raise ConflictError(f"round {round_id} has no results: {json.loads(docs.results)['message']}")
-    if info.state != "results-published" or docs.results is None:
-        raise ConflictError(f"round {round_id} has no results yet: it is {info.state!r}; results are published "
-                            "when an administrator closes it (POST /api/v1/rounds/{id}/close)")
-    results = json.loads(docs.results)
-    if info.kind != "blender":
-        return info, results, None
-
-    def make() -> Result:
-        release = release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates))
-        return blender_result(release, np.array(json.loads(docs.report_counts), dtype=np.int64), info)
-    return info, results, _results.get((store.url, info.num), make)
-
-
-def release_of(store: Store, round_id: str) -> dict[str, Any]:
-    """The published inputs of a round's result, so anyone can recompute it with serve_estimates."""
-    docs = store.documents(round_id)
-    info = docs.info
-    if info.state != "results-published":
-        raise ConflictError(f"round {round_id} is {info.state!r}; its release is shown once its results are "
-                            "published")
-    return {"headlist": json.loads(docs.headlist), "estimates": json.loads(docs.estimates),
-            "counts": None if docs.report_counts is None else json.loads(docs.report_counts),
-            "messages": info.messages, "duplicates": info.duplicates}
-
-
-def results_table(results: dict[str, Any], result: Result | None) -> pa.Table:
-    """The table served as CSV/Parquet: BLENDER's records table, or the mean round's three estimates."""
-    if result is not None:
-        return result.records_table()
-    return pa.Table.from_pylist(results["estimates"])
-
-
-def local_search(info: RoundInfo, result: Result) -> dict[str, Any]:
-    """The browser's document: listed queries and their URLs with blended probabilities, largest first."""
-    hl = result.head_list
-    names = result.query_names()
-    _, urls = result.entry_names()
-    p_q = np.asarray(result.blended.queries.p, dtype=np.float64)
-    p_r = np.asarray(result.p_record, dtype=np.float64)
-    per_query: dict[int, list[dict[str, Any]]] = {i: [] for i in range(hl.k - 1)}
-    for e in np.flatnonzero(~hl.is_wildcard).tolist():
-        q = int(hl.entry_query[e])
-        if q in per_query and math.isfinite(p_r[e]):
-            per_query[q].append({"url": urls[e], "p": float(p_r[e])})
-    queries = []
-    for i, entries in per_query.items():
-        if math.isfinite(p_q[i]):
-            entries.sort(key=lambda u: -u["p"])
-            queries.append({"query": names[i], "p": float(p_q[i]), "urls": entries})
-    queries.sort(key=lambda q: -q["p"])
-    return {"round": info.id, "headlist": info.headlist_hash, "queries": queries}
-
-
-# ----- start-up -------------------------------------------------------------------------------
-def recover(store: Store) -> None:
-    """Finish what a stopped server left mid-step: a round whose head list was being built is aborted
-    (its run was charged and is never repeated), closed rounds get their results; raw opt-in data past
-    their retention deadline are purged."""
-    for info in store.unfinished():
-        if info.state == "building-headlist":  # charged when the build started: never run again
-            logger.warning("round %s: the head list was being built when the server stopped; its run was "
-                           "charged, so the round is aborted and its raw opt-in data deleted", info.id)
-            store.finish_build(info, "aborted")
-        else:
-            try:
-                finish_close(store, info)
-            except HybridDPError as exc:
-                logger.error("round %s is closed but its results could not be computed: %s", info.id, exc)
-    store.purge_expired()

@@ -42,10 +42,12 @@ Key = BigInteger().with_variant(Integer, "sqlite")
 """An integer key: BIGINT on PostgreSQL, INTEGER on SQLite (so that it aliases the rowid)."""
 
 ROUND_STATES = ("collecting-optin", "building-headlist", "headlist-published", "collecting-reports", "closed",
-                "results-published", "headlist-empty", "aborted", "deleted")
-"""The lifecycle; ``building-headlist`` is the short step while the curator runs (see rounds.py). The last
-three are ends: the curator's run kept no record (a charged release), the round was aborted before its
-head list was published (or its build was interrupted), or an administrator deleted it."""
+                "results-held", "results-published", "headlist-empty", "aborted", "deleted")
+"""The lifecycle; ``building-headlist`` is the short step while the curator runs (see rounds.py);
+``results-held``: the anchor check flagged the results at close and they wait for an administrator (publish them,
+or publish them without the flagged entries; ALGORITHM.md §7.2). The last three are ends: the curator's run kept
+no record (a charged release), the round was aborted before its head list was published (or its build was
+interrupted), or an administrator deleted it."""
 
 rounds = Table(
     "rounds", metadata,

@@ -24,12 +24,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from hybriddp.core.estimators import Blend
 from hybriddp.core.noise import DiscreteLaplaceNoise
 from hybriddp.core.params import BlenderParams
 from hybriddp.core.records import RecordLog
 from hybriddp.privacy.guarantees import LOCAL, Guarantee, curator_guarantees
-from hybriddp.server.blend import blend_estimates, blend_strategy, project_to_simplex
+from hybriddp.server.blend import project_to_simplex
+from hybriddp.server.party import server_side
 from hybriddp.server.result import Result
 from hybriddp.simulation.evaluate import ground_truth, score, truth_vectors
 from hybriddp.simulation.pipeline import BlenderRun, NoiseFactory, Stages, curator_side, result_from_run, run_blender
@@ -71,9 +71,9 @@ def blender_family(
                      full.sizes, guarantees, seed)
         return _finish(res, log, parts, params.project)
 
-    def pooled() -> Result:
-        b = blend_strategy(Blend.POOLED, cur.optin, run.client, False, lp=run.lp)
-        return derived("blender-pooled", b.records.p, b.queries.p, full.guarantees)
+    def pooled() -> Result:  # the same reports, blended with pooled weights and checked as the run was (§7.2)
+        b = server_side(run.release, run.report_counts, False, "pooled", run.check and run.check.policy).blended
+        return derived("blender-pooled", b.records.p, b.queries_final, full.guarantees)
 
     build: dict[str, Callable[[], Result]] = {
         "blender": lambda: full,
@@ -93,8 +93,8 @@ def reblended(run: BlenderRun, estimator: str) -> BlenderRun:
     if params.estimator_spec.release is not run.params.estimator_spec.release:
         raise ValueError(f"a {run.params.estimator!r} run cannot be reblended as {estimator!r}: "
                          "their opt-in estimates differ")
-    blended = blend_estimates(run.curator.optin, run.client, params.project, estimator=estimator, lp=run.lp)
-    return replace(run, params=params, blended=blended)
+    out = server_side(run.release, run.report_counts, params.project, estimator, run.check and run.check.policy)
+    return replace(run, params=params, client=out.client, blended=out.blended, check=out.check)
 
 
 def run_central(log: RecordLog, params: BlenderParams, *, seed: int | None = None,

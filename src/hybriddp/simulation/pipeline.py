@@ -28,9 +28,10 @@ from hybriddp.curator.party import CuratorOutput, NoiseFactory, client_f_c, cura
 from hybriddp.curator.release import CuratorRelease
 from hybriddp.device.party import sample_clients, simulate_devices
 from hybriddp.privacy.guarantees import blender_guarantees, charges
+from hybriddp.server.anchor import AnchorCheck, AnchorPolicy
 from hybriddp.server.blend import BlendOutput
 from hybriddp.server.client_estimates import ClientEstimates
-from hybriddp.server.party import server_side
+from hybriddp.server.party import DEFAULT_DEFENSE, server_side
 from hybriddp.server.result import BlendParts, Result
 from hybriddp.simulation.evaluate import ground_truth, score, truth_vectors
 
@@ -73,6 +74,7 @@ class BlenderRun:
     seed: int | None
     stages: Stages
     client_users: np.ndarray | None = None
+    check: AnchorCheck | None = None  # the anchor check of the blend (ALGORITHM.md §7.2); None: undefended
 
     @property
     def head_list(self) -> HeadList:
@@ -90,9 +92,10 @@ class BlenderRun:
 def run_blender(
     log: RecordLog, params: BlenderParams, *, seed: int | None = None,
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
-    stages: Stages | None = None, with_charges: bool = False,
+    stages: Stages | None = None, with_charges: bool = False, defense: AnchorPolicy | None = DEFAULT_DEFENSE,
 ) -> BlenderRun:
-    """Simulate BLENDER on a log: curator → devices → server (Fig. 2 lines 1-5, ALGORITHM.md §2).
+    """Simulate BLENDER on a log: curator → devices → server (Fig. 2 lines 1-5, ALGORITHM.md §2), the server
+    defended by the opt-in anchor (``defense``, §7.2; None: the undefended blend of §7).
 
     ``with_charges`` also computes the opt-in users' ledger charges (``run.release.charges``).
     """
@@ -109,9 +112,9 @@ def run_blender(
     with stages.stage("randomize clients"):
         counts = simulate_devices(d_c, hl, lp, seed=seed, backend=backend)
     with stages.stage("estimate client probabilities"):
-        out = server_side(rel, counts, params.project, params.estimator)
+        out = server_side(rel, counts, params.project, params.estimator, defense)
     return BlenderRun(params, log, rel, cur, out.lp, counts, out.client, out.blended, len(optin_users),
-                      len(client_users), d_c, seed, stages, client_users)
+                      len(client_users), d_c, seed, stages, client_users, out.check)
 
 
 def result_from_run(run: BlenderRun, *, with_metrics: bool = True) -> Result:
@@ -125,7 +128,7 @@ def result_from_run(run: BlenderRun, *, with_metrics: bool = True) -> Result:
         "reports": run.client.n, "head_list_s_records": cur.head_list_s.n_records,
         "head_list_s_queries": cur.head_list_s.n_queries,
     }
-    parts = BlendParts(cur.optin, run.client, run.blended, run.f_c_used, cur.noise)
+    parts = BlendParts(cur.optin, run.client, run.blended, run.f_c_used, cur.noise, run.check)
     res = Result.blender(run.params, hl, run.log.queries, run.log.urls, parts, sizes, run.seed, run.log.has_urls)
     if with_metrics and run.sampled_c is not None:
         truth, held = ground_truth(run.log, (cur.sampled_s, cur.sampled_t, run.sampled_c))

@@ -9,10 +9,10 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
+from hybriddp.service import closing
 from hybriddp.service import models as m
-from hybriddp.service import rounds
 from hybriddp.service.errors import NotFoundError
-from hybriddp.service.routers.common import RoundId, StoreDep, errors
+from hybriddp.service.routers.common import IsAdmin, RoundId, StoreDep, errors
 
 router = APIRouter(tags=["results"])
 
@@ -23,12 +23,13 @@ _RESULTS_200 = {"description": "The results: JSON (everything), or the records t
 
 
 @router.get("/api/v1/rounds/{round_id}/results", responses={200: _RESULTS_200, **errors(404, 409, 422, 503)})
-def get_results(round_id: RoundId, store: StoreDep,
+def get_results(round_id: RoundId, store: StoreDep, admin: IsAdmin,
                 format: Literal["json", "csv", "parquet"] = Query("json")) -> Response:
-    info, results, result = rounds.result_of(store, round_id)
+    """The results; held results (``results-held``, ALGORITHM.md §7.2) only with the administrator token."""
+    info, results, result = closing.result_of(store, round_id, admin)
     if format == "json":
         return JSONResponse(results)
-    table = rounds.results_table(results, result)
+    table = closing.results_table(results, result)
     buf = io.BytesIO()
     if format == "csv":
         import pyarrow.csv as pacsv
@@ -44,13 +45,13 @@ def get_results(round_id: RoundId, store: StoreDep,
 
 @router.get("/api/v1/rounds/{round_id}/release", response_model=m.ReleaseOut, responses=errors(404, 409, 503))
 def get_release(round_id: RoundId, store: StoreDep) -> dict[str, Any]:
-    return rounds.release_of(store, round_id)
+    return closing.release_of(store, round_id)
 
 
 @router.get("/api/v1/rounds/{round_id}/local-search", response_model=m.LocalSearchOut,
             responses=errors(404, 409, 503))
 def get_local_search(round_id: RoundId, store: StoreDep) -> dict[str, Any]:
-    info, _, result = rounds.result_of(store, round_id)
+    info, results, result = closing.result_of(store, round_id)
     if result is None:
         raise NotFoundError(f"round {round_id} is a mean round; only BLENDER rounds have a local-search document")
-    return rounds.local_search(info, result)
+    return closing.local_search(info, result, results)

@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from hybriddp.service import closing, rounds
 from hybriddp.service import models as m
-from hybriddp.service import rounds
 from hybriddp.service.errors import SeedRefusedError
 from hybriddp.service.routers.common import ADMIN, IsAdmin, RoundId, Service, StoreDep, errors
 
@@ -67,6 +67,15 @@ def publish(round_id: RoundId, store: StoreDep, body: m.PublishIn | None = None)
 
 
 @router.post("/api/v1/rounds/{round_id}/close", response_model=m.RoundOut, dependencies=ADMIN, tags=["rounds"],
-             responses=errors(401, 404, 409, 413, 422, 503))
-def close(round_id: RoundId, store: StoreDep) -> dict[str, Any]:
-    return rounds.close_round(store, round_id).to_json(admin=True)
+             responses=errors(400, 401, 404, 409, 413, 422, 503))
+def close(round_id: RoundId, store: StoreDep, body: m.CloseIn | None = None) -> dict[str, Any]:
+    """Close the round and compute its results; results the anchor check flags are held for an administrator
+    unless the body says otherwise (docs/ALGORITHM.md §7.2)."""
+    return closing.close_round(store, round_id, "hold" if body is None else body.flagged).to_json(admin=True)
+
+
+@router.post("/api/v1/rounds/{round_id}/results/publish", response_model=m.RoundOut, dependencies=ADMIN,
+             tags=["rounds"], responses=errors(400, 401, 404, 409, 413, 422, 503))
+def publish_results(round_id: RoundId, store: StoreDep, body: m.PublishResultsIn | None = None) -> dict[str, Any]:
+    """Publish held results (state results-held), as they are or without their flagged entries."""
+    return closing.publish_held(store, round_id, "keep" if body is None else body.flagged).to_json(admin=True)

@@ -12,10 +12,12 @@ function el(tag, attrs = {}, text = null) {
 }
 
 /** The 95% interval [low, high] of an estimate with this variance (null when the variance is unknown). */
-export function interval95(estimate, variance) {
+export function interval95(estimate, variance, lo = -Infinity, hi = Infinity) {
   if (!Number.isFinite(estimate) || !Number.isFinite(variance) || variance < 0) return null;
   const half = Z95 * Math.sqrt(variance);
-  return [estimate - half, estimate + half];
+  const iv = [Math.max(lo, estimate - half), Math.min(hi, estimate + half)];
+  iv.clipped = iv[0] > estimate - half || iv[1] < estimate + half;  // cut at the range a value can take
+  return iv;
 }
 
 /** About ``n`` round tick values covering [lo, hi]. */

@@ -3,7 +3,8 @@
 import { count, fetchJson, h, num, percent } from "./api.js";
 import { intervalChart, interval95 } from "./chart.js";
 
-const LIFECYCLE = ["collecting-optin", "headlist-published", "collecting-reports", "closed", "results-published"];
+const LIFECYCLE = ["collecting-optin", "headlist-published", "collecting-reports", "closed", "results-held",
+  "results-published"];
 const ENDED = {
   "headlist-empty": "This round has ended: no opt-in record passed the head list's privacy threshold. That outcome "
     + "was the curator's release (charged to the opt-in users), so the round has no results; its raw opt-in data "
@@ -18,6 +19,8 @@ const PARAM_NAMES = {
   project: "project onto the simplex", noise: "noise", url_level: "URL level",
   lower: "lower bound", upper: "upper bound", sigma2: "σ² (given variance of the values)",
   variance_share: "share of ε spent estimating σ²", seed: "seed",
+  defense: "defense against fake reports", anchor_alpha: "false-alarm rate α of the check",
+  anchor_kappa: "bound κ (standard deviations from the opt-in estimate)",
 };
 const TOP = 10;
 
@@ -30,7 +33,7 @@ function show(id) {
 }
 
 function stateBadge(state) {
-  const kind = state === "results-published" ? "ok" : state === "closed" ? "warn" : "";
+  const kind = state === "results-published" ? "ok" : state === "closed" || state === "results-held" ? "warn" : "";
   return h("span", { class: `badge ${kind}` }, state);
 }
 
@@ -109,6 +112,35 @@ function renderPrivacy(info, results) {
   show("privacy-panel");
 }
 
+function renderCheck(results) {
+  const c = results.anchor_check;
+  const box = $("check");
+  if (!c) {
+    box.replaceChildren(h("p", { class: "error" }, "No defense: these results were computed without the check "
+      + "against the opt-in group, so fake device reports could have steered them."));
+    show("check-panel");
+    return;
+  }
+  const flagged = c.flagged ?? ((c.flagged_records || 0) + (c.flagged_queries || 0) > 0);
+  const facts = results.algorithm === "hybrid-mean"
+    ? [["z of the devices' mean against the opt-in mean", c.z === null ? "–" : num(c.z)],
+      ["critical z (α = " + c.alpha + ")", num(c.critical_z)], ["flagged", flagged ? "yes" : "no"],
+      ["bounded", c.clamped ? "yes" : "no"], ["hybrid mean before the check", num(c.undefended)]]
+    : [["records flagged", count(c.flagged_records)], ["queries flagged", count(c.flagged_queries)],
+      ["estimates bounded (κ = " + c.kappa + ")", count(c.clamped_records + c.clamped_queries)],
+      ["largest |z| (critical " + num(c.critical_z) + ", α = " + c.alpha + ")", num(c.max_abs_z)],
+      ["fake reports, at least", `${count(Math.round(c.excess_reports))} (${percent(c.fake_fraction_lower, 2)})`],
+      ["largest change by the check", `${percent(c.largest_change_query, 3)} (queries), `
+        + `${percent(c.largest_change_record, 3)} (records)`]];
+  box.replaceChildren(
+    h("p", { class: flagged ? "error" : "" }, c.verdict + (c.withheld ? "; the flagged entries are left out." : ".")),
+    h("dl", { class: "facts" }, facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+    h("p", { class: "small muted" }, "Every estimate from the devices is tested against the opt-in group's, "
+      + "which no device can influence; a flagged one is published from the opt-in group, and no published "
+      + "estimate lies more than κ standard deviations from its opt-in estimate (docs/ALGORITHM.md §7.2)."));
+  show("check-panel");
+}
+
 function legend(series) {
   $("legend").replaceChildren(...series.map((s) => h("span", { class: s.className }, s.name)));
 }
@@ -142,10 +174,11 @@ function renderBlender(info, results) {
   show("chart-panel");
 
   const ci = (p, v) => {
-    const iv = interval95(p, v);
-    return iv ? `${percent(iv[0])} – ${percent(iv[1])}` : "–";
+    const iv = interval95(p, v, 0, 1);
+    return iv ? `${percent(iv[0])} – ${percent(iv[1])}${iv.clipped ? " ‡" : ""}` : "–";
   };
-  const head = ["query", "URL", "blended", "95% interval", "opt-in", "client", "opt-in weight"];
+  const checked = (r) => (r.flagged ? "flagged: opt-in estimate" : r.clamped ? "bounded" : "");
+  const head = ["query", "URL", "blended", "95% interval", "opt-in", "client", "opt-in weight", "check"];
   const numeric = new Set([2, 3, 4, 5, 6]);
   // listed records first, then the ⟨q,*⟩ and ⟨*,*⟩ rows; each by blended probability
   const sorted = [...records].sort((a, b) => (a.wildcard - b.wildcard) || ((b.p_blended ?? -1) - (a.p_blended ?? -1)));
@@ -157,7 +190,8 @@ function renderBlender(info, results) {
       h("td", { class: "url" }, !r.wildcard ? r.url : r.query === "*" ? "* (any other query)" : "* (any other URL)"),
       h("td", { class: "num" }, percent(r.p_blended, 3)), h("td", { class: "num" }, ci(r.p_blended, r.var_blended)),
       h("td", { class: "num" }, percent(r.p_optin, 3)), h("td", { class: "num" }, percent(r.p_client, 3)),
-      h("td", { class: "num" }, Number.isFinite(r.weight_optin) ? r.weight_optin.toFixed(3) : "–"))))));
+      h("td", { class: "num" }, Number.isFinite(r.weight_optin) ? r.weight_optin.toFixed(3) : "–"),
+      h("td", { class: r.flagged ? "error" : "" }, checked(r)))))));
   show("table-panel");
 }
 
@@ -178,9 +212,9 @@ function renderMean(info, results) {
     h("thead", {}, h("tr", {}, ["estimator", "estimate", "95% interval", "n", "opt-in weight"].map((t, i) =>
       h("th", { scope: "col", class: i ? "num" : "" }, t)))),
     h("tbody", {}, est.map((e) => {
-      const iv = interval95(e.estimate, e.variance);
+      const iv = interval95(e.estimate, e.variance, info.params.lower, info.params.upper);
       return h("tr", {}, h("td", {}, e.estimator), h("td", { class: "num" }, num(e.estimate)),
-        h("td", { class: "num" }, iv ? `${num(iv[0])} – ${num(iv[1])}` : "–"),
+        h("td", { class: "num" }, iv ? `${num(iv[0])} – ${num(iv[1])}${iv.clipped ? " ‡" : ""}` : "–"),
         h("td", { class: "num" }, count(e.n)),
         h("td", { class: "num" }, num(e.weight_optin)));
     }))));
@@ -207,10 +241,14 @@ async function start() {
     if (info.state === "results-published") {
       results = await fetchJson(`${api}/results`);
       downloads(info);
+      renderCheck(results);
       if (info.kind === "blender") renderBlender(info, results);
       else renderMean(info, results);
       status.textContent = "";
       status.hidden = true;
+    } else if (info.state === "results-held") {
+      status.textContent = "The check against the opt-in group flagged this round's results: an administrator "
+        + "decides whether to publish them, with or without the flagged entries (docs/ALGORITHM.md §7.2).";
     } else if (ENDED[info.state]) {
       status.textContent = ENDED[info.state];
     } else {

@@ -186,7 +186,7 @@ class RoundStore(StoreBase):
             select(s.rounds.c.state, func.count()).group_by(s.rounds.c.state)).all()})
 
     def unfinished(self) -> list[RoundInfo]:
-        """Rounds left mid-step by a stopped server: building-headlist or closed (see rounds.recover)."""
+        """Rounds left mid-step by a stopped server: building-headlist or closed (see closing.recover)."""
         return self._read(lambda conn: [_info(r) for r in conn.execute(select(*_INFO_COLUMNS).where(
             s.rounds.c.state.in_(["building-headlist", "closed"])).order_by(s.rounds.c.num)).all()])
 
@@ -232,14 +232,22 @@ class RoundStore(StoreBase):
         self.scrub()
         return out
 
-    def finish_close(self, info: RoundInfo, results: dict[str, Any], counts: list[int] | None) -> RoundInfo:
-        """Store the results; closed → results-published."""
+    def finish_close(self, info: RoundInfo, results: dict[str, Any], counts: list[int] | None,
+                     held: bool = False) -> RoundInfo:
+        """Store the results; closed → results-published, or results-held (``held``: the anchor check flagged
+        them and an administrator decides, :meth:`publish_held`)."""
         def run(conn: Connection) -> RoundInfo:
-            return self._transition(conn, info.id, ["closed"], "results-published", "publish results",
-                                    results=_json(results),
+            return self._transition(conn, info.id, ["closed"], "results-held" if held else "results-published",
+                                    "store results", results=_json(results),
                                     report_counts=None if counts is None else json.dumps(counts))
         self._write(run)
         return self.round(info.id)
+
+    def publish_held(self, round_id: str, results: dict[str, Any]) -> RoundInfo:
+        """results-held → results-published, with the results an administrator chose (ALGORITHM.md §7.2)."""
+        self._write(lambda conn: self._transition(conn, round_id, ["results-held"], "results-published",
+                                                  "publish held results", results=_json(results)))
+        return self.round(round_id)
 
     # ----- ends and raw data ------------------------------------------------------------------
     def abort(self, round_id: str) -> RoundInfo:

@@ -1,0 +1,301 @@
+"""The opt-in group as the anchor against poisoning (ALGORITHM.md §7.2).
+
+Anyone can send device messages, so the clients' estimates may carry fake reports; the opt-in estimates cannot
+(the curator sees real users' data). After the blend (§7) every head-list entry and every query is checked
+against its opt-in estimate, and the client side's influence is bounded whatever the reports say:
+
+* **Test.** z_i = (p̂_C,i − p̂_O,i)/σ_D,i with σ²_D = σ²_O + σ²_C, both variances evaluated at the *anchor*
+  a_i = p̂_O,i clamped into [0, 1], which no device can move. Two-sided p-values, Holm's step-down procedure
+  over all entries and queries at family-wise level α: an honest round raises any flag with probability ≤ α.
+  A flagged entry publishes its opt-in estimate alone.
+* **Bound.** Every other entry's published estimate is clamped into p̂_O,i ± κ·s_i, s_i = σ²_O,i/σ_D,i, the
+  standard deviation of (blend − opt-in estimate) in an honest round with fixed weights (s_i ≤ σ_O,i). No
+  fraction of fake reports moves an entry further from its opt-in estimate than κ·s_i (ALGORITHM.md §7.2 proves
+  it and what it means for ranks).
+* **Evidence.** The reports on flagged entries beyond what the population the opt-in estimates describe would
+  send, n·r̂_i − n·r_i(a), summed: a lower estimate of the number of fake reports.
+
+Everything here is a function of two DP releases (the opt-in estimates and the clients' report counts) and of
+public sizes: post-processing, no privacy cost (ALGORITHM.md §7.2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hybriddp.core.errors import parameter_error
+from hybriddp.server.client_estimates import _Geometry, client_variances
+from hybriddp.server.weights import Blended
+
+if TYPE_CHECKING:
+    from hybriddp.core.reportlaw import LocalAlgParams
+    from hybriddp.curator.estimates import OptinEstimates
+    from hybriddp.server.blend import BlendOutput
+    from hybriddp.server.client_estimates import ClientEstimates
+
+DEFAULT_ALPHA = 0.005
+"""Family-wise false-alarm rate of the anchor test per round (Holm): an honest round is flagged at most this often."""
+
+DEFAULT_KAPPA = 0.5
+"""The bound, in honest standard deviations s_i of (blend − opt-in estimate): chosen by ``hybriddp experiment
+poisoning`` (docs/RESULTS.md): an honest entry is clamped with probability ≈ P(|Z| > 2) ≈ 4.6%, by a small amount."""
+
+MEAN_DEFAULT_KAPPA = 3.0
+"""The bound of a mean round (§7.2, §11): one estimate, whose clients' side usually carries most of the weight, so
+a tight bound would give up the blend's gain; at 3 an honest round is bounded with probability 0.27%."""
+
+DEFENSES = ("anchor", "none")
+"""``--defense`` choices: the anchor test and bound (default), or the undefended blend (§7 alone)."""
+
+
+@dataclass(frozen=True)
+class AnchorPolicy:
+    """The defense's knobs: ``alpha`` (family-wise false-alarm rate of the test) and ``kappa`` (the bound in honest
+    standard deviations). ``remove_flagged`` drops flagged entries from what a service publishes (an admin's
+    choice; estimates keep them, with their opt-in values)."""
+
+    alpha: float = DEFAULT_ALPHA
+    kappa: float = DEFAULT_KAPPA
+    remove_flagged: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.alpha, (int, float)) and 0.0 < self.alpha < 1.0):
+            raise parameter_error("anchor alpha (--anchor-alpha)", self.alpha, "strictly between 0 and 1",
+                                  f"The default {DEFAULT_ALPHA} flags an honest round at most 1% of the time.")
+        if not (isinstance(self.kappa, (int, float)) and math.isfinite(self.kappa) and self.kappa >= 0.0):
+            raise parameter_error("anchor bound (--anchor-kappa)", self.kappa, "a finite number >= 0",
+                                  f"The default is {DEFAULT_KAPPA} standard deviations; 0 publishes the opt-in "
+                                  "estimates alone.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"defense": "anchor", "alpha": self.alpha, "kappa": self.kappa}
+
+
+def policy_named(defense: str, alpha: float = DEFAULT_ALPHA, kappa: float = DEFAULT_KAPPA) -> AnchorPolicy | None:
+    """The policy ``--defense`` names: an :class:`AnchorPolicy` for ``anchor``, None for ``none``."""
+    if defense not in DEFENSES:
+        raise parameter_error("defense (--defense)", defense, " or ".join(repr(d) for d in DEFENSES))
+    return AnchorPolicy(alpha, kappa) if defense == "anchor" else None
+
+
+@dataclass
+class Side:
+    """The check of one level (records or queries): per entry z, flag, bound and what was published."""
+
+    z: np.ndarray
+    flagged: np.ndarray
+    bound: np.ndarray  # κ·s_i: the largest distance allowed from the opt-in estimate
+    clamped: np.ndarray  # unflagged entries the bound moved
+    undefended: np.ndarray  # the blend of §7 before the defense
+    defended: Blended
+
+
+@dataclass
+class AnchorCheck:
+    """The anchor check of one round (ALGORITHM.md §7.2): both levels, the evidence and the policy."""
+
+    policy: AnchorPolicy
+    records: Side
+    queries: Side
+    excess_reports: float
+    reports: int
+    critical_z: float = field(default=math.inf)
+
+    @property
+    def fake_fraction_lower(self) -> float:
+        """Excess reports on flagged entries over all reports: a lower estimate of the share of fake reports."""
+        return self.excess_reports / self.reports if self.reports else 0.0
+
+    @property
+    def flagged_any(self) -> bool:
+        return bool(self.records.flagged.any() or self.queries.flagged.any())
+
+    def summary(self) -> dict[str, Any]:
+        """The check as the results document shows it (FORMATS.md, ``anchor_check``)."""
+        r, q = self.records, self.queries
+
+        def moved(side: Side) -> float:
+            d = np.abs(side.defended.p - side.undefended)
+            return float(d[np.isfinite(d)].max(initial=0.0))
+        return {
+            **self.policy.to_dict(),
+            "critical_z": self.critical_z,
+            "flagged_records": int(r.flagged.sum()), "flagged_queries": int(q.flagged.sum()),
+            "clamped_records": int(r.clamped.sum()), "clamped_queries": int(q.clamped.sum()),
+            "max_abs_z": float(max(_max_abs(r.z), _max_abs(q.z))),
+            "excess_reports": self.excess_reports, "fake_fraction_lower": self.fake_fraction_lower,
+            "largest_change_record": moved(r), "largest_change_query": moved(q),
+            "verdict": ("flagged: client reports disagree with the opt-in group beyond chance; flagged entries "
+                        "publish their opt-in estimates" if self.flagged_any else
+                        "no entry's client estimate disagrees with the opt-in group beyond chance"),
+        }
+
+
+def _max_abs(z: np.ndarray) -> float:
+    a = np.abs(z[np.isfinite(z)])
+    return float(a.max(initial=0.0))
+
+
+def holm(p_values: np.ndarray, alpha: float) -> np.ndarray:
+    """Holm's step-down rejections at family-wise level ``alpha``: sort ascending, reject p_(j) while
+    p_(j) ≤ α/(m − j + 1) (j from 1), stop at the first that is not. NaN p-values are never rejected."""
+    p = np.where(np.isnan(p_values), 1.0, p_values)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    ok = p[order] <= alpha / (m - np.arange(m))
+    stop = int(np.argmin(ok)) if not ok.all() else m
+    out = np.zeros(m, dtype=bool)
+    out[order[:stop]] = True
+    return out
+
+
+_ERFC = np.frompyfunc(math.erfc, 1, 1)
+
+
+def two_sided_p(z: np.ndarray) -> np.ndarray:
+    """P(|Z| ≥ |z|) for a standard normal Z (NaN stays NaN)."""
+    z = np.asarray(z, dtype=np.float64)
+    out = np.full(z.shape, np.nan)
+    ok = np.isfinite(z)
+    out[ok] = _ERFC(np.abs(z[ok]) / math.sqrt(2.0)).astype(np.float64)
+    return out
+
+
+MAX_CLEANING_PASSES = 4
+"""At most this many passes of test → remove excess reports → re-estimate (:func:`anchor_blend`)."""
+
+
+def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, policy: AnchorPolicy,
+                 estimate: Callable[[np.ndarray], tuple[ClientEstimates, BlendOutput]],
+                 project: bool) -> tuple[ClientEstimates, BlendOutput, AnchorCheck]:
+    """The defended blend, the client estimates it used and the check (ALGORITHM.md §7.2).
+
+    ``estimate`` maps report counts to (client estimates, undefended blend of §7). Pass 1 tests the reports as
+    received. While entries are flagged, their *excess reports* (beyond what the opt-in estimates imply) are
+    taken out of the counts — fakes dilute every honest entry, and this undoes it — and the clients' estimates,
+    the blend and the test are made again from the cleaned counts; an entry flagged once stays flagged.
+    """
+    from hybriddp.server.blend import BlendOutput, project_to_simplex
+
+    hl = optin.head_list
+    a_r = np.clip(np.nan_to_num(optin.p_record), 0.0, 1.0)
+    a_q = np.clip(np.nan_to_num(optin.p_query), 0.0, 1.0)
+    vo_r, vo_q = optin.variances_at(a_r, a_q)
+    received = np.asarray(counts, dtype=np.float64)
+    n_r = hl.n_entries
+    flags = np.zeros(n_r + hl.k, dtype=bool)
+    cleaned = received
+    first: BlendOutput | None = None
+    for _ in range(MAX_CLEANING_PASSES):
+        client, blended = estimate(np.rint(cleaned).astype(np.int64))
+        if first is None:  # the test's variances: at the largest of the anchor, the clients' estimate and the
+            first = blended  # undefended blend (an opt-in estimate that came out low, even negative, must not
+            x_r = np.maximum(a_r, _unit(client.p_record, first.records.p))  # shrink them: the bound does not
+            x_q = np.maximum(a_q, _unit(client.p_query, first.queries.p))  # depend on them)
+            to_r, to_q = optin.variances_at(x_r, x_q)
+        tc_r, tc_q = client_variances(x_r, x_q, hl, lp, client.n)
+        raw = (_zs(optin.p_record, client.p_record, to_r, tc_r), _zs(optin.p_query, client.p_query, to_q, tc_q))
+        new = flags | holm(two_sided_p(np.concatenate(raw)), policy.alpha)
+        done = bool((new == flags).all())
+        flags = new
+        if done or not flags.any():
+            break
+        cleaned = received - _excess(hl, lp, a_r, a_q, received, flags[:n_r], flags[n_r:])
+    m = flags.size
+    critical = NormalDist().inv_cdf(1.0 - policy.alpha / (2.0 * m)) if m else math.inf
+    assert first is not None
+    vc_r, vc_q = client_variances(a_r, a_q, hl, lp, client.n)  # the bound's: at the anchor alone
+    rec = _side(optin.p_record, optin.var_record, blended.records, raw[0], flags[:n_r], vo_r, vc_r, policy.kappa,
+                first.records.p)
+    qry = _side(optin.p_query, optin.var_query, blended.queries, raw[1], flags[n_r:], vo_q, vc_q, policy.kappa,
+                first.queries.p)
+    excess = float((received - cleaned).sum())
+    p_rec = np.clip(rec.defended.p, 0.0, 1.0)
+    projected = project_to_simplex(rec.defended.p) if project else None
+    out = BlendOutput(Blended(p_rec, rec.defended.var, rec.defended.weight_optin), qry.defended, projected,
+                      np.clip(qry.defended.p, 0.0, 1.0))
+    return client, out, AnchorCheck(policy, rec, qry, excess, int(received.sum()), critical)
+
+
+def _unit(*estimates: np.ndarray) -> np.ndarray:
+    """The elementwise largest of ``estimates``, clamped into [0, 1] (NaN as 0)."""
+    return np.clip(np.maximum.reduce([np.nan_to_num(e) for e in estimates]), 0.0, 1.0)
+
+
+def _zs(p_o: np.ndarray, p_c: np.ndarray, var_o: np.ndarray, var_c: np.ndarray) -> np.ndarray:
+    """(p̂_C − p̂_O)/σ_D; NaN where either group has no data (infinite variance) or σ_D is 0."""
+    sd = np.sqrt(var_o + var_c)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = (np.asarray(p_c, dtype=np.float64) - p_o) / sd
+    return np.where(np.isfinite(sd) & (sd > 0), z, np.nan)
+
+
+def _side(p_o: np.ndarray, var_o_own: np.ndarray, blend: Blended, z: np.ndarray, flagged: np.ndarray,
+          vo: np.ndarray, vc: np.ndarray, kappa: float, undefended: np.ndarray) -> Side:
+    """One level's defense: flagged → the opt-in estimate; otherwise the blend clamped into p̂_O ± κ·s."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s = np.where(np.isfinite(vo) & np.isfinite(vc), vo / np.sqrt(vo + vc), np.inf)
+    bound = kappa * np.where(np.isnan(s), 0.0, s)
+    lo, hi = p_o - bound, p_o + bound
+    clamped = ~flagged & np.isfinite(bound) & ((blend.p < lo) | (blend.p > hi))
+    p = np.where(flagged, p_o, np.where(clamped, np.clip(blend.p, lo, hi), blend.p))
+    var = np.where(flagged, var_o_own, blend.var)
+    w = np.where(flagged, 1.0, blend.weight_optin)
+    return Side(z, flagged, bound, clamped, np.asarray(undefended, dtype=np.float64).copy(), Blended(p, var, w))
+
+
+def _excess(hl: Any, lp: LocalAlgParams, a_r: np.ndarray, a_q: np.ndarray, counts: np.ndarray,
+            flagged_rec: np.ndarray, flagged_q: np.ndarray) -> np.ndarray:
+    """Reports per entry beyond what a population matching the opt-in estimates would send (r(a): LocalAlg's
+    report frequencies at the anchor, ALGORITHM.md §6), on flagged entries and on the entries of flagged queries.
+
+    Each report received is counted against n = the reports that are not excess, found by fixed point (the
+    fakes are not part of the population whose frequencies r(a) describe). A flagged record gives up its own
+    excess; a flagged query gives up its excess over n·r_q(a), taken from its entries in proportion to their
+    own excess (or their counts, when none has any).
+    """
+    r_rec, r_q = _Geometry(hl, lp).frequencies(a_r, a_q)
+    eq, k = hl.entry_query, hl.k
+    total = counts.sum()
+    out = np.zeros_like(counts)
+    for _ in range(20):
+        n = total - out.sum()
+        own = np.maximum(counts - n * r_rec, 0.0)
+        q_excess = np.maximum(np.bincount(eq, weights=counts, minlength=k) - n * r_q, 0.0)
+        basis = np.where(np.bincount(eq, weights=own, minlength=k)[eq] > 0, own, counts)
+        share = basis / np.maximum(np.bincount(eq, weights=basis, minlength=k)[eq], 1e-300)
+        new = np.maximum(np.where(flagged_rec, own, 0.0), np.where(flagged_q[eq], q_excess[eq] * share, 0.0))
+        new = np.minimum(new, counts)
+        if np.abs(new - out).max(initial=0.0) < 0.5:
+            return new
+        out = new
+    return out
+
+
+def anchor_mean(mean_o: float, var_o: float, mean_c: float, var_c: float, blended: float,
+                policy: AnchorPolicy) -> tuple[float, dict[str, Any]]:
+    """The anchor for a mean round (ALGORITHM.md §7.2, §11): one test, z = (μ̂_C − μ̂_O)/√(σ²_O + σ²_C) with the
+    expected squared errors of the two estimates (functions of public sizes and of the opt-in group's σ², which no
+    device moves), at level α; flagged → the opt-in mean, else the hybrid mean clamped into μ̂_O ± κ·σ²_O/σ_D.
+    Returns the published mean and the check's summary."""
+    sd = math.sqrt(var_o + var_c) if var_o + var_c > 0 else 0.0
+    z = (mean_c - mean_o) / sd if sd > 0 and math.isfinite(sd) else math.nan
+    critical = NormalDist().inv_cdf(1.0 - policy.alpha / 2.0)
+    flagged = bool(math.isfinite(z) and abs(z) > critical)
+    bound = policy.kappa * var_o / sd if sd > 0 and math.isfinite(sd) else math.inf
+    if flagged:
+        published = mean_o
+    else:
+        published = min(max(blended, mean_o - bound), mean_o + bound)
+    return published, {**policy.to_dict(), "z": z if math.isfinite(z) else None, "critical_z": critical,
+                       "flagged": flagged, "bound": bound if math.isfinite(bound) else None,
+                       "clamped": (not flagged) and published != blended, "undefended": blended,
+                       "verdict": ("flagged: the devices' mean disagrees with the opt-in group's beyond chance; the "
+                                   "opt-in mean is published" if flagged else
+                                   "the devices' mean agrees with the opt-in group's")}

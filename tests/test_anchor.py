@@ -1,0 +1,172 @@
+"""The opt-in anchor against poisoning (ALGORITHM.md §7.2): the test's calibration and false-alarm rate, the bound
+against any reports, the attacks of issue 28 caught, the fake reports counted, and the results showing it."""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from anchorhelpers import N_C, honest_round
+from hybriddp.core.errors import ParameterError
+from hybriddp.server.anchor import AnchorPolicy, holm, policy_named, two_sided_p
+from hybriddp.server.client_estimates import client_variances
+
+ROUNDS = 1_500
+
+
+def binomial_tail(n: int, p: float, k: int) -> float:
+    """P(X ≥ k) for X ~ Binomial(n, p), summed exactly in log space."""
+    return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p)
+                        + (n - i) * math.log1p(-p)) for i in range(k, n + 1))
+
+
+def test_holm_rejects_what_its_definition_rejects() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        m = int(rng.integers(1, 30))
+        p = np.where(rng.random(m) < 0.3, rng.random(m) * 1e-3, rng.random(m))
+        alpha = float(rng.choice([0.01, 0.05, 0.2]))
+        # the definition: with p sorted ascending, j* = the first j (1-based) with p_(j) > α/(m − j + 1);
+        # reject exactly the hypotheses before it
+        srt = sorted(range(m), key=lambda i: (p[i], i))
+        expect = set()
+        for j, i in enumerate(srt, 1):
+            if p[i] > alpha / (m - j + 1):
+                break
+            expect.add(i)
+        assert set(np.flatnonzero(holm(p, alpha)).tolist()) == expect
+
+
+def test_two_sided_p_is_the_normal_tail() -> None:
+    z = np.array([0.0, 1.0, -1.96, 3.5, -6.0, np.nan])
+    want = [2.0 * (1.0 - NormalDist().cdf(abs(x))) if math.isfinite(x) else math.nan for x in z]
+    np.testing.assert_allclose(two_sided_p(z), want, rtol=1e-9, atol=1e-15)
+
+
+def test_honest_rounds_z_is_standard_normal_and_false_alarms_stay_below_alpha() -> None:
+    """Over honest rounds, every entry's and query's z has mean 0 and variance at most 1 (the test's variances are
+    taken at the largest of the anchor, the clients' estimate and the blend, so it errs on the safe side), and
+    rounds with any flag are no more frequent than α allows (Holm: family-wise rate ≤ α)."""
+    rng = np.random.default_rng(20261127)
+    policy = AnchorPolicy(alpha=0.02)
+    zs, flagged = [], 0
+    for _ in range(ROUNDS):
+        r = honest_round(rng)
+        _, _, check = r.defend(r.counts, policy)
+        zs.append(np.concatenate([check.records.z, check.queries.z]))
+        flagged += check.flagged_any
+    z = np.array(zs)
+    se = 1.0 / math.sqrt(ROUNDS)
+    assert np.abs(z.mean(0)).max() < 5 * se
+    # the variance of a sample variance of normals is 2/(n − 1): 5 s.e. ≈ 0.18 at 1,500 rounds
+    var = z.var(0, ddof=1)
+    assert var.max() < 1.0 + 5 * math.sqrt(2.0 / (ROUNDS - 1)) and var.min() > 0.6
+    assert binomial_tail(ROUNDS, policy.alpha, flagged) > 1e-6, f"{flagged} of {ROUNDS} honest rounds flagged"
+
+
+def test_no_reports_move_an_entry_past_its_bound() -> None:
+    """Whatever the reports, a flagged entry publishes its opt-in estimate, every other lies within κ·s of it, and
+    everything published is a probability (records and queries)."""
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        r = honest_round(rng)
+        n_e = r.hl.n_entries
+        kind = trial % 4
+        if kind == 0:  # everything on one entry
+            counts = r.counts.copy()
+            counts[rng.integers(n_e)] += int(rng.integers(1, 200_000))
+        elif kind == 1:  # arbitrary counts
+            counts = rng.integers(0, 5_000, n_e)
+        elif kind == 2:  # a few entries emptied, others inflated
+            counts = r.counts.copy()
+            counts[rng.choice(n_e, 4, replace=False)] = 0
+            counts[rng.choice(n_e, 2, replace=False)] *= 3
+        else:  # a small push on a random entry
+            counts = r.counts.copy()
+            counts[rng.integers(n_e)] += int(rng.integers(1, 400))
+        kappa = float(rng.choice([0.0, 0.5, 2.0]))
+        _, out, check = r.defend(counts, AnchorPolicy(kappa=kappa))
+        # s = σ²_O/√(σ²_O + σ²_C), both at the anchor (the opt-in estimate clamped into [0, 1]): no report moves it
+        a_r, a_q = np.clip(r.optin.p_record, 0, 1), np.clip(r.optin.p_query, 0, 1)
+        vo_r, vo_q = r.optin.variances_at(a_r, a_q)
+        vc_r, vc_q = client_variances(a_r, a_q, r.hl, r.lp, int(counts.sum()))
+        for side, p_o, published, vo, vc in ((check.records, r.optin.p_record, out.records.p, vo_r, vc_r),
+                                             (check.queries, r.optin.p_query, out.queries_final, vo_q, vc_q)):
+            d = side.defended.p
+            assert np.array_equal(d[side.flagged], p_o[side.flagged])
+            ok = ~side.flagged
+            assert np.all(np.abs(d[ok] - p_o[ok]) <= kappa * vo[ok] / np.sqrt(vo[ok] + vc[ok]) * (1 + 1e-12))
+            assert np.all((published >= 0.0) & (published <= 1.0))
+
+
+def test_direct_attack_is_flagged_published_from_the_opt_in_group_and_counted() -> None:
+    """Issue 28's attack: 1% fakes report one small entry outright. Undefended it jumps to the top; defended it is
+    flagged, publishes its opt-in estimate, and the excess reports come out close to the fakes sent."""
+    rng = np.random.default_rng(11)
+    for _ in range(10):
+        r = honest_round(rng)
+        target = int(np.argmin(np.where(r.hl.is_wildcard, np.inf, r.p)))
+        fakes = N_C // 100
+        counts = r.counts.copy()
+        counts[target] += fakes
+        _, raw = r.estimate(counts)
+        assert raw.records.p[target] > 1.8 * r.p[target]  # the undefended blend about doubles it
+        _, out, check = r.defend(counts)
+        assert check.records.flagged[target]
+        assert out.records.p[target] == pytest.approx(r.optin.p_record[target])
+        assert check.excess_reports > 0.5 * fakes
+    for _ in range(10):  # 5%: the excess is the fakes ± the honest count's noise (sd ≈ √(n·r) ≈ 18) and the
+        r = honest_round(rng)  # anchor's (n·D_q·σ_O ≈ 20,000 · 0.18 · 0.002 ≈ 40 here): 5 sd < 25% of 1,000
+        target = int(np.argmin(np.where(r.hl.is_wildcard, np.inf, r.p)))
+        fakes = N_C // 20
+        counts = r.counts.copy()
+        counts[target] += fakes
+        _, out, check = r.defend(counts)
+        assert abs(check.excess_reports - fakes) < 0.25 * fakes
+        assert check.fake_fraction_lower == pytest.approx(check.excess_reports / counts.sum())
+
+
+def test_cleaning_undoes_the_dilution_of_honest_entries() -> None:
+    """10% fakes on one entry lower every other client estimate (they dilute the honest reports); after their
+    excess is taken out, the others' client estimates are the honest round's again (to a fraction of their s.e.)."""
+    rng = np.random.default_rng(13)
+    r = honest_round(rng)
+    target = 3
+    counts = r.counts.copy()
+    counts[target] += N_C // 10
+    honest, _ = r.estimate(r.counts)
+    attacked, _ = r.estimate(counts)
+    cleaned, _, check = r.defend(counts)
+    others = np.setdiff1d(np.flatnonzero(~check.records.flagged), [target])
+    sd = np.sqrt(honest.var_record[others])
+    assert np.abs(attacked.p_record[others] - honest.p_record[others]).max() > 0.5 * sd.max()  # diluted
+    assert np.all(np.abs(cleaned.p_record[others] - honest.p_record[others]) < 0.3 * sd)
+
+
+def test_many_fakes_cannot_publish_a_probability_above_one_or_below_zero() -> None:
+    """Issue 28: 100,000 fakes gave the target p = 1.65 and every other query a negative value. Now the target is
+    flagged and every published record and query lies in [0, 1]."""
+    rng = np.random.default_rng(17)
+    r = honest_round(rng)
+    counts = r.counts.copy()
+    counts[0] += 100_000
+    _, raw = r.estimate(counts)
+    assert raw.queries_final.max() > 1.0 and raw.queries_final.min() < 0.0  # what the undefended blend publishes
+    _, out, check = r.defend(counts)
+    assert check.records.flagged[0]
+    for published in (out.records.p, out.queries_final):
+        assert published.min() >= 0.0 and published.max() <= 1.0
+
+
+def test_policy_checks_its_knobs() -> None:
+    with pytest.raises(ParameterError, match="--anchor-alpha"):
+        AnchorPolicy(alpha=0.0)
+    with pytest.raises(ParameterError, match="--anchor-kappa"):
+        AnchorPolicy(kappa=-1.0)
+    with pytest.raises(ParameterError, match="--defense"):
+        policy_named("median")
+    assert policy_named("none") is None
+    assert policy_named("anchor", 0.05, 1.0) == AnchorPolicy(0.05, 1.0)

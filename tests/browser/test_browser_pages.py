@@ -364,6 +364,10 @@ def test_round_page_draws_the_chart_and_the_table_of_a_closed_round(demo: DemoSe
     params = page.locator("#params").inner_text()
     assert f"{info['params']['epsilon']:g}" in params and str(info["params"]["head_list_size"]) in params
     assert results["privacy"]["clients"] in page.locator("#privacy").inner_text()
+    # the check against the opt-in group (ALGORITHM.md §7.2): its verdict and numbers, from the results
+    check = page.locator("#check-panel")
+    assert check.is_visible() and results["anchor_check"]["verdict"] in check.inner_text()
+    assert f"{results['anchor_check']['flagged_records']:,}" in page.locator("#check dl").inner_text()
 
     listed = sorted((r for r in results["records"] if not r["wildcard"]), key=lambda r: -r["p_blended"])[:10]
     chart = page.locator("#chart svg[role='img']")

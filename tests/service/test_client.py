@@ -795,3 +795,24 @@ def test_round_lifecycle_commands_abort_delete_upload_twice_and_the_ledger(servi
     other, _ = published_round(service.url)
     report = json.loads(_cli("privacy", "report", service.store_url, "--json").stdout)
     assert other in json.dumps(report) and "u-1" not in json.dumps(report)
+
+
+def test_flagged_results_are_held_at_close_and_published_from_the_command_line(service: Service) -> None:
+    """`round close` holds results the anchor check flags and says so; `round publish-results --flagged remove`
+    publishes them without the flagged entries (ALGORITHM.md §7.2)."""
+    from hybriddp.core.protocol import new_message_id
+
+    rid, admin = published_round(service.url)
+    hl = httpx.get(f"{service.url}/api/v1/rounds/{rid}/headlist").json()
+    target = ("maps", "https://m.example/a")
+    fakes = [{"id": new_message_id(), "headlist": hl["content_hash"],
+              "reports": [{"query": target[0], "url": target[1]}]} for _ in range(400)]
+    assert httpx.post(f"{service.url}/api/v1/rounds/{rid}/reports", json=fakes).json()["counted"] == 400
+    env = {"HYBRIDDP_ADMIN_TOKEN": ADMIN}
+    closed = _cli("round", "close", rid, "--server", service.url, env=env)
+    assert "results-held" in closed.stdout and "held" in closed.stderr and "publish-results" in closed.stderr
+    assert httpx.get(f"{service.url}/api/v1/rounds/{rid}/results").status_code == 409
+    out = _cli("round", "publish-results", rid, "--server", service.url, "--flagged", "remove", "--json", env=env)
+    assert json.loads(out.stdout)["state"] == "results-published"
+    listed = {(q["query"], u["url"]) for q in admin.local_search(rid)["queries"] for u in q["urls"]}
+    assert target not in listed

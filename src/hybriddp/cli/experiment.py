@@ -112,6 +112,7 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
         out, checks = run_poisoning(spec, trials=trials, out_dir=Path(out_dir) if out_dir else None, quick=quick,
                                     progress=progress)
     for c in checks:
-        mark = "[green]holds[/green]" if c["holds"] else "[red]does not hold[/red]"
+        mark = ("reference" if c.get("reference") else "[green]holds[/green]" if c["holds"]
+                else "[red]does not hold[/red]")
         render.out.print(f"{mark}: {c['claim']} — {c['measured']}")
     render.out.print(f"wrote {out}/: trials.csv, summary.csv, poisoning.png, report.md")

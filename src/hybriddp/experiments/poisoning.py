@@ -47,28 +47,37 @@ class PoisoningConfig:
     ranks: tuple[int, int] = (11, 50)  # true ranks of the targets, inclusive
     policy: AnchorPolicy = field(default_factory=AnchorPolicy)
     seed: int = 0
+    honest_trials: int = 0  # honest rounds beyond the attacked trials (false alarms need many: 1% of 40 is 0.4)
 
 
 def poisoning_rows(log: RecordLog, params: BlenderParams, config: PoisoningConfig,
                    progress: Any = None) -> Iterator[dict[str, Any]]:
-    """One row per (trial, attack, φ, defended) and per honest (trial, defended); see the module docstring."""
-    for trial in range(config.trials):
+    """One row per (trial, attack, φ, defended) and per honest (trial, defended); see the module docstring.
+
+    An honest row also records where the trial's target ranks by the opt-in estimates alone (``floor_rank``):
+    what κ = 0 publishes whatever the reports, the floor of every attack's success (ALGORITHM.md §7.2)."""
+    for trial in range(max(config.trials, config.honest_trials)):
         seed = config.seed * 1_000_003 + trial
         run = run_blender(log, params, seed=seed)
         truth, held = ground_truth(run.log, (run.curator.sampled_s, run.curator.sampled_t, run.sampled_c))
         tq, tr = truth_vectors(run.head_list, truth)
         rng = np.random.default_rng([seed, 0x9015])  # the attack's own stream (target, randomizer fakes)
-        yield from _honest_rows(run, trial, truth, held, config)
         order = np.argsort(-tq, kind="stable")  # listed queries by true frequency
         lo, hi = config.ranks
         ranks = np.arange(lo, min(hi, order.size) + 1)
-        if ranks.size == 0:
-            continue
-        rank = int(rng.choice(ranks))
-        target = target_of(run.head_list, int(order[rank - 1]), tr)
-        for attack in config.attacks:
-            for phi in config.fractions:
-                yield from _attack_rows(run, trial, attack, phi, rank, target, config, rng)
+        target = rank = None
+        if ranks.size:
+            rank = int(rng.choice(ranks))
+            target = target_of(run.head_list, int(order[rank - 1]), tr)
+        for row in _honest_rows(run, trial, truth, held, config):
+            if target is not None:
+                floor = _published_rank(np.clip(run.curator.optin.p_query, 0.0, 1.0), target.query)
+                row.update(target_true_rank=rank, floor_rank=floor, floor_success=floor <= TOP)
+            yield row
+        if target is not None and trial < config.trials:
+            for attack in config.attacks:
+                for phi in config.fractions:
+                    yield from _attack_rows(run, trial, attack, phi, rank, target, config, rng)
         if progress is not None:
             progress(trial + 1)
 

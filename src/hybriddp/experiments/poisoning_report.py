@@ -16,6 +16,9 @@ import numpy as np
 from hybriddp.core.atomic import atomic_path, write_text
 from hybriddp.experiments.poisoning import TOP, summarize
 
+HONEST_TRIALS = 200
+"""Honest rounds ``experiment poisoning`` runs at least (its false-alarm verdict needs them: 1% of 40 is 0.4)."""
+
 TARGET_RANK = 20
 """The verdicts count targets of true rank ≥ 20 (issue 28's targets); the tables show every target."""
 
@@ -79,6 +82,13 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                                 f"φ = {worst['fraction']:.1%}; 95% upper bound {bound:.1%})",
                     "holds": rate <= claim.limit})
     honest = {d: [r for r in rows if r["attack"] == "honest" and r["defended"] is d] for d in (False, True)}
+    floor = [r for r in honest[True] if r.get("floor_rank") is not None and r["target_true_rank"] >= TARGET_RANK]
+    if floor:
+        k = sum(r["floor_success"] for r in floor)
+        out.append({"claim": f"floor: the opt-in estimates alone (κ = 0, whatever the reports) put a target of true "
+                             f"rank ≥ {TARGET_RANK} in the top {TOP}",
+                    "measured": f"{k}/{len(floor)} rounds ({k / len(floor):.1%}): no defense anchored on the opt-in "
+                                "group can do better", "holds": True})
     if honest[True]:
         flags = sum(r["flagged_any"] for r in honest[True])
         n = len(honest[True])
@@ -158,7 +168,8 @@ def report(summary: Sequence[dict[str, Any]], checks: Sequence[dict[str, Any]], 
              f"{TOP} published queries. Verdicts count targets of true rank ≥ {TARGET_RANK} "
              "(docs/ALGORITHM.md §7.2 has the defense and its bound).", "", "## Verdicts", "",
              "| claim | measured | verdict |", "|---|---|---|"]
-    lines += [f"| {c['claim']} | {c['measured']} | {'holds' if c['holds'] else 'does not hold'} |" for c in checks]
+    lines += [f"| {c['claim']} | {c['measured']} | "
+              f"{'reference' if c.get('reference') else 'holds' if c['holds'] else 'does not hold'} |" for c in checks]
     lines += ["", "## Every attack and fraction", "",
               "| attack | φ | defended | trials | success | detected | mean rank (true) | flagged rounds |",
               "|---|---|---|---|---|---|---|---|"]
@@ -194,10 +205,11 @@ def run_poisoning(spec: Any, *, trials: int, out_dir: Path | None, quick: bool =
     base = spec.base_point(log)
     params = BlenderParams(epsilon=base.epsilon, delta=base.delta, optin_fraction=base.optin_fraction,
                            f_c=base.f_c, head_list_size=base.head_list_size)
-    config = PoisoningConfig(trials=trials, fractions=(0.01, 0.05) if quick else FRACTIONS, seed=spec.seed)
+    config = PoisoningConfig(trials=trials, fractions=(0.01, 0.05) if quick else FRACTIONS, seed=spec.seed,
+                             honest_trials=trials if quick else max(trials, HONEST_TRIALS))
     start = time.monotonic()
     rows = list(poisoning_rows(log, params, config,
-                               progress=(lambda done: progress(done, trials)) if progress else None))
+                               progress=(lambda done: progress(done, config.honest_trials)) if progress else None))
     out = out_dir or Path("experiments-out") / f"{spec.name}-poisoning"
     policy = AnchorPolicy()
     meta = {"dataset": spec.data_id, "trials": trials, "ε": params.epsilon, "δ": params.delta,

@@ -194,10 +194,10 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     first: BlendOutput | None = None
     for _ in range(MAX_CLEANING_PASSES):
         client, blended = estimate(np.rint(cleaned).astype(np.int64))
-        if first is None:  # the test's variances: at the largest of the anchor, the clients' estimate and the
-            first = blended  # undefended blend (an opt-in estimate that came out low, even negative, must not
-            x_r = np.maximum(a_r, _unit(client.p_record, first.records.p))  # shrink them: the bound does not
-            x_q = np.maximum(a_q, _unit(client.p_query, first.queries.p))  # depend on them)
+        if first is None:  # the test's variances: one opt-in standard deviation above the anchor (an opt-in
+            first = blended  # estimate that came out low, even negative, must not shrink them), which no report
+            x_r = np.clip(a_r + np.sqrt(vo_r), 0.0, 1.0)  # moves
+            x_q = np.clip(a_q + np.sqrt(vo_q), 0.0, 1.0)
             to_r, to_q = optin.variances_at(x_r, x_q)
         tc_r, tc_q = client_variances(x_r, x_q, hl, lp, client.n)
         raw = (_zs(optin.p_record, client.p_record, to_r, tc_r), _zs(optin.p_query, client.p_query, to_q, tc_q))

@@ -11,7 +11,7 @@ import pytest
 
 from anchorhelpers import N_C, honest_round
 from hybriddp.core.errors import ParameterError
-from hybriddp.server.anchor import AnchorPolicy, holm, policy_named, two_sided_p
+from hybriddp.server.anchor import AnchorPolicy, holm, normal_laplace_p, policy_named, two_sided_p
 from hybriddp.server.client_estimates import client_variances
 
 ROUNDS = 1_500
@@ -189,3 +189,16 @@ def test_no_report_moves_the_tests_denominator() -> None:
         sds.append((client.p_record - r.optin.p_record) / check.records.z)
     assert abs(sds[1][3] - sds[0][3]) < 1e-9 * sds[0][3]
     np.testing.assert_allclose(sds[0], sds[1], rtol=1e-9)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.7, 1.0])
+def test_the_normal_laplace_tail_is_the_sums_tail(share: float) -> None:
+    """P(|G + L| ≥ t) for G normal with variance 1 − f and L Laplace with variance f, against 1,000,000 draws of the
+    sum itself (independent of the closed form): within 5 binomial standard errors at t = 1, 2.5, 4."""
+    rng = np.random.default_rng(31)
+    n = 1_000_000
+    x = math.sqrt(1 - share) * rng.standard_normal(n) + rng.laplace(0.0, math.sqrt(share / 2), n)
+    for t in (1.0, 2.5, 4.0):
+        p = float(normal_laplace_p(np.array([t]), np.array([share]))[0])
+        emp = float((np.abs(x) >= t).mean())
+        assert abs(emp - p) < 5 * math.sqrt(p * (1 - p) / n) + 1e-6, (t, emp, p)

@@ -70,7 +70,8 @@ def seed_rounds(client: TestClient) -> dict[str, str]:
         msgs = [randomize_records(doc, [records[i % len(records)]]) for i in range(200)]
         assert client.post(f"{API}/rounds/{rid}/reports", json=msgs).status_code == 200
         if state == "results-published":
-            assert client.post(f"{API}/rounds/{rid}/close", headers=admin, json={"flagged": "publish"}).status_code == 200
+            resp = client.post(f"{API}/rounds/{rid}/close", headers=admin, json={"flagged": "publish"})
+            assert resp.status_code == 200
     r = client.post(f"{API}/rounds", headers=admin, json={"kind": "mean", "params": {"epsilon": 1.0, "lower": 0,
                                                                                        "upper": 10}})
     assert r.status_code == 201, r.text

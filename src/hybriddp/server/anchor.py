@@ -209,7 +209,7 @@ MAX_CLEANING_PASSES = 4
 def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, policy: AnchorPolicy,
                  estimate: Callable[[np.ndarray], tuple[ClientEstimates, BlendOutput]],
                  project: bool) -> tuple[ClientEstimates, BlendOutput, AnchorCheck]:
-    """The defended blend, the client estimates it used and the check (ALGORITHM.md §7.2).
+    """The defended blend, the clients' estimates from the reports as received, and the check (ALGORITHM.md §7.2).
 
     ``estimate`` maps report counts to (client estimates, undefended blend of §7). Pass 1 tests the reports as
     received. While entries are flagged, their *excess reports* (beyond what the opt-in estimates imply) are
@@ -227,8 +227,10 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     flags = np.zeros(n_r + hl.k, dtype=bool)
     cleaned = received
     first: BlendOutput | None = None
+    received_client: ClientEstimates | None = None
     for _ in range(MAX_CLEANING_PASSES):
         client, blended = estimate(np.rint(cleaned).astype(np.int64))
+        received_client = received_client or client
         if first is None:  # the test's variances: one opt-in standard deviation above the anchor (an opt-in
             first = blended  # estimate that came out low, even negative, must not shrink them), which no report
             x_r = np.clip(a_r + np.sqrt(vo_r), 0.0, 1.0)  # moves
@@ -258,7 +260,8 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     projected = project_to_simplex(rec.defended.p) if project else None
     out = BlendOutput(Blended(p_rec, rec.defended.var, rec.defended.weight_optin), qry.defended, projected,
                       np.clip(qry.defended.p, 0.0, 1.0))
-    return client, out, AnchorCheck(policy, rec, qry, excess, int(received.sum()), critical)
+    assert received_client is not None
+    return received_client, out, AnchorCheck(policy, rec, qry, excess, int(received.sum()), critical)
 
 
 def _unit(*estimates: np.ndarray) -> np.ndarray:

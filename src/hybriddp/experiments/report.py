@@ -149,8 +149,9 @@ def write_report(meta: dict[str, Any], figs: dict[str, Figure], points: dict[str
         "stay in the list with true frequency 0); `local-only`'s aggregator holds a dictionary of exactly the "
         "existing records, the strongest local baseline. The paper compares against the numbers *reported* by Qin "
         "et al. (LDPMiner, CCS 2016; NDCG ≈ 0.3), a weaker discovery method than PEM.",
-        f"* `blender` is BLENDER as published (estimator `paper`), what the paper plots; `{DEFAULT_LINE}` is the "
-        f"estimator hybriddp ships by default (`{DEFAULT_ESTIMATOR}`), run with the same seeds, next to it in every "
+        f"* `blender` is BLENDER as published (estimator `paper`, no check against fake reports), what the paper "
+        f"plots; `{DEFAULT_LINE}` is what hybriddp ships by default (estimator `{DEFAULT_ESTIMATOR}`, the server's "
+        "check against the opt-in group on, docs/ALGORITHM.md §7.2), run with the same seeds, next to it in every "
         "figure. The table of lines below names every line's estimator and knobs; trials.csv has them per run "
         "(columns `estimator`, `tuned_f_o`, `tuned_f_c`).",
         f"* `blender-tuned` (Fig. 12) is BLENDER with estimator `{ALGORITHM_ESTIMATORS['blender-tuned']}` and the f_O "

@@ -28,8 +28,9 @@ from hybriddp.core.noise import DiscreteLaplaceNoise
 from hybriddp.core.params import BlenderParams
 from hybriddp.core.records import RecordLog
 from hybriddp.privacy.guarantees import LOCAL, Guarantee, curator_guarantees
+from hybriddp.server.anchor import AnchorPolicy
 from hybriddp.server.blend import project_to_simplex
-from hybriddp.server.party import server_side
+from hybriddp.server.party import DEFAULT_DEFENSE, server_side
 from hybriddp.server.result import Result
 from hybriddp.simulation.evaluate import ground_truth, score, truth_vectors
 from hybriddp.simulation.pipeline import BlenderRun, NoiseFactory, Stages, curator_side, result_from_run, run_blender
@@ -56,11 +57,12 @@ BLENDER_FAMILY = ("blender", "optin-only", "client-only", "blender-pooled")
 def blender_family(
     log: RecordLog, params: BlenderParams, *, seed: int | None = None,
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, stages: Stages | None = None,
-    members: Iterable[str] = BLENDER_FAMILY,
+    members: Iterable[str] = BLENDER_FAMILY, defense: AnchorPolicy | None = DEFAULT_DEFENSE,
 ) -> dict[str, Result]:
     """``blender``, ``optin-only``, ``client-only`` and ``blender-pooled`` (the same estimates blended with
-    pooled weights, ALGORITHM.md §7) from one BLENDER run (paired); only the ``members`` asked for are built."""
-    run = run_blender(log, params, seed=seed, noise_factory=noise_factory, stages=stages)
+    pooled weights, ALGORITHM.md §7) from one BLENDER run (paired); only the ``members`` asked for are built.
+    ``defense``: the server's check (§7.2) of the blends; None gives BLENDER as published."""
+    run = run_blender(log, params, seed=seed, noise_factory=noise_factory, stages=stages, defense=defense)
     members = tuple(members)
     full = result_from_run(run, with_metrics="blender" in members)
     cur = run.curator

@@ -69,9 +69,10 @@ def poisoning_rows(log: RecordLog, params: BlenderParams, config: PoisoningConfi
         if ranks.size:
             rank = int(rng.choice(ranks))
             target = target_of(run.head_list, int(order[rank - 1]), tr)
+        floor = (None if target is None else
+                 _published_rank(np.clip(run.curator.optin.p_query, 0.0, 1.0), target.query))
         for row in _honest_rows(run, trial, truth, held, config):
-            if target is not None:
-                floor = _published_rank(np.clip(run.curator.optin.p_query, 0.0, 1.0), target.query)
+            if floor is not None:
                 row.update(target_true_rank=rank, floor_rank=floor, floor_success=floor <= TOP)
             yield row
         if target is not None and trial < config.trials:

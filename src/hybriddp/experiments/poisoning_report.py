@@ -199,7 +199,6 @@ def run_poisoning(spec: Any, *, trials: int, out_dir: Path | None, quick: bool =
 
     from hybriddp.core.params import BlenderParams
     from hybriddp.experiments.poisoning import FRACTIONS, PoisoningConfig, poisoning_rows
-    from hybriddp.server.anchor import AnchorPolicy
 
     log = spec.load()
     base = spec.base_point(log)
@@ -211,7 +210,7 @@ def run_poisoning(spec: Any, *, trials: int, out_dir: Path | None, quick: bool =
     rows = list(poisoning_rows(log, params, config,
                                progress=(lambda done: progress(done, config.honest_trials)) if progress else None))
     out = out_dir or Path("experiments-out") / f"{spec.name}-poisoning"
-    policy = AnchorPolicy()
+    policy = config.policy
     meta = {"dataset": spec.data_id, "trials": trials, "ε": params.epsilon, "δ": params.delta,
             "opt-in fraction": params.optin_fraction, "M": params.head_list_size, "estimator": params.estimator,
             "defense": f"anchor (α = {policy.alpha}, κ = {policy.kappa})", "target ranks": config.ranks,

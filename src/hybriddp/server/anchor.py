@@ -264,11 +264,6 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     return received_client, out, AnchorCheck(policy, rec, qry, excess, int(received.sum()), critical)
 
 
-def _unit(*estimates: np.ndarray) -> np.ndarray:
-    """The elementwise largest of ``estimates``, clamped into [0, 1] (NaN as 0)."""
-    return np.clip(np.maximum.reduce([np.nan_to_num(e) for e in estimates]), 0.0, 1.0)
-
-
 def _zs(p_o: np.ndarray, p_c: np.ndarray, var_o: np.ndarray, var_c: np.ndarray) -> np.ndarray:
     """(p̂_C − p̂_O)/σ_D; NaN where either group has no data (infinite variance) or σ_D is 0."""
     sd = np.sqrt(var_o + var_c)

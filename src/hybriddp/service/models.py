@@ -15,7 +15,7 @@ from hybriddp.core.estimators import ESTIMATORS, describe_estimators
 from hybriddp.core.params import LN2, MAX_EPSILON_HEAD_LIST, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams
 from hybriddp.core.protocol import ID_PATTERN
 from hybriddp.mean import VARIANCE_SHARE
-from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, MEAN_DEFAULT_KAPPA
+from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, DEFENSES, MEAN_DEFAULT_KAPPA
 from hybriddp.service.store import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS
 
 _D = BlenderParams()
@@ -30,6 +30,19 @@ STATES = Literal["collecting-optin", "building-headlist", "headlist-published", 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+DEFENSE = Field(DEFENSES[0], description="'anchor' (default): test every estimate from the devices against the "
+                "opt-in group's, publish flagged ones from the opt-in group, bound the devices' influence on the rest "
+                "(docs/ALGORITHM.md §7.2); 'none': the undefended blend, which fake devices can steer.")
+ANCHOR_ALPHA = Field(DEFAULT_ALPHA, gt=0, lt=1, description="False-alarm rate of the anchor test per round (Holm "
+                     "over all entries and queries).")
+
+
+def anchor_kappa(default: float) -> Any:
+    """The ``anchor_kappa`` field with a round kind's default (BLENDER 0.5, mean 3: ALGORITHM.md §7.2)."""
+    return Field(default, ge=0, le=1e6, description="The bound: no published estimate lies more than this many "
+                 "standard deviations from its opt-in estimate.")
 
 
 class BlenderParamsIn(_Strict):
@@ -50,14 +63,9 @@ class BlenderParamsIn(_Strict):
     optin_fraction: float = Field(_D.optin_fraction, gt=0, lt=1, description="Not used by the service (whoever "
                                   "enrols is opt-in); kept with the parameters, e.g. to reproduce a simulation.")
     url_level: bool = Field(True, description="Records are (query, clicked URL); false: queries alone.")
-    defense: Literal["anchor", "none"] = Field(
-        "anchor", description="'anchor' (default): test every estimate from the devices against the opt-in group's, "
-        "publish flagged ones from the opt-in group, bound the devices' influence on the rest (docs/ALGORITHM.md "
-        "§7.2); 'none': the undefended blend, which fake devices can steer.")
-    anchor_alpha: float = Field(DEFAULT_ALPHA, gt=0, lt=1, description="False-alarm rate of the anchor test per "
-                                "round (Holm over all entries and queries).")
-    anchor_kappa: float = Field(DEFAULT_KAPPA, ge=0, le=1e6, description="The bound: no published estimate lies "
-                                "more than this many standard deviations from its opt-in estimate.")
+    defense: Literal[DEFENSES] = DEFENSE  # type: ignore[valid-type]  # the server's choices
+    anchor_alpha: float = ANCHOR_ALPHA
+    anchor_kappa: float = anchor_kappa(DEFAULT_KAPPA)
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 
@@ -72,14 +80,9 @@ class MeanParamsIn(_Strict):
                                                          "privately from the opt-in group.")
     variance_share: float = Field(VARIANCE_SHARE, gt=0, lt=1, description="Share of the opt-in budget spent on "
                                                                           "σ² when it is not given.")
-    defense: Literal["anchor", "none"] = Field(
-        "anchor", description="'anchor' (default): test every estimate from the devices against the opt-in group's, "
-        "publish flagged ones from the opt-in group, bound the devices' influence on the rest (docs/ALGORITHM.md "
-        "§7.2); 'none': the undefended blend, which fake devices can steer.")
-    anchor_alpha: float = Field(DEFAULT_ALPHA, gt=0, lt=1, description="False-alarm rate of the anchor test per "
-                                "round (Holm over all entries and queries).")
-    anchor_kappa: float = Field(MEAN_DEFAULT_KAPPA, ge=0, le=1e6, description="The bound: no published estimate lies "
-                                "more than this many standard deviations from its opt-in estimate.")
+    defense: Literal[DEFENSES] = DEFENSE  # type: ignore[valid-type]  # the server's choices
+    anchor_alpha: float = ANCHOR_ALPHA
+    anchor_kappa: float = anchor_kappa(MEAN_DEFAULT_KAPPA)
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 

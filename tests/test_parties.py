@@ -106,7 +106,9 @@ def test_reuse_release_round_trips_and_is_validated(log) -> None:
     rel, _ = curate(log, params, optin_users=optin, seed=21)
     h, e = json.loads(json.dumps([rel.headlist, rel.estimates]))
     assert e["version"] == 3 and e["n_s"] == run.curator.optin.n_s > 0
+    assert e["s_corrected"] is True  # S's counts corrected for having passed τ (ALGORITHM.md §4.1)
     back = release_from_documents(h, e)
+    assert back.optin.kept == run.curator.optin.kept is not None
     assert np.array_equal(back.optin.var_record, run.curator.optin.var_record)
     assert np.array_equal(back.optin.var_query, run.curator.optin.var_query)
     assert back.optin.reused.sum() == back.head_list.n_records  # every kept record reuses its S count
@@ -123,11 +125,15 @@ def test_reuse_release_round_trips_and_is_validated(log) -> None:
     for fields, match in [({"reused": e["reused"][:-1]}, "reused"), ({"reused": [2] * len(e["reused"])}, "reused"),
                           ({"reused": [*e["reused"][:-1], 1]}, f"entry {star}"), ({"n_s": -1}, "n_s"),
                           ({"version": 2}, "estimator"), ({"version": 4}, "version"),
-                          ({"params": {**e["params"], "estimator": "pooled"}}, "estimator")]:
+                          ({"params": {**e["params"], "estimator": "pooled"}}, "estimator"),
+                          ({"s_corrected": "yes"}, "s_corrected")]:
         with pytest.raises(DataError, match=match):
             release_from_documents(h, broken(**fields))
     with pytest.raises(DataError, match="curator's choice"):
         serve_estimates(back, np.ones(back.head_list.n_entries, dtype=np.int64), estimator="pooled")
+    old = {k: v for k, v in e.items() if k not in ("s_corrected", "content_hash")}  # written before the correction
+    old["content_hash"] = content_hash(old)
+    assert release_from_documents(h, old).optin.kept is None  # pooled as released, blended as before
 
 
 def test_a_release_written_before_the_estimator_field_reads_as_the_papers(log) -> None:

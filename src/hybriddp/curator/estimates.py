@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybriddp.core.headlist import HeadList
+from hybriddp.curator.kept import KeptCount
 
 
 @dataclass
@@ -16,7 +17,8 @@ class OptinEstimates:
 
     Arrays indexed by entry of ``head_list`` (record level) or by query position (query
     level); ``draws_*`` is J, the number of noise draws an estimate sums. ``reused`` marks the
-    records whose estimate also counts S (ALGORITHM.md §4.1; None: none does), whose |D_S| is ``n_s``.
+    records whose estimate also counts S (ALGORITHM.md §4.1; None: none does), whose |D_S| is ``n_s``;
+    ``kept`` is the correction their S counts got for having passed τ (None: pooled as released, §4.1).
     """
 
     head_list: HeadList
@@ -31,6 +33,7 @@ class OptinEstimates:
     reused: np.ndarray | None = None
     n_s: int = 0  # |D_S|, when records reuse S
     s_counts: np.ndarray | None = None  # curator only: S's released count per final entry (NaN: none)
+    kept: KeptCount | None = None
 
     def variances_at(self, p_record: np.ndarray, p_query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """σ̂²_O of every record and query evaluated at the given probabilities: the estimates' own
@@ -41,15 +44,27 @@ class OptinEstimates:
         """σ̂²_O of every record at ``p_record``; elementwise, so the last axis is the entries and any
         leading axes broadcast (ALGORITHM.md §4, §4.1)."""
         n = self.n if self.reused is None else np.where(self.reused, self.n + self.n_s, self.n)
-        return optin_variance(p_record, self.draws_record, n, self.noise_variance)
+        return optin_variance(p_record, self.draws_record, n, self.noise_variance) + self._excess(p_record)
+
+    def _excess(self, p_record: np.ndarray) -> np.ndarray | float:
+        """What correcting S's counts for τ adds to each record's variance (0 without the correction; §4.1):
+        Var(X̃ | kept) − Var X over (|D_S| + |D_T|)², on the reused records."""
+        if self.kept is None or self.reused is None:
+            return 0.0
+        n = self.n + self.n_s
+        return np.where(self.reused, self.kept.reported_excess(p_record), 0.0) / (n * n)
 
     def query_variances_at(self, p_query: np.ndarray, p_record: np.ndarray) -> np.ndarray:
         """σ̂²_O of every query at ``p_query`` (last axis: queries; leading axes broadcast), with the records
         at ``p_record`` (1-D) where a query's variance also depends on its records' (reused S, §4.1)."""
         if self.reused is None:
             return optin_variance(p_query, self.draws_query, self.n, self.noise_variance)
-        return reuse_query_variances(p_record, p_query, self.draws_record, self.reused, self.head_list.entry_query,
-                                     self.n, self.n_s, self.noise_variance)
+        pooled = reuse_query_variances(p_record, p_query, self.draws_record, self.reused, self.head_list.entry_query,
+                                       self.n, self.n_s, self.noise_variance)
+        if self.kept is None:
+            return pooled
+        excess = np.broadcast_to(self._excess(np.asarray(p_record, dtype=np.float64)), np.shape(p_record))
+        return pooled + np.bincount(self.head_list.entry_query, weights=excess, minlength=self.head_list.k)
 
 
 def optin_variance(p: np.ndarray, draws: np.ndarray, n: int | np.ndarray, noise_variance: float) -> np.ndarray:

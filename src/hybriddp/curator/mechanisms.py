@@ -17,6 +17,7 @@ from hybriddp.core.headlist import HeadList, record_keys, split_keys
 from hybriddp.core.noise import NoiseSource
 from hybriddp.core.params import check_head_list_params, check_positive_int, head_list_scale
 from hybriddp.curator.estimates import OptinEstimates
+from hybriddp.curator.kept import KeptCount
 
 if TYPE_CHECKING:
     from hybriddp.privacy.ledger import Charge
@@ -151,22 +152,24 @@ def estimate_optin_probabilities(
 
 
 def _estimates(hl: HeadList, p_rec: np.ndarray, j_rec: np.ndarray, n: int, var_y: float, reused: np.ndarray | None,
-               n_s: int, s_counts: np.ndarray | None) -> OptinEstimates:
+               n_s: int, s_counts: np.ndarray | None, kept: KeptCount | None = None) -> OptinEstimates:
     """Query sums and every variance from the record estimates (ALGORITHM.md §4, §4.1)."""
     p_query = np.bincount(hl.entry_query, weights=p_rec)  # length hl.k: ⟨*,*⟩ is last
     j_query = np.bincount(hl.entry_query, weights=j_rec).astype(np.int64)
-    est = OptinEstimates(hl, p_rec, p_rec, j_rec, p_query, p_query, j_query, n, var_y, reused, n_s, s_counts)
+    est = OptinEstimates(hl, p_rec, p_rec, j_rec, p_query, p_query, j_query, n, var_y, reused, n_s, s_counts, kept)
     est.var_record, est.var_query = est.variances_at(p_rec, p_query)
     return est
 
 
-def reuse_s(optin: OptinEstimates) -> OptinEstimates:
+def reuse_s(optin: OptinEstimates, kept: KeptCount | None = None) -> OptinEstimates:
     """Reuse S (ALGORITHM.md §4.1): every final record with a released S count is estimated from S ∪ T,
 
-      p̂_O,r = (N̂_S,r + N̂_T,r)/(|D_S| + |D_T|),  J_r = 2,
+      p̂_O,r = (X̃_r + N̂_T,r)/(|D_S| + |D_T|),  J_r = 2,
 
-    the other entries (wildcards) stay T's. Needs estimates made with ``s_counts``; estimates that
-    already reuse S come back unchanged.
+    with X̃_r S's released count corrected for having passed τ by ``kept`` (:mod:`hybriddp.curator.kept`:
+    unbiased given that the record was listed), or the count as released when ``kept`` is None. The other
+    entries (wildcards) stay T's. Needs estimates made with ``s_counts``; estimates that already reuse S
+    come back unchanged.
     """
     if optin.reused is not None:
         return optin
@@ -175,9 +178,12 @@ def reuse_s(optin: OptinEstimates) -> OptinEstimates:
                          "estimate_optin_probabilities)")
     reused = np.isfinite(optin.s_counts)
     n = optin.n + optin.n_s
-    p_rec = np.where(reused, (optin.p_record * optin.n + np.nan_to_num(optin.s_counts)) / max(n, 1), optin.p_record)
+    x = np.nan_to_num(optin.s_counts)
+    if kept is not None:
+        x = np.where(reused, kept.corrected(x), 0.0)
+    p_rec = np.where(reused, (optin.p_record * optin.n + x) / max(n, 1), optin.p_record)
     return _estimates(optin.head_list, p_rec, optin.draws_record + reused, optin.n, optin.noise_variance, reused,
-                      optin.n_s, optin.s_counts)
+                      optin.n_s, optin.s_counts, kept)
 
 
 def require_nonempty(hl: HeadList, *, tau: float, epsilon: float, delta: float, m_o: int, n_optin_users: int,

@@ -33,6 +33,7 @@ from hybriddp.core.records import RecordLog, SampledRecords, sample_records
 from hybriddp.core.rng import stage_rng
 from hybriddp.core.stages import Stages
 from hybriddp.curator.estimates import OptinEstimates
+from hybriddp.curator.kept import kept_count_for
 from hybriddp.curator.mechanisms import (
     create_head_list_with_counts,
     estimate_optin_probabilities,
@@ -125,8 +126,8 @@ def curator_side(
             head_list_size=params.head_list_size, noise=noise_for(noise_factory, seed, "optin_noise"),
             url_level=log.has_urls, backend=backend, s_counts=s_counts, n_s=len(d_s),
             rank_with_s=reuses)
-    if reuses:
-        optin = reuse_s(optin)
+    if reuses:  # S's counts corrected for having passed τ (ALGORITHM.md §4.1)
+        optin = reuse_s(optin, kept_count_for(params.epsilon, params.delta, params.m_o, noise_s.name, len(d_s)))
     return CuratorOutput(hl_s, optin, d_s, d_t, len(users_s), len(users_t), noise_s.name, tau, users_s, users_t)
 
 

@@ -8,7 +8,9 @@
   parameters, the noise, public sizes; it names the head list's hash in ``headlist`` and has
   its own ``content_hash``. Only the server that blends reads it. Version 3 adds ``reused`` (1 for
   a record estimated from S ∪ T, ALGORITHM.md §4.1) and ``n_s`` = |D_S|; it is written only when S
-  is reused, so releases without reuse stay version 2.
+  is reused, so releases without reuse stay version 2. ``s_corrected: true`` says S's counts were
+  corrected for having passed τ (§4.1), which changes the records' variances; files without it pooled
+  them as released and are blended as before.
 
 A seeded release gives no privacy (its noise is reproducible by anyone who knows the seed): both
 documents then say ``"non_private": true``. The head list carries the key only when seeded, so an
@@ -37,6 +39,7 @@ from hybriddp.core.protocol import content_hash
 from hybriddp.core.records import Vocabulary
 from hybriddp.core.rng import SEED_WARNING
 from hybriddp.curator.estimates import OptinEstimates
+from hybriddp.curator.kept import kept_count_for
 from hybriddp.privacy.guarantees import Guarantee, curator_guarantees
 from hybriddp.privacy.ledger import Charge
 
@@ -133,6 +136,8 @@ def estimates_document(optin: OptinEstimates, headlist_doc: dict[str, Any], para
     }
     if optin.reused is not None:
         doc.update(reused=[int(x) for x in optin.reused.tolist()], n_s=int(optin.n_s))
+        if optin.kept is not None:  # S's counts corrected for having passed τ (ALGORITHM.md §4.1)
+            doc["s_corrected"] = True
     if seed is not None:
         doc["warning"] = SEED_WARNING
     for key in ("p_record", "p_query"):
@@ -237,6 +242,9 @@ def _check_reuse(doc: dict[str, Any], source: str, hl: HeadList, draws: np.ndarr
         raise _fail(source, "reused", got, f"it must be a list of {hl.n_entries} values 0 or 1 (one per head-list "
                     "entry); pass the estimates file written with this head list")
     reused = np.asarray(v, dtype=bool)
+    if "s_corrected" in doc and not isinstance(doc["s_corrected"], bool):
+        raise _fail(source, "s_corrected", doc["s_corrected"], "it must be true or false (whether S's counts were "
+                    "corrected for having passed τ); use the file `hybriddp headlist` wrote")
     bad = np.flatnonzero(reused & ((draws < 2) | (hl.is_wildcard & (hl.entry_query == hl.k - 1))))
     if len(bad):
         raise _fail(source, "reused", f"entry {int(bad[0])}", "a reused record sums two noise draws (draws_record "
@@ -310,6 +318,10 @@ def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_so
         raise _fail(estimates_source, "params", {"estimator": params.estimator}, f"a version {edoc['version']} file "
                     f"{'does not reuse' if reused is None else 'reuses'} S, which estimator {params.estimator!r} "
                     f"{'needs' if reused is None else 'does not do'}; use the file `hybriddp headlist` wrote")
-    optin = OptinEstimates(hl, p_rec, p_rec, j_rec, p_q, p_q, j_q, n, var_y, reused, int(edoc.get("n_s", 0)))
+    n_s = int(edoc.get("n_s", 0))
+    kept = None  # a file without s_corrected (written before the correction) pooled S's counts as released
+    if reused is not None and edoc.get("s_corrected") is True:
+        kept = kept_count_for(params.epsilon, params.delta, params.m_o, str(edoc["noise"]), n_s)
+    optin = OptinEstimates(hl, p_rec, p_rec, j_rec, p_q, p_q, j_q, n, var_y, reused, n_s, None, kept)
     optin.var_record, optin.var_query = optin.variances_at(p_rec, p_q)
     return CuratorRelease(hdoc, edoc, hl, qv, uv, optin, params, str(edoc["noise"]), edoc.get("seed"))

@@ -22,6 +22,7 @@ from hybriddp.core.estimators import Blend, Release, estimator_named
 from hybriddp.core.noise import DiscreteLaplaceNoise
 from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
 from hybriddp.curator.estimates import OptinEstimates
+from hybriddp.curator.kept import kept_count_for
 from hybriddp.curator.mechanisms import create_head_list_with_counts, estimate_optin_probabilities, reuse_s
 from hybriddp.server.blend import blend_strategy
 from hybriddp.server.client_estimates import estimate_client_probabilities
@@ -122,7 +123,8 @@ def _releases(pop: Population, counts_s: np.ndarray, counts_t: np.ndarray, setti
             pop.query[rt], pop.url[rt], hl_s, epsilon=setting.epsilon, m_o=1, head_list_size=setting.head_list_size,
             noise=DiscreteLaplaceNoise(np.random.default_rng([seed, 2])), s_counts=s_counts, n_s=n_s,
             rank_with_s=reuses)
-        out[rel] = reuse_s(est) if reuses else est  # as a CuratorRelease does
+        kept = kept_count_for(setting.epsilon, setting.delta, 1, DiscreteLaplaceNoise.name, n_s)
+        out[rel] = reuse_s(est, kept) if reuses else est  # as a curator round does
     return out
 
 

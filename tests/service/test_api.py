@@ -38,6 +38,7 @@ from storehelpers import published_round
 
 ADMIN = "admin-token-of-the-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
+JSON = {"Content-Type": "application/json"}
 API = "/api/v1"
 PARAMS = {"epsilon": 8.0, "delta": 1e-5, "head_list_size": 10, "m_c": 2}
 OPTIN_RECORDS = ([("weather", "https://w.example/a")] * 16 + [("weather", "https://w.example/b")] * 12
@@ -256,7 +257,8 @@ def test_blender_round_lifecycle_over_http(client: TestClient, store_url: str) -
     assert published["headlist"] == hl and published["estimates"] == estimates
     assert published["counts"] == counts.counts.tolist() and published["messages"] == 301
 
-    metrics = client.get("/metrics").text
+    assert client.get("/metrics").status_code == 401  # behind the admin token unless --public-metrics
+    metrics = client.get("/metrics", headers=AUTH).text
     assert 'hybriddp_reports_total{result="accepted"} 301' in metrics
     assert 'hybriddp_reports_total{result="duplicate"} 21' in metrics
     assert 'hybriddp_rounds{state="results-published"} 1' in metrics
@@ -290,37 +292,43 @@ def test_bad_reports_are_refused_with_a_json_4xx_and_nothing_is_stored(client: T
     error_of(post_reports(client, rid, {"id": new_message_id(), "round": rid, "value": 1.0}), 422, "invalid_data")
     error_of(post_reports(client, rid, "a string"), 422, "invalid_data")
 
-    error_of(client.post(url, content=b'{"id": '), 400, "malformed_body", "not valid JSON")
-    error_of(client.post(url, content=b'{"id": NaN}'), 400, "malformed_body")
-    error_of(client.post(url, content=b"\xff\xfe{}"), 400, "malformed_body", "not UTF-8")
-    error_of(client.post(url, content=b""), 400, "malformed_body", "empty")
-    error_of(client.post(url, content=b"[]"), 400, "malformed_body", "empty array")
-    error_of(client.post(url, content=b"[" * 100_000 + b"]" * 100_000), 400, "malformed_body")
+    error_of(client.post(url, content=json.dumps(good).encode()), 415, "unsupported_media_type", "no Content-Type")
+    error_of(client.post(url, content=b'{"id": ', headers=JSON), 400, "malformed_body", "not valid JSON")
+    error_of(client.post(url, content=b'{"id": NaN}', headers=JSON), 400, "malformed_body")
+    error_of(client.post(url, content=b"\xff\xfe{}", headers=JSON), 400, "malformed_body", "not UTF-8")
+    error_of(client.post(url, content=b"", headers=JSON), 400, "malformed_body", "empty")
+    error_of(client.post(url, content=b"[]", headers=JSON), 400, "malformed_body", "empty array")
+    error_of(client.post(url, content=b"[" * 100_000 + b"]" * 100_000, headers=JSON), 400, "malformed_body")
     error_of(client.post(url, content=json.dumps(good).encode(), headers={"Content-Type": "text/plain"}), 415,
              "unsupported_media_type")
     error_of(client.post(url, content=(json.dumps(good) + "\n{oops\n").encode(),
                          headers={"Content-Type": "application/x-ndjson"}), 400, "malformed_body", "NDJSON line 2")
-    error_of(client.post(url, content=(json.dumps(good) + json.dumps(good)).encode()), 400, "malformed_body",
-             "application/x-ndjson")
+    error_of(client.post(url, content=(json.dumps(good) + json.dumps(good)).encode(), headers=JSON), 400,
+             "malformed_body", "application/x-ndjson")
     error_of(post_reports(client, "AAAAAAAAAAAAAAAAAAAAAA", good), 404, "not_found")
 
     rnd = client.get(f"{API}/rounds/{rid}").json()
     assert rnd["state"] == "headlist-published" and rnd["counts"]["messages"] == 0
     assert rows_of(store_url, "messages", rid) + rows_of(store_url, "messages_recent", rid) == 0
-    assert 'hybriddp_reports_total{result="refused"} ' in client.get("/metrics").text
+    assert 'hybriddp_reports_total{result="refused"} ' in client.get("/metrics", headers=AUTH).text
 
 
 def test_bodies_over_the_size_limit_get_413(store_url: str) -> None:
+    with TestClient(create_app(store_url, ADMIN)) as client:
+        rid, _ = blender_round(client)
     with TestClient(create_app(store_url, ADMIN, max_body_bytes=4096)) as client:
         big = b"[" + b" " * 5000 + b"]"
-        url = f"{API}/rounds/AAAAAAAAAAAAAAAAAAAAAA/reports"
-        error_of(client.post(url, content=big), 413, "body_too_large", "4,096 bytes")
+        url = f"{API}/rounds/{rid}/reports"
+        error_of(client.post(url, content=big, headers=JSON), 413, "body_too_large", "4,096 bytes")
+        # the round is checked before the body is read: an unknown round is 404 whatever the body
+        error_of(client.post(f"{API}/rounds/AAAAAAAAAAAAAAAAAAAAAA/reports", content=big, headers=JSON), 404,
+                 "not_found")
 
         def chunks() -> Iterator[bytes]:  # no Content-Length: the limit counts the streamed bytes
             for _ in range(10):
                 yield b" " * 1000
 
-        error_of(client.post(url, content=chunks()), 413, "body_too_large")
+        error_of(client.post(url, content=chunks(), headers=JSON), 413, "body_too_large")
         error_of(client.post(f"{API}/rounds", content=chunks(), headers={**AUTH, "Content-Type": "application/json"}),
                  413, "body_too_large")
         assert client.get("/health").status_code == 200
@@ -347,7 +355,8 @@ def test_the_declared_reports_route_answers_as_the_fast_path_does(store_url: str
         def answers(seed: int) -> list[tuple[int, Any]]:
             batch = device_messages(hl, 5, seed=seed)  # new message ids at every call
             out = [client.post(url, json=batch), client.post(url, json=batch[:2]),
-                   client.post(url, json=dict(batch[0], id="short")), client.post(url, content=b'{"id": '),
+                   client.post(url, json=dict(batch[0], id="short")),
+                   client.post(url, content=b'{"id": ', headers=JSON),
                    client.post(url, content=b"{}", headers={"Content-Type": "text/plain"}),
                    client.post(f"{API}/rounds/AAAAAAAAAAAAAAAAAAAAAA/reports", json=batch)]
             return [(r.status_code, r.json()) for r in out]
@@ -544,7 +553,7 @@ def test_migrations_create_exactly_the_schema(store_url: str) -> None:
     try:
         with store.engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0004"
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0005"
     finally:
         store.close()
 

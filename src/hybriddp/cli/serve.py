@@ -103,12 +103,24 @@ def save_token(path: Path, token: str) -> None:
               help="TESTING ONLY: accept rounds created with a seed. A seeded round gives NO privacy (anyone who "
                    "knows the seed regenerates its noise); such rounds are marked non-private in the API, the pages "
                    "and the ledger, and their seed is never published. Off: seeded rounds are refused (HTTP 403).")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="An origin (scheme://host[:port]) whose pages may call this API from a browser; repeat for more. "
+                   "Default: none: browsers may send state-changing requests (reports, uploads, admin) only from "
+                   "this server's own pages, and cross-site ones are refused with 403 (docs/DEPLOYMENT.md). A TLS "
+                   "proxy that rewrites the Host header must list the public origin here.")
+@click.option("--public-metrics", is_flag=True,
+              help="Serve /metrics without the administrator token (for a scraper on a private network). Default: "
+                   "/metrics needs 'Authorization: Bearer <admin token>'.")
+@click.option("--limit-concurrency", type=click.IntRange(16), default=1024, show_default=True,
+              help="Open connections and tasks per server process beyond which new requests get 503 at once "
+                   "(uvicorn's limit): slow or unfinished requests cannot pile up without bound.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="Uvicorn's log level. Access logs (with client addresses) are never written.")
 def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_token_file: str | None,
               lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
               check_workers: int | None, workers: int, demo: bool, optin_max_records: int, optin_max_bytes: int,
-              allow_seeds: bool, log_level: str) -> None:
+              allow_seeds: bool, cors_origins: tuple[str, ...], public_metrics: bool, limit_concurrency: int,
+              log_level: str) -> None:
     """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
 
     Opt-in users upload raw records with their own tokens; an administrator publishes the head list
@@ -134,7 +146,8 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS
     if check_workers is None:
         check_workers = max(1, DEFAULT_CHECK_WORKERS // workers)
-    limits = {"optin_max_records": optin_max_records, "optin_max_bytes": optin_max_bytes, "allow_seeds": allow_seeds}
+    limits = {"optin_max_records": optin_max_records, "optin_max_bytes": optin_max_bytes, "allow_seeds": allow_seeds,
+              "cors_origins": list(cors_origins), "public_metrics": public_metrics}
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
                      lifetime_delta=lifetime_delta, check_workers=check_workers, **limits)
     if allow_seeds:
@@ -157,8 +170,11 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
             click.echo(f"collecting round page: http://{host}:{port}/rounds/{collecting_round}")
     # client addresses are never used: not even X-Forwarded-For is read (proxy_headers=False)
     # http: uvicorn's httptools protocol sending each response in one write (hybriddp.service.http)
+    # limit_concurrency: 503 beyond it; timeout_keep_alive: idle connections closed after 5 s; a request body
+    # that stalls is refused after service.bodies.BODY_TIMEOUT_S
     options = {"host": host, "port": port, "log_level": log_level, "access_log": False, "server_header": False,
-               "proxy_headers": False, "http": "hybriddp.service.http:Protocol"}
+               "proxy_headers": False, "http": "hybriddp.service.http:Protocol",
+               "limit_concurrency": limit_concurrency, "timeout_keep_alive": 5}
     if workers > 1:  # the database is set up (migrated, recovered); each worker builds its own app on it
         store.close()
         os.environ[WORKER_CONFIG] = json.dumps({
@@ -188,7 +204,8 @@ def worker_app() -> object:
     token = Path(cfg["token_file"]).read_text(encoding="utf-8").strip()
     app = create_app(cfg["db_url"], token, max_body_bytes=cfg["max_body_bytes"],
                      check_workers=cfg["check_workers"], recover=False, allow_seeds=cfg["allow_seeds"],
-                     optin_max_records=cfg["optin_max_records"], optin_max_bytes=cfg["optin_max_bytes"])
+                     optin_max_records=cfg["optin_max_records"], optin_max_bytes=cfg["optin_max_bytes"],
+                     cors_origins=tuple(cfg["cors_origins"]), public_metrics=cfg["public_metrics"])
     watch_parent(cfg["parent"])
     tune_interpreter()
     return app

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -31,7 +31,8 @@ from hybriddp.service import closing, pages
 from hybriddp.service import models as m
 from hybriddp.service.bodies import BodyLimit
 from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS, CheckPool
-from hybriddp.service.errors import describe_errors, error_payload
+from hybriddp.service.errors import cut_message, describe_errors, error_payload
+from hybriddp.service.guard import Guard, normalize_origin
 from hybriddp.service.metrics import LatencyMiddleware, Metrics
 from hybriddp.service.reports import ReportsEndpoint
 from hybriddp.service.routers import ROUTERS
@@ -51,7 +52,8 @@ PURGE_INTERVAL_S = 60.0
 # ----- errors -----------------------------------------------------------------------------------
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """The one error shape of the API."""
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+    return JSONResponse({"error": {"code": code, "message": cut_message(message)}}, status_code=status,
+                        headers=headers)
 
 
 async def _hybriddp_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -72,7 +74,7 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
 
 
 _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-               405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
+               405: "method_not_allowed", 408: "body_timeout", 413: "body_too_large", 415: "unsupported_media_type"}
 
 
 async def _http_error(_request: Request, exc: Exception) -> Response:
@@ -116,12 +118,16 @@ class ServiceApp(FastAPI):
     route of :mod:`hybriddp.service.routers.devices`, which answers through the same code.
     """
 
-    def __init__(self, reports: ReportsEndpoint, **kwargs: Any) -> None:
+    def __init__(self, reports: ReportsEndpoint, guard: Guard, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.reports = reports
+        self.guard = guard
         self.divert_reports = True
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.guard(self._serve, scope, receive, send)  # cross-site refusals, CORS, security headers
+
+    async def _serve(self, scope: Any, receive: Any, send: Any) -> None:
         round_id = self.reports.round_of(scope) if self.divert_reports else None
         if round_id is None:
             await super().__call__(scope, receive, send)
@@ -133,7 +139,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                lifetime_epsilon: float | None = None, lifetime_delta: float | None = None,
                check_workers: int = DEFAULT_CHECK_WORKERS, recover: bool = True, allow_seeds: bool = False,
                optin_max_records: int = DEFAULT_OPTIN_MAX_RECORDS,
-               optin_max_bytes: int = DEFAULT_OPTIN_MAX_BYTES) -> FastAPI:
+               optin_max_bytes: int = DEFAULT_OPTIN_MAX_BYTES, cors_origins: Sequence[str] = (),
+               public_metrics: bool = False) -> FastAPI:
     """The service on the database at ``db_url`` (migrated to the newest schema on the way).
 
     ``admin_token``: the administrators' bearer token (at least 16 characters).
@@ -144,6 +151,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     (experiment) rounds, which give no privacy (``hybriddp serve --insecure-testing-seeds``); refused
     otherwise. ``optin_max_records``/``optin_max_bytes``: each opt-in token's upload quota per round.
     Raw opt-in data past a round's retention deadline are purged every :data:`PURGE_INTERVAL_S`.
+    ``cors_origins``: other origins whose pages may call the API (:mod:`hybriddp.service.guard`; none by default).
+    ``public_metrics``: serve ``/metrics`` without the admin token (off by default).
     ``app.state.store`` is the :class:`Store`; it is closed when the app shuts down.
     """
     if not isinstance(admin_token, str) or len(admin_token.strip()) < MIN_ADMIN_TOKEN:
@@ -151,6 +160,13 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                               "Leave out --admin-token-file and `hybriddp serve` generates a random one.")
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
         raise parameter_error("max body bytes (--max-body-bytes)", max_body_bytes, "an integer >= 1024")
+    for origin in cors_origins:
+        try:
+            normalize_origin(origin)
+        except ValueError:
+            raise parameter_error("CORS origin (--cors-origin)", origin[:80], "an origin such as "
+                                  "https://pages.example.org (http or https, host and port only)") from None
+    guard = Guard(cors_origins)
     store = Store(db_url, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
                   optin_max_records=optin_max_records, optin_max_bytes=optin_max_bytes)
     try:
@@ -162,7 +178,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     metrics = Metrics()
     service = ServiceContext(store, ReportWriter(store, metrics=metrics),
                              CheckPool(check_workers) if check_workers > 0 else None, metrics,
-                             admin_token.strip().encode("utf-8"), max_body_bytes, allow_seeds)
+                             admin_token.strip().encode("utf-8"), max_body_bytes, allow_seeds, public_metrics)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -176,7 +192,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
             service.pool.close()
         store.close()
 
-    app = ServiceApp(ReportsEndpoint(store, service.writer, service.pool, metrics, max_body_bytes),
+    app = ServiceApp(ReportsEndpoint(store, service.writer, service.pool, metrics, max_body_bytes), guard,
                      title="hybriddp collection service", version=__version__, lifespan=lifespan,
                      docs_url=None, redoc_url=None,  # /docs is served from local files (pages.mount_api_docs)
                      description="BLENDER (hybrid-model differential privacy) and hybrid mean-estimation rounds: "

@@ -6,6 +6,7 @@ HTTPException inside the ASGI receive channel), which the app turns into its JSO
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -16,7 +17,9 @@ from starlette.requests import ClientDisconnect
 
 from hybriddp.service.errors import (
     BadBodyError,
+    BodyTimeoutError,
     BodyTooLargeError,
+    ServerBusyError,
     ServiceError,
     UnsupportedMediaTypeError,
     error_payload,
@@ -26,8 +29,16 @@ NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/jsonli
 
 
 def media_type(content_type: str | None) -> str:
-    """The media type of a Content-Type header (JSON when there is none)."""
-    return (content_type or "application/json").split(";")[0].strip().lower()
+    """The media type of a Content-Type header; :class:`UnsupportedMediaTypeError` (415) when there is none.
+
+    A body without a JSON content type is never read as JSON: ``text/plain``, a form or no type at all is what a page
+    of another site can make a visitor's browser send without asking this server (``fetch`` in ``no-cors`` mode,
+    ``navigator.sendBeacon``); the JSON types need a CORS preflight, which :mod:`hybriddp.service.guard` answers
+    only for listed origins."""
+    if content_type is None or not content_type.strip():
+        raise UnsupportedMediaTypeError("the request has no Content-Type; send Content-Type: application/json (or "
+                                        "application/x-ndjson where the endpoint takes one item a line)")
+    return content_type.split(";")[0].strip().lower()
 
 
 def body_too_large(limit: int) -> BodyTooLargeError:
@@ -97,7 +108,7 @@ def parse_messages(body: bytes, content_type: str | None) -> list[Any]:
     """A reports body → its messages: one JSON object, a JSON array, or NDJSON (one object a line)."""
     media = media_type(content_type)
     if media not in NDJSON_TYPES and media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaTypeError(f"Content-Type {media!r} is not taken; send application/json (one message "
+        raise UnsupportedMediaTypeError(f"Content-Type {media[:60]!r} is not taken; send application/json (one message "
                                         "or an array) or application/x-ndjson (one message a line)")
     if media in NDJSON_TYPES:
         return [doc for _, doc in ndjson_lines(body)]
@@ -124,21 +135,53 @@ def loads(text: str, where: str) -> Any:
         raise BadBodyError(f"{where} is not valid JSON: {str(exc)[:200]}{hint}") from None
 
 
-async def read_body(receive: Any, limit: int) -> bytes:
+BODY_TIMEOUT_S = 20.0
+"""Seconds a request may take between two parts of its body before it is refused (408): a client that opens a
+body and sends it slowly, or never finishes it, does not hold the server's memory and a connection for long."""
+
+INFLIGHT_BODY_BYTES = 256 * 1024 * 1024
+"""Bytes of unfinished request bodies the whole process holds at most (256 MiB); past it a body is refused with
+503 and Retry-After, so many large unfinished bodies cannot exhaust memory (docs/DEPLOYMENT.md)."""
+
+
+class _Inflight:
+    """The bytes of request bodies being read right now, in this process (one event loop: no lock needed)."""
+
+    held = 0
+
+
+async def read_body(receive: Any, limit: int, timeout: float | None = None) -> bytes:
     """The whole body, read from the ASGI ``receive`` channel (a route's ``request.receive``), refused
-    with 413 as soon as it passes ``limit`` bytes; Starlette's ``ClientDisconnect`` when the client
-    goes away first. Reading the channel itself, not a ``Request``'s stream, keeps the per-request
-    cost of the report endpoint low (:mod:`hybriddp.service.reports`)."""
+    with 413 as soon as it passes ``limit`` bytes, with 408 when a part takes more than ``timeout`` seconds
+    (:data:`BODY_TIMEOUT_S`), with 503 when the process already holds :data:`INFLIGHT_BODY_BYTES` of unfinished
+    bodies; Starlette's ``ClientDisconnect`` when the client goes away first. Reading the channel itself, not a
+    ``Request``'s stream, keeps the per-request cost of the report endpoint low (:mod:`hybriddp.service.reports`)."""
     chunks: list[bytes] = []
     size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] != "http.request":  # http.disconnect
-            raise ClientDisconnect
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise body_too_large(limit)
-        chunks.append(chunk)
-        if not msg.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    wait = BODY_TIMEOUT_S if timeout is None else timeout
+    try:
+        while True:
+            try:
+                msg = await asyncio.wait_for(receive(), wait)
+            except TimeoutError:
+                raise BodyTimeoutError(f"the request body did not arrive within {wait:g} s of its last part; "
+                                       "send the whole body at once") from None
+            if msg["type"] != "http.request":  # http.disconnect
+                raise ClientDisconnect
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise body_too_large(limit)
+            if _Inflight.held + len(chunk) > INFLIGHT_BODY_BYTES:
+                raise ServerBusyError("the server is reading too many request bodies at once; retry in a few seconds")
+            _Inflight.held += len(chunk)
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        _Inflight.held -= sum(map(len, chunks))
+
+
+def inflight_body_bytes() -> int:
+    """Bytes of unfinished request bodies held by this process now (tests, metrics)."""
+    return _Inflight.held

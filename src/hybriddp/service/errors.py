@@ -83,6 +83,32 @@ class UnsupportedMediaTypeError(ServiceError):
     code = "unsupported_media_type"
 
 
+class BodyTimeoutError(ServiceError):
+    """A request body that stalled (a part did not arrive in time)."""
+
+    status = 408
+    code = "body_timeout"
+
+
+class ServerBusyError(ServiceError):
+    """The server holds as many unfinished request bodies as it may; the client retries later."""
+
+    status = 503
+    code = "busy"
+
+
+MAX_MESSAGE = 600
+"""Characters of an error message sent at most: a message that quotes a client's input is cut, so a 15 MB
+field cannot come back as a 15 MB error."""
+
+
+def cut_message(message: str) -> str:
+    """``message`` cut to :data:`MAX_MESSAGE` characters, saying so."""
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return message[: MAX_MESSAGE - 40] + f"… (cut: {len(message):,} characters)"
+
+
 def classify(exc: HybridDPError) -> tuple[int, str]:
     """The HTTP status and error code of an error of the library or the service."""
     if isinstance(exc, ServiceError):
@@ -103,8 +129,8 @@ def classify(exc: HybridDPError) -> tuple[int, str]:
 def error_payload(exc: HybridDPError) -> tuple[int, dict[str, dict[str, str]], dict[str, str]]:
     """(status, JSON body, headers) of the API's one error shape for ``exc``."""
     status, code = classify(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
-    return status, {"error": {"code": code, "message": str(exc)}}, headers
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "5"} if status == 503 else {}
+    return status, {"error": {"code": code, "message": cut_message(str(exc))}}, headers
 
 
 def describe_errors(errs: Any) -> str:

@@ -86,6 +86,8 @@ class ReportsEndpoint:
         start = time.perf_counter()
         headers: dict[str, str] = {}
         try:
+            rounds.report_target(self.store, round_id, cached_only=True) or await asyncio.to_thread(
+                rounds.report_target, self.store, round_id)  # the round first: 404/409 before any body is read
             body, content_type = await self._body(scope, receive)
             status, out = 200, await accept_reports(self.store, self.writer, self.pool, self.metrics, round_id,
                                                     body, content_type)

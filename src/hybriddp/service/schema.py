@@ -71,6 +71,7 @@ rounds = Table(
     Column("n_duplicates", BigInteger, nullable=False, server_default="0"),  # retried messages not counted again
     Column("retention_deadline", String(40)),  # raw opt-in data are purged at this UTC time at the latest
     Column("purged", String(40)),  # when the raw opt-in data were purged
+    Index("rounds_kind_state_num", "kind", "state", "num"),  # the newest round of a kind in a state (migration 0005)
 )
 
 optin_tokens = Table(

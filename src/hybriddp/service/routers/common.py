@@ -28,7 +28,8 @@ class ServiceContext:
     """The parts of one running service that its routes use (``app.state.service``).
 
     ``admin_token``: the administrators' token as UTF-8 bytes; ``max_body_bytes``: the request body limit;
-    ``allow_seeds``: whether seeded (non-private) rounds are taken.
+    ``allow_seeds``: whether seeded (non-private) rounds are taken; ``public_metrics``: whether ``/metrics``
+    is served without the administrator token.
     """
 
     store: Store
@@ -38,6 +39,7 @@ class ServiceContext:
     admin_token: bytes
     max_body_bytes: int
     allow_seeds: bool
+    public_metrics: bool = False
 
 
 async def service_context(request: Request) -> ServiceContext:

@@ -44,10 +44,32 @@ def enrol(round_id: RoundId, body: m.EnrolIn, store: StoreDep) -> dict[str, Any]
 @router.post("/api/v1/rounds/{round_id}/optin/records", response_model=m.AcceptedOut,
              openapi_extra={"requestBody": m.OPTIN_BODY}, responses=errors(400, 401, 404, 409, 413, 415, 422, 503))
 async def upload(round_id: RoundId, request: Request, creds: OptinCredentials, service: Service) -> dict[str, int]:
-    body = await read_body(request.receive, service.max_body_bytes)
     token = None if creds is None else creds.credentials
-    ack = await run_in_threadpool(_upload, service.store, round_id, body, request.headers.get("content-type"), token)
+    content_type = request.headers.get("content-type")
+    await run_in_threadpool(_admit, service.store, round_id, media_type(content_type), token)  # before the body
+    body = await read_body(request.receive, service.max_body_bytes)
+    ack = await run_in_threadpool(_upload, service.store, round_id, body, content_type, token)
     return {"accepted": ack.accepted, "duplicates": ack.duplicates}
+
+
+def _admit(store: Store, round_id: str, media: str, token: str | None) -> None:
+    """What can be refused before the body is read: the content type, the round, and a one-user upload's token
+    (NDJSON uploads carry a token a line, checked with the body)."""
+    if media in NDJSON_TYPES:
+        store.round(round_id)
+        return
+    if media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaTypeError(f"Content-Type {media[:60]!r} is not taken; send application/json (one user, "
+                                        "token in the Authorization header) or application/x-ndjson (one user a line)")
+    if token is None:
+        store.round(round_id)
+        raise UnauthorizedError("opt-in uploads need the user's token: Authorization: Bearer <token from "
+                                "POST /api/v1/rounds/{id}/optin/enrol> (or an NDJSON body with a token on each line)")
+    info, (user,) = store.optin_users(round_id, [token])
+    if user is None:
+        _not_collecting(info)
+        raise UnauthorizedError(f"this token is not an opt-in token of round {round_id}; use the token issued when "
+                                "the user enrolled in this round")
 
 
 def _upload(store: Store, round_id: str, body: bytes, content_type: str | None, token: str | None) -> UploadAck:
@@ -56,7 +78,7 @@ def _upload(store: Store, round_id: str, body: bytes, content_type: str | None, 
     if media in NDJSON_TYPES:
         return _upload_ndjson(store, round_id, body)
     if media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaTypeError(f"Content-Type {media!r} is not taken; send application/json (one user, "
+        raise UnsupportedMediaTypeError(f"Content-Type {media[:60]!r} is not taken; send application/json (one user, "
                                         "token in the Authorization header) or application/x-ndjson (one user a line)")
     doc = _validated(m.OptinUploadIn, loads(body_text(body), "the body"), "the body")
     if token is None:

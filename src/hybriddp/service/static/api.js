@@ -62,18 +62,30 @@ export function num(x) {
   return a !== 0 && (a < 1e-3 || a >= 1e6) ? x.toExponential(2).replace(/\.?0+e/, "e") : String(+x.toPrecision(4));
 }
 
-/** An element with attributes and children (strings become text nodes: nothing is parsed as HTML). */
+// Characters that change how text around them is shown without being visible themselves: C0/C1 controls, the
+// bidirectional overrides, embeddings and isolates (U+202A–U+202E, U+2066–U+2069), the marks U+200E, U+200F,
+// U+061C, and line/paragraph separators. A suggestion such as "gro\u202Eelgoog" would otherwise display reversed.
+const INVISIBLE = /[\u0000-\u0008\u000B-\u001F\u007F-\u009F\u061C\u200E\u200F\u2028\u2029\u202A-\u202E\u2066-\u2069]/g;
+
+/** ``s`` as shown on a page: every invisible control character (INVISIBLE) replaced by a visible ⟨U+XXXX⟩. */
+export function shown(s) {
+  return String(s).replace(INVISIBLE, (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`);
+}
+
+/** An element with attributes and children (strings become text nodes: nothing is parsed as HTML; text and titles
+ * are shown with their control characters made visible, see shown). */
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
     if (v === null || v === undefined || v === false) continue;
     if (k === "class") el.className = v;
-    else if (k === "text") el.textContent = v;
+    else if (k === "text") el.textContent = shown(v);
+    else if (k === "title" || k === "aria-label") el.setAttribute(k, shown(v));
     else el.setAttribute(k, v === true ? "" : String(v));
   }
   for (const c of children.flat()) {
     if (c === null || c === undefined || c === false) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    el.append(c instanceof Node ? c : document.createTextNode(shown(c)));
   }
   return el;
 }

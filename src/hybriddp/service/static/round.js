@@ -1,6 +1,6 @@
 // The curator's round page: state, counts, parameters, privacy guarantee, results chart and table.
 
-import { count, fetchJson, h, num, percent } from "./api.js";
+import { count, fetchJson, h, num, percent, shown } from "./api.js";
 import { intervalChart, interval95 } from "./chart.js";
 
 const LIFECYCLE = ["collecting-optin", "headlist-published", "collecting-reports", "closed", "results-held",
@@ -39,7 +39,7 @@ function stateBadge(state) {
 
 function renderSummary(info) {
   document.title = `${info.name || info.id} · round · hybriddp`;
-  $("round-name").textContent = info.name || `Round ${info.id}`;
+  $("round-name").textContent = shown(info.name || `Round ${info.id}`);
   $("round-state").replaceChildren(stateBadge(info.state));
   $("round-id").textContent = `${info.kind} round ${info.id}`;
   $("round-created").textContent = ` · created ${new Date(info.created).toLocaleString()}`;

@@ -1,6 +1,6 @@
 // The local-search page: the published local-search document, kept in this browser, searched as you type.
 
-import { ApiError, fetchJson, h, percent } from "./api.js";
+import { ApiError, fetchJson, h, percent, shown } from "./api.js";
 import { Contribute } from "./contribute.js";
 import { isLocalSearchDoc, keep, loadKept } from "./keep.js";
 import { buildIndex, normalize, suggest } from "./suggest.js";
@@ -87,7 +87,7 @@ function pick(m, url = null) {
   const chosen = url ?? (m.urls.length ? m.urls[0].url : null);
   input.value = m.query;
   close();
-  document.getElementById("picked-query").textContent = m.query;
+  document.getElementById("picked-query").textContent = shown(m.query);
   document.getElementById("picked-urls").replaceChildren(...(m.urls.length
     ? m.urls.map((u) => h("li", {}, h(linkTag(u.url), { href: u.url, target: "_blank", rel: "noopener noreferrer" }, u.url),
       " ", h("span", { class: "muted small" }, percent(u.p))))

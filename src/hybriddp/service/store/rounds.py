@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -170,6 +170,13 @@ class RoundStore(StoreBase):
         """Every round, oldest first."""
         return self._read(lambda conn: [_info(r) for r in conn.execute(
             select(*_INFO_COLUMNS).order_by(s.rounds.c.num)).all()])
+
+    def newest_round(self, kind: str, states: Iterable[str]) -> RoundInfo | None:
+        """The newest round of ``kind`` in one of ``states``, or None: read newest first (primary key order), so it
+        stops at the first match instead of reading every round."""
+        return self._read(lambda conn: next((_info(r) for r in conn.execute(
+            select(*_INFO_COLUMNS).where(s.rounds.c.kind == kind, s.rounds.c.state.in_(list(states)))
+            .order_by(s.rounds.c.num.desc()).limit(1)).all()), None))
 
     def documents(self, round_id: str) -> RoundDocuments:
         """The round with its documents and results."""

@@ -45,19 +45,23 @@ def enrol(round_id: RoundId, body: m.EnrolIn, store: StoreDep) -> dict[str, Any]
              openapi_extra={"requestBody": m.OPTIN_BODY}, responses=errors(400, 401, 404, 409, 413, 415, 422, 503))
 async def upload(round_id: RoundId, request: Request, creds: OptinCredentials, service: Service) -> dict[str, int]:
     token = None if creds is None else creds.credentials
-    content_type = request.headers.get("content-type")
-    await run_in_threadpool(_admit, service.store, round_id, media_type(content_type), token)  # before the body
+    media = media_type(request.headers.get("content-type"))
+    user = await run_in_threadpool(_admit, service.store, round_id, media, token)  # all before the body is read
     body = await read_body(request.receive, service.max_body_bytes)
-    ack = await run_in_threadpool(_upload, service.store, round_id, body, content_type, token)
+    if user is None:
+        ack = await run_in_threadpool(_upload_ndjson, service.store, round_id, body)
+    else:
+        ack = await run_in_threadpool(_upload_one, service.store, *user, body)
     return {"accepted": ack.accepted, "duplicates": ack.duplicates}
 
 
-def _admit(store: Store, round_id: str, media: str, token: str | None) -> None:
-    """What can be refused before the body is read: the content type, the round, and a one-user upload's token
-    (NDJSON uploads carry a token a line, checked with the body)."""
+def _admit(store: Store, round_id: str, media: str, token: str | None) -> tuple[RoundInfo, Any] | None:
+    """What can be refused before the body is read: the content type, the round, and a one-user upload's token.
+    Returns the round and the token's user for a one-user (JSON) upload, None for NDJSON (a token a line, checked
+    with the body)."""
     if media in NDJSON_TYPES:
         store.round(round_id)
-        return
+        return None
     if media != "application/json" and not media.endswith("+json"):
         raise UnsupportedMediaTypeError(f"Content-Type {media[:60]!r} is not taken; send application/json (one user, "
                                         "token in the Authorization header) or application/x-ndjson (one user a line)")
@@ -70,25 +74,12 @@ def _admit(store: Store, round_id: str, media: str, token: str | None) -> None:
         _not_collecting(info)
         raise UnauthorizedError(f"this token is not an opt-in token of round {round_id}; use the token issued when "
                                 "the user enrolled in this round")
+    return info, user
 
 
-def _upload(store: Store, round_id: str, body: bytes, content_type: str | None, token: str | None) -> UploadAck:
-    """An opt-in upload: one user's JSON (token in the Authorization header) or NDJSON, one user a line."""
-    media = media_type(content_type)
-    if media in NDJSON_TYPES:
-        return _upload_ndjson(store, round_id, body)
-    if media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaTypeError(f"Content-Type {media[:60]!r} is not taken; send application/json (one user, "
-                                        "token in the Authorization header) or application/x-ndjson (one user a line)")
+def _upload_one(store: Store, info: RoundInfo, user: Any, body: bytes) -> UploadAck:
+    """One opt-in user's JSON upload (its token was checked by :func:`_admit`)."""
     doc = _validated(m.OptinUploadIn, loads(body_text(body), "the body"), "the body")
-    if token is None:
-        raise UnauthorizedError("opt-in uploads need the user's token: Authorization: Bearer <token from "
-                                "POST /api/v1/rounds/{id}/optin/enrol> (or an NDJSON body with a token on each line)")
-    info, (user,) = store.optin_users(round_id, [token])
-    if user is None:
-        _not_collecting(info)
-        raise UnauthorizedError(f"this token is not an opt-in token of round {round_id}; use the token issued when "
-                                "the user enrolled in this round")
     items = _upload_items(info, doc, "")
     return store.add_optin_batch(info, [OptinUpload(user, items, store.upload_key(doc.upload_id, items), len(body))])
 

@@ -74,9 +74,11 @@ REGISTRY: Mapping[str, Estimator] = MappingProxyType({e.name: e for e in (
     Estimator("pooled", Release.PAPER, Blend.POOLED, "the paper's estimates, pooled weights (§7)",
               "the paper's opt-in estimates; both variances at the blended estimate, iterated to a fixed point, less "
               "the bias that remains, with a variance that matches the error; docs/ALGORITHM.md §7"),
-    Estimator("reuse", Release.REUSE_S, Blend.POOLED, "S's noisy counts join T's (docs/ALGORITHM.md §4.1)",
+    Estimator("reuse", Release.REUSE_S, Blend.POOLED, "S's noisy counts, corrected for τ, join T's "
+              "(docs/ALGORITHM.md §4.1)",
               "the curator also releases the kept records' noisy counts from S, at no privacy cost; S and T together "
-              "then choose the M records and estimate them, docs/ALGORITHM.md §3.3, §4.1; pooled weights"),
+              "then choose the M records and estimate them, S's counts corrected for having passed τ (unbiased near "
+              "it), docs/ALGORITHM.md §3.3, §4.1; pooled weights"),
     Estimator("consistent", Release.REUSE_S, Blend.CONSISTENT, "reuse, then queries = sums of their entries (§7.1)",
               "'reuse', then each query's estimate and its entries' made to agree, query = sum of its entries, by "
               "generalized least squares: lower record error; docs/ALGORITHM.md §7.1"),

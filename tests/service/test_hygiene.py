@@ -172,3 +172,14 @@ def test_same_origin_is_the_host_the_request_reached() -> None:
                          ("http://example.org.evil.example", "example.org"), ("null", "example.org"),
                          ("http://example.org", None), ("javascript:alert(1)", "example.org")]:
         assert not g.same_origin(origin, host), (origin, host)
+
+
+def test_round_details_can_be_kept_to_administrators(sqlite_url: str) -> None:
+    with TestClient(create_app(sqlite_url, ADMIN)) as client:
+        rid, _ = blender_round(client)
+        public = client.get(f"{API}/rounds/{rid}").json()
+        assert public["counts"]["optin_users"] is None  # the opt-in counts are the administrators' either way
+    with TestClient(create_app(sqlite_url, ADMIN, private_round_details=True)) as client:
+        error_of(client.get(f"{API}/rounds/{rid}"), 401, "unauthorized", "--private-round-details")
+        assert client.get(f"{API}/rounds/{rid}", headers=AUTH).json()["counts"]["optin_users"] > 0
+        assert client.get(f"{API}/rounds/{rid}/headlist").status_code == 200  # what devices need stays public

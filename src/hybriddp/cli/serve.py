@@ -111,6 +111,10 @@ def save_token(path: Path, token: str) -> None:
 @click.option("--public-metrics", is_flag=True,
               help="Serve /metrics without the administrator token (for a scraper on a private network). Default: "
                    "/metrics needs 'Authorization: Bearer <admin token>'.")
+@click.option("--private-round-details", is_flag=True,
+              help="Show a round's state, parameters and counts (GET /api/v1/rounds/ID) to administrators only. "
+                   "Default: public (the round page /rounds/ID reads it; opt-in counts are shown to administrators "
+                   "only either way).")
 @click.option("--limit-concurrency", type=click.IntRange(16), default=1024, show_default=True,
               help="Open connections and tasks per server process beyond which new requests get 503 at once "
                    "(uvicorn's limit): slow or unfinished requests cannot pile up without bound.")
@@ -119,8 +123,8 @@ def save_token(path: Path, token: str) -> None:
 def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_token_file: str | None,
               lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
               check_workers: int | None, workers: int, demo: bool, optin_max_records: int, optin_max_bytes: int,
-              allow_seeds: bool, cors_origins: tuple[str, ...], public_metrics: bool, limit_concurrency: int,
-              log_level: str) -> None:
+              allow_seeds: bool, cors_origins: tuple[str, ...], public_metrics: bool, private_round_details: bool,
+              limit_concurrency: int, log_level: str) -> None:
     """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
 
     Opt-in users upload raw records with their own tokens; an administrator publishes the head list
@@ -147,7 +151,8 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     if check_workers is None:
         check_workers = max(1, DEFAULT_CHECK_WORKERS // workers)
     limits = {"optin_max_records": optin_max_records, "optin_max_bytes": optin_max_bytes, "allow_seeds": allow_seeds,
-              "cors_origins": list(cors_origins), "public_metrics": public_metrics}
+              "cors_origins": list(cors_origins), "public_metrics": public_metrics,
+              "private_round_details": private_round_details}
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
                      lifetime_delta=lifetime_delta, check_workers=check_workers, **limits)
     if allow_seeds:
@@ -205,7 +210,8 @@ def worker_app() -> object:
     app = create_app(cfg["db_url"], token, max_body_bytes=cfg["max_body_bytes"],
                      check_workers=cfg["check_workers"], recover=False, allow_seeds=cfg["allow_seeds"],
                      optin_max_records=cfg["optin_max_records"], optin_max_bytes=cfg["optin_max_bytes"],
-                     cors_origins=tuple(cfg["cors_origins"]), public_metrics=cfg["public_metrics"])
+                     cors_origins=tuple(cfg["cors_origins"]), public_metrics=cfg["public_metrics"],
+                     private_round_details=cfg["private_round_details"])
     watch_parent(cfg["parent"])
     tune_interpreter()
     return app

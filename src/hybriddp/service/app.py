@@ -140,7 +140,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                check_workers: int = DEFAULT_CHECK_WORKERS, recover: bool = True, allow_seeds: bool = False,
                optin_max_records: int = DEFAULT_OPTIN_MAX_RECORDS,
                optin_max_bytes: int = DEFAULT_OPTIN_MAX_BYTES, cors_origins: Sequence[str] = (),
-               public_metrics: bool = False) -> FastAPI:
+               public_metrics: bool = False, private_round_details: bool = False) -> FastAPI:
     """The service on the database at ``db_url`` (migrated to the newest schema on the way).
 
     ``admin_token``: the administrators' bearer token (at least 16 characters).
@@ -153,6 +153,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     Raw opt-in data past a round's retention deadline are purged every :data:`PURGE_INTERVAL_S`.
     ``cors_origins``: other origins whose pages may call the API (:mod:`hybriddp.service.guard`; none by default).
     ``public_metrics``: serve ``/metrics`` without the admin token (off by default).
+    ``private_round_details``: ``GET /api/v1/rounds/{id}`` only with the admin token (off by default: the round page
+    shows it to anyone).
     ``app.state.store`` is the :class:`Store`; it is closed when the app shuts down.
     """
     if not isinstance(admin_token, str) or len(admin_token.strip()) < MIN_ADMIN_TOKEN:
@@ -178,7 +180,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     metrics = Metrics()
     service = ServiceContext(store, ReportWriter(store, metrics=metrics),
                              CheckPool(check_workers) if check_workers > 0 else None, metrics,
-                             admin_token.strip().encode("utf-8"), max_body_bytes, allow_seeds, public_metrics)
+                             admin_token.strip().encode("utf-8"), max_body_bytes, allow_seeds, public_metrics,
+                             private_round_details)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

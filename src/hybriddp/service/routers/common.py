@@ -29,7 +29,8 @@ class ServiceContext:
 
     ``admin_token``: the administrators' token as UTF-8 bytes; ``max_body_bytes``: the request body limit;
     ``allow_seeds``: whether seeded (non-private) rounds are taken; ``public_metrics``: whether ``/metrics``
-    is served without the administrator token.
+    is served without the administrator token; ``private_round_details``: whether ``GET /api/v1/rounds/{id}``
+    needs it.
     """
 
     store: Store
@@ -40,6 +41,7 @@ class ServiceContext:
     max_body_bytes: int
     allow_seeds: bool
     public_metrics: bool = False
+    private_round_details: bool = False
 
 
 async def service_context(request: Request) -> ServiceContext:

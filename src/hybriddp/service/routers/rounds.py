@@ -13,7 +13,7 @@ from fastapi import APIRouter
 
 from hybriddp.service import closing, rounds
 from hybriddp.service import models as m
-from hybriddp.service.errors import SeedRefusedError
+from hybriddp.service.errors import SeedRefusedError, UnauthorizedError
 from hybriddp.service.routers.common import ADMIN, IsAdmin, RoundId, Service, StoreDep, errors
 
 SEEDS_FLAG = "--insecure-testing-seeds"
@@ -40,9 +40,14 @@ def list_rounds(store: StoreDep) -> dict[str, Any]:
     return {"rounds": [r.to_json(admin=True) for r in store.rounds()]}
 
 
-@router.get("/api/v1/rounds/{round_id}", response_model=m.RoundOut, tags=["rounds"], responses=errors(404, 503))
-def get_round(round_id: RoundId, store: StoreDep, admin: IsAdmin) -> dict[str, Any]:
-    return store.round(round_id).to_json(admin=admin)
+@router.get("/api/v1/rounds/{round_id}", response_model=m.RoundOut, tags=["rounds"], responses=errors(401, 404, 503))
+def get_round(round_id: RoundId, service: Service, admin: IsAdmin) -> dict[str, Any]:
+    """A round's state, parameters and counts: public (without the opt-in counts) unless the server runs with
+    ``--private-round-details``, which puts it behind the administrator token (docs/DEPLOYMENT.md)."""
+    if service.private_round_details and not admin:
+        raise UnauthorizedError("this server shows round details to administrators only (--private-round-details): "
+                                "Authorization: Bearer <admin token>")
+    return service.store.round(round_id).to_json(admin=admin)
 
 
 @router.post("/api/v1/rounds/{round_id}/abort", response_model=m.RoundOut, dependencies=ADMIN, tags=["rounds"],

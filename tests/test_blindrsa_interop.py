@@ -1,0 +1,87 @@
+"""hybriddp's RSA blind signatures (:mod:`hybriddp.core.blindrsa`) against a library no one here wrote,
+`@cloudflare/blindrsa-ts` (npm, pinned in tests/interop/package.json), under node: tokens issued by the Python
+signer are finalized by the TS client, and messages blinded by the Python client are signed by the TS signer, for
+every RFC 9474 variant; each side verifies the other's signatures, and a tampered one fails on both.
+
+The package is installed by `.ci/run` (`npm ci --prefix tests/interop`); in CI a missing package or node is a
+failure. Elsewhere the tests say how to install it and skip."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from hybriddp.core import blindrsa
+from hybriddp.core.blindrsa import Variant
+
+INTEROP = Path(__file__).with_name("interop")
+SCRIPT = INTEROP / "blindrsa.mjs"
+PACKAGE = INTEROP / "node_modules" / "@cloudflare" / "blindrsa-ts"
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    exe = shutil.which("node")
+    missing = None if exe else "`node` is not on PATH (install Node.js 20)"
+    if missing is None and not PACKAGE.is_dir():
+        missing = f"{PACKAGE} is missing: run `npm ci --prefix {INTEROP}`"
+    if missing is not None:
+        if os.environ.get("CI"):
+            pytest.fail(missing, pytrace=False)
+        pytest.skip(missing)
+    return exe  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="module")
+def key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _ts(node: str, step: str, variant: Variant, *args: bytes) -> dict[str, Any]:
+    out = subprocess.run([node, str(SCRIPT), step, variant.rfc_name, *(a.hex() for a in args)], cwd=INTEROP,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def _spki(key: rsa.RSAPrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _pkcs8(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@pytest.mark.parametrize("variant", list(Variant), ids=lambda v: v.rfc_name)
+def test_python_signer_and_ts_client(node: str, key: rsa.RSAPrivateKey, variant: Variant) -> None:
+    msg = b"\x00\x02" + os.urandom(32) + b"hybriddp interop: a token input"
+    client = _ts(node, "blind", variant, _spki(key), msg)
+    prepared, blinded, inv = (bytes.fromhex(client[k]) for k in ("prepared", "blinded", "inv"))
+    assert prepared[-len(msg):] == msg and len(prepared) == len(msg) + (32 if variant.randomized else 0)
+    blind_sig = blindrsa.blind_sign(key, blinded)  # the Python server signs what the TS client blinded
+    sig = bytes.fromhex(_ts(node, "finalize", variant, _spki(key), prepared, blind_sig, inv)["sig"])
+    assert blindrsa.verify(key.public_key(), prepared, sig, variant=variant)
+    assert _ts(node, "verify", variant, _spki(key), prepared, sig)["valid"] is True
+    bad = bytes([sig[0] ^ 1]) + sig[1:]
+    assert not blindrsa.verify(key.public_key(), prepared, bad, variant=variant)
+    assert _ts(node, "verify", variant, _spki(key), prepared, bad)["valid"] is False
+
+
+@pytest.mark.parametrize("variant", list(Variant), ids=lambda v: v.rfc_name)
+def test_ts_signer_and_python_client(node: str, key: rsa.RSAPrivateKey, variant: Variant) -> None:
+    prepared = blindrsa.prepare(b"hybriddp interop: the other way", variant.randomized)
+    blinded, inv = blindrsa.blind(key.public_key(), prepared, variant=variant)
+    blind_sig = bytes.fromhex(_ts(node, "sign", variant, _pkcs8(key), blinded)["blind_sig"])
+    sig = blindrsa.finalize(key.public_key(), prepared, blind_sig, inv, variant=variant)
+    assert _ts(node, "verify", variant, _spki(key), prepared, sig)["valid"] is True
+    assert blindrsa.verify(key.public_key(), prepared, sig, variant=variant)
+    assert _ts(node, "verify", variant, _spki(key), prepared + b"x", sig)["valid"] is False

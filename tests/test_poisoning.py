@@ -82,3 +82,12 @@ def test_the_experiment_measures_the_defense_and_writes_its_verdicts(tmp_path) -
     text = (tmp_path / "report.md").read_text()
     assert "## Verdicts" in text and "output-manipulation" in text
     assert any(v["claim"].startswith("false alarms") for v in verdicts(rows))
+
+
+def test_honest_trials_is_an_option_of_poisoning_only() -> None:
+    from clihelpers import assert_clean_error, invoke
+
+    assert_clean_error(invoke("experiment", "fig12", "--dataset", "aol", "--honest-trials", 5, ok=False),
+                       "--honest-trials", "poisoning` only")
+    assert_clean_error(invoke("experiment", "poisoning", "--dataset", "aol", "--honest-trials", 0, ok=False),
+                       "--honest-trials")

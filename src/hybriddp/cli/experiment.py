@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hybriddp.cli import render
 from hybriddp.cli.options import MAX_SCALE, check_scale, int_range, seed_option
+from hybriddp.core.errors import parameter_error
 
 MAX_TRIALS = 100
 """Largest --trials: `all` on the AOL preset makes 219 runs per trial (657 at --trials 3; docs/RESULTS.md, "Issue
@@ -53,9 +54,12 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
               help=f"Synthetic datasets: multiply the number of users, in (0, {MAX_SCALE:g}] (e.g. 0.1 for a quick "
                    "look).")
 @click.option("--row-per-user", is_flag=True, help="Log file: every record is its own user (small samples).")
+@click.option("--honest-trials", type=int, default=None, callback=int_range(1, 10_000),
+              help="poisoning only: honest rounds for the false-alarm rate, 1 to 10000 (at least --trials are run). "
+                   "Default: 200 (a 1% rate needs them); fewer for a first look at a large preset such as yandex.")
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
-                   scale: float, row_per_user: bool, quick: bool) -> None:
+                   scale: float, row_per_user: bool, honest_trials: int | None, quick: bool) -> None:
     """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators, all, or poisoning.
 
     \b
@@ -83,7 +87,10 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     from hybriddp.experiments.figures import select
 
     if name == "poisoning":
-        return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick)
+        return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick, honest_trials)
+    if honest_trials is not None:
+        raise parameter_error("honest trials (--honest-trials)", honest_trials, "left out: it applies to "
+                              "`experiment poisoning` only")
     select(name)  # unknown NAME: one-line error before any work
     spec = DatasetSpec(dataset, seed=seed, scale=scale, row_per_user=row_per_user)
     spec.validate()
@@ -99,7 +106,7 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
 
 
 def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale: float, row_per_user: bool,
-               quick: bool) -> None:
+               quick: bool, honest_trials: int | None) -> None:
     """``experiment poisoning``: every attack and fraction, undefended vs defended (docs/ALGORITHM.md §7.2)."""
     from hybriddp.experiments import DatasetSpec
     from hybriddp.experiments.poisoning_report import run_poisoning
@@ -110,7 +117,7 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
         check_scale(scale)
     with render.interruptible(), _runs_progress(True) as progress:
         out, checks = run_poisoning(spec, trials=trials, out_dir=Path(out_dir) if out_dir else None, quick=quick,
-                                    progress=progress)
+                                    progress=progress, honest_trials=honest_trials)
     for c in checks:
         mark = ("reference" if c.get("reference") else "[green]holds[/green]" if c["holds"]
                 else "[red]does not hold[/red]")

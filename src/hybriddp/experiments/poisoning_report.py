@@ -190,11 +190,12 @@ def report(summary: Sequence[dict[str, Any]], checks: Sequence[dict[str, Any]], 
 
 
 def run_poisoning(spec: Any, *, trials: int, out_dir: Path | None, quick: bool = False,
-                  progress: Any = None) -> tuple[Path, list[dict[str, Any]]]:
+                  progress: Any = None, honest_trials: int | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """``hybriddp experiment poisoning``: every attack at every fraction on ``spec``'s data (a preset or a log file,
     :class:`~hybriddp.experiments.datasets.DatasetSpec`) at its paper defaults with the default estimator; writes
     :func:`write_outputs` to ``out_dir`` (default ``experiments-out/<dataset>-poisoning``) and returns it with the
-    verdicts. ``quick``: two fractions (tests)."""
+    verdicts. ``quick``: two fractions (tests). ``honest_trials``: honest rounds for the false-alarm rate (default
+    :data:`HONEST_TRIALS`; at least ``trials`` are run)."""
     import time
 
     from hybriddp.core.params import BlenderParams
@@ -205,7 +206,7 @@ def run_poisoning(spec: Any, *, trials: int, out_dir: Path | None, quick: bool =
     params = BlenderParams(epsilon=base.epsilon, delta=base.delta, optin_fraction=base.optin_fraction,
                            f_c=base.f_c, head_list_size=base.head_list_size)
     config = PoisoningConfig(trials=trials, fractions=(0.01, 0.05) if quick else FRACTIONS, seed=spec.seed,
-                             honest_trials=trials if quick else max(trials, HONEST_TRIALS))
+                             honest_trials=trials if quick else max(trials, honest_trials or HONEST_TRIALS))
     start = time.monotonic()
     rows = list(poisoning_rows(log, params, config,
                                progress=(lambda done: progress(done, config.honest_trials)) if progress else None))

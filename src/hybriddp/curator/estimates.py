@@ -63,8 +63,8 @@ class OptinEstimates:
                                        self.n, self.n_s, self.noise_variance)
         if self.kept is None:
             return pooled
-        excess = np.broadcast_to(self._excess(np.asarray(p_record, dtype=np.float64)), np.shape(p_record))
-        return pooled + np.bincount(self.head_list.entry_query, weights=excess, minlength=self.head_list.k)
+        hl = self.head_list
+        return pooled + np.bincount(hl.entry_query, weights=self._excess(p_record), minlength=hl.k)
 
 
 def optin_variance(p: np.ndarray, draws: np.ndarray, n: int | np.ndarray, noise_variance: float) -> np.ndarray:

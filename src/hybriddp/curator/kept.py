@@ -39,6 +39,9 @@ TAIL_SCALES = 40.0
 EXCESS_GRID = 1025
 """Points of the λ grid on which the correction's extra variance is tabulated."""
 
+NEAR_SDS = 9.5
+"""A true count λ more than this many √λ above the grid's last count leaves the grid no mass (P < e^−45): X̃ = X."""
+
 JENSEN_STEP = 0.6
 """The damped Van Cittert step of the reported excess (:func:`_excess_table`): about the opt-in weight of records
 near τ (0.6–0.9 in the selection-bias harness); measured there to bring reported variance / MSE near τ from
@@ -114,22 +117,33 @@ class KeptCount:
         kept = x > self.threshold
         return x, m, kernel, np.where(kept, self.corrected(x), 0.0)
 
+    def _cells(self, p: np.ndarray) -> np.ndarray:
+        """P[X ∈ cell] of every grid cell (last axis) at N ~ Binomial(|D_S|, p), for 1-D ``p``."""
+        _, m, kernel, _ = self._grid
+        n, p = self.n_s, np.clip(p, 1e-12, 1.0 - 1e-12)[:, None]
+        return np.exp(_log_choose(n, len(m)) + m * np.log(p) + (n - m) * np.log1p(-p)) @ kernel.T
+
+    @property
+    def _near_top(self) -> float:
+        """The λ up to which the grid holds part of X's law: λ − NEAR_SDS·√λ = the grid's last count (at most |D_S|)."""
+        m_max = self._grid[1][-1]
+        return min(((NEAR_SDS + math.sqrt(NEAR_SDS**2 + 4.0 * m_max)) / 2.0) ** 2, float(self.n_s))
+
     def moments(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """E[X̃ | X > τ] − λ (the bias left, in counts) and Var(X̃ | X > τ) at N ~ Binomial(|D_S|, p), elementwise in
         ``p`` (any shape). Beyond the grid X̃(X) = X, so those cells' moments are X's totals (E X = λ,
         E X² = |D_S|p(1 − p) + λ² + Var Y) less the grid's."""
-        x, m, kernel, xt = self._grid
+        x, m, _, xt = self._grid
         shape = np.shape(p)
         p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1.0 - 1e-12).reshape(-1)
         n = self.n_s
         lam = n * p
         bias, var = np.zeros_like(p), n * p * (1.0 - p) + self.noise_variance  # X̃ = X wherever X can fall
-        near = lam < m[-1] + 9.5 * np.sqrt(lam)  # else P[N ≤ the grid's last m] < e^−45
+        near = lam < m[-1] + NEAR_SDS * np.sqrt(lam)
         if not near.any():
             return bias.reshape(shape), var.reshape(shape)
-        pn, ln = p[near], lam[near]
-        pmf = np.exp(_log_choose(n, len(m)) + m * np.log(pn)[:, None] + (n - m) * np.log1p(-pn)[:, None])
-        cell = pmf @ kernel.T  # P[X ∈ cell]; the rest of X's law lies beyond the grid, where X̃ = X
+        ln = lam[near]
+        cell = self._cells(p[near])  # the rest of X's law lies beyond the grid, where X̃ = X
         rest = np.clip(1.0 - cell.sum(-1), 0.0, 1.0)
         rest_x = ln - cell @ x
         rest_x2 = var[near] + ln**2 - cell @ (x * x)
@@ -160,15 +174,12 @@ def _excess_table(rule: KeptCount) -> tuple[np.ndarray, np.ndarray]:
     r = f + s·(f − K·f) instead, K the law of X̃ given λ (mapped onto the grid, p̄ ≥ 0): the mean of r over X̃ is
     f up to second-order terms. p̄ scatters less than X̃, by the opt-in weight w (Var(p̄ − p) ≈ w·σ²_O), so the
     step is s = :data:`JENSEN_STEP` < 1; r is never below min(f, 0)."""
-    x, m, kernel, xt = rule._grid
-    m_max = m[-1]
-    top = min(((9.5 + math.sqrt(9.5**2 + 4.0 * m_max)) / 2.0) ** 2, float(rule.n_s))  # λ − 9.5√λ = m_max
+    x, _, _, xt = rule._grid
+    top = rule._near_top
     lam = np.linspace(0.0, top, EXCESS_GRID)
     p = lam / rule.n_s
     f = rule.moments(p)[1] - (rule.n_s * p * (1.0 - p) + rule.noise_variance)
-    pc = np.clip(p, 1e-12, 1.0 - 1e-12)
-    pmf = np.exp(_log_choose(rule.n_s, len(m)) + m * np.log(pc)[:, None] + (rule.n_s - m) * np.log1p(-pc)[:, None])
-    cell = pmf @ kernel.T
+    cell = rule._cells(p)
     beyond = np.clip(1.0 - cell.sum(-1), 0.0, 1.0)  # X beyond the grid: X̃ = X, put at λ itself (f is 0 there)
     cell = np.where(x > rule.threshold, cell, 0.0)
     at = np.clip(xt, 0.0, top)  # where each released cell's X̃ falls on the grid, linearly between two points

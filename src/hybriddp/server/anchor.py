@@ -230,7 +230,8 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     received_client: ClientEstimates | None = None
     for _ in range(MAX_CLEANING_PASSES):
         client, blended = estimate(np.rint(cleaned).astype(np.int64))
-        received_client = received_client or client
+        if received_client is None:  # the clients' estimates of the reports as received
+            received_client = client
         if first is None:  # the test's variances: one opt-in standard deviation above the anchor (an opt-in
             first = blended  # estimate that came out low, even negative, must not shrink them), which no report
             x_r = np.clip(a_r + np.sqrt(vo_r), 0.0, 1.0)  # moves

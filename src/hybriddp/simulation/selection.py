@@ -116,6 +116,7 @@ def _releases(pop: Population, counts_s: np.ndarray, counts_t: np.ndarray, setti
         noise=DiscreteLaplaceNoise(np.random.default_rng([seed, 1])))
     if hl_s.n_queries == 0:
         return None
+    kept = kept_count_for(setting.epsilon, setting.delta, 1, DiscreteLaplaceNoise.name, n_s)
     out = {}
     for rel in releases:
         reuses = rel is Release.REUSE_S
@@ -123,7 +124,6 @@ def _releases(pop: Population, counts_s: np.ndarray, counts_t: np.ndarray, setti
             pop.query[rt], pop.url[rt], hl_s, epsilon=setting.epsilon, m_o=1, head_list_size=setting.head_list_size,
             noise=DiscreteLaplaceNoise(np.random.default_rng([seed, 2])), s_counts=s_counts, n_s=n_s,
             rank_with_s=reuses)
-        kept = kept_count_for(setting.epsilon, setting.delta, 1, DiscreteLaplaceNoise.name, n_s)
         out[rel] = reuse_s(est, kept) if reuses else est  # as a curator round does
     return out
 

@@ -184,7 +184,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         store.close()
         os.environ[WORKER_CONFIG] = json.dumps({
             "db_url": db_url, "token_file": str(token_path), "max_body_bytes": max_body_bytes,
-            "check_workers": check_workers, "parent": os.getpid(), **limits})
+            "check_workers": check_workers, "parent": os.getpid(), "limits": limits})
         uvicorn.run("hybriddp.cli.serve:worker_app", factory=True, workers=workers, **options)
         return
     from hybriddp.service.checkpool import tune_interpreter
@@ -208,10 +208,7 @@ def worker_app() -> object:
     cfg = json.loads(os.environ[WORKER_CONFIG])
     token = Path(cfg["token_file"]).read_text(encoding="utf-8").strip()
     app = create_app(cfg["db_url"], token, max_body_bytes=cfg["max_body_bytes"],
-                     check_workers=cfg["check_workers"], recover=False, allow_seeds=cfg["allow_seeds"],
-                     optin_max_records=cfg["optin_max_records"], optin_max_bytes=cfg["optin_max_bytes"],
-                     cors_origins=tuple(cfg["cors_origins"]), public_metrics=cfg["public_metrics"],
-                     private_round_details=cfg["private_round_details"])
+                     check_workers=cfg["check_workers"], recover=False, **cfg["limits"])
     watch_parent(cfg["parent"])
     tune_interpreter()
     return app

@@ -32,7 +32,7 @@ from hybriddp.service import models as m
 from hybriddp.service.bodies import BodyLimit
 from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS, CheckPool
 from hybriddp.service.errors import cut_message, describe_errors, error_payload
-from hybriddp.service.guard import Guard, normalize_origin
+from hybriddp.service.guard import Guard
 from hybriddp.service.metrics import LatencyMiddleware, Metrics
 from hybriddp.service.reports import ReportsEndpoint
 from hybriddp.service.routers import ROUTERS
@@ -162,13 +162,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                               "Leave out --admin-token-file and `hybriddp serve` generates a random one.")
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
         raise parameter_error("max body bytes (--max-body-bytes)", max_body_bytes, "an integer >= 1024")
-    for origin in cors_origins:
-        try:
-            normalize_origin(origin)
-        except ValueError:
-            raise parameter_error("CORS origin (--cors-origin)", origin[:80], "an origin such as "
-                                  "https://pages.example.org (http or https, host and port only)") from None
-    guard = Guard(cors_origins)
+    guard = Guard(cors_origins)  # a bad origin is refused by name
     store = Store(db_url, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
                   optin_max_records=optin_max_records, optin_max_bytes=optin_max_bytes)
     try:

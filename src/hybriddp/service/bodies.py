@@ -41,6 +41,11 @@ def media_type(content_type: str | None) -> str:
     return content_type.split(";")[0].strip().lower()
 
 
+def is_json(media: str) -> bool:
+    """Whether a media type (:func:`media_type`) is JSON: ``application/json`` or a ``+json`` type."""
+    return media == "application/json" or media.endswith("+json")
+
+
 def body_too_large(limit: int) -> BodyTooLargeError:
     """The 413 of a body over ``limit`` bytes."""
     return BodyTooLargeError(f"request body over the limit of {limit:,} bytes; send reports in smaller batches "
@@ -107,7 +112,7 @@ def ndjson_lines(body: bytes) -> list[tuple[int, Any]]:
 def parse_messages(body: bytes, content_type: str | None) -> list[Any]:
     """A reports body → its messages: one JSON object, a JSON array, or NDJSON (one object a line)."""
     media = media_type(content_type)
-    if media not in NDJSON_TYPES and media != "application/json" and not media.endswith("+json"):
+    if media not in NDJSON_TYPES and not is_json(media):
         raise UnsupportedMediaTypeError(f"Content-Type {media[:60]!r} is not taken; send application/json (one message "
                                         "or an array) or application/x-ndjson (one message a line)")
     if media in NDJSON_TYPES:

@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from hybriddp.core.errors import parameter_error
+
 SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
@@ -35,50 +37,52 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 DEFAULT_CSP = b"default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
 """The Content-Security-Policy of responses that set none (API JSON, errors): nothing may load or frame them."""
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CORS_METHODS = b"GET, POST, DELETE, OPTIONS"
 CORS_HEADERS = b"Authorization, Content-Type, If-None-Match"
 
 
-def normalize_origin(origin: str) -> str:
-    """``scheme://host[:port]`` in lower case with the scheme's default port dropped; ValueError if not an origin."""
+def _origin_parts(origin: str) -> tuple[str, str, int]:
+    """(scheme, host — bracketed if IPv6, port — the scheme's default when absent) of an origin, lower case;
+    ValueError if it is not one."""
     parts = urlsplit(origin.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
         raise ValueError(f"{origin[:80]!r} is not an origin (scheme://host[:port], http or https)")
-    port = parts.port
-    default = {"http": 80, "https": 443}[parts.scheme]
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    return f"{parts.scheme}://{host}" + ("" if port in (None, default) else f":{port}")
+    return parts.scheme, host, parts.port or DEFAULT_PORTS[parts.scheme]
 
 
-def _netloc(origin: str) -> str:
-    """host[:port] of a normalized origin, with the default port of its scheme written out."""
-    parts = urlsplit(origin)
-    default = {"http": 80, "https": 443}.get(parts.scheme, 0)
-    host = parts.hostname or ""
-    host = host if ":" not in host else f"[{host}]"
-    return f"{host}:{parts.port or default}"
+def normalize_origin(origin: str) -> str:
+    """``scheme://host[:port]`` in lower case with the scheme's default port dropped; ValueError if not an origin."""
+    scheme, host, port = _origin_parts(origin)
+    return f"{scheme}://{host}" + ("" if port == DEFAULT_PORTS[scheme] else f":{port}")
 
 
 class Guard:
     """Decides what to do with a request before any route sees it (module docstring)."""
 
     def __init__(self, cors_origins: Iterable[str] = ()) -> None:
-        self.cors_origins = frozenset(normalize_origin(o) for o in cors_origins)
+        """``cors_origins``: the listed origins; a string that is not one is a :class:`ParameterError` naming it."""
+        listed = set()
+        for origin in cors_origins:
+            try:
+                listed.add(normalize_origin(origin))
+            except ValueError:
+                raise parameter_error("CORS origin (--cors-origin)", origin[:80], "an origin such as "
+                                      "https://pages.example.org (http or https, host and port only)") from None
+        self.cors_origins = frozenset(listed)
 
     def same_origin(self, origin: str, host: str | None) -> bool:
         """Whether ``origin`` names this server as the request reached it (its Host header), any scheme."""
         if not host:
             return False
         try:
-            want = _netloc(normalize_origin(origin))
+            _, name, port = _origin_parts(origin)
         except ValueError:
             return False
-        h = host.strip().lower()  # host[:port]; without a port, the scheme's default (tried below)
-        if h == want:
-            return True
-        name, _, port = want.rpartition(":")
-        return port in ("80", "443") and h == name
+        h = host.strip().lower()  # host[:port]; without a port, the scheme's default
+        return h == f"{name}:{port}" or (port in DEFAULT_PORTS.values() and h == name)
 
     def refusal(self, method: str, headers: dict[str, str]) -> tuple[int, str, str] | None:
         """(status, code, message) when a request with this method and these (lower-case) headers must be refused,
@@ -122,11 +126,11 @@ class Guard:
             return
         method, headers = scope["method"], _headers(scope)
         refused = self.refusal(method, headers)
-        extra = self.cors_headers(headers.get("origin"))
         if refused is not None:
             status, code, message = refused
             await _send_json(send, status, {"error": {"code": code, "message": message}})
             return
+        extra = self.cors_headers(headers.get("origin"))
         pre = self.preflight(method, headers)
         if pre is not None:
             await send({"type": "http.response.start", "status": 204, "headers": [*pre, *SECURITY_HEADERS]})

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from hybriddp.core.errors import DataError
 from hybriddp.service import models as m
-from hybriddp.service.bodies import NDJSON_TYPES, body_text, loads, media_type, ndjson_lines, read_body
+from hybriddp.service.bodies import NDJSON_TYPES, body_text, is_json, loads, media_type, ndjson_lines, read_body
 from hybriddp.service.errors import (
     BadBodyError,
     ConflictError,
@@ -62,7 +62,7 @@ def _admit(store: Store, round_id: str, media: str, token: str | None) -> tuple[
     if media in NDJSON_TYPES:
         store.round(round_id)
         return None
-    if media != "application/json" and not media.endswith("+json"):
+    if not is_json(media):
         raise UnsupportedMediaTypeError(f"Content-Type {media[:60]!r} is not taken; send application/json (one user, "
                                         "token in the Authorization header) or application/x-ndjson (one user a line)")
     if token is None:

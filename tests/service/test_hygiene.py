@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from test_api import ADMIN, API, AUTH, blender_round, device_messages, error_of
+from test_api import ADMIN, API, AUTH, JSON, blender_round, device_messages, error_of
 
 from hybriddp.service import create_app
 
-JSON = {"Content-Type": "application/json"}
 EVIL = "http://evil.example"
 
 

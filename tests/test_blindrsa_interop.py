@@ -1,7 +1,9 @@
 """hybriddp's RSA blind signatures (:mod:`hybriddp.core.blindrsa`) against a library no one here wrote,
 `@cloudflare/blindrsa-ts` (npm, pinned in tests/interop/package.json), under node: tokens issued by the Python
 signer are finalized by the TS client, and messages blinded by the Python client are signed by the TS signer, for
-every RFC 9474 variant; each side verifies the other's signatures, and a tampered one fails on both.
+every RFC 9474 variant; each side verifies the other's signatures, and a tampered one fails on both. hybriddp's JS
+device (clients/js/hybriddp-device.js) gets a report token signed by the TS signer, which the TS library and the
+Python server verify.
 
 The package is installed by `.ci/run` (`npm ci --prefix tests/interop`); in CI a missing package or node is a
 failure. Elsewhere the tests say how to install it and skip."""
@@ -19,8 +21,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from hybriddp.core import blindrsa
+from hybriddp.core import blindrsa, tokens
 from hybriddp.core.blindrsa import Variant
+from hybriddp.core.protocol import new_message_id
 
 INTEROP = Path(__file__).with_name("interop")
 SCRIPT = INTEROP / "blindrsa.mjs"
@@ -85,3 +88,24 @@ def test_ts_signer_and_python_client(node: str, key: rsa.RSAPrivateKey, variant:
     assert _ts(node, "verify", variant, _spki(key), prepared, sig)["valid"] is True
     assert blindrsa.verify(key.public_key(), prepared, sig, variant=variant)
     assert _ts(node, "verify", variant, _spki(key), prepared + b"x", sig)["valid"] is False
+
+
+def test_js_device_client_and_ts_signer(node: str, key: rsa.RSAPrivateKey) -> None:
+    """hybriddp's JS device (clients/js) blinds a report token, the TS library signs it blind, the JS device
+    finalizes it, and both the TS library and the Python server verify the token."""
+    round_key = tokens.round_key("rnd-interop", key)
+    message = {"id": new_message_id(), "headlist": "sha256:" + "cd" * 32,
+               "reports": [{"query": "pâte à crêpes 😀", "url": "https://例え.jp/パス"}, {"query": None, "url": None}]}
+    job = {"key_doc": round_key.to_dict(), "round": "rnd-interop", "pkcs8": _pkcs8(key).hex(),
+           "spki": _spki(key).hex(), "message": message}
+    out = subprocess.run([node, str(INTEROP / "device-tokens.mjs")], cwd=INTEROP, input=json.dumps(job),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout)
+    payload = tokens.message_payload(message)
+    assert bytes.fromhex(res["token_input"]) == tokens.token_input("rnd-interop", round_key.key_id, message["id"],
+                                                                    payload)
+    assert res["ts_valid"] is True and res["ts_valid_tampered"] is False
+    tokens.TokenVerifier(round_key).check({**message, "token": res["token"]}, message["id"], payload, "interop")
+    assert res["tampered_error"] is not None and res["tampered_error"].startswith("DeviceError: ")
+    assert "does not verify" in res["tampered_error"]

@@ -9,7 +9,9 @@ against them (clients/js/test/*.test.js, reading the file named by ``HYBRIDDP_JS
 * ``output_distribution`` rows for listed, ⟨q,*⟩ and ⟨*,*⟩ inputs, and m_C > 1, which the JS
   test samples 10^6 times through ``systemSource`` over seeded bytes (chi-square, p > 1e-6; deterministic);
 * scipy's chi-square tail probabilities, which the JS p-value function must reproduce;
-* mutated head lists with Python's verdict (refused, and which field it names, or accepted).
+* mutated head lists with Python's verdict (refused, and which field it names, or accepted);
+* report tokens (tests/tokenhelpers.py, also run alone by tests/test_js_tokens.py): payload and token-input
+  bytes, token-key verdicts, and blinded messages and tokens replayed from given random bytes.
 
 ``node`` missing is a failure, not a skip: CI must run these tests.
 """
@@ -37,6 +39,7 @@ from hybriddp.core.protocol import DeviceError, max_epsilon, validate_headlist
 from hybriddp.core.records import ArrayVocabulary
 from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
 from hybriddp.device.localalg import DeviceHeadList, UniformReplay, randomize_records
+from tokenhelpers import token_fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 JS_DIR = ROOT / "clients" / "js"
@@ -328,7 +331,8 @@ def build_fixtures() -> dict[str, Any]:
                             for m_c in (1, 2, 3, 7, 1000, 2**40)],
             # the pinned wire-format answer of tests/headlisthelpers.py (hand-written text, hash and an unsorted doc)
             "known_answer": {"canonical": KAT_CANONICAL, "hash": KAT_HASH,
-                             "doc_text": json.dumps(kat_doc(), ensure_ascii=False)}}
+                             "doc_text": json.dumps(kat_doc(), ensure_ascii=False)},
+            "tokens": token_fixtures()}
 
 
 def write_fixtures(path: Path) -> None:

@@ -18,6 +18,9 @@
 //
 // A report is {query, url} with null for the wildcard *; a message is
 // {id, headlist: <content hash>, reports: [...]}, the body of POST /api/v1/rounds/{id}/reports.
+//
+// Report tokens (docs/TOKENS.md, the section at the end): a server that admits only credentialed devices takes a
+// message only with a "token", a blind-signed Privacy Pass token bound to it; obtainToken gets one.
 
 export const HEADLIST_FORMAT = "hybriddp-headlist";
 export const HEADLIST_VERSION = 1;
@@ -1039,4 +1042,443 @@ export class DeviceLedger {
         + "may be reported");
     }
   }
+}
+
+// ----- report tokens (docs/TOKENS.md) -----------------------------------------------------------
+// The client side of the anonymous report tokens: Privacy Pass publicly verifiable tokens (RFC 9578 §6,
+// token type 0x0002) bound to one message, issued blind with RSABSSA-SHA384-PSS-Deterministic (RFC 9474).
+// A port of hybriddp.core.tokens (challenge, blender_payload, mean_payload, nonce, token_input,
+// RoundKey.from_dict, TokenRequest): the same bytes from the same message. SHA-256, SHA-384 and the final
+// RSASSA-PSS verification use WebCrypto (crypto.subtle, so a secure context: https or localhost); the RSA
+// arithmetic of blinding is BigInt. All binary fields travel as URL-safe base64 without padding.
+
+/** Privacy Pass token type 0x0002 (RFC 9578 §6): RSABSSA-SHA384-PSS-Deterministic, 2048-bit keys. */
+export const TOKEN_TYPE = 2;
+/** The RFC 9474 variant of token type 2. */
+export const TOKEN_VARIANT = "RSABSSA-SHA384-PSS-Deterministic";
+export const TOKEN_KEY_BITS = 2048;
+const TOKEN_ISSUER = "hybriddp"; // the TokenChallenge's issuer_name
+const NONCE_DOMAIN = "hybriddp report token v1\x00";
+const PSS_SALT_BYTES = 48; // the variant's salt length (RFC 9474 §5)
+const SHA384_BYTES = 48;
+const NULL_TEXT = 0xffffffff; // the length written for a null query or URL
+const OID_RSA_ENCRYPTION = "2a864886f70d010101"; // 1.2.840.113549.1.1.1
+const OID_RSASSA_PSS = "2a864886f70d01010a"; // 1.2.840.113549.1.1.10, what the server writes (RFC 9578 §6.5)
+const KEY_FIX = "Fetch the key again from GET /api/v1/rounds/{id}/token-key of the round's server.";
+
+function subtleCrypto() {
+  const subtle = globalThis.crypto && globalThis.crypto.subtle;
+  if (!subtle || typeof subtle.digest !== "function") {
+    throw new DeviceError("report tokens need WebCrypto (crypto.subtle), which browsers give only to secure "
+      + "contexts: serve the page over https (or from localhost); Node 20+ has it");
+  }
+  return subtle;
+}
+
+async function digest(algorithm, bytes) {
+  return new Uint8Array(await subtleCrypto().digest(algorithm, bytes));
+}
+
+function concatBytes(...parts) {
+  const out = new Uint8Array(parts.reduce((s, p) => s + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+const uint32BE = (x) => Uint8Array.of(x >>> 24, (x >>> 16) & 255, (x >>> 8) & 255, x & 255);
+const uint16BE = (x) => Uint8Array.of((x >>> 8) & 255, x & 255);
+const hexOf = (bytes) => [...bytes].map((x) => x.toString(16).padStart(2, "0")).join("");
+
+function asciiBytes(text, what) {
+  if (typeof text !== "string" || !/^[\x00-\x7f]*$/.test(text)) {
+    throw new DeviceError(`${what} = ${show(fromJs(text), 40)} must be an ASCII string`);
+  }
+  return Uint8Array.from(text, (c) => c.charCodeAt(0));
+}
+
+/** The bytes of a URL-safe base64 field (padding optional), size bytes long if given; DeviceError otherwise. */
+function fromBase64url(text, field, size = undefined) {
+  const want = size === undefined ? "" : ` of ${size} bytes`;
+  if (typeof text !== "string" || !/^[A-Za-z0-9_-]*={0,2}$/.test(text) || text.replace(/=+$/, "").length % 4 === 1
+      || (text.endsWith("=") && text.length % 4 !== 0)) {
+    throw new DeviceError(`field '${field}' = ${show(fromJs(text), 30)} must be a URL-safe base64 string${want}`);
+  }
+  const body = text.replace(/=+$/, "");
+  const out = new Uint8Array(Math.floor((body.length * 3) / 4));
+  let acc = 0;
+  let bits = 0;
+  let j = 0;
+  for (const ch of body) {
+    acc = ((acc << 6) | B64URL.indexOf(ch)) & 0xffff;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out[j++] = (acc >> bits) & 255;
+    }
+  }
+  if (size !== undefined && out.length !== size) {
+    throw new DeviceError(`field '${field}' must hold ${size} bytes, found ${out.length}`);
+  }
+  return out;
+}
+
+// BigInt arithmetic (RFC 8017 §4: OS2IP, I2OSP). Not constant time: it handles only the client's own blinding
+// factor, on the client's own device (the signer's private-key operation is the server's, in GMP).
+const bytesToBigInt = (bytes) => (bytes.length ? BigInt(`0x${hexOf(bytes)}`) : 0n);
+
+function bigIntToBytes(x, length) {
+  const hex = x.toString(16).padStart(2 * length, "0");
+  if (hex.length > 2 * length) throw new DeviceError(`integer too large for ${length} bytes`);
+  return Uint8Array.from({ length }, (_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16));
+}
+
+const bitLength = (x) => (x === 0n ? 0 : x.toString(2).length);
+
+function modPow(base, exp, mod) {
+  let result = 1n;
+  let b = base % mod;
+  for (let x = exp; x > 0n; x >>= 1n) {
+    if (x & 1n) result = (result * b) % mod;
+    b = (b * b) % mod;
+  }
+  return result;
+}
+
+/** a⁻¹ mod n by the extended Euclidean algorithm, or null when gcd(a, n) ≠ 1. */
+function modInverse(a, n) {
+  let [t, newT, r, newR] = [0n, 1n, n, ((a % n) + n) % n];
+  while (newR !== 0n) {
+    const q = r / newR;
+    [t, newT] = [newT, t - q * newT];
+    [r, newR] = [newR, r - q * newR];
+  }
+  if (r !== 1n) return null;
+  return t < 0n ? t + n : t;
+}
+
+function malformedKey(what) {
+  throw new DeviceError(`token key: field 'public_key' is not an RSA SubjectPublicKeyInfo (${what}). ${KEY_FIX}`);
+}
+
+/** One DER TLV at bytes[pos] with this tag, inside bytes[..limit] (definite, minimal length): its content's bounds. */
+function derItem(bytes, pos, tag, limit) {
+  if (pos + 2 > limit || bytes[pos] !== tag) malformedKey("malformed DER");
+  let len = bytes[pos + 1];
+  let start = pos + 2;
+  if (len & 0x80) {
+    const size = len & 0x7f;
+    if (size === 0 || size > 3 || start + size > limit || bytes[start] === 0) malformedKey("malformed DER");
+    len = 0;
+    for (let i = 0; i < size; i++) len = len * 256 + bytes[start + i];
+    if (len < 0x80) malformedKey("malformed DER");
+    start += size;
+  }
+  if (start + len > limit) malformedKey("malformed DER");
+  return { start, end: start + len };
+}
+
+/**
+ * [n, e] (BigInt) of the DER SubjectPublicKeyInfo of an RSA key, with the RSASSA-PSS OID (RFC 4055, as the
+ * server writes it) or rsaEncryption (as Python's reader also accepts). WebCrypto is not used here: some
+ * implementations refuse the RSASSA-PSS OID in importKey("spki").
+ */
+function parseRsaSpki(spki) {
+  const outer = derItem(spki, 0, 0x30, spki.length);
+  if (outer.end !== spki.length) malformedKey("trailing bytes");
+  const alg = derItem(spki, outer.start, 0x30, outer.end);
+  const oid = derItem(spki, alg.start, 0x06, alg.end);
+  const oidHex = hexOf(spki.subarray(oid.start, oid.end));
+  if (oidHex !== OID_RSASSA_PSS && oidHex !== OID_RSA_ENCRYPTION) malformedKey("not an RSA key");
+  const bits = derItem(spki, alg.end, 0x03, outer.end); // BIT STRING: 0 unused bits, then RSAPublicKey
+  if (bits.end !== outer.end || bits.start === bits.end || spki[bits.start] !== 0) malformedKey("malformed DER");
+  const rsaKey = derItem(spki, bits.start + 1, 0x30, bits.end);
+  const nItem = derItem(spki, rsaKey.start, 0x02, rsaKey.end);
+  const eItem = derItem(spki, nItem.end, 0x02, rsaKey.end);
+  if (rsaKey.end !== bits.end || eItem.end !== rsaKey.end) malformedKey("malformed DER");
+  const n = bytesToBigInt(spki.subarray(nItem.start, nItem.end));
+  const e = bytesToBigInt(spki.subarray(eItem.start, eItem.end));
+  if (spki[nItem.start] & 0x80 || spki[eItem.start] & 0x80 || n % 2n === 0n || e % 2n === 0n || e < 3n || e >= n) {
+    malformedKey("not a valid RSA public key");
+  }
+  return [n, e];
+}
+
+/** The BLENDER message's reports as the bytes its token is bound to (Python blender_payload). */
+export function blenderPayload(reports) {
+  if (!Array.isArray(reports)) {
+    throw new DeviceError(`reports = ${show(fromJs(reports), 40)} is not a list of {query, url} objects`);
+  }
+  const parts = [uint32BE(reports.length)];
+  reports.forEach((rep, i) => {
+    for (const field of ["query", "url"]) {
+      const text = rep !== null && typeof rep === "object" ? rep[field] : undefined;
+      if (text === null) {
+        parts.push(uint32BE(NULL_TEXT));
+      } else if (typeof text === "string" && !LONE_SURROGATE.test(text)) {
+        const raw = utf8(text);
+        parts.push(uint32BE(raw.length), raw);
+      } else {
+        throw new DeviceError(`reports[${i}].${field} = ${show(fromJs(text), 40)} must be a string (without lone `
+          + "surrogates) or null");
+      }
+    }
+  });
+  return concatBytes(...parts);
+}
+
+/** A mean message's value as the bytes its token is bound to: "v" and the IEEE-754 double, big-endian. */
+export function meanPayload(value) {
+  if (typeof value !== "number" || !Number.isFinite(value)) {
+    throw new DeviceError(`value = ${show(fromJs(value), 40)} must be a finite number`);
+  }
+  const out = new Uint8Array(9);
+  out[0] = 0x76; // "v"
+  new DataView(out.buffer).setFloat64(1, value, false);
+  return out;
+}
+
+/**
+ * The payload a message's token is bound to, as the server computes it from the message this device posts: its
+ * mean value if it has one, else its reports. A value of −0 counts as +0: JSON.stringify writes −0 as 0, so
+ * that is what the server reads (meanPayload(−0) itself is Python's mean_payload(−0.0)).
+ */
+export function messagePayload(message) {
+  if (message === null || typeof message !== "object") {
+    throw new DeviceError(`message = ${show(fromJs(message), 40)} is not an object`);
+  }
+  if (!Object.hasOwn(message, "value")) return blenderPayload(message.reports);
+  return meanPayload(message.value === 0 ? 0 : message.value);
+}
+
+/**
+ * The round's TokenChallenge (RFC 9578 §2.1), resolving to its bytes: type 0x0002, issuer name "hybriddp",
+ * redemption context SHA-256(round id), empty origin info.
+ */
+export async function tokenChallenge(roundId) {
+  const context = await digest("SHA-256", asciiBytes(roundId, "round id"));
+  const issuer = asciiBytes(TOKEN_ISSUER, "issuer");
+  return concatBytes(uint16BE(TOKEN_TYPE), uint16BE(issuer.length), issuer, Uint8Array.of(context.length), context,
+    uint16BE(0));
+}
+
+/**
+ * token_input = 0x0002 || nonce || SHA-256(TokenChallenge) || key id (RFC 9578 §6.1; 98 bytes), where
+ * nonce = SHA-256("hybriddp report token v1" 0x00 || message id || 0x00 || payload). Resolves to the bytes.
+ * keyId: the 32-byte key id (parseTokenKey(...).keyId); payload: blenderPayload / meanPayload of the message.
+ */
+export async function tokenInput(roundId, keyId, messageId, payload) {
+  if (!(keyId instanceof Uint8Array) || keyId.length !== 32) {
+    throw new DeviceError("tokenInput: keyId must be the 32-byte key id (a Uint8Array), from parseTokenKey");
+  }
+  if (!(payload instanceof Uint8Array)) {
+    throw new DeviceError("tokenInput: payload must be a Uint8Array, from blenderPayload or meanPayload");
+  }
+  const nonce = await digest("SHA-256", concatBytes(asciiBytes(NONCE_DOMAIN, "domain"),
+    asciiBytes(messageId, "message id"), Uint8Array.of(0), payload));
+  const challengeHash = await digest("SHA-256", await tokenChallenge(roundId));
+  return concatBytes(uint16BE(TOKEN_TYPE), nonce, challengeHash, keyId);
+}
+
+/**
+ * Check a round's token key as fetched from GET /api/v1/rounds/{id}/token-key (Python RoundKey.from_dict):
+ * token type 2, made for roundId, a 2048-bit RSA SubjectPublicKeyInfo, and key_id = SHA-256(public_key).
+ * Resolves to a frozen {roundId, spki, keyId (Uint8Array), n, e (BigInt), modulusBytes, publicKey (CryptoKey
+ * for RSA-PSS SHA-384 verification)}; rejects with DeviceError otherwise.
+ */
+export async function parseTokenKey(doc, roundId) {
+  if (doc === null || typeof doc !== "object" || Array.isArray(doc)) {
+    throw new DeviceError('token key: expected a JSON object {"public_key", "key_id", ...}');
+  }
+  if (doc.token_type !== TOKEN_TYPE || doc.round !== roundId) {
+    throw new DeviceError(`token key: made for token type ${show(fromJs(doc.token_type), 20)} and round `
+      + `${show(String(doc.round).slice(0, 40), 44)}; expected ${TOKEN_TYPE} and ${roundId}`);
+  }
+  const spki = fromBase64url(doc.public_key, "public_key");
+  const [n, e] = parseRsaSpki(spki);
+  const keyId = await digest("SHA-256", spki);
+  const given = fromBase64url(doc.key_id, "key_id", 32);
+  if (bitLength(n) !== TOKEN_KEY_BITS || hexOf(given) !== hexOf(keyId)) {
+    throw new DeviceError("token key: not a 2048-bit key, or 'key_id' is not SHA-256 of 'public_key'. " + KEY_FIX);
+  }
+  const modulusBytes = Math.ceil(bitLength(n) / 8);
+  const bigB64 = (x) => base64url(bigIntToBytes(x, Math.ceil(bitLength(x) / 8)));
+  let publicKey;
+  try {
+    publicKey = await subtleCrypto().importKey("jwk", { kty: "RSA", n: bigB64(n), e: bigB64(e), alg: "PS384",
+      ext: true }, { name: "RSA-PSS", hash: "SHA-384" }, false, ["verify"]);
+  } catch (exc) {
+    throw new DeviceError(`token key: WebCrypto refuses the key (${exc.message ?? exc}). ${KEY_FIX}`);
+  }
+  return Object.freeze({ roundId, spki, keyId, n, e, modulusBytes, publicKey });
+}
+
+/** MGF1 with SHA-384 (RFC 8017 §B.2.1). */
+async function mgf1Sha384(seed, length) {
+  const blocks = [];
+  for (let i = 0; i * SHA384_BYTES < length; i++) blocks.push(await digest("SHA-384", concatBytes(seed, uint32BE(i))));
+  return concatBytes(...blocks).subarray(0, length);
+}
+
+/** EMSA-PSS-ENCODE with SHA-384 and MGF1-SHA-384 (RFC 8017 §9.1.1), the salt given. */
+async function emsaPssEncode(msg, emBits, salt) {
+  const emLen = Math.ceil(emBits / 8);
+  if (emLen < SHA384_BYTES + salt.length + 2) throw new DeviceError(`a ${emBits + 1}-bit key is too small for PSS`);
+  const mHash = await digest("SHA-384", msg);
+  const h = await digest("SHA-384", concatBytes(new Uint8Array(8), mHash, salt));
+  const db = new Uint8Array(emLen - SHA384_BYTES - 1); // PS (zeros) || 0x01 || salt
+  db[db.length - salt.length - 1] = 1;
+  db.set(salt, db.length - salt.length);
+  const mask = await mgf1Sha384(h, db.length);
+  for (let i = 0; i < db.length; i++) db[i] ^= mask[i];
+  db[0] &= 0xff >> (8 * emLen - emBits); // clear the leftmost 8·emLen − emBits bits
+  return concatBytes(db, h, Uint8Array.of(0xbc));
+}
+
+/** Uniform in [1, n) by rejection sampling (RFC 9474 §4.2; the same bytes give Python's _random_below). */
+function randomBelow(n, source) {
+  const k = Math.ceil(bitLength(n) / 8);
+  const excess = BigInt(8 * k - bitLength(n));
+  for (;;) {
+    const x = bytesToBigInt(source.bytes(k)) >> excess;
+    if (x >= 1n && x < n) return x;
+  }
+}
+
+function checkKey(key) {
+  if (!key || typeof key.n !== "bigint" || typeof key.e !== "bigint" || !(key.keyId instanceof Uint8Array)
+      || !key.publicKey) {
+    throw new DeviceError("the token key must be the object parseTokenKey(doc, roundId) resolves to");
+  }
+}
+
+/**
+ * Blind a prepared message (RFC 9474 §4.2, RSABSSA-SHA384-PSS-Deterministic) under a key from parseTokenKey.
+ * The lower-level step of requestToken (use that): resolves to {blinded (base64url), finalize}, as requestToken.
+ * options.getRandomValues: for tests only (as systemSource); the default is crypto.getRandomValues.
+ */
+export async function blindTokenInput(key, input, { getRandomValues } = {}) {
+  checkKey(key);
+  const { n, e, modulusBytes: k } = key;
+  const source = systemSource({ getRandomValues }); // draws: the 48-byte salt, then r (as Python)
+  const salt = source.bytes(PSS_SALT_BYTES);
+  const m = bytesToBigInt(await emsaPssEncode(input, bitLength(n) - 1, salt)); // emBits = bit_len(n) − 1
+  if (modInverse(m, n) === null) {
+    throw new DeviceError("invalid input: the encoded message is not co-prime with n (is the token key valid?)");
+  }
+  let r;
+  let inv;
+  do {
+    r = randomBelow(n, source);
+    inv = modInverse(r, n);
+  } while (inv === null); // r shares a factor with n: probability ~2^-1023 for a valid key
+  const blinded = base64url(bigIntToBytes((m * modPow(r, e, n)) % n, k)); // m · r^e mod n
+  r = null;
+  return {
+    blinded,
+    /** The token (base64url RSASSA-PSS signature over the input) from the issuer's blind signature (base64url). */
+    async finalize(blindSig) {
+      const z = bytesToBigInt(fromBase64url(blindSig, "blind_sig", k));
+      const sig = bigIntToBytes((z * inv) % n, k); // RFC 9474 §4.4: s = z · r⁻¹ mod n
+      const valid = await subtleCrypto().verify({ name: "RSA-PSS", saltLength: PSS_SALT_BYTES }, key.publicKey, sig,
+        input);
+      if (!valid) {
+        throw new DeviceError(`the issuer's answer is not a valid blind signature under key `
+          + `${base64url(key.keyId).slice(0, 12)}…: the unblinded signature does not verify`);
+      }
+      return base64url(sig);
+    },
+  };
+}
+
+/**
+ * Start a report token for one message (docs/TOKENS.md steps 3-5): key from parseTokenKey(doc, roundId),
+ * the message's id and payload (messagePayload(message)). Resolves to {blinded, tokenInput, finalize}:
+ * send `blinded` (base64url) to POST /api/v1/rounds/{id}/tokens; `await finalize(blindSig)` turns the
+ * issuer's answer (base64url) into the token (base64url), verifying it, or rejects with DeviceError.
+ * The blinding factor never leaves the closure; the issuer sees only m·r^e mod n, independent of the message.
+ * options.getRandomValues: for tests only, as systemSource; the default is crypto.getRandomValues.
+ */
+export async function requestToken(key, roundId, messageId, payload, { getRandomValues } = {}) {
+  checkKey(key);
+  if (key.roundId !== roundId) {
+    throw new DeviceError(`the token key is round ${show(fromJs(key.roundId), 40)}'s, not ${show(roundId, 40)}'s`);
+  }
+  const input = await tokenInput(roundId, key.keyId, messageId, payload);
+  const { blinded, finalize } = await blindTokenInput(key, input, { getRandomValues });
+  return { blinded, tokenInput: input, finalize };
+}
+
+/** The JSON answer of a fetch, or DeviceError with the server's message ({"error": {"code", "message"}}). */
+async function answerOf(request, what) {
+  let resp;
+  try {
+    resp = await request();
+  } catch (exc) {
+    throw new DeviceError(`${what}: the server cannot be reached (${exc.message ?? exc})`);
+  }
+  const text = await resp.text();
+  let body = null;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    // left null: reported below
+  }
+  if (!resp.ok) {
+    const err = body !== null && typeof body === "object" ? body.error : undefined;
+    const code = err && typeof err.code === "string" ? err.code : undefined;
+    const detail = err && typeof err.message === "string" ? err.message : text.slice(0, 200);
+    const exc = new DeviceError(`${what}: refused (HTTP ${resp.status}${code ? ` ${code}` : ""}): ${detail}`);
+    exc.status = resp.status;
+    exc.code = code;
+    throw exc;
+  }
+  if (body === null || typeof body !== "object") {
+    throw new DeviceError(`${what}: the server's answer is not a JSON object (HTTP ${resp.status})`);
+  }
+  return body;
+}
+
+/**
+ * Get a report token for a message (docs/TOKENS.md): fetch the round's key, blind the message's token input,
+ * have the server sign it with the device credential, unblind and verify. Resolves to a copy of the message
+ * with its "token"; post that to /api/v1/rounds/{id}/reports (and keep it, token included, for retries).
+ * As the Python device: a message that has a token keeps it (a resent message is not issued another), and a
+ * server with open admission (the key's "admission": "open") takes messages without one, so none is got.
+ * fetchFn: fetch (or a stand-in); baseUrl: the server ("" for the page's own origin); credential: the device
+ * credential (bearer secret). Rejects with DeviceError naming the server's refusal; its `status` and `code`
+ * are the HTTP status and error code (e.g. 403 "issuance_limit": this credential's tokens for the round are
+ * used up).
+ */
+export async function obtainToken(fetchFn, baseUrl, roundId, credential, message, { getRandomValues } = {}) {
+  const messageId = checkMessageId(message?.id);
+  const payload = messagePayload(message);
+  if (Object.hasOwn(message, "round") && message.round !== roundId) {
+    throw new DeviceError(`the message is for round ${show(fromJs(message.round), 40)}, not ${show(roundId, 40)}`);
+  }
+  if (Object.hasOwn(message, "token")) return { ...message };
+  const api = `${String(baseUrl).replace(/\/+$/, "")}/api/v1/rounds/${encodeURIComponent(roundId)}`;
+  const doc = await answerOf(() => fetchFn(`${api}/token-key`, { headers: { Accept: "application/json" } }),
+    `token key of round ${roundId}`);
+  const key = await parseTokenKey(doc, roundId);
+  if (doc.admission === "open") return { ...message };
+  if (typeof credential !== "string" || !credential.trim()) {
+    throw new DeviceError(`round ${roundId}: this server takes reports only with a report token, and tokens need a `
+      + "device credential (the administrator makes them: `hybriddp credentials create`); see docs/TOKENS.md");
+  }
+  const req = await requestToken(key, roundId, messageId, payload, { getRandomValues });
+  const answer = await answerOf(() => fetchFn(`${api}/tokens`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${credential.trim()}`, "Content-Type": "application/json",
+      Accept: "application/json" },
+    body: JSON.stringify({ blinded_msgs: [req.blinded] }),
+  }), `token issuance for round ${roundId}`);
+  if (!Array.isArray(answer.blind_sigs) || answer.blind_sigs.length !== 1) {
+    throw new DeviceError(`token issuance for round ${roundId}: expected {"blind_sigs": [one signature]}, found `
+      + `${show(fromJs(answer.blind_sigs), 40)}`);
+  }
+  return { ...message, token: await req.finalize(answer.blind_sigs[0]) };
 }

@@ -35,7 +35,7 @@ N_OPTIN, N_DEVICES = 600, 6_000
 
 @pytest.fixture
 def client(store_url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(store_url, ADMIN, allow_seeds=True)) as c:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True, allow_seeds=True)) as c:
         yield c
 
 

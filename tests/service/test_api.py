@@ -50,7 +50,7 @@ DEVICE_POOL = [("weather", "https://w.example/a"), ("weather", "https://w.exampl
 # ----- helpers ----------------------------------------------------------------------------------
 @pytest.fixture
 def client(store_url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(store_url, ADMIN)) as c:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True)) as c:
         yield c
 
 
@@ -314,9 +314,9 @@ def test_bad_reports_are_refused_with_a_json_4xx_and_nothing_is_stored(client: T
 
 
 def test_bodies_over_the_size_limit_get_413(store_url: str) -> None:
-    with TestClient(create_app(store_url, ADMIN)) as client:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True)) as client:
         rid, _ = blender_round(client)
-    with TestClient(create_app(store_url, ADMIN, max_body_bytes=4096)) as client:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True, max_body_bytes=4096)) as client:
         big = b"[" + b" " * 5000 + b"]"
         url = f"{API}/rounds/{rid}/reports"
         error_of(client.post(url, content=big, headers=JSON), 413, "body_too_large", "4,096 bytes")
@@ -347,7 +347,7 @@ def test_the_declared_reports_route_answers_as_the_fast_path_does(store_url: str
         calls.append(args[4])
         return await route_accept(*args)
     monkeypatch.setattr(devices, "accept_reports", counted)
-    app = create_app(store_url, ADMIN)
+    app = create_app(store_url, ADMIN, open_admission=True)
     with TestClient(app) as client:
         rid, hl = blender_round(client)
         url = f"{API}/rounds/{rid}/reports"
@@ -462,7 +462,8 @@ def test_administrator_endpoints_need_the_token(client: TestClient) -> None:
 
 
 def test_the_ledger_refuses_a_round_over_the_lifetime_budget(store_url: str) -> None:
-    with TestClient(create_app(store_url, ADMIN, lifetime_epsilon=10.0, lifetime_delta=1e-3)) as client:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True, lifetime_epsilon=10.0,
+                                       lifetime_delta=1e-3)) as client:
         first, _ = blender_round(client)  # charges every opt-in user the round's (8, 1e-5) before the curator runs
         store = client.app.state.store
         spent = [store.spent(f"user-{i}") for i in range(50)]
@@ -553,7 +554,7 @@ def test_migrations_create_exactly_the_schema(store_url: str) -> None:
     try:
         with store.engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0005"
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0006"
     finally:
         store.close()
 

@@ -281,7 +281,7 @@ def service(store_url: str) -> Iterator[Service]:
     """The real service on the test's database, served by Uvicorn on 127.0.0.1 (a free port)."""
     from hybriddp.service import create_app
 
-    with local_server(create_app(store_url, ADMIN)) as url:
+    with local_server(create_app(store_url, ADMIN, open_admission=True)) as url:
         yield Service(url, store_url)
 
 

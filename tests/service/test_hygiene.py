@@ -25,7 +25,7 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def client(sqlite_url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(sqlite_url, ADMIN)) as c:
+    with TestClient(create_app(sqlite_url, ADMIN, open_admission=True)) as c:
         yield c
 
 
@@ -38,7 +38,7 @@ def test_cross_site_reports_are_refused_and_nothing_is_stored(store_url: str) ->
     Sec-Fetch-Site: cross-site, or with no Content-Type (a Blob, sendBeacon). Each is refused; the round's
     count does not move. The same report from this server's own origin, or from a client that is not a browser
     (no Origin), is counted."""
-    with TestClient(create_app(store_url, ADMIN)) as client:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True)) as client:
         rid, hl = blender_round(client)
         url = f"{API}/rounds/{rid}/reports"
         msgs = device_messages(hl, 6, seed=29)
@@ -60,7 +60,8 @@ def test_cross_site_reports_are_refused_and_nothing_is_stored(store_url: str) ->
 
 
 def test_listed_origins_get_cors_and_others_do_not(sqlite_url: str) -> None:
-    with TestClient(create_app(sqlite_url, ADMIN, cors_origins=("https://pages.example.org",))) as client:
+    with TestClient(create_app(sqlite_url, ADMIN, open_admission=True,
+                                      cors_origins=("https://pages.example.org",))) as client:
         rid, hl = blender_round(client)
         url = f"{API}/rounds/{rid}/reports"
         pre = client.options(url, headers={"Origin": "https://pages.example.org",
@@ -114,11 +115,11 @@ def test_errors_do_not_echo_large_input(client: TestClient) -> None:
 
 
 def test_metrics_need_the_admin_token_unless_public(sqlite_url: str) -> None:
-    with TestClient(create_app(sqlite_url, ADMIN)) as client:
+    with TestClient(create_app(sqlite_url, ADMIN, open_admission=True)) as client:
         error_of(client.get("/metrics"), 401, "unauthorized", "--public-metrics")
         error_of(client.get("/metrics", headers={"Authorization": "Bearer wrong-token-0123456789"}), 401)
         assert "hybriddp_reports_total" in client.get("/metrics", headers=AUTH).text
-    with TestClient(create_app(sqlite_url, ADMIN, public_metrics=True)) as client:
+    with TestClient(create_app(sqlite_url, ADMIN, open_admission=True, public_metrics=True)) as client:
         assert "hybriddp_reports_total" in client.get("/metrics").text
 
 
@@ -127,7 +128,7 @@ def test_a_bad_cors_origin_is_refused_by_name(sqlite_url: str) -> None:
 
     for bad in ("ftp://x", "https://a.example/path", "pages.example.org"):
         with pytest.raises(ParameterError, match="--cors-origin"):
-            create_app(sqlite_url, ADMIN, cors_origins=(bad,))
+            create_app(sqlite_url, ADMIN, open_admission=True, cors_origins=(bad,))
 
 
 def test_the_local_search_round_list_reads_only_the_newest(client: TestClient) -> None:
@@ -174,11 +175,11 @@ def test_same_origin_is_the_host_the_request_reached() -> None:
 
 
 def test_round_details_can_be_kept_to_administrators(sqlite_url: str) -> None:
-    with TestClient(create_app(sqlite_url, ADMIN)) as client:
+    with TestClient(create_app(sqlite_url, ADMIN, open_admission=True)) as client:
         rid, _ = blender_round(client)
         public = client.get(f"{API}/rounds/{rid}").json()
         assert public["counts"]["optin_users"] is None  # the opt-in counts are the administrators' either way
-    with TestClient(create_app(sqlite_url, ADMIN, private_round_details=True)) as client:
+    with TestClient(create_app(sqlite_url, ADMIN, open_admission=True, private_round_details=True)) as client:
         error_of(client.get(f"{API}/rounds/{rid}"), 401, "unauthorized", "--private-round-details")
         assert client.get(f"{API}/rounds/{rid}", headers=AUTH).json()["counts"]["optin_users"] > 0
         assert client.get(f"{API}/rounds/{rid}/headlist").status_code == 200  # what devices need stays public

@@ -25,11 +25,12 @@ MIB = 1 << 20
 def served(tmp_path: Path) -> Iterator[tuple[int, str]]:
     """(port, id of a round taking reports) of a real server (the project's HTTP protocol) on a fresh SQLite file."""
     url = f"sqlite:///{tmp_path / 'hybriddp.db'}"
-    with TestClient(create_app(url, ADMIN)) as client:
+    with TestClient(create_app(url, ADMIN, open_admission=True)) as client:
         rid, _ = blender_round(client)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(url, ADMIN, check_workers=0), log_level="warning",
+    server = uvicorn.Server(uvicorn.Config(create_app(url, ADMIN, open_admission=True, check_workers=0),
+                                           log_level="warning",
                                            http="hybriddp.service.http:Protocol"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -35,7 +35,7 @@ def canaries(n: int) -> list[tuple[str, str]]:
 
 @pytest.fixture
 def client(store_url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(store_url, ADMIN)) as c:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True)) as c:
         yield c
 
 
@@ -107,12 +107,12 @@ def test_retry_attack_an_empty_head_list_is_a_charged_release_that_ends_the_roun
 
 
 def test_a_build_interrupted_by_a_crash_is_aborted_on_recovery_not_run_again(store_url: str) -> None:
-    with TestClient(create_app(store_url, ADMIN)) as c:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True)) as c:
         rid = create(c)
         upload_all(c, rid, COMMON)
         store: Store = c.app.state.store  # type: ignore[attr-defined]
         store.start_build(rid, 4.0, 1e-5, private=True)  # the server stops here, mid-build
-    with TestClient(create_app(store_url, ADMIN)) as c:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True)) as c:
         store = c.app.state.store  # type: ignore[attr-defined]
         info = store.round(rid)
         assert info.state == "aborted" and info.purged is not None
@@ -147,7 +147,7 @@ def test_a_seeded_test_round_is_non_private_everywhere_and_its_seed_is_never_pub
     counts. With --insecure-testing-seeds the round runs, but no public document carries the seed, every
     public view says non-private, and the ledger records the charges as non-private."""
     seed = 918_273_645_546
-    with TestClient(create_app(store_url, ADMIN, allow_seeds=True)) as c:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True, allow_seeds=True)) as c:
         rid = create(c, {"epsilon": 4.0, "delta": 1e-5, "head_list_size": 10, "seed": seed})
         upload_all(c, rid, COMMON)
         assert c.post(f"{API}/rounds/{rid}/headlist", headers=AUTH).json()["state"] == "headlist-published"
@@ -243,7 +243,7 @@ def test_canary_records_are_gone_from_the_database_files_after_every_exit(store_
     """Canary records are uploaded, the round leaves through one exit, and the database files are read
     byte for byte: no canary is left (SQLite: main file, WAL, shared memory, journal; PostgreSQL: the
     files of every table and index of the database)."""
-    with TestClient(create_app(store_url, ADMIN), raise_server_exceptions=True) as c:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True), raise_server_exceptions=True) as c:
         store: Store = c.app.state.store  # type: ignore[attr-defined]
         probe = create(c)  # the files hold canaries while a round collects them: the scan can see them
         upload_all(c, probe, canaries(5), prefix="probe")
@@ -277,7 +277,7 @@ def test_a_repeated_upload_is_acknowledged_not_appended(client: TestClient) -> N
 
 
 def test_per_token_quotas_refuse_the_whole_request(store_url: str) -> None:
-    with TestClient(create_app(store_url, ADMIN, optin_max_records=3, optin_max_bytes=2048)) as c:
+    with TestClient(create_app(store_url, ADMIN, open_admission=True, optin_max_records=3, optin_max_bytes=2048)) as c:
         rid = create(c)
         token = c.post(f"{API}/rounds/{rid}/optin/enrol", json={"user": "u"}, headers=AUTH).json()["token"]
         hdr = {"Authorization": f"Bearer {token}"}
@@ -366,7 +366,7 @@ def test_a_scrub_blocked_by_a_reader_is_finished_by_the_next_purge_pass(tmp_path
 
     monkeypatch.setattr(store_rounds, "SCRUB_WAIT_MS", 50)  # the checkpoint gives up on the reader quickly
     url = f"sqlite:///{tmp_path / 'hybriddp.db'}"
-    with TestClient(create_app(url, ADMIN)) as c:
+    with TestClient(create_app(url, ADMIN, open_admission=True)) as c:
         store: Store = c.app.state.store  # type: ignore[attr-defined]
         rid = create(c)
         upload_all(c, rid, canaries(20))

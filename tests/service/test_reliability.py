@@ -46,7 +46,7 @@ ServerProcess = ServeProcess  # `hybriddp serve` as a child process (tests/brows
 
 @pytest.fixture
 def server(store_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    srv = ServerProcess(store_url, tmp_path)
+    srv = ServerProcess(store_url, tmp_path, ("--open-admission",))  # the report path; admission: test_tokens.py
     srv.start()
     try:
         yield srv
@@ -262,7 +262,7 @@ def test_several_worker_processes_share_the_rounds_and_die_with_the_server(store
     """`serve --workers 3`: any process answers any request (rounds and reports live in the database);
     concurrent retries through different processes still count a message once; after SIGKILL of
     `serve` no worker keeps serving the port."""
-    srv = ServerProcess(store_url, tmp_path, ("--workers", "3"))
+    srv = ServerProcess(store_url, tmp_path, ("--workers", "3", "--open-admission"))
     srv.start()
     try:
         rid, doc = open_round(srv, n_users=150)

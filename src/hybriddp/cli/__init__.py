@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from hybriddp.cli.audit import audit_cmd
+from hybriddp.cli.credentials import credentials_group
 from hybriddp.cli.experiment import experiment_cmd
 from hybriddp.cli.files import estimate_cmd, headlist_cmd, randomize_cmd
 from hybriddp.cli.mean import mean_group
@@ -92,7 +93,7 @@ def cli(verbose: int) -> None:
 import hybriddp.cli.export  # noqa: E402, F401  (registers `round export`)
 
 for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, experiment_cmd,
-             audit_cmd, mean_group, tune_cmd, round_group, participate_cmd, serve_cmd):
+             audit_cmd, mean_group, tune_cmd, round_group, credentials_group, participate_cmd, serve_cmd):
     cli.add_command(_cmd)
 
 

@@ -2,11 +2,13 @@
 
 Both read the owner's own records with the loaders' options (:func:`hybriddp.cli.options.input_options`) and
 talk to a running ``hybriddp serve`` through the SDK (:mod:`hybriddp.sdk`): the upload with the token from
-enrolment (ALGORITHM.md §3's opt-in group), the device with nothing but the round id (LocalAlg on the device,
-ALGORITHM.md §5).
+enrolment (ALGORITHM.md §3's opt-in group), the device with the round id and its device credential, for the report
+token its message needs (LocalAlg on the device, ALGORITHM.md §5; docs/TOKENS.md).
 """
 
 from __future__ import annotations
+
+import os
 
 import click
 
@@ -82,6 +84,11 @@ def upload_cmd(round_id: str, server: str, token_file: str | None, input_path: s
               help="File keeping the message until the server acknowledges it; if a run fails, running the same "
                    "command again resends it unchanged (counted once, not charged again). Default: next to the "
                    "device ledger (none with --no-device-ledger).")
+@click.option("--credential-file", type=click.Path(dir_okay=False), default=None,
+              help="File holding this device's credential (first line; from `hybriddp credentials create`), with "
+                   "which it gets the report token its message needs (docs/TOKENS.md). Default: the "
+                   "HYBRIDDP_DEVICE_CREDENTIAL environment variable; none is needed by a server run with "
+                   "--open-admission.")
 @click.option("--retries", type=int, default=5, show_default=True,
               help="Retries after the first try on connection errors, timeouts, HTTP 429 and 5xx (exponential "
                    "backoff from 0.2 s to 10 s, with jitter); 0 = no retry.")
@@ -89,7 +96,8 @@ def upload_cmd(round_id: str, server: str, token_file: str | None, input_path: s
 def participate_cmd(server: str, round_id: str, input_path: str | None, fmt: str | None, user_col: str | None,
                     query_col: str, url_col: str | None, row_per_user: bool, skip_bad_rows: bool, value: float | None,
                     device_ledger: str | None, no_device_ledger: bool, lifetime_epsilon: float | None,
-                    lifetime_delta: float | None, outbox: str | None, retries: int, as_json: bool) -> None:
+                    lifetime_delta: float | None, outbox: str | None, credential_file: str | None, retries: int,
+                    as_json: bool) -> None:
     """One device takes part in a round: fetch and verify the head list, randomize its records on the device
     (LocalAlg, ALGORITHM.md §5; every row of --input is this device's) and submit the message.
 
@@ -117,8 +125,11 @@ def participate_cmd(server: str, round_id: str, input_path: str | None, fmt: str
     records = None if input_path is None else _device_records(input_path, fmt, user_col, query_col, url_col,
                                                                 skip_bad_rows)
     where = {"outbox": outbox} if outbox is not None else {}  # default: next to the device ledger
+    credential = (read_token(credential_file, "HYBRIDDP_DEVICE_CREDENTIAL", "device credential", "--credential-file")
+                  if credential_file is not None or os.environ.get("HYBRIDDP_DEVICE_CREDENTIAL", "").strip() else None)
     try:
-        with DeviceClient(server, round_id, ledger, retry=RetryPolicy(attempts=retries + 1), **where) as dev:
+        with DeviceClient(server, round_id, ledger, retry=RetryPolicy(attempts=retries + 1), credential=credential,
+                          **where) as dev:
             ack = dev.participate_value(value) if records is None else dev.participate(records)
     except DeviceLedgerRefusal as exc:
         raise exc.explained("pass --no-device-ledger only for tests and simulations") from None

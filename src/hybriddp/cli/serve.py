@@ -115,6 +115,16 @@ def save_token(path: Path, token: str) -> None:
               help="Show a round's state, parameters and counts (GET /api/v1/rounds/ID) to administrators only. "
                    "Default: public (the round page /rounds/ID reads it; opt-in counts are shown to administrators "
                    "only either way).")
+@click.option("--open-admission", is_flag=True,
+              help="UNSAFE, demos only: take device reports without report tokens, so anything that can reach the "
+                   "server may report, as often as it likes (fake devices can then steer the results). Default: "
+                   "every report needs a token, blind-signed for an admitted device (docs/TOKENS.md); the pages "
+                   "say when a server runs open.")
+@click.option("--self-enrolment", is_flag=True,
+              help="Demos only: give a device credential (one report token per round) to any caller of this "
+                   "server's own pages (POST /api/v1/device-credentials/self). It bounds tokens per credential, not "
+                   "per person. On with --demo. Default: only the administrator makes credentials "
+                   "(`hybriddp credentials create`).")
 @click.option("--limit-concurrency", type=click.IntRange(16), default=1024, show_default=True,
               help="Open connections and tasks per server process beyond which new requests get 503 at once "
                    "(uvicorn's limit): slow or unfinished requests cannot pile up without bound.")
@@ -124,7 +134,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
               lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
               check_workers: int | None, workers: int, demo: bool, optin_max_records: int, optin_max_bytes: int,
               allow_seeds: bool, cors_origins: tuple[str, ...], public_metrics: bool, private_round_details: bool,
-              limit_concurrency: int, log_level: str) -> None:
+              open_admission: bool, self_enrolment: bool, limit_concurrency: int, log_level: str) -> None:
     """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
 
     Opt-in users upload raw records with their own tokens; an administrator publishes the head list
@@ -152,12 +162,19 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         check_workers = max(1, DEFAULT_CHECK_WORKERS // workers)
     limits = {"optin_max_records": optin_max_records, "optin_max_bytes": optin_max_bytes, "allow_seeds": allow_seeds,
               "cors_origins": list(cors_origins), "public_metrics": public_metrics,
-              "private_round_details": private_round_details}
+              "private_round_details": private_round_details, "open_admission": open_admission,
+              "self_enrolment": self_enrolment or demo}
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
                      lifetime_delta=lifetime_delta, check_workers=check_workers, **limits)
     if allow_seeds:
         click.echo("WARNING: --insecure-testing-seeds: this server accepts seeded rounds, which give NO privacy; "
                    "never use it with real users' data", err=True)
+    if open_admission:
+        click.echo("WARNING: --open-admission: device reports need no token; anything that can reach this server "
+                   "may report as often as it likes (demos only)", err=True)
+    if limits["self_enrolment"]:
+        click.echo("note: self-enrolment is on: any caller of this server's pages gets a device credential "
+                   "(demos only; --self-enrolment, or --demo)", err=True)
     store = app.state.store
     if generated:
         save_token(token_path, token)

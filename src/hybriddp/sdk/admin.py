@@ -54,6 +54,27 @@ class AdminClient(ServiceHttp):
         """Every round, newest first as the server lists them."""
         return self.request_json("GET", f"{API}/rounds", what="list rounds", idempotent=True)["rounds"]
 
+    # -- device credentials (report tokens, docs/TOKENS.md) --
+    def create_credentials(self, count: int = 1, *, tokens_per_round: int = 1,
+                           label: str | None = None) -> list[dict[str, Any]]:
+        """``count`` new device credentials, each ``{"id", "credential", "tokens_per_round", ...}``: the secret is
+        shown only here (the server keeps its hash). A device needs one token per round; a relay more."""
+        body: dict[str, Any] = {"count": count, "tokens_per_round": tokens_per_round}
+        if label is not None:
+            body["label"] = label
+        return self.request_json("POST", f"{API}/device-credentials", what="create device credentials",
+                                 idempotent=False, json_body=body, ok=(201,))["credentials"]
+
+    def credentials(self) -> list[dict[str, Any]]:
+        """Every device credential (never their secrets)."""
+        return self.request_json("GET", f"{API}/device-credentials", what="list device credentials",
+                                 idempotent=True)["credentials"]
+
+    def revoke_credential(self, credential_id: int) -> dict[str, Any]:
+        """Revoke a device credential: it gets no more tokens (tokens it already got stay valid)."""
+        return self.request_json("DELETE", f"{API}/device-credentials/{int(credential_id)}",
+                                 what=f"revoke device credential {credential_id}", idempotent=True)
+
     def enrol(self, round_id: str, user: str) -> str:
         """Enrol one opt-in user; returns the user's upload token (shown once, never stored by the server)."""
         what = f"enrol a user in round {round_id}"

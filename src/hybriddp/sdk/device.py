@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from hybriddp.core.errors import HybridDPError, parameter_error
 from hybriddp.core.protocol import check_message_id, validate_headlist
+from hybriddp.core.tokens import RoundKey, TokenRequest, message_payload
 from hybriddp.device.ledger import DeviceLedger, DeviceLedgerRefusal, default_device_ledger_path, open_device_ledger
 from hybriddp.device.localalg import randomize_records
 from hybriddp.sdk.http import (
@@ -105,23 +106,30 @@ class DeviceClient(ServiceHttp):
         (:func:`outbox_path`), none with ``NO_LEDGER``; None for none. :meth:`participate` writes it
         (atomically) before sending and removes it once the server acknowledged; a later call for the
         same head list resends it unchanged (same id: counted once) instead of randomizing again.
+    credential : the device credential (``hdc_…``) with which it gets report tokens (docs/TOKENS.md); needed
+        unless the server runs with ``--open-admission``. A token is bound to its message and kept in the outbox
+        with it, so a resent message carries the same token.
     retry, timeout : see :class:`RetryPolicy` (device submissions are retried: they are idempotent).
 
     :meth:`submit` and :meth:`submit_batch` send messages as they are (a relay, or simulated devices) and
-    charge no ledger: whoever randomized them charged theirs.
+    charge no ledger: whoever randomized them charged theirs; :meth:`with_tokens` gets tokens for such messages
+    (a relay's credential with as many tokens per round).
     """
 
     NO_LEDGER = NO_LEDGER
 
     def __init__(self, base_url: str, round_id: str,
                  device_ledger: DeviceLedger | str | os.PathLike[str] | _Sentinel | None = None, *,
-                 outbox: str | os.PathLike[str] | _Sentinel | None = _NEXT_TO_LEDGER, **kw: Any) -> None:
+                 outbox: str | os.PathLike[str] | _Sentinel | None = _NEXT_TO_LEDGER, credential: str | None = None,
+                 **kw: Any) -> None:
         if not (device_ledger is None or device_ledger is NO_LEDGER
                 or isinstance(device_ledger, (DeviceLedger, str, os.PathLike))):
             raise parameter_error("device_ledger", device_ledger, "None (the per-user device ledger), a path, a "
                                   "DeviceLedger, or DeviceClient.NO_LEDGER (tests and simulations only)")
         if not (outbox is None or outbox is _NEXT_TO_LEDGER or isinstance(outbox, (str, os.PathLike))):
             raise parameter_error("outbox", outbox, "a path, or None for no outbox")
+        if credential is not None and (not isinstance(credential, str) or not credential.strip()):
+            raise parameter_error("credential", "<hidden>", "a device credential string (hdc_…), or None")
         kw.setdefault("timeout", 60.0)
         super().__init__(base_url, **kw)
         self.round_id = round_id
@@ -133,6 +141,8 @@ class DeviceClient(ServiceHttp):
         self._outbox_file = os.fspath(outbox) if isinstance(outbox, (str, os.PathLike)) else None
         self._etag: str | None = None
         self._headlist: dict[str, Any] | None = None
+        self._credential = None if credential is None else credential.strip()
+        self._token_key: tuple[RoundKey, bool] | None = None
 
     @property
     def ledger(self) -> DeviceLedger | None:
@@ -204,6 +214,7 @@ class DeviceClient(ServiceHttp):
         if msg is None:
             msg = self._charge(lambda: randomize_records(doc, records, ledger=self.ledger))
             self._write_outbox(msg)
+        msg = self._tokened(msg)
         ack = self.submit(msg)
         self._clear_outbox()
         return ack
@@ -271,9 +282,63 @@ class DeviceClient(ServiceHttp):
                 self._charge(lambda: ledger.record(doc["content_hash"], float(doc["epsilon"]), 0.0))
             msg = {"id": new_message_id(), "round": self.round_id, "value": report, "headlist": doc["content_hash"]}
             self._write_outbox(msg)
+        msg = self._tokened(msg)
         ack = self.submit({k: v for k, v in msg.items() if k != "headlist"})
         self._clear_outbox()
         return ack
+
+    # -- report tokens (docs/TOKENS.md) --
+    def token_key(self) -> tuple[RoundKey, bool]:
+        """The round's token key, checked, and whether the server needs tokens (False: ``--open-admission``)."""
+        if self._token_key is None:
+            what = f"report-token key of round {self.round_id}"
+            doc = self.request_json("GET", round_path(self.round_id, "/token-key"), what=what, idempotent=True)
+            try:
+                key = RoundKey.from_dict(doc, self.round_id)
+            except HybridDPError as exc:
+                raise ServiceRequestError(f"{what} from {self.base_url}: {exc}") from None
+            self._token_key = (key, doc.get("admission") != "open")
+        return self._token_key
+
+    def with_tokens(self, messages: Sequence[dict[str, Any]], *, chunk: int = 1000) -> list[dict[str, Any]]:
+        """The messages, each with a report token for it (messages that have one keep it), got with this
+        client's credential in requests of at most ``chunk`` tokens. Unchanged when the server needs none."""
+        key, needed = self.token_key()
+        todo = [i for i, m in enumerate(messages) if "token" not in m]
+        if not needed or not todo:
+            return list(messages)
+        if self._credential is None:
+            raise ServiceRequestError(f"round {self.round_id}: this server takes reports only with a report token, "
+                                      "and tokens need a device credential (DeviceClient(..., credential=...), "
+                                      "`hybriddp participate --credential-file`); the administrator makes them with "
+                                      "`hybriddp credentials create`")
+        out = list(messages)
+        auth = {"Authorization": f"Bearer {self._credential}"}
+        for part in chunked(todo, chunk):
+            reqs = [TokenRequest.make(key, out[i]["id"], message_payload(out[i])) for i in part]
+            what = f"get {len(part):,} report token{'s' * (len(part) != 1)} for round {self.round_id}"
+            # not retried: a lost answer would use up tokens; the caller tries again (a fresh blinding)
+            got = self.request_json("POST", round_path(self.round_id, "/tokens"), what=what, idempotent=False,
+                                    json_body={"blinded_msgs": [r.blinded for r in reqs]}, headers=auth)
+            sigs = got.get("blind_sigs") if isinstance(got, dict) else None
+            if not isinstance(sigs, list) or len(sigs) != len(part):
+                raise ServiceRequestError(f"{what}: the answer has no list of {len(part)} blind_sigs")
+            for i, req, sig in zip(part, reqs, sigs, strict=True):
+                try:
+                    out[i] = {**out[i], "token": req.finalize(sig)}
+                except HybridDPError as exc:
+                    raise ServiceRequestError(f"{what}: {exc}") from None
+        return out
+
+    def _tokened(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """``msg`` with its token (got now if it has none and this device has a credential), kept in the outbox
+        with it. Without a credential the message goes as it is: a server that needs tokens refuses it (403)."""
+        if "token" in msg or self._credential is None:
+            return msg
+        (out,) = self.with_tokens([msg], chunk=1)
+        if out is not msg:
+            self._write_outbox(out)
+        return out
 
     # -- the outbox --
     def _outbox_message(self, headlist_hash: str) -> dict[str, Any] | None:

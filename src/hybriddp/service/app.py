@@ -29,6 +29,7 @@ from hybriddp.core.errors import HybridDPError, parameter_error
 from hybriddp.core.version import __version__
 from hybriddp.service import closing, pages
 from hybriddp.service import models as m
+from hybriddp.service.admission import Admission, CredentialAdmission
 from hybriddp.service.bodies import BodyLimit
 from hybriddp.service.checkpool import DEFAULT_CHECK_WORKERS, CheckPool
 from hybriddp.service.errors import cut_message, describe_errors, error_payload
@@ -140,7 +141,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                check_workers: int = DEFAULT_CHECK_WORKERS, recover: bool = True, allow_seeds: bool = False,
                optin_max_records: int = DEFAULT_OPTIN_MAX_RECORDS,
                optin_max_bytes: int = DEFAULT_OPTIN_MAX_BYTES, cors_origins: Sequence[str] = (),
-               public_metrics: bool = False, private_round_details: bool = False) -> FastAPI:
+               public_metrics: bool = False, private_round_details: bool = False, open_admission: bool = False,
+               admission: Admission | None = None, self_enrolment: bool = False) -> FastAPI:
     """The service on the database at ``db_url`` (migrated to the newest schema on the way).
 
     ``admin_token``: the administrators' bearer token (at least 16 characters).
@@ -155,6 +157,10 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     ``public_metrics``: serve ``/metrics`` without the admin token (off by default).
     ``private_round_details``: ``GET /api/v1/rounds/{id}`` only with the admin token (off by default: the round page
     shows it to anyone).
+    ``open_admission``: take device reports without report tokens (UNSAFE: anyone who reaches the server may
+    report, as often as it likes; demos only). Otherwise every report needs a token (docs/TOKENS.md), issued to
+    callers ``admission`` admits (default: :class:`~hybriddp.service.admission.CredentialAdmission`, the
+    administrator's device credentials). ``self_enrolment``: anyone may get a device credential (demos).
     ``app.state.store`` is the :class:`Store`; it is closed when the app shuts down.
     """
     if not isinstance(admin_token, str) or len(admin_token.strip()) < MIN_ADMIN_TOKEN:
@@ -172,10 +178,13 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         store.close()
         raise
     metrics = Metrics()
+    if open_admission and admission is not None:
+        raise parameter_error("admission", admission, "no admission with open_admission (reports need no token)")
     service = ServiceContext(store, ReportWriter(store, metrics=metrics),
                              CheckPool(check_workers) if check_workers > 0 else None, metrics,
                              admin_token.strip().encode("utf-8"), max_body_bytes, allow_seeds, public_metrics,
-                             private_round_details)
+                             private_round_details, None if open_admission else admission or CredentialAdmission(),
+                             self_enrolment)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -189,7 +198,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
             service.pool.close()
         store.close()
 
-    app = ServiceApp(ReportsEndpoint(store, service.writer, service.pool, metrics, max_body_bytes), guard,
+    app = ServiceApp(ReportsEndpoint(store, service.writer, service.pool, metrics, max_body_bytes,
+                                     service.admission is not None), guard,
                      title="hybriddp collection service", version=__version__, lifespan=lifespan,
                      docs_url=None, redoc_url=None,  # /docs is served from local files (pages.mount_api_docs)
                      description="BLENDER (hybrid-model differential privacy) and hybrid mean-estimation rounds: "

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from hybriddp.core.errors import DataError, HeadListError, HybridDPError, ParameterError
+from hybriddp.core.tokens import TokenError
 from hybriddp.privacy.ledger import BudgetExceededError, LedgerError
 
 
@@ -113,6 +114,8 @@ def classify(exc: HybridDPError) -> tuple[int, str]:
     """The HTTP status and error code of an error of the library or the service."""
     if isinstance(exc, ServiceError):
         return exc.status, exc.code
+    if isinstance(exc, TokenError):
+        return 403, exc.code
     if isinstance(exc, BudgetExceededError):
         return 409, "budget_exceeded"
     if isinstance(exc, LedgerError):

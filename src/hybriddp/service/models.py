@@ -261,6 +261,60 @@ class LocalSearchOut(BaseModel):
     queries: list[LocalSearchQuery]
 
 
+_B64 = "URL-safe base64 without padding"
+
+
+class TokenKeyOut(BaseModel):
+    """A round's report-token key (docs/TOKENS.md)."""
+
+    token_type: int = Field(description="2: Privacy Pass publicly verifiable token (RFC 9578 §6)")
+    variant: str = Field(description="RFC 9474 variant: RSABSSA-SHA384-PSS-Deterministic")
+    round: str
+    public_key: str = Field(description=f"DER SubjectPublicKeyInfo, RSASSA-PSS OID (RFC 9578 §6.5); {_B64}")
+    key_id: str = Field(description=f"SHA-256 of public_key; {_B64}")
+    challenge: str = Field(description=f"the round's TokenChallenge (RFC 9578 §2.1); {_B64}")
+    admission: Literal["tokens", "open"] = Field(description="'tokens': reports need a token; 'open': this server "
+                                                             "takes reports without one (unsafe, demos only)")
+
+
+class TokensIn(_Strict):
+    blinded_msgs: list[Annotated[str, Field(max_length=400)]] = Field(
+        min_length=1, max_length=10_000, description=f"blinded token inputs (RFC 9474 §4.2), 256 bytes each; {_B64}")
+
+
+class TokenSigsOut(BaseModel):
+    blind_sigs: list[str] = Field(description=f"the blind signatures, in order (RFC 9474 §4.3); {_B64}")
+    key_id: str
+    remaining: int = Field(description="tokens this credential may still get in this round")
+
+
+class CredentialsIn(_Strict):
+    count: int = Field(1, ge=1, le=10_000, description="how many credentials to make")
+    tokens_per_round: int = Field(1, ge=1, le=10_000_000, description="report tokens each may get per round (a "
+                                  "device sends one message a round; a relay for many devices needs more)")
+    label: Annotated[str, Field(max_length=200, pattern=r"^[^\x00]*$")] | None = None
+
+
+class CredentialOut(BaseModel):
+    id: int
+    label: str | None
+    tokens_per_round: int
+    created: str
+    revoked: str | None
+
+
+class NewCredentialOut(CredentialOut):
+    credential: str = Field(description="the bearer secret: shown once, stored only as its SHA-256")
+
+
+class CredentialListOut(BaseModel):
+    credentials: list[CredentialOut]
+
+
+class NewCredentialsOut(BaseModel):
+    credentials: list[NewCredentialOut]
+
+
 class HealthOut(BaseModel):
     status: Literal["ok"]
 
@@ -275,13 +329,15 @@ class ErrorOut(BaseModel):
 
 
 _ID = {"type": "string", "pattern": f"^{ID_PATTERN}$", "description": "16 random bytes, URL-safe base64"}
+_TOKEN = {"type": "string", "description": "the message's report token (docs/TOKENS.md): needed unless the server "
+          "runs with --open-admission"}
 _REPORT = {"type": "object", "required": ["query", "url"],
            "properties": {"query": {"type": ["string", "null"]}, "url": {"type": ["string", "null"]}}}
 DEVICE_MESSAGE = {"type": "object", "title": "DeviceMessage", "required": ["id", "headlist", "reports"],
                   "properties": {"id": _ID, "headlist": {"type": "string"},
-                                 "reports": {"type": "array", "items": _REPORT}}}
+                                 "reports": {"type": "array", "items": _REPORT}, "token": _TOKEN}}
 MEAN_MESSAGE = {"type": "object", "title": "MeanMessage", "required": ["id", "round", "value"],
-                "properties": {"id": _ID, "round": {"type": "string"}, "value": {"type": "number"}}}
+                "properties": {"id": _ID, "round": {"type": "string"}, "value": {"type": "number"}, "token": _TOKEN}}
 _ANY_MESSAGE = {"anyOf": [DEVICE_MESSAGE, MEAN_MESSAGE]}
 REPORTS_BODY = {
     "required": True,

@@ -42,20 +42,25 @@ ROUTE = "/api/v1/rounds/{round_id}/reports"
 _PATH = re.compile(rf"/api/v1/rounds/({ID_PATTERN})/reports")
 INLINE_CHECK_BYTES = 64 * 1024
 """Bodies up to this size are checked on the event loop (no thread hop); larger ones in a thread."""
+INLINE_CHECK_TOKENS = 16
+"""With report tokens, bodies of up to this many messages (~30 µs of verification each) are checked on the event
+loop; larger ones in the check workers, which spread the verifications over the cores."""
 
 
 async def accept_reports(store: Store, writer: ReportWriter, pool: CheckPool | None, metrics: Metrics,
-                         round_id: str, body: bytes, content_type: str | None) -> dict[str, int]:
+                         round_id: str, body: bytes, content_type: str | None, with_tokens: bool) -> dict[str, int]:
     """Check a reports body, store its messages (group commit) and return the acknowledgement.
 
-    Small bodies of a known round are checked right here on the event loop; larger ones in the
-    worker processes of ``pool`` (or, without one, in a thread)."""
-    target = rounds.report_target(store, round_id, cached_only=True)
-    if target is not None and len(body) <= INLINE_CHECK_BYTES:  # small and no database read: check right here
+    ``with_tokens``: every message must carry a valid report token (docs/TOKENS.md). Small bodies of a known
+    round are checked right here on the event loop; larger ones in the worker processes of ``pool`` (or,
+    without one, in a thread)."""
+    target = rounds.report_target(store, round_id, with_tokens=with_tokens, cached_only=True)
+    inline = INLINE_CHECK_BYTES if not with_tokens else INLINE_CHECK_TOKENS * 600  # ~600 bytes a message
+    if target is not None and len(body) <= inline:  # small and no database read: check right here
         info, items = target[0], check_here(target[1], body, content_type, metrics)
     else:
         if target is None:
-            target = await asyncio.to_thread(rounds.report_target, store, round_id)
+            target = await asyncio.to_thread(lambda: rounds.report_target(store, round_id, with_tokens=with_tokens))
         info = target[0]
         items = await (asyncio.to_thread(check_here, target[1], body, content_type, metrics) if pool is None
                        else pool.check(target[1], body, content_type, metrics))
@@ -72,8 +77,9 @@ class ReportsEndpoint:
     """Serves ``POST /api/v1/rounds/{22-character id}/reports`` (see the module's docstring)."""
 
     def __init__(self, store: Store, writer: ReportWriter, pool: CheckPool | None, metrics: Metrics,
-                 limit: int) -> None:
+                 limit: int, with_tokens: bool) -> None:
         self.store, self.writer, self.pool, self.metrics, self.limit = store, writer, pool, metrics, limit
+        self.with_tokens = with_tokens
 
     @staticmethod
     def round_of(scope: Any) -> str | None:
@@ -86,11 +92,12 @@ class ReportsEndpoint:
         start = time.perf_counter()
         headers: dict[str, str] = {}
         try:
-            rounds.report_target(self.store, round_id, cached_only=True) or await asyncio.to_thread(
-                rounds.report_target, self.store, round_id)  # the round first: 404/409 before any body is read
+            tok = self.with_tokens
+            rounds.report_target(self.store, round_id, with_tokens=tok, cached_only=True) or await asyncio.to_thread(
+                lambda: rounds.report_target(self.store, round_id, with_tokens=tok))  # 404/409 before the body
             body, content_type = await self._body(scope, receive)
             status, out = 200, await accept_reports(self.store, self.writer, self.pool, self.metrics, round_id,
-                                                    body, content_type)
+                                                    body, content_type, tok)
         except ClientDisconnect:  # gone before its body arrived: nothing stored, nothing to answer
             return
         except HybridDPError as exc:

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from hybriddp.core import tokens
 from hybriddp.core.errors import DataError, EmptyHeadListError, parameter_error
 from hybriddp.core.noise import NOISE_CLASSES, noise_factory
 from hybriddp.core.params import LEGACY_ESTIMATOR, BlenderParams, check_seed
@@ -250,13 +252,18 @@ class BlenderReports:
     recipe: tuple[Any, ...] = ()
     key = ""
 
-    def __init__(self, release: CuratorRelease) -> None:
+    def __init__(self, release: CuratorRelease, verifier: tokens.TokenVerifier | None = None) -> None:
         self.release = release
+        self.verifier = verifier
         self._counter = MessageCounter(release, "fetch GET /api/v1/rounds/{id}/headlist and randomize over it")
 
     def check(self, msg: Any, index: int) -> tuple[str, list[int]]:
-        """(message id, entry index of each report) of the ``index``-th message of a request."""
-        return self._counter.entries(msg, f"message {index}")
+        """(message id, entry index of each report) of the ``index``-th message of a request; with a
+        ``verifier``, its report token is checked too (docs/TOKENS.md)."""
+        mid, entries = self._counter.entries(msg, f"message {index}")
+        if self.verifier is not None:
+            self.verifier.check(msg, mid, tokens.blender_payload(msg["reports"]), f"message {index}")
+        return mid, entries
 
 
 HONEST_TAIL = 1e-9
@@ -277,8 +284,9 @@ class MeanReports:
     recipe: tuple[Any, ...] = ()
     key = ""
 
-    def __init__(self, round_id: str, params: dict[str, Any]) -> None:
+    def __init__(self, round_id: str, params: dict[str, Any], verifier: tokens.TokenVerifier | None = None) -> None:
         self.round_id = round_id
+        self.verifier = verifier
         lo, hi = float(params["lower"]), float(params["upper"])
         reach = math.log(1.0 / HONEST_TAIL) * (hi - lo) / float(params["epsilon"])
         self.low, self.high = lo - reach, hi + reach
@@ -301,6 +309,8 @@ class MeanReports:
             raise DataError(f"{source}: field 'value' = {str(v)[:40]} must be a number between {self.low:.6g} and "
                             f"{self.high:.6g} (the device's randomized value, hybriddp.device.mean.randomize_value: "
                             "the range plus the noise an honest device exceeds with probability 1e-9)")
+        if self.verifier is not None:
+            self.verifier.check(msg, mid, tokens.mean_payload(v), source)
         return mid, float(v)
 
 
@@ -346,15 +356,16 @@ _results = _Cache()
 _targets = _Cache(256)
 
 
-def report_target(store: Store, round_id: str, *, cached_only: bool = False
+def report_target(store: Store, round_id: str, *, with_tokens: bool, cached_only: bool = False
                   ) -> tuple[RoundInfo, BlenderReports | MeanReports] | None:
     """(round, message checker) of a round whose head list is published; cached per round.
 
+    ``with_tokens``: the checker verifies every message's report token under the round's key (docs/TOKENS.md).
     The cached round's state goes stale (the store checks the state when it stores reports);
-    its id, kind and head list never change once published. ``cached_only``: None on a miss
+    its id, kind, head list and token key never change once published. ``cached_only``: None on a miss
     instead of reading the database.
     """
-    key = (store.url, round_id)
+    key = (store.url, round_id, with_tokens)
     if cached_only:
         return _targets.peek(key)
 
@@ -364,20 +375,24 @@ def report_target(store: Store, round_id: str, *, cached_only: bool = False
         if docs.headlist is None:
             raise ConflictError(f"reports refused: round {info.id} is {info.state!r}; its head list is not "
                                 "published yet (reports are taken after POST /api/v1/rounds/{id}/headlist)")
+        spki = base64.b64encode(store.round_key(round_id)[1].spki).decode() if with_tokens else None
         if info.kind == "mean":
-            return info, checker_from_recipe(("mean", info.id, info.params))
-        return info, checker_from_recipe(("blender", docs.headlist, docs.estimates))
+            return info, checker_from_recipe(("mean", info.id, spki, info.params))
+        return info, checker_from_recipe(("blender", info.id, spki, docs.headlist, docs.estimates))
     return _targets.get(key, make)
 
 
 def checker_from_recipe(recipe: tuple[Any, ...]) -> BlenderReports | MeanReports:
-    """The message checker of a round from its recipe: ``("blender", head list JSON, estimates JSON)`` or
-    ``("mean", round id, params)``. The checker keeps its recipe (``.recipe``), so another process
+    """The message checker of a round from its recipe: ``("blender", round id, key, head list JSON, estimates
+    JSON)`` or ``("mean", round id, key, params)``, ``key`` the round's token key (base64 SPKI) or None when reports
+    need no token. The checker keeps its recipe (``.recipe``), so another process
     (:mod:`hybriddp.service.checkpool`) can build the same checker."""
-    if recipe[0] == "mean":
-        checker: BlenderReports | MeanReports = MeanReports(recipe[1], recipe[2])
+    kind, round_id, spki = recipe[:3]
+    verifier = None if spki is None else tokens.TokenVerifier(tokens.RoundKey(round_id, base64.b64decode(spki)))
+    if kind == "mean":
+        checker: BlenderReports | MeanReports = MeanReports(round_id, recipe[3], verifier)
     else:
-        checker = BlenderReports(release_from_documents(json.loads(recipe[1]), json.loads(recipe[2])))
+        checker = BlenderReports(release_from_documents(json.loads(recipe[3]), json.loads(recipe[4])), verifier)
     checker.recipe = recipe
     checker.key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("utf-8", "surrogatepass")).hexdigest()
     return checker

@@ -3,7 +3,8 @@
 Raw opt-in data (``optin_records``, ``optin_values``) exists only until the round's head list
 (or opt-in mean) is published: the publishing transaction deletes it. Reports are stored as
 what the devices sent — a random message id and the head-list entries (or the randomized
-value) — and nothing else: no address, user agent, time or token. ``entry_counts`` holds the
+value) — and nothing else: no address, user agent, time or token (a report token is verified and dropped;
+``token_issuance`` counts issued tokens per credential and round, never what was signed). ``entry_counts`` holds the
 reports per head-list entry, updated in the same transaction that stores the messages, so
 closing a round reads a few hundred rows instead of scanning millions
 (:meth:`hybriddp.service.store.Store.recount` recounts from the messages, for audits).
@@ -147,6 +148,31 @@ entry_counts = Table(
     Column("entry", Integer, nullable=False),
     Column("n", BigInteger, nullable=False),
     PrimaryKeyConstraint("round_num", "entry", name="entry_counts_pk"),
+)
+
+round_keys = Table(
+    "round_keys", metadata,  # each round's report-token key (docs/TOKENS.md), made when first asked for
+    Column("round_num", Key, primary_key=True),
+    Column("public_key", Text, nullable=False),  # base64 SPKI (RSASSA-PSS OID)
+    Column("private_key", Text),  # base64 PKCS#8; NULL (and scrubbed) once the round takes no more reports
+)
+
+device_credentials = Table(
+    "device_credentials", metadata,  # admin-issued device credentials (bearer secrets; only their hash is kept)
+    Column("id", Key, primary_key=True, autoincrement=True),
+    Column("secret_hash", String(64), nullable=False, unique=True),  # SHA-256 of the credential
+    Column("label", Text),
+    Column("tokens_per_round", Integer, nullable=False),
+    Column("created", String(40), nullable=False),
+    Column("revoked", String(40)),
+)
+
+token_issuance = Table(
+    "token_issuance", metadata,  # tokens issued per admitted holder and round: a count, nothing else
+    Column("holder", String(80), nullable=False),  # the admission's key, e.g. "credential:17"
+    Column("round_num", Key, nullable=False),
+    Column("n_issued", BigInteger, nullable=False),
+    PrimaryKeyConstraint("holder", "round_num", name="token_issuance_pk"),
 )
 
 ledger_meta = Table(

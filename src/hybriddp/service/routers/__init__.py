@@ -4,6 +4,7 @@
 * :mod:`.rounds`: a round's administration (create, list, show, publish the head list, close, abort, delete);
 * :mod:`.ledger`: the privacy ledger;
 * :mod:`.optin`: opt-in enrolment and uploads;
+* :mod:`.tokens`: report tokens: a round's token key, issuance, device credentials (docs/TOKENS.md);
 * :mod:`.devices`: the head list devices fetch and the reports endpoint they post to;
 * :mod:`.results`: results, release and local-search document.
 
@@ -15,10 +16,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from hybriddp.service.routers import devices, health, ledger, optin, results, rounds
+from hybriddp.service.routers import devices, health, ledger, optin, results, rounds, tokens
 
-ROUTERS: tuple[APIRouter, ...] = (health.router, rounds.router, ledger.router, optin.router, devices.router,
-                                  results.router)
+ROUTERS: tuple[APIRouter, ...] = (health.router, rounds.router, ledger.router, optin.router, tokens.router,
+                                  devices.router, results.router)
 """Every router of the API, in the order of the OpenAPI document."""
 
 __all__ = ["ROUTERS"]

@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from hybriddp.core.protocol import ID_PATTERN
 from hybriddp.service import models as m
+from hybriddp.service.admission import Admission
 from hybriddp.service.checkpool import CheckPool
 from hybriddp.service.errors import UnauthorizedError
 from hybriddp.service.metrics import Metrics
@@ -30,7 +31,8 @@ class ServiceContext:
     ``admin_token``: the administrators' token as UTF-8 bytes; ``max_body_bytes``: the request body limit;
     ``allow_seeds``: whether seeded (non-private) rounds are taken; ``public_metrics``: whether ``/metrics``
     is served without the administrator token; ``private_round_details``: whether ``GET /api/v1/rounds/{id}``
-    needs it.
+    needs it; ``admission``: who may get report tokens (None: ``--open-admission``, reports need none);
+    ``self_enrolment``: whether anyone may get a device credential (demos).
     """
 
     store: Store
@@ -42,6 +44,8 @@ class ServiceContext:
     allow_seeds: bool
     public_metrics: bool = False
     private_round_details: bool = False
+    admission: Admission | None = None
+    self_enrolment: bool = False
 
 
 async def service_context(request: Request) -> ServiceContext:
@@ -93,7 +97,9 @@ RoundId = Annotated[str, Path(description="The round's id: 16 random bytes in UR
 """A round id in a path (the pattern is documented, not enforced: a malformed id is simply not found)."""
 
 _ERROR_TEXT = {400: "Malformed request body.", 401: "Missing or wrong bearer token.", 404: "No such round.",
-               403: "A seeded round, which this server refuses (it was not started with --insecure-testing-seeds).",
+               403: "Refused: a report without a valid token for it (token_required, token_invalid), a credential's "
+                    "tokens for the round used up (issuance_limit), or a seeded round on a server not started with "
+                    "--insecure-testing-seeds.",
                409: "The round's state does not allow this, or the privacy budget refuses it.",
                413: "Request body over the size limit, or an opt-in token's upload quota exceeded.",
                415: "Unsupported content type.",

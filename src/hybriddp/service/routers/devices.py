@@ -39,9 +39,9 @@ def get_headlist(round_id: RoundId, request: Request, store: StoreDep) -> Respon
 
 
 @router.post("/api/v1/rounds/{round_id}/reports", response_model=m.ReportAckOut,
-             openapi_extra={"requestBody": m.REPORTS_BODY}, responses=errors(400, 404, 409, 413, 415, 422, 503))
+             openapi_extra={"requestBody": m.REPORTS_BODY}, responses=errors(400, 403, 404, 409, 413, 415, 422, 503))
 async def post_reports(round_id: RoundId, request: Request, service: Service) -> dict[str, int]:
     # Documents the fast path's endpoint (module docstring); reached only when ServiceApp.divert_reports is off.
     body = await read_body(request.receive, service.max_body_bytes)
     return await accept_reports(service.store, service.writer, service.pool, service.metrics, round_id, body,
-                                request.headers.get("content-type"))
+                                request.headers.get("content-type"), service.admission is not None)

@@ -8,7 +8,8 @@ transition cannot both win. It is composed of one class per concern:
 * :mod:`.rounds`: the round state machine, documents, abort, delete, purge and scrub of raw opt-in data;
 * :mod:`.optin`: enrolment and tokens, idempotent uploads within quotas, the build's charge;
 * :mod:`.ledger`: the privacy ledger's charges (the budget rule itself is :mod:`hybriddp.privacy.budget`);
-* :mod:`.reports`: the deduplicating report path, SQLite's settling, and the counts per entry.
+* :mod:`.reports`: the deduplicating report path, SQLite's settling, and the counts per entry;
+* :mod:`.tokens`: report tokens' round keys, device credentials and issuance counts (docs/TOKENS.md).
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ from hybriddp.service.store.rounds import (
     new_round_id,
     now,
 )
+from hybriddp.service.store.tokens import Credential, IssuanceLimitError, TokenStore
 
 
-class Store(OptinStore, ReportStore):
+class Store(OptinStore, ReportStore, TokenStore):
     """Every database operation of the collection service: the concerns' classes composed (module docstring);
     its parameters are those of :class:`~hybriddp.service.store.engine.StoreBase`."""
 
@@ -69,6 +71,7 @@ __all__ = ["ADVISORY_LEDGER", "ADVISORY_MIGRATE", "DATABASE_URLS", "DEFAULT_LIFE
            "DEFAULT_LIFETIME_EPSILON", "DEFAULT_OPTIN_MAX_BYTES", "DEFAULT_OPTIN_MAX_RECORDS",
            "DEFAULT_RETENTION_HOURS", "ENDED_STATES", "IN_CHUNK", "MAX_RETENTION_HOURS", "PSYCOPG_NEEDED",
            "REPORT_STATES", "RETRIES", "ROUND_ID", "SETTLE_CACHE_KIB", "SETTLE_ROWS", "SQLITE_BUSY_TIMEOUT_MS",
-           "SQLITE_CACHE_KIB", "OptinUpload", "ReportAck", "RoundDocuments", "RoundInfo", "Store", "UploadAck",
+           "SQLITE_CACHE_KIB", "Credential", "IssuanceLimitError",
+           "OptinUpload", "ReportAck", "RoundDocuments", "RoundInfo", "Store", "UploadAck",
            "database_url", "describe_url", "make_engine", "migrate", "new_round_id", "now", "open_store",
            "token_hash"]

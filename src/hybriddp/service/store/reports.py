@@ -329,7 +329,9 @@ class ReportStore(RoundStore):
                 _settle(conn)
                 self._recent.catch_up(conn)  # under the write lock: forgets the ids moved
             return out
-        return self._write(run)
+        out = self._write(run)
+        self.scrub()  # the round's private token key, set to NULL by the transition, leaves the files
+        return out
 
     def entry_counts(self, round_num: int, n_entries: int) -> np.ndarray:
         """Reports per head-list entry, as kept in ``entry_counts``."""

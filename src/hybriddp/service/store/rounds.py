@@ -218,6 +218,9 @@ class RoundStore(StoreBase):
         if res.rowcount != 1:
             raise ConflictError(f"cannot {action}: round {round_id} is {info.state!r}, it must be "
                                 f"{' or '.join(repr(x) for x in from_states)}")
+        if to_state not in REPORT_STATES:  # no more reports, so no more report tokens: the private key goes
+            conn.execute(update(s.round_keys).where(s.round_keys.c.round_num == info.num,
+                                                     s.round_keys.c.private_key.is_not(None)).values(private_key=None))
         return info
 
     def finish_build(self, info: RoundInfo, outcome: str, headlist: dict[str, Any] | None = None,
@@ -321,8 +324,8 @@ class RoundStore(StoreBase):
         WAL; ``wal_checkpoint(TRUNCATE)`` then copies them over the main file and empties the WAL, whose
         older frames still held the rows. It waits up to :data:`SCRUB_WAIT_MS` for readers that hold an
         old snapshot; False if it could not finish (:attr:`scrub_pending`: the next :meth:`purge_expired`
-        pass, run periodically, scrubs again). PostgreSQL: ``VACUUM FULL``
-        of the opt-in tables rewrites them into new files (the old ones are unlinked); the server's WAL
+        pass, run periodically, scrubs again). PostgreSQL: ``VACUUM FULL`` of the opt-in tables and the
+        token keys rewrites them into new files (the old ones are unlinked); the server's WAL
         (``pg_wal``) and base backups keep the rows until they are recycled (docs: PRIVACY.md).
         """
         if self.dialect == "sqlite":
@@ -336,5 +339,5 @@ class RoundStore(StoreBase):
             return not self.scrub_pending
         with self.engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            conn.exec_driver_sql("VACUUM FULL optin_records, optin_values, optin_uploads, optin_tokens")
+            conn.exec_driver_sql("VACUUM FULL optin_records, optin_values, optin_uploads, optin_tokens, round_keys")
         return True

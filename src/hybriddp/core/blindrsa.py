@@ -129,11 +129,11 @@ def _rsasp1(private_key: rsa.RSAPrivateKey, m: int) -> int:
     priv = _crt(private_key)
     n, e = priv.public_numbers.n, priv.public_numbers.e
     u = _random_below(n, secrets.token_bytes)
-    mb = gmpy2.mpz(m * pow(u, e, n) % n)
-    sp = int(gmpy2.powmod_sec(mb % priv.p, priv.dmp1, priv.p))
-    sq = int(gmpy2.powmod_sec(mb % priv.q, priv.dmq1, priv.q))
+    mb = m * gmpy2.powmod(u, e, n) % n
+    sp = gmpy2.powmod_sec(mb % priv.p, priv.dmp1, priv.p)
+    sq = gmpy2.powmod_sec(mb % priv.q, priv.dmq1, priv.q)
     sb = sq + priv.q * (priv.iqmp * (sp - sq) % priv.p)
-    return sb * pow(u, -1, n) % n
+    return int(sb * gmpy2.invert(u, n) % n)
 
 
 @functools.lru_cache(maxsize=64)
@@ -202,7 +202,7 @@ def blind_sign(private_key: rsa.RSAPrivateKey, blinded_msg: bytes) -> bytes:
     if m >= n:
         raise BlindRSAError("message representative out of range: blinded_msg must be < n")
     s = _rsasp1(private_key, m)
-    if pow(s, e, n) != m:
+    if gmpy2.powmod(s, e, n) != m:
         raise BlindRSAError("signing failure: the signature does not verify (fault in the private-key operation)")
     return _int_to_bytes(s, k)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import struct
 from collections.abc import Sequence
@@ -164,7 +165,9 @@ def private_der(key: rsa.RSAPrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
+@functools.lru_cache(maxsize=64)
 def load_private(der: bytes) -> rsa.RSAPrivateKey:
+    """The private key of PKCS#8 ``der``, cached: OpenSSL checks an RSA key as it loads it (about 0.1 s)."""
     key = serialization.load_der_private_key(der, password=None)
     assert isinstance(key, rsa.RSAPrivateKey)
     return key

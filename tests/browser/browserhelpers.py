@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 
+from hybriddp.core import tokens
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 from test_reliability import ServerProcess  # tests/service: the server as a process
 
@@ -50,6 +52,34 @@ class PageErrors:
         page.on("console", lambda msg: self.messages.append(f"console.{msg.type}: {msg.text} ({msg.location})")
                 if msg.type == "error" else None)
         page.on("pageerror", lambda exc: self.messages.append(f"uncaught: {exc}"))
+
+
+def expect_failed_load(errors: PageErrors, url_part: str) -> list[str]:
+    """Chromium logs a request that failed (an HTTP error status, an aborted request) as a console error: take those
+    of URLs containing ``url_part`` off the page's errors, after checking there is one; returns them."""
+    failed = [m for m in errors.messages if "Failed to load resource" in m and url_part in m]
+    assert failed, f"no failed load of {url_part} among the page's errors: {errors.messages}"
+    errors.messages[:] = [m for m in errors.messages if m not in failed]
+    return failed
+
+
+def with_tokens(base_url: str, admin: dict[str, str], rid: str, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages, each with its report token (docs/TOKENS.md), got with a new credential the administrator makes
+    for them (a relay's: as many tokens per round as there are messages)."""
+    with httpx.Client(base_url=base_url + API, timeout=60) as http:
+        r = http.post("/device-credentials", headers=admin,
+                      json={"tokens_per_round": len(msgs), "label": "browser tests: relay"})
+        assert r.status_code == 201, r.text
+        (made,) = r.json()["credentials"]
+        r = http.get(f"/rounds/{rid}/token-key")
+        assert r.status_code == 200, r.text
+        key = tokens.RoundKey.from_dict(r.json(), rid)
+        reqs = [tokens.TokenRequest.make(key, m["id"], tokens.message_payload(m)) for m in msgs]
+        r = http.post(f"/rounds/{rid}/tokens", headers={"Authorization": f"Bearer {made['credential']}"},
+                      json={"blinded_msgs": [q.blinded for q in reqs]})
+        assert r.status_code == 200, r.text
+        sigs = r.json()["blind_sigs"]
+    return [{**m, "token": q.finalize(sig)} for m, q, sig in zip(msgs, reqs, sigs, strict=True)]
 
 
 def screenshot(page: Any, name: str) -> Path:

@@ -56,6 +56,18 @@ def second_server(demo: DemoServer, tmp_path: Path) -> Iterator[DemoServer]:
 
 
 @pytest.fixture
+def open_server(demo: DemoServer, tmp_path: Path) -> Iterator[DemoServer]:
+    """Another server process on the demo's database, started with ``--open-admission``: it takes reports without
+    report tokens (docs/TOKENS.md), which its pages must call unsafe."""
+    proc = _start(tmp_path / "open", demo.db_url, "--open-admission", "--log-level", "warning")
+    try:
+        yield DemoServer(proc, demo.db_url, demo.demo_round, demo.collecting_round)
+    finally:
+        proc.stop()
+    _check_log(proc)
+
+
+@pytest.fixture
 def fresh_server(tmp_path: Path) -> Iterator[ServerProcess]:
     """``hybriddp serve`` on a new, empty SQLite database (a test's own rounds, apart from the demo's)."""
     proc = _start(tmp_path / "fresh", f"sqlite:///{tmp_path / 'fresh.db'}", "--log-level", "warning")

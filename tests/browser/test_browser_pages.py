@@ -8,6 +8,12 @@
   after a reload too (its service worker keeps the page's files);
 * with "contribute" on, picking a suggestion stores exactly one report (read from the database), made for
   the head list the demo's collecting round published; off (the default), picking sends nothing;
+* report tokens (docs/TOKENS.md; ``serve --demo`` admits devices with self-enrolment): the page gets this browser a
+  device credential once (kept in localStorage; a self-enrolled one the server no longer knows is replaced), a token
+  bound to the message before sending it, and shows that the report carried one; a report whose POST failed is
+  resent with the same id and token on the next pick, counted once; a server without self-enrolment gets nothing
+  from a browser without a credential (nothing charged); a server with open admission gets reports without tokens
+  and the page warns that it is unsafe;
 * a published URL that is not http(s) ("javascript:...", "data:...") is shown as text, never as a link;
 * the round page of the closed demo round draws the interval chart and the results table (and so it does for
   a closed mean round).
@@ -26,7 +32,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from browserhelpers import API, ARTIFACTS, DemoServer, screenshot
+from browserhelpers import API, ARTIFACTS, DemoServer, PageErrors, expect_failed_load, screenshot, with_tokens
 from test_reliability import ServerProcess, open_round, stored_messages
 
 from hybriddp.core.protocol import new_message_id
@@ -34,6 +40,9 @@ from hybriddp.device.localalg import randomize_records
 from hybriddp.device.mean import randomize_value
 
 LATENCY_MS = 100.0
+CREDENTIAL_KEY = "hybriddp-device-credential"  # where the page keeps this browser's device credential
+ADMIN_ONLY = "this server admits only devices with a credential from its administrator"
+TOKEN = re.compile(r"[A-Za-z0-9_-]{342}")  # a report token: 256 bytes, URL-safe base64 without padding
 SEPARATORS = re.compile(r"[\s./_-]+")
 
 # installed in the page before typing: the time of every keydown and of every change of the listbox
@@ -203,27 +212,63 @@ def message_ids(db_url: str, rid: str) -> list[str]:
         engine.dispose()
 
 
+def message_count(server: DemoServer | ServerProcess, rid: str) -> int:
+    """The round's message count, as the administrator reads it."""
+    proc = server.proc if isinstance(server, DemoServer) else server
+    r = httpx.get(f"{proc.base_url}{API}/rounds/{rid}", headers=proc.admin, timeout=30)
+    assert r.status_code == 200, r.text
+    return int(r.json()["counts"]["messages"])
+
+
+def plus_one(counts: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n + 1 for n in counts)
+
+
+def kept_credential(page: Any) -> Any:
+    return page.evaluate("key => JSON.parse(localStorage.getItem(key))", CREDENTIAL_KEY)
+
+
+def pick_top(page: Any, prefix: str, expected: list[str]) -> None:
+    """Type ``prefix`` and pick the top suggestion with the keyboard."""
+    type_prefix(page, prefix, expected)
+    page.get_by_role("searchbox").press("ArrowDown")
+    page.get_by_role("searchbox").press("Enter")
+
+
+def wait_status(page: Any, text: str) -> str:
+    """Wait until the contribute status line contains ``text``; returns the line."""
+    page.wait_for_function("t => document.getElementById('contribute-status').textContent.includes(t)", arg=text)
+    return page.locator("#contribute-status").inner_text()
+
+
+def posted(requests: list[Any], tail: str) -> list[Any]:
+    return [r for r in requests if r.method == "POST" and r.url.endswith(tail)]
+
+
 def test_contribute_stores_exactly_one_report_for_the_published_head_list(demo: DemoServer, page: Any) -> None:
     rid = demo.collecting_round  # serve --demo leaves it collecting reports next to the finished demo round
     headlist = demo.get(f"{API}/rounds/{rid}/headlist")
     published = demo.get(f"{API}/rounds/{rid}")["headlist_hash"]
     assert headlist["content_hash"] == published
+    key = demo.get(f"{API}/rounds/{rid}/token-key")
+    assert key["admission"] == "tokens"  # serve --demo admits devices by tokens (and self-enrolment)
     _, prefix, expected = search_case(demo)
     posts: list[Any] = []
     page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    before, count_before = stored_messages(demo.db_url, rid), message_count(demo, rid)  # other tests report too
     open_page(page, demo.base_url + "/")
     switch = page.get_by_role("switch", name="Contribute")
     assert switch.is_visible() and switch.is_enabled()
     assert switch.get_attribute("aria-checked") == "false"  # off by default
+    assert page.locator("#admission-warning").is_hidden()  # admission by tokens: no warning
 
     box = page.get_by_role("searchbox")
-    type_prefix(page, prefix, expected)
-    box.press("ArrowDown")
-    box.press("Enter")  # picked with contribute off: nothing is sent
+    pick_top(page, prefix, expected)  # picked with contribute off: nothing is sent, no credential is asked for
     assert page.locator("#picked-query").inner_text() == expected[0]
     page.wait_for_timeout(300)
     assert posts == []
-    assert stored_messages(demo.db_url, rid) == (0, 0, 0, 0)
+    assert kept_credential(page) is None
+    assert stored_messages(demo.db_url, rid) == before
 
     switch.click()
     assert switch.get_attribute("aria-checked") == "true"
@@ -233,41 +278,177 @@ def test_contribute_stores_exactly_one_report_for_the_published_head_list(demo: 
         box.press("Enter")
     page.wait_for_function("() => document.getElementById('sent-state')?.textContent === 'acknowledged and counted'")
     sent = json.loads(req.value.post_data)
-    assert set(sent) == {"id", "headlist", "reports"}
+    assert set(sent) == {"id", "headlist", "reports", "token"}
     assert sent["headlist"] == published
     assert re.fullmatch(r"[A-Za-z0-9_-]{22}", sent["id"])
+    assert TOKEN.fullmatch(sent["token"]), sent["token"]
     assert len(sent["reports"]) == headlist["m_c"] == 1
     listed = {q["query"]: q["urls"] for q in headlist["queries"]}
     report = sent["reports"][0]
     assert report["query"] is None or report["query"] in listed
     assert report["url"] is None or (report["query"] is not None and report["url"] in listed[report["query"]])
-    # the page shows the randomized message it sent, not the record (whenever the report is not the record)
+
+    # the credential: got once by self-enrolment, kept in localStorage, the bearer of the one token request, made
+    # before the report was sent
+    kept = kept_credential(page)
+    assert kept["self_enrolled"] is True and kept["credential"].startswith("hdc_"), kept
+    assert [r.url.rsplit("/", 1)[1] for r in posts] == ["self", "tokens", "reports"], [r.url for r in posts]
+    (issuance,) = posted(posts, f"/rounds/{rid}/tokens")
+    assert issuance.all_headers()["authorization"] == f"Bearer {kept['credential']}"
+    assert len(json.loads(issuance.post_data)["blinded_msgs"]) == 1
+
+    # the page shows the randomized message it sent (its token shortened), not the record (whenever the report is
+    # not the record), and that the report carried an anonymous token
     shown = page.locator("#sent").inner_text()
-    assert json.loads(page.locator("#sent-message").inner_text()) == sent
+    on_page = json.loads(page.locator("#sent-message").inner_text())
+    assert set(on_page) == set(sent) and {k: v for k, v in on_page.items() if k != "token"} == \
+        {k: v for k, v in sent.items() if k != "token"}
+    assert on_page["token"].startswith(sent["token"][:8]) and sent["token"] not in page.content()
     if expected[0] not in json.dumps(sent, ensure_ascii=False):
         assert expected[0] not in shown
+    assert page.locator("#sent-token").inner_text() == f"anonymous, one-use (key id {key['key_id'][:12]}…)"
     assert page.locator("#spent-value").inner_text().startswith(f"ε = {headlist['epsilon']:g} of")
 
-    assert stored_messages(demo.db_url, rid) == (1, 1, 1, 1)
-    assert message_ids(demo.db_url, rid) == [sent["id"]]
-    assert demo.get(f"{API}/rounds/{rid}")["counts"]["messages"] == 1
+    assert stored_messages(demo.db_url, rid) == plus_one(before)
+    assert sent["id"] in message_ids(demo.db_url, rid)
+    assert message_count(demo, rid) == count_before + 1
     screenshot(page, "local-search-contribute")
 
-    # a second pick: the device ledger allows one report per head list, so nothing more is sent
-    type_prefix(page, prefix, expected)
-    box.press("ArrowDown")
-    box.press("Enter")
+    # a second pick: the device ledger allows one report per head list, so nothing more is sent or asked for
+    pick_top(page, prefix, expected)
     page.wait_for_function("() => document.getElementById('contribute-status').textContent.startsWith('Not sent')")
-    assert [r for r in posts if r.url.endswith("/reports")] == [req.value]
-    assert stored_messages(demo.db_url, rid) == (1, 1, 1, 1)
+    assert posted(posts, "/reports") == [req.value] and len(posts) == 3
+    assert stored_messages(demo.db_url, rid) == plus_one(before)
 
-    # the curator's page of the collecting round: its state and the one message, no results yet
+    # the curator's page of the collecting round: its state and its messages, no results yet
     page.goto(f"{demo.base_url}/rounds/{rid}")
     page.wait_for_selector("body[data-ready='true']")
     assert page.locator("#round-state").inner_text() == "collecting-reports"
-    assert page.locator("#counts .count").nth(2).inner_text().split() == ["1", "device", "messages"]
+    assert page.locator("#counts .count").nth(2).inner_text().split() == [f"{count_before + 1:,}", "device",
+                                                                          "messages"]
     assert page.locator("#chart-panel").is_hidden() and page.locator("#table-panel").is_hidden()
     assert "once an administrator closes the round" in page.locator("#load-status").inner_text()
+
+
+def test_a_report_whose_post_failed_is_resent_with_its_token(demo: DemoServer, page: Any,
+                                                              page_errors: PageErrors) -> None:
+    """The POST of the report fails (the connection is cut): the page keeps the message with its token, and the
+    next pick sends that message again (same id, same token), which is counted once; no second token is asked for
+    and the new pick itself is refused by the device ledger (one report per round)."""
+    rid = demo.collecting_round
+    _, prefix, expected = search_case(demo)
+    posts: list[Any] = []
+    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    cut: list[Any] = []
+
+    def cut_once(route: Any) -> None:
+        if cut:
+            route.continue_()
+        else:
+            cut.append(route.request)
+            route.abort("connectionreset")
+
+    page.route(f"**{API}/rounds/{rid}/reports", cut_once)
+    before, count_before = stored_messages(demo.db_url, rid), message_count(demo, rid)
+    open_page(page, demo.base_url + "/")
+    page.get_by_role("switch", name="Contribute").click()
+    pick_top(page, prefix, expected)
+    status = wait_status(page, "The report is kept and sent again")
+    assert "same id, same token: counted once" in status
+    assert page.locator("#sent-state").inner_text() == "not acknowledged yet"
+    assert len(cut) == 1
+    first = json.loads(cut[0].post_data)
+    assert TOKEN.fullmatch(first["token"]) and page.locator("#sent-token").inner_text().startswith("anonymous")
+    assert message_count(demo, rid) == count_before and stored_messages(demo.db_url, rid) == before
+    expect_failed_load(page_errors, f"/rounds/{rid}/reports")
+
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith(f"/rounds/{rid}/reports")) as req:
+        pick_top(page, prefix, expected)
+    wait_status(page, "Sent the report kept from your earlier pick")
+    assert json.loads(req.value.post_data) == first  # the same message: same id, same reports, same token
+    assert page.locator("#sent-state").inner_text() == "acknowledged and counted"
+    assert len(posted(posts, f"/rounds/{rid}/tokens")) == 1 and len(posted(posts, "/reports")) == 2
+    assert message_count(demo, rid) == count_before + 1
+    assert stored_messages(demo.db_url, rid) == plus_one(before)
+    assert message_ids(demo.db_url, rid).count(first["id"]) == 1
+
+
+def test_a_self_enrolled_credential_the_server_does_not_know_is_replaced(demo: DemoServer, page: Any,
+                                                                         page_errors: PageErrors) -> None:
+    """This browser kept a self-enrolled credential the server does not know (its database was reset): the token
+    request gets 401, and the page enrols again once, keeps the new credential and reports with it."""
+    rid = demo.collecting_round
+    _, prefix, expected = search_case(demo)
+    posts: list[Any] = []
+    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    count_before = message_count(demo, rid)
+    open_page(page, demo.base_url + "/")
+    stale = {"credential": "hdc_" + "A" * 43, "id": 999_999, "tokens_per_round": 1, "self_enrolled": True}
+    page.evaluate("([key, doc]) => localStorage.setItem(key, JSON.stringify(doc))", [CREDENTIAL_KEY, stale])
+    page.get_by_role("switch", name="Contribute").click()
+    pick_top(page, prefix, expected)
+    page.wait_for_function("() => document.getElementById('sent-state')?.textContent === 'acknowledged and counted'")
+    assert [r.url.rsplit("/", 1)[1] for r in posts] == ["tokens", "self", "tokens", "reports"]
+    first, second = posted(posts, f"/rounds/{rid}/tokens")
+    assert first.response().status == 401 and second.response().status == 200
+    expect_failed_load(page_errors, f"/rounds/{rid}/tokens")
+    kept = kept_credential(page)
+    assert kept["credential"] != stale["credential"] and kept["self_enrolled"] is True
+    assert second.all_headers()["authorization"] == f"Bearer {kept['credential']}"
+    assert TOKEN.fullmatch(json.loads(posted(posts, "/reports")[0].post_data)["token"])
+    assert message_count(demo, rid) == count_before + 1
+
+
+def test_no_report_without_a_credential_where_there_is_no_self_enrolment(second_server: DemoServer, page: Any,
+                                                                         page_errors: PageErrors) -> None:
+    """A server started without --self-enrolment gives no credential to its pages (404): the page says so and
+    neither charges its ledger nor asks for a token nor sends anything (and asks only once)."""
+    rid = second_server.collecting_round
+    _, prefix, expected = search_case(second_server)
+    posts: list[Any] = []
+    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    count_before = message_count(second_server, rid)
+    open_page(page, second_server.base_url + "/")
+    assert page.locator("#admission-warning").is_hidden()
+    page.get_by_role("switch", name="Contribute").click()
+    pick_top(page, prefix, expected)
+    status = wait_status(page, ADMIN_ONLY)
+    assert status.startswith("Not sent")
+    (enrol,) = posted(posts, "/device-credentials/self")
+    assert enrol.response().status == 404
+    expect_failed_load(page_errors, "/device-credentials/self")
+    assert kept_credential(page) is None
+    assert page.locator("#spent-value").inner_text().startswith("ε = 0 of")  # nothing charged
+    assert page.locator("#sent").is_hidden()
+
+    pick_top(page, prefix, expected)  # again: the server's answer is remembered, nothing is asked
+    page.wait_for_timeout(300)
+    wait_status(page, ADMIN_ONLY)
+    assert posts == [enrol]
+    assert message_count(second_server, rid) == count_before
+
+
+def test_open_admission_is_shown_and_reports_go_without_a_token(open_server: DemoServer, page: Any) -> None:
+    rid = open_server.collecting_round
+    assert open_server.get(f"{API}/rounds/{rid}/token-key")["admission"] == "open"
+    _, prefix, expected = search_case(open_server)
+    posts: list[Any] = []
+    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    count_before = message_count(open_server, rid)
+    open_page(page, open_server.base_url + "/")
+    warning = page.locator("#admission-warning")  # shown before anything is picked
+    assert warning.is_visible() and warning.get_attribute("role") == "alert"
+    assert "Open admission" in warning.inner_text() and "anyone can report" in warning.inner_text()
+    page.get_by_role("switch", name="Contribute").click()
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith(f"/rounds/{rid}/reports")) as req:
+        pick_top(page, prefix, expected)
+    page.wait_for_function("() => document.getElementById('sent-state')?.textContent === 'acknowledged and counted'")
+    sent = json.loads(req.value.post_data)
+    assert set(sent) == {"id", "headlist", "reports"}  # no token, and no credential was asked for
+    assert posts == [req.value] and kept_credential(page) is None
+    assert page.locator("#sent-token").inner_text() == "none: this server runs with open admission"
+    assert message_count(open_server, rid) == count_before + 1
+    screenshot(page, "local-search-open-admission")
 
 
 # ----- URLs that are not web addresses ----------------------------------------------------------
@@ -281,6 +462,7 @@ def published_round_with_urls(srv: ServerProcess, urls: list[str], n_users: int 
     rid, doc = open_round(srv, n_users, records=lambda i: [{"query": "alert me", "url": urls[i % len(urls)]}])
     assert [(q["query"], sorted(q["urls"])) for q in doc["queries"]] == [("alert me", sorted(urls))], doc
     messages = [randomize_records(doc, [("alert me", urls[i % len(urls)])]) for i in range(n_users)]
+    messages = with_tokens(srv.base_url, srv.admin, rid, messages)  # the server admits reports with tokens
     with httpx.Client(base_url=srv.base_url + API, timeout=60) as http:
         assert http.post(f"/rounds/{rid}/reports", json=messages).status_code == 200
         assert http.post(f"/rounds/{rid}/close", headers=srv.admin, json={"flagged": "publish"}).status_code == 200
@@ -412,6 +594,7 @@ def test_round_page_of_a_closed_mean_round(demo: DemoServer, page: Any) -> None:
         rng = random.Random(3)
         reports = [{"id": new_message_id(), "round": rid, "value": randomize_value(
             rng.uniform(lower, upper), lower=lower, upper=upper, epsilon=eps)} for _ in range(300)]
+        reports = with_tokens(demo.base_url, admin, rid, reports)  # the server admits reports with tokens
         assert http.post(f"/rounds/{rid}/reports", json=reports).status_code == 200
         assert http.post(f"/rounds/{rid}/close", headers=admin, json={"flagged": "publish"}).status_code == 200
         results = http.get(f"/rounds/{rid}/results").json()

@@ -2,7 +2,9 @@
 browser submit device reports to the service, with ``fetch(…, {mode: "no-cors", body: new Blob([msg])})``, with a
 ``text/plain`` body and with ``navigator.sendBeacon``. Before the guard (docs/DEPLOYMENT.md) such reports were
 counted (1,000,000 → 1,000,002 messages); now none is. The same message sent by the service's own page is counted,
-so the browser did deliver what the attack page sent."""
+so the browser did deliver what the attack page sent. The messages carry valid report tokens (docs/TOKENS.md), so
+what refuses them is the cross-site guard, not a missing token; nor can the attack page get itself a device
+credential from a server with self-enrolment (``serve --demo``)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ from typing import Any
 
 import httpx
 import pytest
-from browserhelpers import API, DemoServer
+from browserhelpers import API, DemoServer, with_tokens
 
 from hybriddp.device.localalg import randomize_records
 
 ATTACK = """<!doctype html><html><body><p id="state">running</p><script>
-const url = %(url)s, msgs = %(msgs)s;
+const url = %(url)s, msgs = %(msgs)s, enrol = %(enrol)s;
+fetch(enrol, {method: "POST", mode: "no-cors"}).catch(() => {});
+navigator.sendBeacon(enrol, "");
 fetch(url, {method: "POST", mode: "no-cors", body: new Blob([JSON.stringify(msgs[0])])}).catch(() => {});
 fetch(url, {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"},
             body: JSON.stringify(msgs[1])}).catch(() => {});
@@ -56,6 +60,12 @@ def attacker_site() -> Iterator[tuple[str, dict[str, bytes]]]:
         server.shutdown()
 
 
+def _credentials(demo: DemoServer) -> int:
+    r = httpx.get(f"{demo.base_url}{API}/device-credentials", headers=demo.proc.admin, timeout=30)
+    assert r.status_code == 200, r.text
+    return len(r.json()["credentials"])
+
+
 def _messages(demo: DemoServer) -> int:
     r = httpx.get(f"{demo.base_url}{API}/rounds/{demo.collecting_round}", timeout=30)
     return int(r.json()["counts"]["messages"])
@@ -77,15 +87,18 @@ def test_another_site_cannot_make_browsers_report(demo: DemoServer, page: Any,
     origin, pages = attacker_site
     headlist = httpx.get(f"{demo.base_url}{API}/rounds/{demo.collecting_round}/headlist", timeout=30).json()
     msgs = [randomize_records(headlist, [("weather", "https://weather.example/")]) for _ in range(5)]
+    msgs = with_tokens(demo.base_url, demo.proc.admin, demo.collecting_round, msgs)  # each one valid as it is
     url = f"{demo.base_url}{API}/rounds/{demo.collecting_round}/reports"
-    pages["/"] = (ATTACK % {"url": json.dumps(url), "msgs": json.dumps(msgs)}).encode()
-    before = _messages(demo)
+    enrol = f"{demo.base_url}{API}/device-credentials/self"
+    pages["/"] = (ATTACK % {"url": json.dumps(url), "msgs": json.dumps(msgs), "enrol": json.dumps(enrol)}).encode()
+    before, credentials = _messages(demo), _credentials(demo)
     refused: list[int] = []
-    page.on("response", lambda r: refused.append(r.status) if "/reports" in r.url else None)
+    page.on("response", lambda r: refused.append(r.status) if "/reports" in r.url or "/self" in r.url else None)
     page.goto(origin + "/")
     page.wait_for_function("document.getElementById('state').textContent === 'sent'")
     time.sleep(1.0)  # beacons are sent asynchronously
     assert _messages(demo) == before, "a report sent by another site's page was counted"
+    assert _credentials(demo) == credentials, "another site's page got a device credential"
     assert refused and set(refused) <= {0, 403}, refused  # the requests did reach the server, which refused them
 
     # the service's own page sends the fifth message the way its device module does (JSON, same origin): counted

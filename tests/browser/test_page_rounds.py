@@ -22,7 +22,7 @@ from hybriddp.service import create_app
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(f"sqlite:///{tmp_path / 'hybriddp.db'}", ADMIN)) as c:
+    with TestClient(create_app(f"sqlite:///{tmp_path / 'hybriddp.db'}", ADMIN, open_admission=True)) as c:
         yield c
 
 

@@ -1,4 +1,4 @@
-"""Throughput, latency, crash safety and close time of the collection service.
+"""Throughput, latency, crash safety and close time of the collection service, with and without report tokens.
 
 Starts ``hybriddp serve`` itself (a temporary SQLite database by default; ``--db postgresql`` starts a
 throwaway PostgreSQL 15 cluster with durable settings, see tests/pgcluster.py; or any ``--db URL``),
@@ -9,15 +9,44 @@ it from a separate process with concurrent keep-alive connections:
    the server's CPU time per request, ``single_server_cpu_us``, which a busy machine does not change);
 2. the rest of the N reports as JSON-array batches of ``--batch-size`` messages; at half of them the
    server is SIGKILLed and restarted on the same database, and every batch whose acknowledgement was
-   not received is sent again (ids make that safe);
+   not received is sent again (ids make that safe); ``batch_server_cpu_us`` is the server's CPU time
+   (all its processes: event loop, writer, check workers) per batched message, taken over the
+   restarted server (from its start-up on, every batch it acknowledges is processed there once; it
+   includes the start-up of its check workers, ~0.7 s of CPU each, which weighs in short runs);
+   ``other_cpu_cores``: what other processes used of the machine meanwhile (it lowers the rates);
 3. a sample of acknowledged messages sent again (they must come back as duplicates);
 4. close: the server counts the stored reports and computes the estimates (``close_seconds``).
 
 Then the database itself is read: every acknowledged message id must be stored exactly once
 (``lost_after_kill9``, ``double_counted``). Prints one JSON object (``--json``) or a table.
 
-    python benchmarks/bench_service.py --json                      # SQLite, 5,000,000 reports
+Admission. The default run starts the server with ``--open-admission`` (reports need no token), as every
+run before report tokens did, so its numbers compare with docs/RESULTS.md. ``--tokens`` then runs the same
+phases a second time on a fresh database with admission on (the server's default): every message carries
+a valid report token (docs/TOKENS.md) and the server verifies every one (on the event loop for single
+POSTs, in the check-worker processes for batches). Before the token run's timing starts, the bench
+
+* measures issuance through the real API: a relay credential (``POST /api/v1/device-credentials``,
+  tokens_per_round = ``--token-issue-sample``) gets the tokens of the first ``--token-issue-sample``
+  messages in requests of ``--token-issue-chunk`` (client blind, ``POST /api/v1/rounds/{id}/tokens``,
+  client finalize): ``issue_tokens_per_s``, ``issue_server_cpu_us`` (server CPU per token),
+  ``issue_client_blind_us`` and ``issue_client_finalize_us``;
+* mints the tokens of all other messages directly with the round's private key (read from the database with
+  ``Store.round_key(..., private=True)``; RSASSA-PSS SHA-384 over each message's token input, spread over
+  one process per CPU): ``tokens_minted_directly``, ``mint_seconds``. Only the sample went through the API;
+* times one token check in this process (``verify_us_local``: the nonce and one RSA-2048 PSS verification).
+
+With both runs the output holds the open run's keys as they always were and the token run's with the prefix
+``tokens_`` (the table shows them side by side), and the cost of verification per report as the difference
+of the server's CPU time: ``verify_single_server_cpu_us`` and ``verify_batch_server_cpu_us``. Targets
+(``targets_met``; any missed are listed in ``targets_missed``): open admission single ≥ 3,000/s and
+batched ≥ 100,000/s; with tokens single ≥ 3,000/s and batched ≥ 25,000/s; in every run close ≤ 15 s,
+nothing lost or double-counted after ``kill -9``, no server errors. Minting costs ~0.3 ms of CPU a token, so
+``--tokens`` defaults to 300,000 reports.
+
+    python benchmarks/bench_service.py --json                      # SQLite, 5,000,000 reports, open admission
     python benchmarks/bench_service.py --json --db postgresql      # throwaway PostgreSQL cluster
+    python benchmarks/bench_service.py --json --reports 300000 --single 20000 --tokens   # both, side by side
 """
 
 from __future__ import annotations
@@ -33,6 +62,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +73,13 @@ from hybriddp.service.process import ServeProcess
 TARGETS = {"single_reports_per_s": (">=", 3000.0), "batch_reports_per_s": (">=", 100_000.0),
            "close_seconds": ("<=", 15.0), "lost_after_kill9": ("==", 0), "double_counted": ("==", 0),
            "server_errors": ("==", 0)}
+TOKEN_TARGETS = {"single_reports_per_s": (">=", 3000.0), "batch_reports_per_s": (">=", 25_000.0),
+                 "close_seconds": ("<=", 15.0), "lost_after_kill9": ("==", 0), "double_counted": ("==", 0),
+                 "server_errors": ("==", 0)}
+"""The token run's targets (keys ``tokens_...`` in the output): every message's token verified."""
 API = "/api/v1"
+TOKEN_CHARS = 342
+"""A token (256-byte RSA-2048 signature) in URL-safe base64 without padding."""
 
 
 def setup_round(base_url: str, token: str, n_optin: int, seed: int) -> tuple[str, dict[str, Any]]:
@@ -67,7 +103,9 @@ def setup_round(base_url: str, token: str, n_optin: int, seed: int) -> tuple[str
             http.post(f"/rounds/{rid}/optin/records", json={"records": records},
                       headers={"Authorization": f"Bearer {token}"}).raise_for_status()
         http.post(f"/rounds/{rid}/headlist", headers=admin).raise_for_status()
-        doc = http.get(f"/rounds/{rid}/headlist").json()
+        r = http.get(f"/rounds/{rid}/headlist")
+        r.raise_for_status()
+        doc = r.json()
     return rid, doc
 
 
@@ -125,49 +163,65 @@ class Conn:
         self.reader = self.writer = None
 
 
-class Load:
-    """Message bodies with random-looking ids that map back to a counter (the database is checked id by id)."""
+def report_choices(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The one-report messages' possible reports: the empty report, and per head-list query each of its URLs
+    and the query without a URL."""
+    reports: list[dict[str, Any]] = [{"query": None, "url": None}]
+    for q in doc["queries"]:
+        reports += [{"query": q["query"], "url": u} for u in q["urls"]] + [{"query": q["query"], "url": None}]
+    return reports
 
-    def __init__(self, port: int, rid: str, doc: dict[str, Any], seed: int, ordered: bool = False) -> None:
+
+def message_ids(prefix: bytes, start: int, stop: int, ordered: bool = False) -> list[bytes]:
+    """The ids of messages ``start .. stop-1``: a scrambled counter (8 bytes, big-endian), then the run's
+    ``prefix``, in URL-safe base64. Ids look random (as devices' do: each lands at a random place in the
+    primary key's B-tree) and map back to their counter. With ``ordered`` the counter is not scrambled:
+    ids arrive in key order (a best case, for comparison). Built with NumPy (the generator shares the
+    server's two cores, so its own work per message is kept small): 16 bytes padded to 18 encode to 24
+    base64 characters whose first 22 are the id."""
+    i = np.arange(start, stop, dtype=np.uint64)
+    keys = i if ordered else scramble(i)
+    raw = np.zeros((len(i), 18), dtype=np.uint8)
+    raw[:, :8] = keys.astype(">u8").view(np.uint8).reshape(-1, 8)
+    raw[:, 8:16] = np.frombuffer(prefix, dtype=np.uint8)
+    enc = np.frombuffer(base64.urlsafe_b64encode(raw.tobytes()), dtype=np.uint8).reshape(-1, 24)
+    return np.ascontiguousarray(enc[:, :22]).view("S22").ravel().tolist()
+
+
+class Load:
+    """Message bodies with random-looking ids that map back to a counter (the database is checked id by id).
+
+    Message ``i`` always has the same id and report (``picks[i]``), so a resent message is the same message;
+    with ``tokens`` (``tokens[i]``: message ``i``'s report token, base64 bytes) each carries its token."""
+
+    def __init__(self, port: int, rid: str, doc: dict[str, Any], prefix: bytes, picks: np.ndarray,
+                 tokens: np.ndarray | None = None, ordered: bool = False) -> None:
         self.port, self.rid, self.ordered = port, rid, ordered
         self.path = f"{API}/rounds/{rid}/reports"
-        self.prefix = secrets.token_bytes(8)
-        reports = [{"query": None, "url": None}]
-        for q in doc["queries"]:
-            reports += [{"query": q["query"], "url": u} for u in q["urls"]] + [{"query": q["query"], "url": None}]
-        self.reports = [json.dumps(r, separators=(",", ":")).encode() for r in reports]
+        self.prefix, self.picks, self.tokens = prefix, picks, tokens
+        self.reports = [json.dumps(r, separators=(",", ":")).encode() for r in report_choices(doc)]
         self.tails = [b'","headlist":"' + doc["content_hash"].encode() + b'","reports":[' + r + b"]}"
                       for r in self.reports]  # a message is '{"id":"' + its id + the tail of its report
-        self.rng = np.random.default_rng(seed)
         self.server_errors = 0
         self.retries = 0
         self.unexpected: list[str] = []
 
     def message_ids(self, start: int, stop: int) -> list[bytes]:
-        """The ids of messages ``start .. stop-1``: a scrambled counter (8 bytes, big-endian), then the run's
-        prefix, in URL-safe base64. Ids look random (as devices' do: each lands at a random place in the
-        primary key's B-tree) and map back to their counter. With ``ordered`` the counter is not scrambled:
-        ids arrive in key order (a best case, for comparison). Built with NumPy (the generator shares the
-        server's two cores, so its own work per message is kept small): 16 bytes padded to 18 encode to 24
-        base64 characters whose first 22 are the id."""
-        i = np.arange(start, stop, dtype=np.uint64)
-        keys = i if self.ordered else scramble(i)
-        raw = np.zeros((len(i), 18), dtype=np.uint8)
-        raw[:, :8] = keys.astype(">u8").view(np.uint8).reshape(-1, 8)
-        raw[:, 8:16] = np.frombuffer(self.prefix, dtype=np.uint8)
-        enc = np.frombuffer(base64.urlsafe_b64encode(raw.tobytes()), dtype=np.uint8).reshape(-1, 24)
-        return np.ascontiguousarray(enc[:, :22]).view("S22").ravel().tolist()
+        return message_ids(self.prefix, start, stop, self.ordered)
 
     def messages(self, start: int, stop: int) -> list[bytes]:
-        """The JSON messages ``start .. stop-1``, each with one report drawn at random."""
-        picks = self.rng.integers(0, len(self.reports), stop - start)
-        tails = self.tails
-        return [b'{"id":"' + mid + tails[p] for mid, p in zip(self.message_ids(start, stop), picks.tolist(),
-                                                              strict=True)]
+        """The JSON messages ``start .. stop-1`` (with their tokens, if any)."""
+        tails, ids, picks = self.tails, self.message_ids(start, stop), self.picks[start:stop].tolist()
+        if self.tokens is None:
+            return [b'{"id":"' + mid + tails[p] for mid, p in zip(ids, picks, strict=True)]
+        toks = self.tokens[start:stop].tolist()
+        return [b'{"id":"' + mid + b'","token":"' + tok + tails[p]
+                for mid, tok, p in zip(ids, toks, picks, strict=True)]
 
-    async def send(self, conn: Conn, body: bytes, n: int) -> dict[str, int]:
-        """POST until acknowledged (connection errors while the server is down are retried)."""
-        delay, t0 = 0.02, time.perf_counter()
+    async def send(self, conn: Conn, body: bytes, n: int) -> tuple[dict[str, int], bool]:
+        """POST until acknowledged (connection errors while the server is down are retried): the acknowledgement,
+        and whether this body was sent more than once."""
+        delay, t0, retried = 0.02, time.perf_counter(), False
         while True:
             try:
                 status, out = await conn.post(self.path, body)
@@ -178,7 +232,7 @@ class Load:
                 ack = json.loads(out)
                 if ack.get("acknowledged") != n:
                     self.unexpected.append(f"acknowledged {ack} for {n} messages")
-                return ack
+                return ack, retried
             if status >= 500:
                 self.server_errors += 1
             elif status:
@@ -187,6 +241,7 @@ class Load:
             if time.perf_counter() - t0 > 180:
                 raise RuntimeError("the server did not come back within 180 s")
             self.retries += 1
+            retried = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
@@ -215,20 +270,23 @@ async def run_single(load: Load, start: int, count: int, connections: int) -> di
 async def run_batches(load: Load, start: int, count: int, batch: int, connections: int,
                       progress: Any) -> dict[str, Any]:
     """``count`` messages in batches; ``progress`` (shared) counts acknowledged messages. Latencies (ms) of
-    the batches acknowledged at the first try (those resent around the restart are left out)."""
+    the batches acknowledged at the first try (those resent around the restart are left out); ``batch_resent``:
+    the messages of the batches that were sent more than once."""
     starts = iter(range(start, start + count, batch))
-    counted = 0
+    counted = resent = 0
     latencies: list[float] = []
 
     async def worker() -> None:
-        nonlocal counted
+        nonlocal counted, resent
         conn = Conn(load.port)
         for s in starts:
             n = min(batch, start + count - s)
             body = b"[" + b",".join(load.messages(s, s + n)) + b"]"
-            t, retries = time.perf_counter(), load.retries
-            ack = await load.send(conn, body, n)
-            if load.retries == retries:
+            t = time.perf_counter()
+            ack, retried = await load.send(conn, body, n)
+            if retried:
+                resent += n
+            else:
                 latencies.append((time.perf_counter() - t) * 1000)
             counted += int(ack.get("counted", 0))
             with progress.get_lock():
@@ -238,9 +296,10 @@ async def run_batches(load: Load, start: int, count: int, batch: int, connection
     t0, wall0 = time.perf_counter(), time.time()
     await asyncio.gather(*(worker() for _ in range(connections)))
     return {"batch_seconds_total": time.perf_counter() - t0, "batch_wall": (wall0, time.time()),
-            "batch_counted": counted,
-            "batch_p50_ms": float(np.percentile(latencies, 50)), "batch_p99_ms": float(np.percentile(latencies, 99)),
-            "batch_max_ms": float(max(latencies))}
+            "batch_counted": counted, "batch_resent": resent,
+            "batch_p50_ms": float(np.percentile(latencies, 50)) if latencies else float("nan"),
+            "batch_p99_ms": float(np.percentile(latencies, 99)) if latencies else float("nan"),
+            "batch_max_ms": max(latencies, default=float("nan"))}
 
 
 async def run_resubmit(load: Load, total: int, sample: int) -> int:
@@ -250,15 +309,17 @@ async def run_resubmit(load: Load, total: int, sample: int) -> int:
     counted = 0
     for chunk in np.array_split(ids, max(1, len(ids) // 1000)):
         body = b"[" + b",".join(load.messages(int(i), int(i) + 1)[0] for i in chunk) + b"]"
-        counted += int((await load.send(conn, body, len(chunk)))["counted"])
+        counted += int((await load.send(conn, body, len(chunk)))[0]["counted"])
     conn.close()
     return counted
 
 
 def generator(args: dict[str, Any], doc: dict[str, Any], progress: Any, phase: Any, out: Any) -> None:
     """The load-generator process: single POSTs, batches (the server is killed meanwhile), resends."""
-    load = Load(args["port"], args["rid"], doc, args["seed"], args["ids"] == "ordered")
-    out.put({"prefix": load.prefix.hex()})
+    tokens = None if args["tokens_file"] is None else np.load(args["tokens_file"], mmap_mode="r")
+    load = Load(args["port"], args["rid"], doc, bytes.fromhex(args["prefix"]), np.load(args["picks_file"]),
+                tokens, args["ids"] == "ordered")
+    out.put({"ready": True})
 
     async def main() -> dict[str, Any]:
         res = await run_single(load, 0, args["single"], args["single_connections"])
@@ -303,6 +364,135 @@ def server_cpu_seconds(server: ServeProcess) -> float:
     return total
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by one process (the load generator); 0 once it is gone."""
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return t.user + t.system
+
+
+def machine_busy_seconds() -> float:
+    """CPU time the whole machine has been busy (all cores, every process; time stolen by the hypervisor
+    counts as busy: it is capacity this machine did not get). Linux counts guest time in user time too."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - sum(getattr(t, f, 0.0) for f in ("iowait", "guest", "guest_nice"))
+
+
+# ----- report tokens -----------------------------------------------------------------------------
+def b64_rows(raw: np.ndarray) -> np.ndarray:
+    """Rows of 256 bytes (signatures) as URL-safe base64 without padding, an ``S342`` array: each row padded
+    to 258 bytes (a multiple of 3) encodes to 344 characters, of which the first 342 are the row's own."""
+    padded = np.zeros((len(raw), 258), dtype=np.uint8)
+    padded[:, :256] = raw
+    enc = np.frombuffer(base64.urlsafe_b64encode(padded.tobytes()), dtype=np.uint8).reshape(-1, 344)
+    return np.ascontiguousarray(enc[:, :TOKEN_CHARS]).view(f"S{TOKEN_CHARS}").ravel()
+
+
+def issue_sample(server: ServeProcess, rid: str, doc: dict[str, Any], prefix: bytes, picks: np.ndarray,
+                 sample: int, chunk: int, ordered: bool) -> tuple[list[str], dict[str, Any]]:
+    """The tokens of messages ``0 .. sample-1`` through the real API (a relay credential; client blind, server
+    blind-sign, client finalize), timed; then each checked in this process (``verify_us_local``)."""
+    import httpx
+
+    from hybriddp.core import tokens
+
+    reports = report_choices(doc)
+    payloads = [tokens.blender_payload([r]) for r in reports]
+    ids = [m.decode() for m in message_ids(prefix, 0, sample, ordered)]
+    with httpx.Client(base_url=server.base_url + API, timeout=600.0) as http:
+        r = http.post("/device-credentials", headers=server.admin,
+                      json={"count": 1, "tokens_per_round": sample, "label": "bench relay"})
+        r.raise_for_status()
+        relay = {"Authorization": f"Bearer {r.json()['credentials'][0]['credential']}"}
+        r = http.get(f"/rounds/{rid}/token-key")
+        r.raise_for_status()
+        if r.json().get("admission") != "tokens":
+            raise RuntimeError(f"the server does not ask for tokens: {r.json().get('admission')!r}")
+        key = tokens.RoundKey.from_dict(r.json(), rid)
+        blind_s = post_s = finalize_s = 0.0
+        out: list[str] = []
+        cpu0 = server_cpu_seconds(server)
+        for s in range(0, sample, chunk):
+            part = range(s, min(sample, s + chunk))
+            t = time.perf_counter()
+            reqs = [tokens.TokenRequest.make(key, ids[i], payloads[picks[i]]) for i in part]
+            blind_s += time.perf_counter() - t
+            t = time.perf_counter()
+            r = http.post(f"/rounds/{rid}/tokens", headers=relay, json={"blinded_msgs": [q.blinded for q in reqs]})
+            post_s += time.perf_counter() - t
+            r.raise_for_status()
+            t = time.perf_counter()
+            out += [q.finalize(sig) for q, sig in zip(reqs, r.json()["blind_sigs"], strict=True)]
+            finalize_s += time.perf_counter() - t
+        server_cpu = server_cpu_seconds(server) - cpu0
+    verifier = tokens.TokenVerifier(key)
+    msgs = [{"id": ids[i], "reports": [reports[picks[i]]], "token": out[i]} for i in range(sample)]
+    t = time.perf_counter()
+    for m in msgs:
+        verifier.check(m, m["id"], tokens.blender_payload(m["reports"]), "bench")
+    verify_s = time.perf_counter() - t
+    return out, {"issued_via_api": sample, "issue_chunk": chunk, "issue_tokens_per_s": round(sample / post_s),
+                 "issue_server_cpu_us": round(server_cpu / sample * 1e6, 1),
+                 "issue_client_blind_us": round(blind_s / sample * 1e6, 1),
+                 "issue_client_finalize_us": round(finalize_s / sample * 1e6, 1),
+                 "verify_us_local": round(verify_s / sample * 1e6, 1)}
+
+
+_MINT: dict[str, Any] = {}  # in a minting process: the round's key and what the token inputs need
+
+
+def _mint_init(der: bytes, rid: str, key_id: bytes, prefix: bytes, payloads: list[bytes], ordered: bool) -> None:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    from hybriddp.core import tokens
+
+    _MINT.update(key=tokens.load_private(der), rid=rid, key_id=key_id, prefix=prefix, payloads=payloads,
+                 ordered=ordered, pss=padding.PSS(mgf=padding.MGF1(hashes.SHA384()), salt_length=48),
+                 sha384=hashes.SHA384(), token_input=tokens.token_input)
+
+
+def _mint(start: int, stop: int, picks: list[int]) -> bytes:
+    """The tokens (raw 256-byte signatures, concatenated) of messages ``start .. stop-1``."""
+    m = _MINT
+    sign, pss, sha, token_input, payloads = m["key"].sign, m["pss"], m["sha384"], m["token_input"], m["payloads"]
+    ids = message_ids(m["prefix"], start, stop, m["ordered"])
+    return b"".join(sign(token_input(m["rid"], m["key_id"], mid.decode(), payloads[p]), pss, sha)
+                    for mid, p in zip(ids, picks, strict=True))
+
+
+def mint_tokens(db_url: str, rid: str, doc: dict[str, Any], prefix: bytes, picks: np.ndarray, start: int,
+                ordered: bool) -> np.ndarray:
+    """The tokens of messages ``start ..`` (base64, ``S342``), signed directly with the round's private key, which
+    is read from the database; spread over one process per CPU. Only for the benchmark: a real device gets its
+    tokens blind-signed through the API, as :func:`issue_sample` does."""
+    from hybriddp.core import tokens
+    from hybriddp.service.store import open_store
+
+    with open_store(db_url) as store:
+        _, key, private = store.round_key(rid, private=True)
+    assert private is not None
+    payloads = [tokens.blender_payload([r]) for r in report_choices(doc)]
+    n, step = len(picks) - start, 5000
+    if n <= 0:
+        return np.zeros(0, dtype=f"S{TOKEN_CHARS}")
+    starts = list(range(start, len(picks), step))
+    with ProcessPoolExecutor(os.cpu_count() or 1, mp_context=mp.get_context("spawn"), initializer=_mint_init,
+                             initargs=(tokens.private_der(private), rid, key.key_id, prefix, payloads,
+                                       ordered)) as pool:
+        raw = b"".join(pool.map(_mint, starts, [min(len(picks), s + step) for s in starts],
+                                [picks[s:s + step].tolist() for s in starts]))
+    out = b64_rows(np.frombuffer(raw, dtype=np.uint8).reshape(n, 256))
+    assert out[0].decode() == tokens.b64(raw[:256])
+    return out
+
+
 # ----- checking the database itself -------------------------------------------------------------
 def stored_counts(db_url: str, rid: str, prefix: bytes, n: int, ordered: bool = False) -> dict[str, int]:
     """Read the database itself: message rows of round ``rid``, distinct ids, how many of the ``n``
@@ -336,89 +526,117 @@ def stored_counts(db_url: str, rid: str, prefix: bytes, n: int, ordered: bool = 
 
 
 # ----- main -------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--db", default=None,
-                    help="database URL (default: a temporary SQLite file); 'postgresql' starts a throwaway cluster")
-    ap.add_argument("--reports", type=int, default=5_000_000, help="reports stored before the close (default 5e6)")
-    ap.add_argument("--single", type=int, default=30_000, help="of which sent one per POST (default 30000)")
-    ap.add_argument("--single-connections", type=int, default=64,
-                    help="concurrent connections of the single POSTs (default 64: devices in flight at once; each "
-                         "group commit waits for one fsync, 2-5 ms on this machine's disk, so with few connections "
-                         "the rate measures the disk's fsync latency rather than the server, see docs/RESULTS.md)")
-    ap.add_argument("--workers", type=int, default=1, help="server processes (hybriddp serve --workers; default 1)")
-    ap.add_argument("--batch-size", type=int, default=10_000, help="messages per batched POST (default 10000)")
-    ap.add_argument("--batch-connections", type=int, default=16,
-                    help="concurrent batch uploaders (default 16: relays of many devices)")
-    ap.add_argument("--ids", choices=["random", "ordered"], default="random",
-                    help="message ids as devices make them (random, default) or in key order (a best case)")
-    ap.add_argument("--resubmit", type=int, default=20_000, help="acknowledged messages sent again (default 20000)")
-    ap.add_argument("--optin-users", type=int, default=1000)
-    ap.add_argument("--kill-at", type=float, default=0.5, help="share of the batches sent when the server is killed")
-    ap.add_argument("--seed", type=int, default=1, help="seeds only the benchmark's own choice of reports")
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    args = ap.parse_args(argv)
-    if not 0 < args.single < args.reports:
-        ap.error("--single must be between 1 and --reports - 1")
+COST_KEYS = ("token_source", "issued_via_api", "issue_chunk", "issue_tokens_per_s", "issue_server_cpu_us",
+             "issue_client_blind_us", "issue_client_finalize_us", "verify_us_local", "tokens_minted_directly",
+             "mint_seconds")
+"""Keys of the token run that describe the tokens' cost rather than the run (printed without the prefix)."""
 
-    work = Path(tempfile.mkdtemp(prefix="hybriddp-bench-"))
-    cluster = None
-    db_url, backend = args.db, "sqlite"
-    if db_url is None:
-        db_url = f"sqlite:///{work / 'bench.db'}"
-    elif db_url in ("postgresql", "postgres"):
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from pgcluster import PgCluster
 
-        cluster = PgCluster(durable=True).start()
-        db_url, backend = cluster.create_database("bench"), "postgresql"
-    elif db_url.startswith("postgresql"):
-        backend = "postgresql"
-    token = secrets.token_urlsafe(32)
-    server = ServeProcess(db_url, work, ("--workers", str(args.workers)), admin_token=token)
-    result: dict[str, Any] = {"db": backend, "reports": args.reports, "cpus": os.cpu_count(), "ids": args.ids,
-                              "workers": args.workers, "single_connections": args.single_connections,
-                              "batch_connections": args.batch_connections, "batch_size": args.batch_size}
+def run_mode(args: argparse.Namespace, mode: str, db_url: str, work: Path) -> dict[str, Any]:
+    """One run (``mode`` "open": ``serve --open-admission``; "tokens": every message with a valid token) on its
+    own server and database: the numbers of the module's docstring."""
+    work.mkdir()
+    admin = secrets.token_urlsafe(32)
+    extra = ["--workers", str(args.workers)]
+    if args.check_workers is not None:
+        extra += ["--check-workers", str(args.check_workers)]
+    if mode == "open":
+        extra.append("--open-admission")
+    server = ServeProcess(db_url, work, tuple(extra), admin_token=admin)
+    res: dict[str, Any] = {}
+    ordered = args.ids == "ordered"
     try:
-        result["start_seconds"] = server.start()
-        rid, doc = setup_round(server.base_url, token, args.optin_users, args.seed)
+        res["start_seconds"] = round(server.start(), 2)
+        rid, doc = setup_round(server.base_url, admin, args.optin_users, args.seed)
+        prefix = secrets.token_bytes(8)
+        picks = np.random.default_rng(args.seed).integers(0, len(report_choices(doc)), args.reports, dtype=np.int32)
+        np.save(work / "picks.npy", picks)
+        tokens_file = None
+        if mode == "tokens":  # every message's token, before the timing starts
+            sample = min(args.token_issue_sample, args.reports)
+            api_tokens, cost = issue_sample(server, rid, doc, prefix, picks, sample, args.token_issue_chunk, ordered)
+            t0 = time.perf_counter()
+            minted = mint_tokens(db_url, rid, doc, prefix, picks, sample, ordered)
+            res["mint_seconds"] = round(time.perf_counter() - t0, 1)
+            res.update(cost, tokens_minted_directly=len(minted), token_source=(
+                f"the tokens of messages 0..{sample - 1} were issued through the API (POST {API}/rounds/{{id}}/tokens, "
+                f"blind); the other {len(minted):,} were minted directly with the round's private key before "
+                "the timing started"))
+            tokens_file = work / "tokens.npy"
+            np.save(tokens_file, np.concatenate([np.array([t.encode() for t in api_tokens], dtype=f"S{TOKEN_CHARS}"),
+                                                 minted]))
+            del minted, api_tokens
         ctx = mp.get_context("spawn")
         progress, phase, out = ctx.Value("q", 0), ctx.Value("i", 0), ctx.Queue()
-        gen_args = {"port": server.port, "rid": rid, "seed": args.seed, "reports": args.reports,
+        gen_args = {"port": server.port, "rid": rid, "prefix": prefix.hex(), "reports": args.reports,
                     "single": args.single, "single_connections": args.single_connections,
                     "batch_size": args.batch_size, "batch_connections": args.batch_connections,
-                    "resubmit": args.resubmit, "ids": args.ids}
+                    "resubmit": args.resubmit, "ids": args.ids, "picks_file": str(work / "picks.npy"),
+                    "tokens_file": None if tokens_file is None else str(tokens_file)}
         proc = ctx.Process(target=generator, args=(gen_args, doc, progress, phase, out), daemon=True)
         proc.start()
-        prefix = bytes.fromhex(out.get(timeout=120)["prefix"])  # the generator is running
+        out.get(timeout=120)  # the generator is running
         kill_after = int(args.kill_at * (args.reports - args.single))
         down = (0.0, 0.0)  # when the server was killed and when it answered again (time.time())
-        cpu0, single_cpu = server_cpu_seconds(server), None
-        while proc.is_alive() and (phase.value < 1 or progress.value < kill_after):
-            if single_cpu is None and phase.value >= 1:
-                single_cpu = server_cpu_seconds(server) - cpu0
+        cpu0, gen0 = server_cpu_seconds(server), process_cpu_seconds(proc.pid)
+        machine0 = (time.perf_counter(), machine_busy_seconds())
+        snap: dict[str, float] = {}  # CPU times when the batches began
+
+        def mark_batches() -> None:
+            if "server" not in snap and phase.value >= 1:
+                snap["server"], snap["gen"] = server_cpu_seconds(server), process_cpu_seconds(proc.pid)
+
+        while proc.is_alive() and phase.value < 2 and (phase.value < 1 or progress.value < kill_after):
+            mark_batches()
             time.sleep(0.01)
+        mark_batches()
+        batch_msgs = args.reports - args.single
+        # The server's CPU per batched message is taken where every message is processed exactly once: the whole
+        # batch phase without a kill; with one, the restarted server from its start-up to the end of the batches
+        # (the batches it acknowledges are those not acknowledged before the kill, resent ones included).
+        cpu_from, done_before, killed_cpu, startup_cpu = snap.get("server"), 0, 0.0, 0.0
         if proc.is_alive() and phase.value == 1:
+            killed_cpu = server_cpu_seconds(server) - snap["server"]  # read just before the kill
             wall0 = time.time()
+            res["killed_after_acknowledged"] = args.single + progress.value
             server.kill9()
-            result["killed_after_acknowledged"] = args.single + progress.value
+            time.sleep(0.05)  # acknowledgements already on their way reach the generator
+            done_before = progress.value
             server.start()
             down = (wall0, time.time())
+            cpu_from = startup_cpu = server_cpu_seconds(server)
+        while proc.is_alive() and phase.value < 2:
+            time.sleep(0.01)
+        batch_cpu = batch_gen = other = None
+        if phase.value >= 2 and cpu_from is not None:
+            window_cpu = server_cpu_seconds(server) - cpu_from
+            batch_cpu = window_cpu / max(1, batch_msgs - done_before)
+            gen_now = process_cpu_seconds(proc.pid)
+            if gen_now:  # what the rest of the machine used meanwhile (a busy neighbour lowers the rates)
+                batch_gen = (gen_now - snap["gen"]) / batch_msgs
+                wall, busy = time.perf_counter() - machine0[0], machine_busy_seconds() - machine0[1]
+                own = (snap["server"] - cpu0) + killed_cpu + startup_cpu + window_cpu + (gen_now - gen0)
+                other = max(0.0, busy - own) / wall
         restart_seconds = down[1] - down[0]
         gen = out.get(timeout=3600)
         proc.join()
         if "error" in gen:
-            raise RuntimeError(f"load generator: {gen['error']} {gen.get('unexpected')}")
-        batch_msgs = args.reports - args.single
+            raise RuntimeError(f"load generator ({mode}): {gen['error']} {gen.get('unexpected')}")
         b0, b1 = gen["batch_wall"]  # the server's downtime that fell within the batch phase (none in a short run
         downtime_in_batches = max(0.0, min(b1, down[1]) - max(b0, down[0]))  # that ended before the kill)
-        result.update({
+        single_cpu = snap["server"] - cpu0 if "server" in snap else None
+        res.update({
             "single_reports_per_s": round(gen["single_reports_per_s"]),
             "batch_reports_per_s": round(batch_msgs / (gen["batch_seconds_total"] - downtime_in_batches)),
             "p50_ms": round(gen["p50_ms"], 2), "p99_ms": round(gen["p99_ms"], 2),
             "single_server_cpu_us": None if single_cpu is None else round(single_cpu / args.single * 1e6, 1),
+            "single_generator_cpu_us": None if "gen" not in snap else round((snap["gen"] - gen0) / args.single * 1e6,
+                                                                            1),
+            "batch_server_cpu_us": None if batch_cpu is None else round(batch_cpu * 1e6, 2),
+            "batch_generator_cpu_us": None if batch_gen is None else round(batch_gen * 1e6, 2),
             "batch_p50_ms": round(gen["batch_p50_ms"], 1), "batch_p99_ms": round(gen["batch_p99_ms"], 1),
-            "batch_max_ms": round(gen["batch_max_ms"], 1),
+            "batch_max_ms": round(gen["batch_max_ms"], 1), "batch_resent": gen["batch_resent"],
+            "other_cpu_cores": None if other is None else round(other, 2),
             "restart_seconds": round(restart_seconds, 2), "retries": gen["retries"],
             "acknowledged": args.reports, "server_errors": gen["server_errors"],
             "resubmitted": gen["resubmitted"], "resubmitted_counted": gen["resubmitted_counted"],
@@ -426,29 +644,142 @@ def main(argv: list[str] | None = None) -> int:
         import httpx
 
         t0 = time.perf_counter()
-        r = httpx.post(f"{server.base_url}{API}/rounds/{rid}/close", headers={"Authorization": f"Bearer {token}"},
+        r = httpx.post(f"{server.base_url}{API}/rounds/{rid}/close", headers={"Authorization": f"Bearer {admin}"},
                        timeout=600)
-        result["close_seconds"] = round(time.perf_counter() - t0, 2)
+        res["close_seconds"] = round(time.perf_counter() - t0, 2)
         if r.status_code >= 500:
-            result["server_errors"] += 1
+            res["server_errors"] += 1
         r.raise_for_status()
         counts = r.json()["counts"]
-        result["stored"] = int(counts["reports"])
+        res["stored"] = int(counts["reports"])
         server.stop()
-        db = stored_counts(db_url, rid, prefix, args.reports, args.ids == "ordered")
-        result["stored_rows_in_db"] = db["rows"]
-        result["lost_after_kill9"] = db["missing"]
-        result["double_counted"] = (db["rows"] - db["distinct"]) + max(0, result["stored"] - args.reports) \
-            + max(0, db["entry_counts_total"] - args.reports) + db["foreign"] + result["resubmitted_counted"]
-        result["targets_met"] = all(
-            {">=": result[k] >= v, "<=": result[k] <= v, "==": result[k] == v}[op] for k, (op, v) in TARGETS.items())
+        db = stored_counts(db_url, rid, prefix, args.reports, ordered)
+        res["stored_rows_in_db"] = db["rows"]
+        res["lost_after_kill9"] = db["missing"]
+        res["double_counted"] = (db["rows"] - db["distinct"]) + max(0, res["stored"] - args.reports) \
+            + max(0, db["entry_counts_total"] - args.reports) + db["foreign"] + res["resubmitted_counted"]
     finally:
         server.stop()
+    return res
+
+
+def check_targets(result: dict[str, Any], targets: dict[str, tuple[str, float]], prefix: str) -> list[str]:
+    """The targets ``result`` misses (keys with ``prefix``)."""
+    ops = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b}
+    return [f"{prefix}{k} {op} {v:g} (measured {result[prefix + k]})" for k, (op, v) in targets.items()
+            if not ops[op](result[prefix + k], v)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", default=None,
+                    help="database URL (default: a temporary SQLite file); 'postgresql' starts a throwaway cluster. "
+                         "With --tokens each run gets its own database, except with a URL given here (both runs "
+                         "use it, each its own round)")
+    ap.add_argument("--reports", type=int, default=None,
+                    help="reports stored before the close (default 5e6; with --tokens or --tokens-only 300000, since "
+                         "each run's tokens are minted first, ~0.3 ms of CPU each)")
+    ap.add_argument("--single", type=int, default=30_000, help="of which sent one per POST (default 30000)")
+    ap.add_argument("--single-connections", type=int, default=64,
+                    help="concurrent connections of the single POSTs (default 64: devices in flight at once; each "
+                         "group commit waits for one fsync, 2-5 ms on this machine's disk, so with few connections "
+                         "the rate measures the disk's fsync latency rather than the server, see docs/RESULTS.md)")
+    ap.add_argument("--workers", type=int, default=1, help="server processes (hybriddp serve --workers; default 1)")
+    ap.add_argument("--check-workers", type=int, default=None,
+                    help="hybriddp serve --check-workers: processes that check (and verify the tokens of) large "
+                         "bodies (default: the server's, one per CPU, at most 4)")
+    ap.add_argument("--batch-size", type=int, default=10_000, help="messages per batched POST (default 10000)")
+    ap.add_argument("--batch-connections", type=int, default=16,
+                    help="concurrent batch uploaders (default 16: relays of many devices)")
+    ap.add_argument("--ids", choices=["random", "ordered"], default="random",
+                    help="message ids as devices make them (random, default) or in key order (a best case)")
+    ap.add_argument("--resubmit", type=int, default=20_000, help="acknowledged messages sent again (default 20000)")
+    ap.add_argument("--optin-users", type=int, default=1000)
+    ap.add_argument("--kill-at", type=float, default=0.5,
+                    help="share of the batches acknowledged when the server is SIGKILLed and restarted (default 0.5; "
+                         "above 1: no kill, e.g. to see the batch rate without a cold restart in a short run)")
+    ap.add_argument("--seed", type=int, default=1, help="seeds only the benchmark's own choice of reports")
+    ap.add_argument("--tokens", action="store_true",
+                    help="after the open-admission run, run the same phases with admission on (every message with "
+                         "a report token, every token verified) and print both side by side, with the tokens' "
+                         "issuance and verification cost")
+    ap.add_argument("--tokens-only", action="store_true",
+                    help="only the run with admission on (no open-admission run, so no verification cost by "
+                         "difference)")
+    ap.add_argument("--token-issue-sample", type=int, default=2000,
+                    help="tokens issued through the API to time issuance (default 2000; the rest are minted directly)")
+    ap.add_argument("--token-issue-chunk", type=int, default=1000,
+                    help="blinded messages per issuance request (default 1000, at most 10000)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    with_tokens = args.tokens or args.tokens_only
+    if args.reports is None:
+        args.reports = 300_000 if with_tokens else 5_000_000
+    if not 0 < args.single < args.reports:
+        ap.error("--single must be between 1 and --reports - 1")
+    if not 1 <= args.token_issue_chunk <= 10_000 or args.token_issue_sample < 1:
+        ap.error("--token-issue-chunk must be in 1..10000 and --token-issue-sample at least 1")
+    modes = (["open"] if not args.tokens_only else []) + (["tokens"] if with_tokens else [])
+
+    work = Path(tempfile.mkdtemp(prefix="hybriddp-bench-"))
+    cluster = None
+    backend = "sqlite"
+    if args.db in ("postgresql", "postgres"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from pgcluster import PgCluster
+
+        cluster = PgCluster(durable=True).start()
+        backend = "postgresql"
+    elif args.db is not None and args.db.startswith("postgresql"):
+        backend = "postgresql"
+    result: dict[str, Any] = {"db": backend, "admission": "+".join(modes), "reports": args.reports,
+                              "single": args.single, "cpus": os.cpu_count(), "ids": args.ids,
+                              "workers": args.workers, "check_workers": args.check_workers,
+                              "single_connections": args.single_connections,
+                              "batch_connections": args.batch_connections, "batch_size": args.batch_size}
+    runs: dict[str, dict[str, Any]] = {}
+    try:
+        for mode in modes:
+            if cluster is not None:
+                db_url = cluster.create_database(f"bench_{mode}")
+            else:
+                db_url = args.db or f"sqlite:///{work / f'bench-{mode}.db'}"
+            runs[mode] = run_mode(args, mode, db_url, work / mode)
+    finally:
         if cluster is not None:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
+    missed: list[str] = []
+    if "open" in runs:
+        result.update(runs["open"])
+        missed += check_targets(result, TARGETS, "")
+    if "tokens" in runs:
+        tok = runs["tokens"]
+        result.update({k if k in COST_KEYS else f"tokens_{k}": v for k, v in tok.items()})
+        if "open" in runs:
+            for k in ("single_server_cpu_us", "batch_server_cpu_us"):
+                a, b = runs["open"].get(k), tok.get(k)
+                result[f"verify_{k}"] = None if a is None or b is None else round(b - a, 1)
+        missed += check_targets(result, TOKEN_TARGETS, "tokens_")
+    result["targets_met"] = not missed
+    result["targets_missed"] = missed
     if args.json:
         print(json.dumps(result))
+    elif len(runs) == 2:
+        run_keys = [k for k in dict.fromkeys([*runs["open"], *runs["tokens"]]) if k not in COST_KEYS]
+        for k, v in result.items():
+            if k not in run_keys and not k.startswith("tokens_") and k not in COST_KEYS and not k.startswith(
+                    ("verify_", "targets_")):
+                print(f"{k:28s} {v}")
+        print(f"{'':28s} {'open admission':>16s} {'with tokens':>16s}")
+        for k in run_keys:
+            print(f"{k:28s} {runs['open'].get(k)!s:>16s} {runs['tokens'].get(k)!s:>16s}")
+        print("token cost:")
+        for k in [*COST_KEYS, "verify_single_server_cpu_us", "verify_batch_server_cpu_us"]:
+            print(f"  {k:26s} {result.get(k)}")
+        print(f"{'targets_met':28s} {result['targets_met']}")
+        for m in missed:
+            print(f"  missed: {m}")
     else:
         for k, v in result.items():
             print(f"{k:28s} {v}")

@@ -165,7 +165,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
               "private_round_details": private_round_details, "open_admission": open_admission,
               "self_enrolment": self_enrolment or demo}
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
-                     lifetime_delta=lifetime_delta, check_workers=check_workers, **limits)
+                     lifetime_delta=lifetime_delta, check_workers=check_workers, warm_check_workers=True, **limits)
     if allow_seeds:
         click.echo("WARNING: --insecure-testing-seeds: this server accepts seeded rounds, which give NO privacy; "
                    "never use it with real users' data", err=True)
@@ -225,7 +225,7 @@ def worker_app() -> object:
     cfg = json.loads(os.environ[WORKER_CONFIG])
     token = Path(cfg["token_file"]).read_text(encoding="utf-8").strip()
     app = create_app(cfg["db_url"], token, max_body_bytes=cfg["max_body_bytes"],
-                     check_workers=cfg["check_workers"], recover=False, **cfg["limits"])
+                     check_workers=cfg["check_workers"], recover=False, warm_check_workers=True, **cfg["limits"])
     watch_parent(cfg["parent"])
     tune_interpreter()
     return app

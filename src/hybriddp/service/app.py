@@ -142,7 +142,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                optin_max_records: int = DEFAULT_OPTIN_MAX_RECORDS,
                optin_max_bytes: int = DEFAULT_OPTIN_MAX_BYTES, cors_origins: Sequence[str] = (),
                public_metrics: bool = False, private_round_details: bool = False, open_admission: bool = False,
-               admission: Admission | None = None, self_enrolment: bool = False) -> FastAPI:
+               admission: Admission | None = None, self_enrolment: bool = False,
+               warm_check_workers: bool = False) -> FastAPI:
     """The service on the database at ``db_url`` (migrated to the newest schema on the way).
 
     ``admin_token``: the administrators' bearer token (at least 16 characters).
@@ -161,6 +162,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     report, as often as it likes; demos only). Otherwise every report needs a token (docs/TOKENS.md), issued to
     callers ``admission`` admits (default: :class:`~hybriddp.service.admission.CredentialAdmission`, the
     administrator's device credentials). ``self_enrolment``: anyone may get a device credential (demos).
+    ``warm_check_workers``: start the report-check processes at start-up instead of with the first large body
+    (``hybriddp serve`` does: a restarted server under load then checks at once).
     ``app.state.store`` is the :class:`Store`; it is closed when the app shuts down.
     """
     if not isinstance(admin_token, str) or len(admin_token.strip()) < MIN_ADMIN_TOKEN:
@@ -189,6 +192,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         purger = asyncio.create_task(_purge_periodically(store))
+        if warm_check_workers and service.pool is not None:  # now, not under the first large body
+            asyncio.get_running_loop().run_in_executor(None, service.pool.warm).add_done_callback(_warmed)
         yield
         purger.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -226,6 +231,12 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _disconnected)
     app.add_exception_handler(Exception, _unexpected)
+
+
+def _warmed(done: asyncio.Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:  # e.g. the server stopped while they started
+        logger.info("the report-check workers did not start ahead (%s); they start with the first large body",
+                    done.exception())
 
 
 async def _purge_periodically(store: Store) -> None:

@@ -86,6 +86,12 @@ def _check(key: Any, recipe: tuple[Any, ...] | None, body: bytes, content_type: 
     return _check_with(checker, body, content_type)
 
 
+def _ready() -> bool:
+    """In a worker: the modules a check needs, imported (what :meth:`CheckPool.warm` waits for)."""
+    import hybriddp.service.rounds  # noqa: F401
+    return True
+
+
 def _check_with(checker: Any, body: bytes, content_type: str | None) -> tuple[Any, ...]:
     """Parse a reports body and check every message: ``("ok", items)`` or ``("refused", error, messages)``."""
     try:
@@ -132,6 +138,13 @@ class CheckPool:
             self._discard()
             res = await asyncio.to_thread(_check_with, checker, body, content_type)
         return checked_items(res, metrics)
+
+    def warm(self) -> None:
+        """Start the worker processes now (at server start-up, in the background) rather than on the first
+        large body: a restarted server under load would otherwise make its first requests wait for them."""
+        pool = self._executor()
+        for f in [pool.submit(_ready) for _ in range(self.workers)]:
+            f.result()
 
     def _discard(self) -> None:
         with self._lock:

@@ -58,6 +58,12 @@ MEASURE_JS = """() => {
 }"""
 
 
+def watch_posts(page: Any) -> list[Any]:
+    """The page's POST requests, in order, as they are made."""
+    posts: list[Any] = []
+    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    return posts
+
 def expected_suggestions(doc: dict[str, Any], prefix: str, limit: int = 8) -> list[str]:
     """The queries a prefix should suggest: the query or one of its words starts with it (case-insensitive),
     largest blended probability first."""
@@ -253,8 +259,7 @@ def test_contribute_stores_exactly_one_report_for_the_published_head_list(demo: 
     key = demo.get(f"{API}/rounds/{rid}/token-key")
     assert key["admission"] == "tokens"  # serve --demo admits devices by tokens (and self-enrolment)
     _, prefix, expected = search_case(demo)
-    posts: list[Any] = []
-    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    posts = watch_posts(page)
     before, count_before = stored_messages(demo.db_url, rid), message_count(demo, rid)  # other tests report too
     open_page(page, demo.base_url + "/")
     switch = page.get_by_role("switch", name="Contribute")
@@ -337,8 +342,7 @@ def test_a_report_whose_post_failed_is_resent_with_its_token(demo: DemoServer, p
     and the new pick itself is refused by the device ledger (one report per round)."""
     rid = demo.collecting_round
     _, prefix, expected = search_case(demo)
-    posts: list[Any] = []
-    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    posts = watch_posts(page)
     cut: list[Any] = []
 
     def cut_once(route: Any) -> None:
@@ -379,8 +383,7 @@ def test_a_self_enrolled_credential_the_server_does_not_know_is_replaced(demo: D
     request gets 401, and the page enrols again once, keeps the new credential and reports with it."""
     rid = demo.collecting_round
     _, prefix, expected = search_case(demo)
-    posts: list[Any] = []
-    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    posts = watch_posts(page)
     count_before = message_count(demo, rid)
     open_page(page, demo.base_url + "/")
     stale = {"credential": "hdc_" + "A" * 43, "id": 999_999, "tokens_per_round": 1, "self_enrolled": True}
@@ -405,8 +408,7 @@ def test_no_report_without_a_credential_where_there_is_no_self_enrolment(second_
     neither charges its ledger nor asks for a token nor sends anything (and asks only once)."""
     rid = second_server.collecting_round
     _, prefix, expected = search_case(second_server)
-    posts: list[Any] = []
-    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    posts = watch_posts(page)
     count_before = message_count(second_server, rid)
     open_page(page, second_server.base_url + "/")
     assert page.locator("#admission-warning").is_hidden()
@@ -432,8 +434,7 @@ def test_open_admission_is_shown_and_reports_go_without_a_token(open_server: Dem
     rid = open_server.collecting_round
     assert open_server.get(f"{API}/rounds/{rid}/token-key")["admission"] == "open"
     _, prefix, expected = search_case(open_server)
-    posts: list[Any] = []
-    page.on("request", lambda req: posts.append(req) if req.method == "POST" else None)
+    posts = watch_posts(page)
     count_before = message_count(open_server, rid)
     open_page(page, open_server.base_url + "/")
     warning = page.locator("#admission-warning")  # shown before anything is picked

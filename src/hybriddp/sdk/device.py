@@ -254,8 +254,15 @@ class DeviceClient(ServiceHttp):
 
     def _post_messages(self, body: bytes, ctype: str, n: int) -> Acknowledgement:
         what = f"submit {n:,} device message{'s' * (n != 1)} to round {self.round_id}"
-        got = self.request_json("POST", round_path(self.round_id, "/reports"), what=what, idempotent=True,
-                                content=body, headers={"Content-Type": ctype})
+        try:
+            got = self.request_json("POST", round_path(self.round_id, "/reports"), what=what, idempotent=True,
+                                    content=body, headers={"Content-Type": ctype})
+        except ServiceRequestError as exc:
+            if exc.code == "token_required" and self._credential is None:  # the way out, for this client
+                raise type(exc)(f"{exc}. This device has no credential: give it one (DeviceClient(..., "
+                                "credential=...), `hybriddp participate --credential-file`)", status=exc.status,
+                                code=exc.code) from None
+            raise
         return Acknowledgement(int(got["acknowledged"]), int(got["counted"]), int(got["duplicates"]))
 
     # -- mean rounds --

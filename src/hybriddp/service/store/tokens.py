@@ -121,9 +121,10 @@ class TokenStore(RoundStore):
             if got is None:
                 have = conn.execute(select(t.c.n_issued).where(t.c.holder == holder, t.c.round_num == info.num)
                                     ).scalar()
+                more = f"{n} more {'is' if n == 1 else 'are'} refused"
                 raise IssuanceLimitError(f"this credential may get {limit} report token(s) in round {info.id} and "
-                                         f"has {int(have or 0)}; {n} more are refused (a device sends one message "
-                                         "per round and re-sends it with the same token when it retries)")
+                                         f"has {int(have or 0)}; {more} (a device sends one message per round and "
+                                         "re-sends it with the same token when it retries)")
             return limit - int(got[0])
         return self._write(run)
 

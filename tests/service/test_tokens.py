@@ -338,6 +338,12 @@ def test_devices_report_through_the_sdk_with_tokens(store_url: str, tmp_path: Pa
         batch = rc.with_tokens(device_messages(hl, 40, seed=8), chunk=16)
         assert rc.submit_batch(batch, chunk=25).counted == 40
         assert rc.submit_batch(batch).duplicates == 40
+        # on the real server too: a token spent on another message, and no token, are refused (403)
+        import httpx
+        other = device_messages(hl, 1, seed=9)[0]
+        for msg, code in (({**other, "token": batch[0]["token"]}, "token_invalid"), (other, "token_required")):
+            resp = httpx.post(f"{url}{API}/rounds/{rid}/reports", json=msg)
+            assert resp.status_code == 403 and resp.json()["error"]["code"] == code, resp.text
         assert admin.round(rid)["counts"]["messages"] == 42
         assert [c["tokens_per_round"] for c in admin.credentials()] == [1, 1, 1, 100]
 

@@ -1,0 +1,120 @@
+"""``hybriddp trends``: which queries rose or fell across a series of rounds' results (ALGORITHM.md §13)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from hybriddp.cli import render
+from hybriddp.core.errors import DataError
+
+OUTPUT_SUFFIXES = (".csv", ".json", ".parquet")
+
+
+@click.command("trends")
+@click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--fdr", type=float, default=0.05, show_default=True,
+              help="Expected share of false trends among those reported (Benjamini–Hochberg over every query, "
+                   "period and direction).")
+@click.option("--min-change", type=float, default=0.0, show_default=True,
+              help="Smallest relative change that counts: 0.5 reports a query only if it rose to at least 1.5× "
+                   "(or fell to at most 1/1.5) of its previous estimate with confidence. 0: any change.")
+@click.option("--output", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write every tested change (.csv, .parquet) or the whole analysis (.json), atomically.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw the estimates over the periods (with 95% intervals) of the queries found rising or falling "
+                   "(.png, .svg, .pdf).")
+@click.option("--all", "show_all", is_flag=True, help="Print every tested change, not only the trends.")
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
+def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, output: str | None, plot_path: str | None,
+               show_all: bool, as_json: bool) -> None:
+    """Rising and falling queries across RESULTS, one result JSON per period in time order (`hybriddp run
+    --output pN.json`, or a round's results). Each query listed in two consecutive periods is tested with the
+    published variances; the false discoveries are controlled at --fdr. Costs no privacy (post-processing)."""
+    from hybriddp.core.atomic import check_output_path
+    from hybriddp.core.jsonfile import read_json
+    from hybriddp.server.trends import PeriodEstimates, trends
+
+    if output is not None:
+        check_output_path(output, "--output", OUTPUT_SUFFIXES)
+    if plot_path is not None:
+        check_output_path(plot_path, "--plot", (".png", ".svg", ".pdf"))
+    periods = [PeriodEstimates.from_result(read_json(p, "result", DataError), Path(p).stem) for p in results]
+    found = trends(periods, fdr=fdr, min_change=min_change)
+    rows = found.rows()
+    doc = {"periods": found.periods, "fdr": fdr, "min_change": min_change, "tested": len(rows),
+           "rising": sum(r["trend"] == "rising" for r in rows), "falling": sum(r["trend"] == "falling" for r in rows),
+           "changes": rows}
+    if output is not None:
+        _write(output, doc, rows)
+    if plot_path is not None:
+        _plot(plot_path, periods, found)
+    if as_json:
+        render.print_json(doc)
+        return
+    shown = rows if show_all else [r for r in rows if r["trend"] != "steady"]
+    table = Table(title=f"trends over {len(periods)} periods: {doc['rising']} rising, {doc['falling']} falling of "
+                        f"{len(rows)} changes tested (FDR {fdr:g}, min change {min_change:g})")
+    for col in ("query", "from", "to", "p before", "p after", "change", "trend"):
+        table.add_column(col, justify="right" if col.startswith("p ") or col == "change" else "left")
+    for r in shown:
+        change = "" if r["change"] is None else f"{r['change']:+.0%}"
+        table.add_row(r["query"], r["from"], r["to"], f"{r['p_before']:.4g}", f"{r['p_after']:.4g}", change,
+                      r["trend"], end_section=False)
+    render.out.print(table)
+
+
+def _write(path: str, doc: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    import json
+
+    import pyarrow as pa
+
+    from hybriddp.core.atomic import atomic_path, write_text
+    if path.lower().endswith(".json"):
+        write_text(path, json.dumps(doc, indent=2, allow_nan=False))
+        return
+    table = pa.Table.from_pylist(rows) if rows else pa.table({"query": pa.array([], pa.string())})
+    with atomic_path(path) as tmp:
+        if path.lower().endswith(".csv"):
+            import pyarrow.csv as pacsv
+            pacsv.write_csv(table, tmp)
+        else:
+            import pyarrow.parquet as pq
+            pq.write_table(table, tmp)
+
+
+def _plot(path: str, periods: list[Any], found: Any, most: int = 12) -> None:
+    """Small multiples: each trending query's estimate per period with its 95% interval."""
+    import math
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hybriddp.core.atomic import atomic_path
+    names = list(dict.fromkeys(q for q, up, down in zip(found.query, found.rising, found.falling, strict=True)
+                               if up or down))[:most]
+    cols = max(1, min(4, len(names)))
+    rows = max(1, math.ceil(len(names) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax, q in zip(axes.flat, names, strict=False):
+        pts = [(t, s) for t, s in enumerate(found.series(periods, q)) if s is not None]
+        xs = [t for t, _ in pts]
+        ys = [s[0] for _, s in pts]
+        err = [1.96 * math.sqrt(max(s[1], 0.0)) for _, s in pts]
+        ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2)
+        ax.set_title(q[:40], fontsize=8)
+        ax.set_xticks(range(len(periods)), [p.label[:8] for p in periods], fontsize=6, rotation=45)
+        ax.tick_params(axis="y", labelsize=6)
+    if not names:
+        axes.flat[0].text(0.5, 0.5, "no query rose or fell", ha="center", va="center")
+    fig.tight_layout()
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt)
+    plt.close(fig)

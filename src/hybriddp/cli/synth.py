@@ -27,8 +27,21 @@ from hybriddp.cli.options import check_scale, int_range, seed_option
 @click.option("--users-per-file", type=int, default=200_000, show_default=True, callback=int_range(1),
               help="With --partitioned: users per Parquet file (AOL: ~37 records per user, ~0.5 GB of memory "
                    "per 200,000 users while a part is generated).")
+@click.option("--periods", type=int, default=None, callback=int_range(2, 520),
+              help="Write a log of this many periods whose popularity drifts: a directory with one file per period "
+                   "(period-01.tsv, …; QueryTime inside the period) and drift.json, the truth: which queries rose or "
+                   "fell at which period (docs/ALGORITHM.md §13). Each period is a fresh sample of the population.")
+@click.option("--period-days", type=int, default=7, show_default=True, callback=int_range(1, 366),
+              help="With --periods: days per period; the first starts on 2006-03-01 (AOL's first day).")
+@click.option("--rising", type=int, default=10, show_default=True, callback=int_range(0),
+              help="With --periods: head queries (ranks 5–59) whose popularity rises by --change at one period.")
+@click.option("--falling", type=int, default=10, show_default=True, callback=int_range(0),
+              help="With --periods: head queries whose popularity falls by --change at one period.")
+@click.option("--change", type=float, default=2.0, show_default=True,
+              help="With --periods: the factor of a rise (a fall divides by it); > 1.")
 def synth_cmd(preset: str, scale: float, seed: int | None, output: str, fmt: str | None, partitioned: bool,
-              users_per_file: int) -> None:
+              users_per_file: int, periods: int | None, period_days: int, rising: int, falling: int,
+              change: float) -> None:
     """Generate a synthetic search log (calibration: docs/ALGORITHM.md §10 and docs/DECISIONS.md).
 
     The file (or, with --partitioned, the directory) is written under a temporary name and renamed
@@ -38,6 +51,8 @@ def synth_cmd(preset: str, scale: float, seed: int | None, output: str, fmt: str
     from hybriddp.datasets.synth import generate, write_log
     if partitioned:
         return _synth_partitioned(preset, scale, seed, output, fmt, users_per_file)
+    if periods is not None:
+        return _synth_periods(preset, scale, seed, output, fmt, periods, period_days, rising, falling, change)
     check_scale(scale)
     check_output_path(output, "--output")  # before generating: a bad path fails in a second
     if fmt is None:
@@ -72,3 +87,62 @@ def _synth_partitioned(preset: str, scale: float, seed: int | None, output: str,
             output, preset, seed=seed, scale=scale, users_per_file=users_per_file,
             progress=lambda done, total: bar.update(task, completed=done, total=total))
     render.out.print(f"wrote {output}/: {n_users:,} users, {n_records:,} records in {n_files:,} Parquet files")
+
+
+_DRIFT_START = 1141171200  # 2006-03-01 00:00:00 UTC, AOL's first day
+
+
+def _synth_periods(preset: str, scale: float, seed: int | None, output: str, fmt: str | None, periods: int,
+                   period_days: int, rising: int, falling: int, change: float) -> None:
+    """``synth --periods N``: a directory of one log per period and ``drift.json`` (the truth), renamed into place
+    at the end."""
+    import json
+    import shutil
+    import tempfile
+
+    from hybriddp.core.errors import parameter_error
+    from hybriddp.core.rng import make_rng
+    from hybriddp.datasets.drift import drift_logs, plan_drift
+    from hybriddp.datasets.synth import write_log
+    check_scale(scale)
+    fmt = fmt or "aol"
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise parameter_error("--output", output, "a new directory (or an empty one) with --periods",
+                              "Nothing is overwritten; choose another name.")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise parameter_error("--output", output, "a path in an existing, writable directory")
+    seeds = make_rng(seed).integers(0, 2**63 - 1, size=3).tolist()
+    drift = plan_drift(preset, periods, n_rising=rising, n_falling=falling, change=change, seed=seeds[0])
+    tmp = tempfile.mkdtemp(prefix=".synth-periods-", dir=parent)
+    try:
+        with render.stage_progress(True) as on_stage:
+            if on_stage:
+                on_stage(f"generating {periods} periods of {preset}")
+            logs = drift_logs(drift, scale=scale, seed=seeds[1])
+            files = []
+            for t, log in enumerate(logs):
+                name = f"period-{t + 1:02d}." + ("parquet" if fmt == "parquet" else "tsv")
+                if on_stage:
+                    on_stage(f"writing {name}")
+                start = _DRIFT_START + t * period_days * 86400
+                write_log(log, os.path.join(tmp, name), format=fmt, seed=seeds[2] + t,
+                          window=(start, period_days * 86400))
+                files.append({"file": name, "period": t + 1, "start": start, "users": log.n_users,
+                              "records": log.n_records})
+        names = logs[0].queries
+        truth = {"preset": preset, "scale": scale, "periods": periods, "period_days": period_days,
+                 "change": change, "files": files,
+                 "rising": [{"query": names.decode([q])[0], "period": t + 1} for q, t in drift.rising],
+                 "falling": [{"query": names.decode([q])[0], "period": t + 1} for q, t in drift.falling],
+                 "note": "period p's change is from period p-1 to p; every other head query moves by < 5%"}
+        with open(os.path.join(tmp, "drift.json"), "w", encoding="utf-8") as fh:
+            json.dump(truth, fh, indent=2)
+        if os.path.isdir(output):
+            os.rmdir(output)  # empty (checked above)
+        os.rename(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    render.out.print(f"wrote {output}/: {periods} periods of {period_days} days, "
+                     f"{sum(f['records'] for f in files):,} records; the truth in {output}/drift.json")

@@ -125,6 +125,7 @@ class RecordLog:
     has_urls: bool = True
     stats: LoadStats = field(default_factory=LoadStats)
     user_ids: np.ndarray | None = None  # original user identifiers (index = user), when known
+    times: np.ndarray | None = None  # int64 UNIX seconds of each record, when kept (load_aol(times=True))
 
     def __post_init__(self) -> None:
         self.user_offsets = np.asarray(self.user_offsets, dtype=np.int64)
@@ -132,6 +133,8 @@ class RecordLog:
             raise DataError("query and url arrays must have the same length")
         if self.user_offsets[0] != 0 or self.user_offsets[-1] != len(self.query):
             raise DataError("user_offsets must start at 0 and end at the number of records")
+        if self.times is not None and np.shape(self.times) != self.query.shape:
+            raise DataError("times must hold one time per record")
 
     @property
     def n_users(self) -> int:
@@ -161,7 +164,7 @@ class RecordLog:
     def from_user_sorted(
         cls, users: np.ndarray, query: np.ndarray, url: np.ndarray,
         queries: Vocabulary, urls: Vocabulary, has_urls: bool = True,
-        stats: LoadStats | None = None, user_ids: np.ndarray | None = None,
+        stats: LoadStats | None = None, user_ids: np.ndarray | None = None, times: np.ndarray | None = None,
     ) -> RecordLog:
         """Build from per-record user codes (any order); records are grouped by user.
 
@@ -176,7 +179,17 @@ class RecordLog:
         ids = np.asarray(user_ids)[codes] if user_ids is not None else None
         return cls(offsets, np.ascontiguousarray(query[order], dtype=np.int32),
                    np.ascontiguousarray(url[order], dtype=np.int32), queries, urls,
-                   has_urls, stats or LoadStats(), ids)
+                   has_urls, stats or LoadStats(), ids,
+                   None if times is None else np.ascontiguousarray(np.asarray(times)[order], dtype=np.int64))
+
+    def select(self, keep: np.ndarray) -> RecordLog:
+        """The records where ``keep`` is True (users left with none are dropped; ids and times follow)."""
+        keep = np.asarray(keep, dtype=bool)
+        users = np.repeat(np.arange(self.n_users), np.diff(self.user_offsets))[keep]
+        return RecordLog.from_user_sorted(users, self.query[keep], self.url[keep], self.queries, self.urls,
+                                          self.has_urls, LoadStats(rows_read=int(keep.sum())),
+                                          None if self.user_ids is None else self.user_ids,
+                                          None if self.times is None else self.times[keep])
 
 
 def sample_per_user(

@@ -163,7 +163,7 @@ def _forward_fill(repeat: np.ndarray) -> np.ndarray:
 
 
 def generate(preset: str = "aol", *, seed: int | None = None, scale: float = 1.0,
-             progress: ProgressFn | None = None) -> RecordLog:
+             progress: ProgressFn | None = None, head_weights: np.ndarray | None = None) -> RecordLog:
     """Generate a synthetic search log calibrated to a real one (ALGORITHM.md §10).
 
     Parameters
@@ -173,6 +173,8 @@ def generate(preset: str = "aol", *, seed: int | None = None, scale: float = 1.0
     scale : multiplies the number of users, and so the records and distinct counts; the head
         probabilities do not change. ``scale=0.005`` makes a small AOL-like log for tests.
     progress : optional ``progress(stages_done, total_stages)``.
+    head_weights : multipliers of the head queries' probabilities (one per head query, > 0), rescaled so that
+        the head keeps its total mass: a period of a log whose popularity drifts (:mod:`.drift`).
 
     Returns
     -------
@@ -210,7 +212,8 @@ def generate(preset: str = "aol", *, seed: int | None = None, scale: float = 1.0
     step(2)
 
     # 3. queries: independent draws from P, forward-filled over the repeats
-    q_independent, n_pool_q, n_query_ids = _draw_queries(rng, pre, scale, int(n - repeat_q.sum()))
+    q_independent, n_pool_q, n_query_ids = _draw_queries(rng, pre, scale, int(n - repeat_q.sum()),
+                                                         weighted_head(pre, head_weights))
     query = np.empty(n, dtype=np.int32)
     query[~repeat_q] = q_independent
     del q_independent
@@ -238,8 +241,21 @@ def generate(preset: str = "aol", *, seed: int | None = None, scale: float = 1.0
     return log
 
 
+def weighted_head(pre: SynthPreset, weights: np.ndarray | None) -> np.ndarray:
+    """The head queries' probabilities times ``weights``, rescaled to the head's total mass (None: as they are)."""
+    head_p = pre.head_probabilities
+    if weights is None:
+        return head_p
+    w = np.asarray(weights, dtype=float)
+    if w.shape != head_p.shape or not (np.isfinite(w).all() and (w > 0).all()):
+        raise parameter_error("head_weights", f"shape {w.shape}", f"{head_p.size} finite numbers > 0, one per head "
+                              "query")
+    out = head_p * w
+    return out * (head_p.sum() / out.sum())
+
+
 def _draw_queries(rng: np.random.Generator, pre: SynthPreset, scale: float,
-                  m: int) -> tuple[np.ndarray, int, int]:
+                  m: int, head_p: np.ndarray) -> tuple[np.ndarray, int, int]:
     """``m`` independent draws from P: head | pool (size solved for the distinct target) | fresh.
 
     Returns
@@ -247,7 +263,6 @@ def _draw_queries(rng: np.random.Generator, pre: SynthPreset, scale: float,
     (ids, J, n_ids) : int32 query ids, the pool size, and the number of query ids in use
         (head + pool + fresh).
     """
-    head_p = pre.head_probabilities
     head_mass = float(head_p.sum())
     n_head = len(head_p)
     fixed = float(-np.expm1(-m * head_p).sum())  # expected distinct head queries

@@ -91,7 +91,8 @@ def _record_users(log: RecordLog, a: int, b: int, first_user: int = 0) -> np.nda
 
 
 def write_log(log: RecordLog, path: str | os.PathLike[str], *, format: str = "parquet",
-              seed: int | None = None, progress: ProgressFn | None = None) -> None:
+              seed: int | None = None, progress: ProgressFn | None = None,
+              window: tuple[int, int] | None = None) -> None:
     """Write a log as Parquet or in the AOL TSV format, in bounded memory.
 
     Parameters
@@ -108,6 +109,8 @@ def write_log(log: RecordLog, path: str | os.PathLike[str], *, format: str = "pa
         the same users in the same order and the same records.
     seed : seed of the AOL format's extra rows, times and ranks (None: OS entropy).
     progress : optional ``progress(records_written, n_records)``.
+    window : AOL format: ``(start, seconds)``, the QueryTime range (UNIX seconds) instead of March–May 2006, e.g.
+        one period of a log whose popularity drifts (:mod:`hybriddp.datasets.drift`).
 
     The file is written to a temporary file next to ``path`` and renamed over it at the end
     (:mod:`hybriddp.core.atomic`): a failed or killed write leaves ``path`` as it was.
@@ -131,7 +134,7 @@ def write_log(log: RecordLog, path: str | os.PathLike[str], *, format: str = "pa
         if fmt == "parquet":
             write_parquet(log, os.fspath(tmp), progress=progress)
         else:
-            _write_aol(log, os.fspath(tmp), p, make_rng(seed), progress)
+            _write_aol(log, os.fspath(tmp), p, make_rng(seed), progress, window or (_AOL_START, _AOL_SPAN))
     logger.info("wrote %d records of %d users to %s (%s)", log.n_records, log.n_users, p, fmt)
 
 
@@ -169,7 +172,8 @@ _AOL_SPAN = 92 * 86400  # through 2006-05-31 23:59:59
 _NO_CLICK_SAME_QUERY = 0.5  # a row without a click mostly precedes a click on the same query
 
 
-def _write_aol(log: RecordLog, tmp: str, path: str, rng: np.random.Generator, progress: ProgressFn | None) -> None:
+def _write_aol(log: RecordLog, tmp: str, path: str, rng: np.random.Generator, progress: ProgressFn | None,
+               window: tuple[int, int]) -> None:
     """Write to ``tmp``, compressed as the final name ``path`` says (``path`` also names errors)."""
     codec = compression(path)
     dq, du = _Decoder(log.queries), _Decoder(log.urls)
@@ -206,7 +210,7 @@ def _write_aol(log: RecordLog, tmp: str, path: str, rng: np.random.Generator, pr
             rank = np.minimum(np.searchsorted(rank_cum, rng.random(n_rows), side="right") + 1, 10)
             url_ids = np.full(n_rows, NO_URL, dtype=np.int64)
             url_ids[click_row] = log.url[lo:hi]
-            columns = [pa.array(user), query, _aol_times(rng, user, a, b),
+            columns = [pa.array(user), query, _aol_times(rng, user, a, b, *window),
                        pa.array(rank, mask=~is_click), du(url_ids)]
             check = [i for i, d in ((1, dq), (4, du)) if not d.plain]
             stream.write(_tsv_lines(columns, path, check))
@@ -239,18 +243,19 @@ def _tsv_lines(columns: list[pa.Array], path: str, check: list[int]) -> pa.Buffe
     return line.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
 
 
-def _aol_times(rng: np.random.Generator, user: np.ndarray, a: int, b: int) -> pa.Array:
-    """Increasing ``YYYY-MM-DD HH:MM:SS`` times per user inside March-May 2006.
+def _aol_times(rng: np.random.Generator, user: np.ndarray, a: int, b: int, start: int = _AOL_START,
+               total_span: int = _AOL_SPAN) -> pa.Array:
+    """Increasing ``YYYY-MM-DD HH:MM:SS`` times per user inside ``[start, start + total_span)`` (March-May 2006).
 
-    A user is active over a random window (Beta(1, 1.5) of the 92 days, at least one second
+    A user is active over a random window (Beta(1, 1.5) of the span, at least one second
     per row) and the rows are spread over it by sorted-uniform (exponential) spacings.
     """
     n_users = b - a
     rows = np.bincount(user - a, minlength=n_users)
     start_row = np.concatenate([[0], np.cumsum(rows)[:-1]])
-    span = np.maximum(rng.beta(1.0, 1.5, n_users) * _AOL_SPAN, rows).astype(np.float64)
-    span = np.minimum(span, _AOL_SPAN - 1)
-    begin = rng.random(n_users) * (_AOL_SPAN - span)
+    span = np.maximum(rng.beta(1.0, 1.5, n_users) * total_span, rows).astype(np.float64)
+    span = np.minimum(span, total_span - 1)
+    begin = rng.random(n_users) * (total_span - span)
     gaps = rng.exponential(1.0, len(user))
     cum = np.cumsum(gaps)
     total = np.add.reduceat(gaps, start_row) if len(user) else gaps
@@ -259,6 +264,6 @@ def _aol_times(rng: np.random.Generator, user: np.ndarray, a: int, b: int) -> pa
     frac = (cum - before[u]) / (total[u] + rng.exponential(1.0, n_users)[u])
     within = np.arange(len(user)) - start_row[u]  # row index inside the user
     free = span[u] - rows[u]  # seconds left after one second per row
-    seconds = _AOL_START + np.floor(begin[u] + frac * free) + within
+    seconds = start + np.floor(begin[u] + frac * free) + within
     stamps = pa.array(seconds.astype(np.int64), type=pa.timestamp("s"))
     return pc.cast(stamps, pa.string())  # "YYYY-MM-DD HH:MM:SS" (30x faster than strftime)

@@ -39,7 +39,7 @@ _ANON_RE = r"^[0-9]{1,18}$"  # fits in int64
 
 def load_aol(
     path: str | os.PathLike[str], *, skip_bad_rows: bool = False, keep_no_click: bool = False,
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | None = None, times: bool = False,
 ) -> RecordLog:
     """Load an AOL search-log file (``.txt``/``.tsv``, optionally ``.gz``).
 
@@ -57,6 +57,9 @@ def load_aol(
         of raising :class:`DataError` on the first one.
     keep_no_click : keep rows without a click as records with URL ``""``.
     progress : optional ``progress(bytes_read, total_bytes)``, called per block.
+    times : keep each record's QueryTime (``YYYY-MM-DD HH:MM:SS``, UTC) as ``log.times`` (UNIX seconds), for
+        splitting the log into periods (:func:`hybriddp.core.periods.split_periods`); a row whose time does not
+        parse is then a bad row.
 
     Returns
     -------
@@ -71,12 +74,12 @@ def load_aol(
     _check_header(p)
     bad = BadRows(p, skip_bad_rows, "tab")
     stats = LoadStats()
-    kept = _Kept()
+    kept = _Kept(times)
     k_end = 0
     for batch, k0 in read_delimited(p, delimiter="\t", quoted=False, columns=AOL_COLUMNS, bad=bad,
                                     progress=progress):
         k_end = k0 + batch.num_rows
-        keep = _check_block(batch, k0, bad, stats, keep_no_click)
+        keep = _check_block(batch, k0, bad, stats, keep_no_click, times)
         if keep.any():
             kept.add(batch, keep)
     bad.finish(k_end, stats)
@@ -94,18 +97,22 @@ def _check_header(path: str) -> None:
             "for another table layout use --format csv/tsv with --user-col/--query-col/--url-col")
 
 
-def _check_block(batch: pa.RecordBatch, k0: int, bad: BadRows, stats: LoadStats, keep_no_click: bool) -> np.ndarray:
+def _check_block(batch: pa.RecordBatch, k0: int, bad: BadRows, stats: LoadStats, keep_no_click: bool,
+                 times: bool = False) -> np.ndarray:
     """Flag the block's bad rows (``bad``), count its rows (``stats``); return the rows to keep."""
     anon, rank, url = batch.column(0), batch.column(3), batch.column(4)
     click = as_bool(pc.greater(pc.binary_length(url), 0))
     blank = all_empty(batch)
     bad_anon = ~as_bool(pc.match_substring_regex(anon, _ANON_RE)) & ~blank
     bad_rank = click & ~as_bool(pc.match_substring_regex(rank, _INT_RE))
-    is_bad = bad_anon | bad_rank
+    bad_time = (~as_bool(pc.is_valid(_parse_times(batch.column(2)))) & ~blank) if times else np.zeros_like(blank)
+    is_bad = bad_anon | bad_rank | bad_time
 
     def describe(i: int) -> str:
         if bad_anon[i]:
             return f"AnonID {short(anon[i].as_py())} is not an integer"
+        if bad_time[i]:
+            return f"QueryTime {short(batch.column(2)[i].as_py())} is not a time YYYY-MM-DD HH:MM:SS"
         return f"ItemRank {short(rank[i].as_py())} of a row with a click is not an integer"
 
     bad.check_block(k0, batch.num_rows, np.flatnonzero(is_bad), describe)
@@ -114,16 +121,25 @@ def _check_block(batch: pa.RecordBatch, k0: int, bad: BadRows, stats: LoadStats,
     return good & (click | keep_no_click)
 
 
-class _Kept:
-    """The kept rows' AnonIDs, queries and URLs, block by block."""
+def _parse_times(col: pa.Array) -> pa.Array:
+    """QueryTime as timestamps (seconds); null where it does not parse."""
+    return pc.strptime(col.cast(pa.string()), format="%Y-%m-%d %H:%M:%S", unit="s", error_is_null=True)
 
-    def __init__(self) -> None:
+
+class _Kept:
+    """The kept rows' AnonIDs, queries and URLs (and times), block by block."""
+
+    def __init__(self, times: bool = False) -> None:
         self.anon: list[np.ndarray] = []
+        self.times: list[np.ndarray] | None = [] if times else None
         self.queries, self.urls = Encoder(), Encoder()
 
     def add(self, batch: pa.RecordBatch, keep: np.ndarray) -> None:
         mask = pa.array(keep)
         self.anon.append(batch.column(0).filter(mask).cast(pa.string()).cast(pa.int64()).to_numpy())
+        if self.times is not None:
+            self.times.append(_parse_times(batch.column(2).filter(mask)).cast(pa.int64()).to_numpy(
+                zero_copy_only=False))
         self.queries.add(batch.column(1).filter(mask))
         self.urls.add(batch.column(4).filter(mask))
 
@@ -135,5 +151,6 @@ class _Kept:
         del anon_ids
         q_codes, q_vocab = vocabulary(*self.queries.finish(), path)
         u_codes, u_vocab = vocabulary(*self.urls.finish(), path)
+        times = None if self.times is None else (np.concatenate(self.times) if self.times else np.zeros(0, np.int64))
         return RecordLog.from_user_sorted(users, q_codes, u_codes, q_vocab, u_vocab, True, stats,
-                                          user_ids=anon_unique)
+                                          user_ids=anon_unique, times=times)

@@ -187,3 +187,31 @@ def test_an_estimate_the_anchor_moved_counts_its_shift_as_error() -> None:
     pe = PeriodEstimates.from_result(doc, "w")
     assert pe.queries == ["a", "b"]
     assert pe.var == pytest.approx([1e-6 + 0.04**2, 4e-6])
+
+
+def test_experiment_trends_quick(tmp_path: Path) -> None:
+    """The experiment end to end on a tiny drifting log: its files, a verdict per policy, and ε per person by basic
+    composition over the rounds a user takes part in."""
+    import csv
+    runner = CliRunner()
+    out = tmp_path / "tr"
+    r = runner.invoke(cli, ["experiment", "trends", "--dataset", "aol", "--quick", "--trials", "1",
+                            "--participation", "1,3", "--out", str(out)])
+    assert r.exit_code == 0, r.output + r.stderr
+    assert {p.name for p in out.iterdir()} == {"periods.csv", "trends.csv", "summary.csv", "trends.png", "report.md"}
+    summary = list(csv.DictReader((out / "summary.csv").open()))
+    assert [(s["participation"], s["rounds_per_user"], s["epsilon_basic"]) for s in summary] == [
+        ("1", "3", "12.0"), ("3", "1", "4.0")]
+    periods = list(csv.DictReader((out / "periods.csv").open()))
+    assert len(periods) == 2 * 2 * 3  # policies × (drift, none) × periods
+    users = {(p["participation"], p["drift"]): int(p["users"]) for p in periods}
+    assert users[("3", "True")] < users[("1", "True")] / 2  # a third of the population per period
+    report = (out / "report.md").read_text()
+    assert "| 1/3 |" in report and "basic composition" in report
+    for bad, needle in ((["--dataset", "x.tsv"], "--dataset"), (["--dataset", "aol", "--participation", "0"],
+                                                               "--participation"),
+                        (["--dataset", "aol", "--participation", "a"], "--participation")):
+        r = runner.invoke(cli, ["experiment", "trends", *bad, "--quick", "--out", str(tmp_path / "bad")])
+        assert r.exit_code != 0 and needle in r.output + r.stderr and "Traceback" not in r.output + r.stderr
+    r = runner.invoke(cli, ["experiment", "fig9", "--dataset", "aol", "--periods", "3"])
+    assert r.exit_code != 0 and "--periods" in r.output + r.stderr

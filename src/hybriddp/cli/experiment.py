@@ -57,10 +57,16 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
 @click.option("--honest-trials", type=int, default=None, callback=int_range(1, 10_000),
               help="poisoning only: honest rounds for the false-alarm rate, 1 to 10000 (at least --trials are run). "
                    "Default: 200 (a 1% rate needs them); fewer for a first look at a large preset such as yandex.")
+@click.option("--periods", type=int, default=None, callback=int_range(2, 104),
+              help="trends only: periods of the drifting log, 2 to 104. Default: 12.")
+@click.option("--participation", default=None, metavar="R[,R…]",
+              help="trends only: participation policies: each user takes part in one period out of R (a 1/R share "
+                   "of the population per period). Default: 1,2,6.")
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
-                   scale: float, row_per_user: bool, honest_trials: int | None, quick: bool) -> None:
-    """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators, all, or poisoning.
+                   scale: float, row_per_user: bool, honest_trials: int | None, periods: int | None,
+                   participation: str | None, quick: bool) -> None:
+    """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators, all, poisoning or trends.
 
     \b
     fig9   top-10 query table at the paper defaults
@@ -72,6 +78,9 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     sizes  beyond the paper: NDCG vs head-list size M, BLENDER vs both local-only baselines
     estimators  beyond the paper: L1 / NDCG / NDCG@10 vs ε for each estimator: the paper's,
            pooled weights, reuse (the default) and consistent, paired by seed
+    trends beyond the paper: BLENDER over --periods periods of a synthetic log whose popularity drifts
+           (known rising and falling queries), for each --participation policy: NDCG per period, trends
+           found (precision, recall), false discoveries without drift, ε per person; not part of all
     poisoning   beyond the paper: fake devices (direct, spread, honest randomizer, adaptive; 0.1%–10% of
            the reports) against a target query of true rank 11–50, undefended vs the opt-in anchor
            (docs/ALGORITHM.md §7.2): success, detection, false alarms, honest cost; not part of all
@@ -88,6 +97,11 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
 
     if name == "poisoning":
         return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick, honest_trials)
+    if name == "trends":
+        return _trends(dataset, trials, out_dir, seed, scale, periods, participation, quick)
+    for flag, value in (("--periods", periods), ("--participation", participation)):
+        if value is not None:
+            raise parameter_error(flag, value, "left out: it applies to `experiment trends` only")
     if honest_trials is not None:
         raise parameter_error("honest trials (--honest-trials)", honest_trials, "left out: it applies to "
                               "`experiment poisoning` only")
@@ -123,3 +137,34 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
                 else "[red]does not hold[/red]")
         render.out.print(f"{mark}: {c['claim']} — {c['measured']}")
     render.out.print(f"wrote {out}/: trials.csv, summary.csv, poisoning.png, report.md")
+
+
+def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: float, periods: int | None,
+            participation: str | None, quick: bool) -> None:
+    """``experiment trends``: BLENDER over the periods of a drifting synthetic log (docs/ALGORITHM.md §13)."""
+    from hybriddp.core.params import BlenderParams
+    from hybriddp.experiments.trends import TrendsConfig, trend_rows, write_outputs
+
+    if dataset not in ("aol", "yandex"):
+        raise parameter_error("--dataset", dataset, "aol or yandex (a synthetic preset: the drift's truth must be "
+                              "known); for a real log with times, split it with `load_aol(times=True)` and "
+                              "`split_periods`, run each period, and give the results to `hybriddp trends`")
+    check_scale(scale)
+    try:
+        policies = tuple(int(x) for x in (participation or "1,2,6").split(","))
+    except ValueError:
+        policies = ()
+    if not policies or any(r < 1 or r > 104 for r in policies):
+        raise parameter_error("--participation", participation, "integers from 1 to 104, comma-separated, e.g. 1,2,6")
+    cfg = TrendsConfig(preset=dataset, scale=scale * (0.05 if quick else 1.0), periods=periods or (3 if quick else 12),
+                       participation=policies, trials=trials, seed=seed)
+    params = BlenderParams.paper_defaults(dataset)
+    out = Path(out_dir) if out_dir else Path("experiments-out") / f"trends-{dataset}"
+    with render.interruptible(), _runs_progress(True) as progress:
+        period_rows, rows = trend_rows(cfg, params, progress)
+    verdict = write_outputs(out, period_rows, rows, cfg, params)
+    for v in verdict:
+        mark = "[green]holds[/green]" if v["all"] else "[red]does not hold[/red]"
+        render.out.print(f"{mark}: participation 1/{v['participation']}: "
+                         + "; ".join(f"{k}: {'yes' if ok else 'no'}" for k, ok in v["checks"].items()))
+    render.out.print(f"wrote {out}/: periods.csv, trends.csv, summary.csv, trends.png, report.md")

@@ -84,7 +84,7 @@ def benjamini_hochberg(p_values: np.ndarray, level: float) -> np.ndarray:
 
 def _norm_sf(z: np.ndarray) -> np.ndarray:
     """P[N(0,1) > z], accurate in the tail."""
-    return 0.5 * np.vectorize(math.erfc)(np.asarray(z, dtype=float) / math.sqrt(2.0))
+    return 0.5 * np.vectorize(math.erfc, otypes=[float])(np.asarray(z, dtype=float) / math.sqrt(2.0))
 
 
 @dataclass(frozen=True)

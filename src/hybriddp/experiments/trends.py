@@ -1,0 +1,228 @@
+"""``hybriddp experiment trends``: BLENDER over periods of a log whose popularity drifts (ALGORITHM.md §13).
+
+For every participation policy r (each user takes part in one period out of r, chosen at random: a period sees
+a 1/r share of the population, and a user's cumulative guarantee is that of ⌈P/r⌉ rounds under basic
+composition), every trial runs one BLENDER round per period on a fresh sample of the preset's population with
+that period's drifted head (:mod:`hybriddp.datasets.drift`), scores each period (NDCG against the period's truth)
+and tests the series for rising and falling queries (:mod:`hybriddp.server.trends`). Precision and recall are
+counted against the plan's changes of at least ``1 + min_change``; the same policy on a log without drift counts
+the false discoveries alone. Rows are what ``periods.csv`` and ``trends.csv`` hold; :func:`write_outputs` makes
+the summary, a plot and ``report.md`` with a verdict per target of issue 30 that these runs measure.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hybriddp.core.atomic import atomic_path, write_text
+from hybriddp.core.errors import EmptyHeadListError
+from hybriddp.core.params import BlenderParams
+from hybriddp.datasets.drift import Drift, drift_logs, plan_drift
+from hybriddp.datasets.generator import QUERY_PREFIX
+from hybriddp.datasets.presets import get_preset
+from hybriddp.server.trends import PeriodEstimates, trends
+from hybriddp.simulation.pipeline import run_blender
+
+NDCG_TARGET = 0.95
+PRECISION_TARGET = 0.9
+RECALL_TARGET = 0.8
+LIFETIME_EPSILON = 8.0
+"""Issue 30's lifetime guarantee per person: two rounds' worth at ε = 4."""
+
+
+@dataclass(frozen=True)
+class TrendsConfig:
+    """What :func:`trend_rows` runs."""
+
+    preset: str = "aol"
+    scale: float = 1.0
+    periods: int = 12
+    rising: int = 10
+    falling: int = 10
+    change: float = 2.0
+    ranks: tuple[int, int] = (5, 40)
+    participation: tuple[int, ...] = (1, 2, 6)
+    trials: int = 1
+    fdr: float = 0.05
+    min_change: float = 0.5
+    seed: int = 0
+
+
+def trend_rows(config: TrendsConfig, params: BlenderParams,
+               progress: Callable[[int, int], None] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(period rows, trend rows): per (policy, drift or not, trial, period) the round's NDCG; per (policy, drift or
+    not, trial) the trends found, with precision and recall against the plan."""
+    period_rows: list[dict[str, Any]] = []
+    trend_rows_: list[dict[str, Any]] = []
+    jobs = [(r, drifting, trial) for r in config.participation for drifting in (True, False)
+            for trial in range(config.trials)]
+    for done, (r, drifting, trial) in enumerate(jobs):
+        seed = config.seed * 1_000_003 + trial
+        drift = plan_drift(config.preset, config.periods, n_rising=config.rising if drifting else 0,
+                           n_falling=config.falling if drifting else 0, change=config.change, ranks=config.ranks,
+                           seed=seed)
+        estimates = []
+        for t, row in _periods(drift, config, params, r, seed):
+            period_rows.append({"participation": r, "drift": drifting, "trial": trial, "period": t + 1, **row[0]})
+            estimates.append(row[1])
+        trend_rows_.append({"participation": r, "drift": drifting, "trial": trial,
+                            **_score_trends(drift, estimates, config)})
+        if progress is not None:
+            progress(done + 1, len(jobs))
+    return period_rows, trend_rows_
+
+
+def _periods(drift: Drift, config: TrendsConfig, params: BlenderParams, r: int, seed: int
+             ) -> Iterator[tuple[int, tuple[dict[str, Any], PeriodEstimates]]]:
+    logs = drift_logs(drift, scale=config.scale / r, seed=seed + 7919 * r)
+    for t, log in enumerate(logs):
+        label = f"p{t + 1:02d}"
+        try:
+            res = run_blender(log, params, seed=seed * 131 + t).result()
+        except EmptyHeadListError:  # a released outcome: the period publishes nothing (NDCG 0)
+            yield t, ({"users": log.n_users, "ndcg": 0.0, "ndcg_queries_at_10": 0.0, "l1": None},
+                      PeriodEstimates(label, [], np.zeros(0), np.zeros(0)))
+            continue
+        m = res.metrics
+        yield t, ({"users": log.n_users, "ndcg": m.get("ndcg"), "ndcg_queries_at_10": m.get("ndcg_queries_at_10"),
+                   "l1": m.get("l1")}, PeriodEstimates.from_result(res.to_json(), label))
+
+
+def _score_trends(drift: Drift, estimates: list[PeriodEstimates], config: TrendsConfig) -> dict[str, Any]:
+    found = trends(estimates, fdr=config.fdr, min_change=config.min_change)
+    named = get_preset(config.preset).named_queries
+    names = {q: named[q] if q < len(named) else f"{QUERY_PREFIX}{q}" for q in range(drift.weights.shape[1])}
+    truth_sets = drift.changes(at_least=1.0 + config.min_change)
+    truth = {(names[q], t, "rising") for q, t in truth_sets["rising"]}
+    truth |= {(names[q], t, "falling") for q, t in truth_sets["falling"]}
+    got = {(q, int(t), "rising") for q, t, hit in zip(found.query, found.period, found.rising, strict=True) if hit}
+    got |= {(q, int(t), "falling") for q, t, hit in zip(found.query, found.period, found.falling, strict=True) if hit}
+    true_pos = len(got & truth)
+    return {"changes_true": len(truth), "reported": len(got), "true_positives": true_pos,
+            "false_positives": len(got - truth), "tested": len(found.query),
+            "precision": true_pos / len(got) if got else None, "recall": true_pos / len(truth) if truth else None}
+
+
+# ----- summary, verdicts, files -------------------------------------------------------------------
+def summarize(period_rows: Sequence[dict[str, Any]], trend_rows_: Sequence[dict[str, Any]],
+              config: TrendsConfig, epsilon: float) -> list[dict[str, Any]]:
+    """Per participation policy: the lowest and mean period NDCG (drifting log), precision and recall (pooled
+    over trials), false discoveries on the log without drift, and each user's rounds and basic-composition ε."""
+    out = []
+    for r in config.participation:
+        pr = [row for row in period_rows if row["participation"] == r and row["drift"]]
+        tr = [row for row in trend_rows_ if row["participation"] == r and row["drift"]]
+        null = [row for row in trend_rows_ if row["participation"] == r and not row["drift"]]
+        ndcg = [row["ndcg"] for row in pr if row["ndcg"] is not None]
+        tp, rep, true = (sum(row[k] for row in tr) for k in ("true_positives", "reported", "changes_true"))
+        rounds = math.ceil(config.periods / r)
+        out.append({"participation": r, "users_per_period": round(float(np.mean([row["users"] for row in pr]))),
+                    "min_ndcg": min(ndcg) if ndcg else None, "mean_ndcg": float(np.mean(ndcg)) if ndcg else None,
+                    "precision": tp / rep if rep else None, "recall": tp / true if true else None,
+                    "false_discoveries_no_drift": sum(row["reported"] for row in null),
+                    "tests_no_drift": sum(row["tested"] for row in null),
+                    "rounds_per_user": rounds, "epsilon_basic": rounds * epsilon})
+    return out
+
+
+def verdicts(summary: Sequence[dict[str, Any]], config: TrendsConfig) -> list[dict[str, Any]]:
+    """The issue's targets for each policy, and whether the policy meets them all."""
+    out = []
+    for s in summary:
+        checks = {
+            f"every period's NDCG ≥ {NDCG_TARGET}": s["min_ndcg"] is not None and s["min_ndcg"] >= NDCG_TARGET,
+            f"precision ≥ {PRECISION_TARGET}": s["precision"] is not None and s["precision"] >= PRECISION_TARGET,
+            f"recall ≥ {RECALL_TARGET}": s["recall"] is not None and s["recall"] >= RECALL_TARGET,
+            f"ε per person ≤ {LIFETIME_EPSILON:g} (basic composition)": s["epsilon_basic"] <= LIFETIME_EPSILON,
+        }
+        out.append({"participation": s["participation"], "checks": checks, "all": all(checks.values())})
+    return out
+
+
+def _csv(rows: Sequence[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return buf.getvalue()
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def write_outputs(out_dir: Path, period_rows: Sequence[dict[str, Any]], trend_rows_: Sequence[dict[str, Any]],
+                  config: TrendsConfig, params: BlenderParams) -> list[dict[str, Any]]:
+    """``periods.csv``, ``trends.csv``, ``summary.csv``, ``trends.png`` and ``report.md`` in ``out_dir``; returns
+    the verdicts."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(period_rows, trend_rows_, config, params.epsilon)
+    verdict = verdicts(summary, config)
+    write_text(out_dir / "periods.csv", _csv(period_rows))
+    write_text(out_dir / "trends.csv", _csv(trend_rows_))
+    write_text(out_dir / "summary.csv", _csv(summary))
+    _plot(out_dir / "trends.png", period_rows, summary, config)
+    lines = [f"# BLENDER over {config.periods} periods: trends (`hybriddp experiment trends`)", "",
+             f"Preset {config.preset} at scale {config.scale:g}; ε = {params.epsilon:g}, δ = {params.delta:g}, "
+             f"M = {params.head_list_size}, opt-in {params.optin_fraction:.1%} (paper defaults), the default estimator "
+             f"with the opt-in anchor. Drift: {config.rising} rising and {config.falling} falling head queries "
+             f"(ranks {config.ranks[0]}–{config.ranks[1] - 1}), ×{config.change:g} at one period each; trends tested "
+             f"with Benjamini–Hochberg at FDR {config.fdr:g} for changes of at least {config.min_change:.0%} "
+             f"(ALGORITHM.md §13). {config.trials} trial(s) per policy; a log without drift counts false "
+             "discoveries. Participation 1/r: each user takes part in one period out of r (a fresh 1/r share of the "
+             "population per period); the guarantee per person is basic composition over ⌈P/r⌉ rounds "
+             "(privacy-loss-distribution accounting is not yet built).", "",
+             "| 1/r | users per period | min NDCG | mean NDCG | precision | recall | false discoveries, no drift "
+             "| rounds per user | ε per person (basic) | all targets |", "|" + "---|" * 10]
+    for s, v in zip(summary, verdict, strict=True):
+        lines.append(f"| 1/{s['participation']} | {s['users_per_period']:,} | {_fmt(s['min_ndcg'], '.4f')} | "
+                     f"{_fmt(s['mean_ndcg'], '.4f')} | {_fmt(s['precision'])} | {_fmt(s['recall'])} | "
+                     f"{s['false_discoveries_no_drift']} of {s['tests_no_drift']} tests | {s['rounds_per_user']} | "
+                     f"{s['epsilon_basic']:g} | {'holds' if v['all'] else 'does not hold'} |")
+    lines += ["", "## Targets (issue 30), per policy", ""]
+    for v in verdict:
+        lines.append(f"* 1/{v['participation']}: " + "; ".join(f"{k}: {'holds' if ok else 'does not hold'}"
+                                                           for k, ok in v["checks"].items()))
+    lines += ["", "![NDCG per period and trend detection](trends.png)", ""]
+    write_text(out_dir / "report.md", "\n".join(lines))
+    return verdict
+
+
+def _plot(path: Path, period_rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]],
+          config: TrendsConfig) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for r in config.participation:
+        rows = [x for x in period_rows if x["participation"] == r and x["drift"] and x["ndcg"] is not None]
+        by_t: dict[int, list[float]] = {}
+        for x in rows:
+            by_t.setdefault(x["period"], []).append(x["ndcg"])
+        ts = sorted(by_t)
+        a.plot(ts, [float(np.mean(by_t[t])) for t in ts], marker="o", ms=3, label=f"1/{r}")
+    a.axhline(NDCG_TARGET, color="grey", ls="--", lw=0.8)
+    a.set(xlabel="period", ylabel="NDCG", title="NDCG per period")
+    a.legend(title="participation", fontsize=7)
+    x = np.arange(len(summary))
+    b.bar(x - 0.2, [s["precision"] or 0 for s in summary], 0.4, label="precision")
+    b.bar(x + 0.2, [s["recall"] or 0 for s in summary], 0.4, label="recall")
+    b.axhline(PRECISION_TARGET, color="C0", ls="--", lw=0.8)
+    b.axhline(RECALL_TARGET, color="C1", ls="--", lw=0.8)
+    b.set_xticks(x, [f"1/{s['participation']}" for s in summary])
+    b.set(ylim=(0, 1.05), title="trends detected", xlabel="participation")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

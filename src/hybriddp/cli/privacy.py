@@ -15,6 +15,7 @@ import click
 from rich.table import Table
 
 from hybriddp.cli import render
+from hybriddp.cli.options import int_range
 from hybriddp.core.errors import EmptyHeadListError, parameter_error
 from hybriddp.privacy.ledger import Charge, LedgerError, PrivacyLedger, is_service_database
 
@@ -198,3 +199,40 @@ def _history(charges: list[dict[str, Any]]) -> str:
         else:
             runs.append([label, 1])
     return ", ".join(label if k == 1 else f"{label} × {k}" for label, k in runs) or "—"
+
+
+@privacy_group.command("compose")
+@click.option("--rounds", type=int, default=12, show_default=True, callback=int_range(1, 1000),
+              help="Rounds one user takes part in (e.g. the periods of a series, or fewer with rotation).")
+@click.option("--epsilon", type=float, default=4.0, show_default=True, help="Each round's ε (paper default 4).")
+@click.option("--delta", type=float, default=1e-5, show_default=True, help="Each round's δ (the head list's).")
+@click.option("--m-o", type=int, default=1, show_default=True, callback=int_range(1, 3),
+              help="Records per opt-in user (1 to 3: the mechanisms the exact audit enumerates).")
+@click.option("--target-delta", type=float, default=2e-5, show_default=True,
+              help="The δ at which the total ε is stated.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def compose_cmd(rounds: int, epsilon: float, delta: float, m_o: int, target_delta: float, as_json: bool) -> None:
+    """One user's total guarantee after --rounds rounds, per group: basic and advanced composition next to
+    privacy-loss-distribution accounting (dp-accounting) of the exact per-round laws (docs/ALGORITHM.md §14).
+    Devices are accounted by their (ε, δ) only (no tighter than basic composition yet)."""
+    from hybriddp.audit.pld import Mechanism, totals
+    if not 0 < target_delta < 1:
+        raise parameter_error("target delta (--target-delta)", target_delta, "strictly between 0 and 1")
+    groups = (("optin-S (head list)", Mechanism("headlist", epsilon, delta, m_o)),
+              ("optin-T (opt-in estimates)", Mechanism("optin", epsilon, 0.0, m_o)),
+              ("clients (LocalAlg, by its (ε, δ))", Mechanism("local", epsilon, delta, m_o)))
+    rows = [{"group": name, **totals([mech] * rounds, target_delta).to_json()} for name, mech in groups]
+    if as_json:
+        render.print_json({"rounds": rounds, "epsilon": epsilon, "delta": delta, "m_o": m_o,
+                           "target_delta": target_delta, "groups": rows})
+        return
+    t = Table(title=f"{rounds} rounds at ε = {epsilon:g}, δ = {delta:g} (m_O = {m_o}): total ε at δ = "
+                    f"{target_delta:g} (basic and advanced: their own δ)", title_justify="left")
+    for col in ("group", "basic ε", "basic δ", "advanced ε", "PLD ε"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+    for r in rows:
+        adv = "–" if r["advanced_epsilon"] == float("inf") else f"{r['advanced_epsilon']:.4g}"
+        pld = ("∞ (the rounds' δ alone pass the target)" if r["pld_epsilon"] == float("inf")
+               else f"{r['pld_epsilon']:.4g}")
+        t.add_row(r["group"], f"{r['basic_epsilon']:.4g}", f"{r['basic_delta']:.3g}", adv, pld)
+    render.out.print(t)

@@ -1,0 +1,141 @@
+"""Privacy-loss-distribution accounting of the curator's mechanisms over rounds (ALGORITHM.md §14).
+
+Each round's mechanism gets one privacy loss distribution (PLD) that dominates it: for every pair of neighbouring
+inputs, its hockey-stick divergence δ(ε) is at least the mechanism's, at every ε. Composing such PLDs with
+Google's ``dp-accounting`` bounds the composition of the rounds (dominating pairs compose: Zhu, Dong & Wang
+2022), which is tighter than adding the rounds' ε.
+
+How a round's PLD is built. The exact audit (:mod:`hybriddp.audit.exact`) computes the mechanism's privacy
+profile δ*(ε) = max over every move of one user's m_O records of the exact δ(e^ε) of that move — both directions
+of the neighbour relation are moves of the same family, so the profile is symmetric. Its values on a grid from
+−L to L (L the largest finite privacy loss, 2·m_O/t) feed "Connect the Dots" (Doroshenko, Ghazi, Kamath, Kumar &
+Manurangsi 2022, dp-accounting's pessimistic ``create_pmf_pessimistic_connect_dots``). As a function of e^ε every
+move's profile is convex, so the chord between two grid points lies above it: the connect-the-dots PLD of the
+maximum dominates every move between grid points; above L its mass at +∞ is δ*(L), at least every move's δ; below
+−L every profile is 1 − e^ε, which it equals. The mechanism's own δ (a record that passes the threshold on one
+side only) is the mass at +∞.
+
+Covered: CreateHeadList with its released counts (the S group) and EstimateOptinProbabilities' counts (the T
+group), discrete noise, the mechanisms the exact audit enumerates. Devices (LocalAlg) and continuous noise are
+accounted by their (ε, δ) alone (``from_privacy_parameters``): valid, and no tighter than basic composition.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hybriddp.core.errors import parameter_error
+
+DISCRETIZATION = 1e-3
+"""Spacing of the privacy losses the PLDs are supported on (dp-accounting's value discretization)."""
+GRID_POINTS = 241
+"""Points of the connect-the-dots grid over [−L, L] (more: tighter and slower; any grid is pessimistic)."""
+KINDS = ("headlist", "optin", "local")
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One round's release for one group: ``kind`` headlist (S), optin (T) or local (a device), its claimed
+    (ε, δ) and m_O (the records each opt-in user contributes)."""
+
+    kind: str
+    epsilon: float
+    delta: float
+    m_o: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise parameter_error("kind", self.kind, "one of " + ", ".join(KINDS))
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise parameter_error("epsilon", self.epsilon, "a finite number > 0")
+        if not 0 <= self.delta < 1:
+            raise parameter_error("delta", self.delta, "a number in [0, 1)")
+
+
+def _profile(mech: Mechanism) -> tuple[Any, float]:
+    """(δ*(ε) as a function, L) of an exactly audited mechanism."""
+    from hybriddp.audit.exact import headlist_delta, optin_delta
+    if mech.kind == "headlist":
+        _, details = headlist_delta(mech.epsilon, mech.delta, mech.m_o)
+        return (lambda e: headlist_delta(mech.epsilon, mech.delta, mech.m_o, at_epsilon=e)[0].delta,
+                details["max_finite_loss"])
+    _, details = optin_delta(mech.epsilon, mech.m_o)
+    return lambda e: optin_delta(mech.epsilon, mech.m_o, at_epsilon=e)[0].delta, details["max_finite_loss"]
+
+
+def grid(max_loss: float, points: int = GRID_POINTS, discretization: float = DISCRETIZATION) -> np.ndarray:
+    """The connect-the-dots grid: integer multiples of ``discretization`` from −L to L, about ``points`` of them."""
+    hi = math.ceil(max_loss / discretization)
+    return np.unique(np.round(np.linspace(-hi, hi, points)).astype(np.int64))
+
+
+@functools.lru_cache(maxsize=64)
+def round_pld(mech: Mechanism, points: int = GRID_POINTS) -> Any:
+    """The dominating PLD of one round of ``mech`` (module docstring)."""
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld import privacy_loss_distribution as pld
+    if mech.kind == "local":
+        return pld.from_privacy_parameters(_params(mech), value_discretization_interval=DISCRETIZATION)
+    profile, max_loss = _profile(mech)
+    rounded = grid(max_loss, points)
+    deltas = np.array([profile(float(r) * DISCRETIZATION) for r in rounded])
+    deltas = np.minimum.accumulate(np.clip(deltas, 0.0, 1.0))  # exact values; guards rounding at 1e-16
+    return pld.PrivacyLossDistribution(pld_pmf.create_pmf_pessimistic_connect_dots(DISCRETIZATION, rounded, deltas))
+
+
+def _params(mech: Mechanism) -> Any:
+    from dp_accounting.pld.common import DifferentialPrivacyParameters
+    return DifferentialPrivacyParameters(mech.epsilon, mech.delta)
+
+
+def compose(mechanisms: Sequence[Mechanism]) -> Any:
+    """The PLD of the rounds ``mechanisms`` one after the other (one user's history)."""
+    if not mechanisms:
+        raise parameter_error("mechanisms", "[]", "at least one round")
+    total = None
+    for mech, count in _counted(mechanisms):
+        part = round_pld(mech).self_compose(count) if count > 1 else round_pld(mech)
+        total = part if total is None else total.compose(part)
+    return total
+
+
+def _counted(mechanisms: Sequence[Mechanism]) -> list[tuple[Mechanism, int]]:
+    counts: dict[Mechanism, int] = {}
+    for m in mechanisms:
+        counts[m] = counts.get(m, 0) + 1
+    return list(counts.items())
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A history's guarantee three ways, at the target δ: basic and advanced composition, and PLD accounting."""
+
+    rounds: int
+    basic: tuple[float, float]
+    advanced: tuple[float, float]
+    pld_epsilon: float
+    target_delta: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "basic_epsilon": self.basic[0], "basic_delta": self.basic[1],
+                "advanced_epsilon": self.advanced[0], "advanced_delta": self.advanced[1],
+                "pld_epsilon": self.pld_epsilon, "pld_delta": self.target_delta}
+
+
+def totals(mechanisms: Sequence[Mechanism], target_delta: float) -> Totals:
+    """Basic composition (Σε, Σδ), advanced composition at δ' = target δ − Σδ (when positive), and the PLD's ε at
+    the target δ."""
+    from hybriddp.privacy.ledger import advanced_composition, basic_composition
+    eps = [m.epsilon for m in mechanisms]
+    dels = [m.delta for m in mechanisms]
+    basic = basic_composition(eps, dels)
+    slack = target_delta - basic[1]
+    advanced = advanced_composition(eps, dels, slack) if slack > 0 else (math.inf, basic[1])
+    pld_eps = float(compose(mechanisms).get_epsilon_for_delta(target_delta))
+    return Totals(len(mechanisms), basic, (min(advanced[0], basic[0]), advanced[1]), pld_eps, target_delta)

@@ -144,5 +144,6 @@ def _synth_periods(preset: str, scale: float, seed: int | None, output: str, fmt
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    render.out.print(f"wrote {output}/: {periods} periods of {period_days} days, "
-                     f"{sum(f['records'] for f in files):,} records; the truth in {output}/drift.json")
+    where = os.path.normpath(output)
+    render.out.print(f"wrote {where}/: {periods} periods of {period_days} days, "
+                     f"{sum(f['records'] for f in files):,} records; the truth in {where}/drift.json")

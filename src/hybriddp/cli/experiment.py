@@ -62,10 +62,13 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
 @click.option("--participation", default=None, metavar="R[,R…]",
               help="trends only: participation policies: each user takes part in one period out of R (a 1/R share "
                    "of the population per period). Default: 1,2,6.")
+@click.option("--window", type=int, default=None, callback=int_range(1, 52),
+              help="trends only: periods the trend test pools on each side of a boundary (`hybriddp trends "
+                   "--window`). Default: 3.")
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
                    scale: float, row_per_user: bool, honest_trials: int | None, periods: int | None,
-                   participation: str | None, quick: bool) -> None:
+                   participation: str | None, window: int | None, quick: bool) -> None:
     """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators, all, poisoning or trends.
 
     \b
@@ -98,8 +101,8 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     if name == "poisoning":
         return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick, honest_trials)
     if name == "trends":
-        return _trends(dataset, trials, out_dir, seed, scale, periods, participation, quick)
-    for flag, value in (("--periods", periods), ("--participation", participation)):
+        return _trends(dataset, trials, out_dir, seed, scale, periods, participation, window, quick)
+    for flag, value in (("--periods", periods), ("--participation", participation), ("--window", window)):
         if value is not None:
             raise parameter_error(flag, value, "left out: it applies to `experiment trends` only")
     if honest_trials is not None:
@@ -140,7 +143,7 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
 
 
 def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: float, periods: int | None,
-            participation: str | None, quick: bool) -> None:
+            participation: str | None, window: int | None, quick: bool) -> None:
     """``experiment trends``: BLENDER over the periods of a drifting synthetic log (docs/ALGORITHM.md §13)."""
     from hybriddp.core.params import BlenderParams
     from hybriddp.experiments.trends import TrendsConfig, trend_rows, write_outputs
@@ -157,7 +160,7 @@ def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: fl
     if not policies or any(r < 1 or r > 104 for r in policies):
         raise parameter_error("--participation", participation, "integers from 1 to 104, comma-separated, e.g. 1,2,6")
     cfg = TrendsConfig(preset=dataset, scale=scale * (0.05 if quick else 1.0), periods=periods or (3 if quick else 12),
-                       participation=policies, trials=trials, seed=seed)
+                       participation=policies, trials=trials, seed=seed, window=window or 3)
     params = BlenderParams.paper_defaults(dataset)
     out = Path(out_dir) if out_dir else Path("experiments-out") / f"trends-{dataset}"
     with render.interruptible(), _runs_progress(True) as progress:

@@ -22,6 +22,9 @@ OUTPUT_SUFFIXES = (".csv", ".json", ".parquet")
 @click.option("--min-change", type=float, default=0.0, show_default=True,
               help="Smallest relative change that counts: 0.5 reports a query only if it rose to at least 1.5× "
                    "(or fell to at most 1/1.5) of its previous estimate with confidence. 0: any change.")
+@click.option("--window", type=int, default=1, show_default=True,
+              help="Periods pooled on each side of a boundary (inverse-variance weighted): a lasting change is "
+                   "√window times clearer, located to within window − 1 periods. 1: consecutive periods only.")
 @click.option("--output", "output", type=click.Path(dir_okay=False), default=None,
               help="Write every tested change (.csv, .parquet) or the whole analysis (.json), atomically.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
@@ -29,8 +32,8 @@ OUTPUT_SUFFIXES = (".csv", ".json", ".parquet")
                    "(.png, .svg, .pdf).")
 @click.option("--all", "show_all", is_flag=True, help="Print every tested change, not only the trends.")
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
-def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, output: str | None, plot_path: str | None,
-               show_all: bool, as_json: bool) -> None:
+def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, window: int, output: str | None,
+               plot_path: str | None, show_all: bool, as_json: bool) -> None:
     """Rising and falling queries across RESULTS, one result JSON per period in time order (`hybriddp run
     --output pN.json`, or a round's results). Each query listed in two consecutive periods is tested with the
     published variances; the false discoveries are controlled at --fdr. Costs no privacy (post-processing)."""
@@ -43,9 +46,9 @@ def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, output: 
     if plot_path is not None:
         check_output_path(plot_path, "--plot", (".png", ".svg", ".pdf"))
     periods = [PeriodEstimates.from_result(read_json(p, "result", DataError), Path(p).stem) for p in results]
-    found = trends(periods, fdr=fdr, min_change=min_change)
+    found = trends(periods, fdr=fdr, min_change=min_change, window=window)
     rows = found.rows()
-    doc = {"periods": found.periods, "fdr": fdr, "min_change": min_change, "tested": len(rows),
+    doc = {"periods": found.periods, "fdr": fdr, "min_change": min_change, "window": window, "tested": len(rows),
            "rising": sum(r["trend"] == "rising" for r in rows), "falling": sum(r["trend"] == "falling" for r in rows),
            "changes": rows}
     if output is not None:

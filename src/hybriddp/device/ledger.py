@@ -118,9 +118,12 @@ class DeviceLedger:
                                       f"{life['epsilon']}, delta {life['delta']}; spent {e:.4g}, {d:.3g}); not "
                                       "reporting", already=False, charge=(float(epsilon), float(delta)), **facts)
 
-    def record(self, round_id: str, epsilon: float, delta: float) -> None:
+    def record(self, round_id: str, epsilon: float, delta: float,
+               memo: tuple[str, list[Any], str] | None = None) -> None:
         """Charge one round, or raise :class:`DeviceError` (already reported / over budget / not saved).
 
+        ``memo``: (records key, reports, service round) kept with the charge, in the same write, for
+        :meth:`memoized`.
         Under the ledger's lock the file is read again first, so a charge made meanwhile by another process
         (or another object on the same file) counts.
         """
@@ -128,12 +131,38 @@ class DeviceLedger:
             self._reload()
             self.check(round_id, epsilon, delta)
             self.state["rounds"][round_id] = {"epsilon": float(epsilon), "delta": float(delta)}
+            if memo is not None:
+                self.state.setdefault("memo", {})[round_id] = {"records": memo[0], "reports": memo[1],
+                                                                "sent_in": [memo[2]]}
             try:
                 self._save()
             except OSError as exc:
                 del self.state["rounds"][round_id]
+                self.state.get("memo", {}).pop(round_id, None)
                 raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); nothing was "
                                   "charged, so nothing may be reported") from None
+
+    def memoized(self, round_id: str, records_key: str, service_round: str) -> list[Any] | None:
+        """The reports this device sent for head list ``round_id`` if its records were then the ones of
+        ``records_key`` (:func:`records_key`) and it has not sent them in ``service_round`` yet; None otherwise.
+        Sending them again, in another round with the same head list, is post-processing of the same randomized
+        reports: it costs no privacy (ALGORITHM.md §15). The round is noted (one message per round)."""
+        with _ledger_lock(self.path):
+            self._reload()
+            memo = self.state.get("memo", {})
+            got = memo.get(round_id) if isinstance(memo, dict) else None
+            if not (isinstance(got, dict) and got.get("records") == records_key
+                    and isinstance(got.get("reports"), list) and isinstance(got.get("sent_in"), list)
+                    and service_round not in got["sent_in"]):
+                return None
+            got["sent_in"].append(service_round)
+            try:
+                self._save()
+            except OSError as exc:
+                got["sent_in"].pop()
+                raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); not "
+                                  "reporting") from None
+            return list(got["reports"])
 
     def _reload(self) -> None:
         """Replace the state with the file's, if the file exists (a new ledger keeps its state)."""
@@ -242,6 +271,14 @@ def open_device_ledger(path: str | os.PathLike[str] | None = None, *, lifetime_e
 
 _LEDGER_FIX = ("Restore it from a backup; do not delete it, since a new ledger would forget the budget this "
                "device has already spent.")
+
+
+def records_key(records: Any) -> str:
+    """A key of a device's records as a multiset (SHA-256 of their sorted canonical JSON): the memo is reused
+    only for the same records. The records themselves are never stored in the ledger."""
+    import hashlib
+    rows = sorted(json.dumps([q, u], ensure_ascii=False) for q, u in records)
+    return hashlib.sha256("\n".join(rows).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _new_ledger_state(path: str, epsilon: float | None, delta: float | None) -> dict[str, Any]:

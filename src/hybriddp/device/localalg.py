@@ -36,7 +36,7 @@ from hybriddp.core.protocol import (  # the protocol LocalAlg runs on (re-export
     thresholds,
     validate_headlist,
 )
-from hybriddp.device.ledger import DeviceLedger
+from hybriddp.device.ledger import DeviceLedger, records_key
 
 
 # ----- randomness ---------------------------------------------------------------------------
@@ -188,8 +188,15 @@ def randomize_records(
     source: RandomSource | None = None,
     ledger: DeviceLedger | None = None,
     message_id: str | None = None,
+    round_id: str | None = None,
 ) -> dict[str, Any]:
     """One device's message: sample ≤ m_C records without replacement, randomize each.
+
+    With a ``ledger`` and the service's ``round_id`` (memoization), a device that already reported for this very
+    head list (same content hash) in another round, with the same records, sends the same reports again under a
+    fresh message id and is not charged again: post-processing of its earlier randomized reports (ALGORITHM.md
+    §15). In the same round, or with other records, it is refused: one report per head list. Without
+    ``round_id`` there is no memoization.
 
     Parameters
     ----------
@@ -209,12 +216,19 @@ def randomize_records(
     src = source if source is not None else SystemSource()
     records = list(records)
     check_records(hl, records)  # before the ledger is charged
-    if ledger is not None:
-        ledger.record(hl.doc["content_hash"], float(hl.doc["epsilon"]), float(hl.doc["delta"]))
+    content = hl.doc["content_hash"]
+    key = records_key(records) if ledger is not None and round_id is not None else None
+    if key is not None and (again := ledger.memoized(content, key, round_id)) is not None:  # type: ignore[union-attr,arg-type]
+        return {"id": mid, "headlist": content, "reports": again}
+    if ledger is not None:  # refused before any randomness is drawn; charged below, before the message is returned
+        ledger.check(content, float(hl.doc["epsilon"]), float(hl.doc["delta"]))
     m = min(hl.m_c, len(records))
     chosen: list[int] = []
     pool = list(range(len(records)))
     for _ in range(m):  # uniform sample without replacement
         chosen.append(pool.pop(src.below(len(pool))))
     reports = [hl.decode(*local_alg(*hl.encode(*records[i]), hl, src)) for i in chosen]
-    return {"id": mid, "headlist": hl.doc["content_hash"], "reports": reports}
+    if ledger is not None:  # the charge and the memo, in one write
+        ledger.record(content, float(hl.doc["epsilon"]), float(hl.doc["delta"]),
+                      None if key is None or round_id is None else (key, reports, round_id))
+    return {"id": mid, "headlist": content, "reports": reports}

@@ -212,7 +212,7 @@ class DeviceClient(ServiceHttp):
         doc = self.fetch_headlist()
         msg = self._outbox_message(doc["content_hash"])
         if msg is None:
-            msg = self._charge(lambda: randomize_records(doc, records, ledger=self.ledger))
+            msg = self._charge(lambda: randomize_records(doc, records, ledger=self.ledger, round_id=self.round_id))
             self._write_outbox(msg)
         msg = self._tokened(msg)
         ack = self.submit(msg)

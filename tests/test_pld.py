@@ -14,12 +14,24 @@ import pytest
 from click.testing import CliRunner
 
 from hybriddp.audit.exact import headlist_delta, optin_delta
-from hybriddp.audit.pld import DISCRETIZATION, Mechanism, compose, grid, round_pld, totals
+from hybriddp.audit.pld import (
+    DISCRETIZATION,
+    Mechanism,
+    compose,
+    grid,
+    localalg_delta,
+    localalg_law,
+    round_pld,
+    totals,
+)
 from hybriddp.cli import cli
 from hybriddp.core.errors import ParameterError
+from hybriddp.core.reportlaw import output_distribution, privacy_loss_delta
 
 
 def _exact(mech: Mechanism, eps: float) -> float:
+    if mech.kind == "local":  # brute force: every pair of records of the closed-form law
+        return privacy_loss_delta(output_distribution(localalg_law(mech)), eps)
     if mech.kind == "headlist":
         return headlist_delta(mech.epsilon, mech.delta, mech.m_o, at_epsilon=eps)[0].delta
     return optin_delta(mech.epsilon, mech.m_o, at_epsilon=eps)[0].delta
@@ -27,14 +39,20 @@ def _exact(mech: Mechanism, eps: float) -> float:
 
 @pytest.mark.parametrize("mech", [Mechanism("headlist", 4.0, 1e-5, 1), Mechanism("headlist", 4.0, 1e-5, 2),
                                   Mechanism("headlist", 1.0, 1e-6, 1), Mechanism("optin", 4.0, 0.0, 1),
-                                  Mechanism("optin", 2.0, 0.0, 3)])
+                                  Mechanism("optin", 2.0, 0.0, 3),
+                                  Mechanism("local", 4.0, 1e-5, kq=(3, 3, 2, 1, 1), f_c=0.85),
+                                  Mechanism("local", 1.0, 1e-6, kq=(4, 2, 2, 1), f_c=0.6)])
 def test_a_round_pld_dominates_the_exact_profile_everywhere(mech: Mechanism) -> None:
     """δ_PLD(ε) ≥ the exact worst δ(ε) over every move at 301 points from below −L to above L, most of them off the
     connect-the-dots grid; at the grid's points the two agree (the PLD is as tight as its grid allows)."""
     pld = round_pld(mech)
-    _, details = (headlist_delta(mech.epsilon, mech.delta, mech.m_o) if mech.kind == "headlist"
-                  else optin_delta(mech.epsilon, mech.m_o))
-    big_l = details["max_finite_loss"]
+    if mech.kind == "local":
+        from hybriddp.audit.pld import _localalg_max_loss
+        big_l = _localalg_max_loss(localalg_law(mech))
+    else:
+        _, details = (headlist_delta(mech.epsilon, mech.delta, mech.m_o) if mech.kind == "headlist"
+                      else optin_delta(mech.epsilon, mech.m_o))
+        big_l = details["max_finite_loss"]
     for eps in np.linspace(-big_l - 1.0, big_l + 1.0, 301):
         assert pld.get_delta_for_epsilon(float(eps)) >= _exact(mech, float(eps)) - 1e-12, eps
     for r in grid(big_l)[::20]:
@@ -93,3 +111,39 @@ def test_privacy_compose_command() -> None:
                         (["--epsilon", "0.5"], "epsilon")):
         r = CliRunner().invoke(cli, ["privacy", "compose", *bad])
         assert r.exit_code != 0 and needle in r.output + r.stderr and "Traceback" not in r.output + r.stderr
+
+
+def test_localalg_delta_from_the_laws_structure_equals_every_pair() -> None:
+    """The structural maximum (over URL counts) equals the brute-force maximum over all pairs of records of the
+    closed-form law, on 150 random head lists, ε below and above 0 (exact to rounding)."""
+    rng = np.random.default_rng(11)
+    for _ in range(150):
+        k = int(rng.integers(1, 7))
+        kq = (*(int(x) for x in rng.integers(1, 5, size=k)), 1)
+        mech = Mechanism("local", float(rng.uniform(0.8, 6.0)), 1e-5, kq=kq, f_c=float(rng.uniform(0.5, 0.95)),
+                         m_c=int(rng.integers(1, 3)))
+        lp = localalg_law(mech)
+        law = output_distribution(lp)
+        for eps in (-3.0, -0.3, 0.0, 0.7, mech.epsilon / mech.m_c, mech.epsilon + 0.5):
+            assert localalg_delta(lp, eps) == pytest.approx(privacy_loss_delta(law, eps), abs=1e-12), (kq, eps)
+
+
+def test_a_device_with_m_c_reports_composes_them() -> None:
+    one = Mechanism("local", 2.0, 1e-6, kq=(3, 2, 1), f_c=0.85, m_c=1)
+    two = Mechanism("local", 4.0, 1e-6, kq=(3, 2, 1), f_c=0.85, m_c=2)  # ε/2 a report, two reports
+    assert round_pld(two).get_epsilon_for_delta(1e-5) <= 4.0 + 1e-9
+    assert round_pld(one).get_epsilon_for_delta(1e-5) <= 2.0 + 1e-9
+
+
+def test_privacy_compose_with_a_device_head_list(tmp_path) -> None:
+    from test_localalg import signed_headlist
+    path = tmp_path / "hl.json"
+    path.write_text(json.dumps(signed_headlist(epsilon=4, delta=1e-5, f_c=0.85, m_c=1)))
+    r = CliRunner().invoke(cli, ["privacy", "compose", "--rounds", "12", "--head-list", str(path), "--json"])
+    assert r.exit_code == 0, r.output + r.stderr
+    device = json.loads(r.output)["groups"][2]
+    assert device["group"].startswith("clients (LocalAlg on") and device["pld_epsilon"] < device["basic_epsilon"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    r = CliRunner().invoke(cli, ["privacy", "compose", "--head-list", str(bad)])
+    assert r.exit_code != 0 and "Traceback" not in r.output + r.stderr

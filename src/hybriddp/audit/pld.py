@@ -16,8 +16,10 @@ maximum dominates every move between grid points; above L its mass at +∞ is δ
 side only) is the mass at +∞.
 
 Covered: CreateHeadList with its released counts (the S group) and EstimateOptinProbabilities' counts (the T
-group), discrete noise, the mechanisms the exact audit enumerates. Devices (LocalAlg) and continuous noise are
-accounted by their (ε, δ) alone (``from_privacy_parameters``): valid, and no tighter than basic composition.
+group), discrete noise, the mechanisms the exact audit enumerates; and a device's LocalAlg reports given the head
+list's shape (:func:`localalg_delta`, exact from the law's structure; m_C reports composed). Continuous noise, and
+devices without the head list's shape, are accounted by their (ε, δ) alone (``from_privacy_parameters``): valid,
+and no tighter than basic composition.
 """
 
 from __future__ import annotations
@@ -42,12 +44,17 @@ KINDS = ("headlist", "optin", "local")
 @dataclass(frozen=True)
 class Mechanism:
     """One round's release for one group: ``kind`` headlist (S), optin (T) or local (a device), its claimed
-    (ε, δ) and m_O (the records each opt-in user contributes)."""
+    (ε, δ) and m_O (the records each opt-in user contributes). A device (local) with the head list's URLs per query
+    ``kq`` (wildcards included, ⟨*,*⟩ last, as :attr:`HeadList.kq`), ``f_c`` and ``m_c`` gets its exact PLD
+    (:func:`localalg_delta`); without ``kq`` it is accounted by its (ε, δ)."""
 
     kind: str
     epsilon: float
     delta: float
     m_o: int = 1
+    kq: tuple[int, ...] = ()
+    f_c: float = 0.85
+    m_c: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -58,9 +65,67 @@ class Mechanism:
             raise parameter_error("delta", self.delta, "a number in [0, 1)")
 
 
+def localalg_law(mech: Mechanism) -> Any:
+    """LocalAlg's parameters (one report, ALGORITHM.md §5) for a device mechanism with ``kq``."""
+    from hybriddp.core.protocol import thresholds
+    from hybriddp.core.reportlaw import LocalAlgParams
+    kq = np.array(mech.kq, dtype=np.int64)
+    t, tq = thresholds(len(kq), kq.tolist(), mech.epsilon, mech.delta, mech.f_c, mech.m_c)
+    return LocalAlgParams(len(kq), kq, t, np.array(tq), 1.0 - t, np.array([1.0 - x for x in tq]))
+
+
+def localalg_delta(lp: Any, epsilon: float) -> float:
+    """max over pairs of records x ≠ x' of Σ_y max(P[y|x] − e^ε·P[y|x'], 0), LocalAlg's exact δ(ε) for one
+    report, from the law's structure (:func:`hybriddp.core.reportlaw.output_distribution`): two entries of one
+    query differ only on their own two outputs; entries of queries q ≠ q' differ only on the outputs of q and q',
+    so the maximum runs over URL counts, not over entries (tests/test_pld.py checks it against all pairs)."""
+    k, kq, t, tq = lp.k, np.asarray(lp.kq), lp.t, np.asarray(lp.tq)
+    if k == 1 and int(kq[0]) == 1:
+        return 0.0
+    e = math.exp(epsilon)
+    best = 0.0
+    sizes = sorted({(int(n), float(p)) for n, p in zip(kq, tq, strict=True)})
+    count = {s: int(sum(1 for n, p in zip(kq, tq, strict=True) if (int(n), float(p)) == s)) for s in sizes}
+    same = max(1.0 - e, 0.0)  # ε < 0: an output both records give the same probability adds (1 − e^ε)·P
+    for n, p in sizes:  # two entries of one query
+        if n >= 2:
+            a, b = t * p, t * (1.0 - p) / (n - 1)
+            best = max(best, max(a - e * b, 0.0) + max(b - e * a, 0.0) + same * (1.0 - a - b))
+    if k >= 2:
+        for s1 in sizes:  # entries of two queries q (size n1) and q' (size n2)
+            for s2 in sizes:
+                if s1 == s2 and count[s1] < 2:
+                    continue
+                (n1, p1), (n2, p2) = s1, s2
+                a1, b1, c1 = t * p1, t * (1.0 - p1) / max(n1 - 1, 1), (1.0 - t) / ((k - 1) * n1)
+                a2, b2, c2 = t * p2, t * (1.0 - p2) / max(n2 - 1, 1), (1.0 - t) / ((k - 1) * n2)
+                on_q = max(a1 - e * c1, 0.0) + (n1 - 1) * max(b1 - e * c1, 0.0)
+                on_q2 = max(c2 - e * a2, 0.0) + (n2 - 1) * max(c2 - e * b2, 0.0)
+                rest = 1.0 - (a1 + (n1 - 1) * b1) - n2 * c2  # x's mass outside q and q'
+                best = max(best, on_q + on_q2 + same * rest)
+    return min(best, 1.0)
+
+
+def _localalg_max_loss(lp: Any) -> float:
+    """The largest finite |ln P[y|x]/P[y|x']| of LocalAlg's law (every probability it uses is positive)."""
+    k, kq, t, tq = lp.k, np.asarray(lp.kq), lp.t, np.asarray(lp.tq)
+    probs = [t * tq]
+    multi = kq >= 2
+    if multi.any():
+        probs.append(t * (1.0 - tq[multi]) / (kq[multi] - 1))
+    if k >= 2:
+        probs.append((1.0 - t) / ((k - 1) * kq))
+    vals = np.concatenate(probs)
+    vals = vals[vals > 0]
+    return float(math.log(vals.max() / vals.min())) if vals.size else 0.0
+
+
 def _profile(mech: Mechanism) -> tuple[Any, float]:
     """(δ*(ε) as a function, L) of an exactly audited mechanism."""
     from hybriddp.audit.exact import headlist_delta, optin_delta
+    if mech.kind == "local":
+        lp = localalg_law(mech)
+        return (lambda e: localalg_delta(lp, e)), _localalg_max_loss(lp)
     if mech.kind == "headlist":
         _, details = headlist_delta(mech.epsilon, mech.delta, mech.m_o)
         return (lambda e: headlist_delta(mech.epsilon, mech.delta, mech.m_o, at_epsilon=e)[0].delta,
@@ -80,13 +145,14 @@ def round_pld(mech: Mechanism, points: int = GRID_POINTS) -> Any:
     """The dominating PLD of one round of ``mech`` (module docstring)."""
     from dp_accounting.pld import pld_pmf
     from dp_accounting.pld import privacy_loss_distribution as pld
-    if mech.kind == "local":
+    if mech.kind == "local" and not mech.kq:
         return pld.from_privacy_parameters(_params(mech), value_discretization_interval=DISCRETIZATION)
     profile, max_loss = _profile(mech)
-    rounded = grid(max_loss, points)
+    rounded = grid(max(max_loss, DISCRETIZATION), points)
     deltas = np.array([profile(float(r) * DISCRETIZATION) for r in rounded])
     deltas = np.minimum.accumulate(np.clip(deltas, 0.0, 1.0))  # exact values; guards rounding at 1e-16
-    return pld.PrivacyLossDistribution(pld_pmf.create_pmf_pessimistic_connect_dots(DISCRETIZATION, rounded, deltas))
+    one = pld.PrivacyLossDistribution(pld_pmf.create_pmf_pessimistic_connect_dots(DISCRETIZATION, rounded, deltas))
+    return one.self_compose(mech.m_c) if mech.kind == "local" and mech.m_c > 1 else one
 
 
 def _params(mech: Mechanism) -> Any:

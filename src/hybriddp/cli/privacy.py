@@ -210,17 +210,30 @@ def _history(charges: list[dict[str, Any]]) -> str:
               help="Records per opt-in user (1 to 3: the mechanisms the exact audit enumerates).")
 @click.option("--target-delta", type=float, default=2e-5, show_default=True,
               help="The δ at which the total ε is stated.")
+@click.option("--head-list", "head_list", type=click.Path(dir_okay=False), default=None,
+              help="A device head list (JSON, as `hybriddp headlist` writes it or GET /api/v1/rounds/ID/headlist "
+                   "returns): the devices' rounds are then accounted exactly for its shape, ε, δ, f_C and m_C "
+                   "(--epsilon and --delta apply to the opt-in groups). Default: devices by their (ε, δ) only.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def compose_cmd(rounds: int, epsilon: float, delta: float, m_o: int, target_delta: float, as_json: bool) -> None:
+def compose_cmd(rounds: int, epsilon: float, delta: float, m_o: int, target_delta: float, head_list: str | None,
+                as_json: bool) -> None:
     """One user's total guarantee after --rounds rounds, per group: basic and advanced composition next to
     privacy-loss-distribution accounting (dp-accounting) of the exact per-round laws (docs/ALGORITHM.md §14).
-    Devices are accounted by their (ε, δ) only (no tighter than basic composition yet)."""
+    Devices are accounted exactly with --head-list, else by their (ε, δ) (no tighter than basic composition)."""
     from hybriddp.audit.pld import Mechanism, totals
     if not 0 < target_delta < 1:
         raise parameter_error("target delta (--target-delta)", target_delta, "strictly between 0 and 1")
+    device = ("clients (LocalAlg, by its (ε, δ))", Mechanism("local", epsilon, delta, m_o))
+    if head_list is not None:
+        from hybriddp.core.headlist import read_device_json
+        from hybriddp.device.localalg import DeviceHeadList
+        doc = read_device_json(head_list)
+        hl = DeviceHeadList.from_json(doc)
+        device = (f"clients (LocalAlg on {head_list}: k = {len(hl.kq)}, ε = {doc['epsilon']:g}, m_C = {doc['m_c']})",
+                  Mechanism("local", float(doc["epsilon"]), float(doc["delta"]), kq=tuple(hl.kq),
+                            f_c=float(doc["f_c"]), m_c=int(doc["m_c"])))
     groups = (("optin-S (head list)", Mechanism("headlist", epsilon, delta, m_o)),
-              ("optin-T (opt-in estimates)", Mechanism("optin", epsilon, 0.0, m_o)),
-              ("clients (LocalAlg, by its (ε, δ))", Mechanism("local", epsilon, delta, m_o)))
+              ("optin-T (opt-in estimates)", Mechanism("optin", epsilon, 0.0, m_o)), device)
     rows = [{"group": name, **totals([mech] * rounds, target_delta).to_json()} for name, mech in groups]
     if as_json:
         render.print_json({"rounds": rounds, "epsilon": epsilon, "delta": delta, "m_o": m_o,

@@ -64,11 +64,14 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
                    "of the population per period). Default: 1,2,6.")
 @click.option("--window", type=int, default=None, callback=int_range(1, 52),
               help="trends only: periods the trend test pools on each side of a boundary (`hybriddp trends "
-                   "--window`). Default: 3.")
+                   "--window`). Default: 4.")
+@click.option("--min-change", type=float, default=None,
+              help="trends only: the trend test's smallest relative change (`hybriddp trends --min-change`); the "
+                   "truth counted is every change of 50% or more. Default: 0 (any change).")
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
                    scale: float, row_per_user: bool, honest_trials: int | None, periods: int | None,
-                   participation: str | None, window: int | None, quick: bool) -> None:
+                   participation: str | None, window: int | None, min_change: float | None, quick: bool) -> None:
     """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators, all, poisoning or trends.
 
     \b
@@ -101,8 +104,9 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     if name == "poisoning":
         return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick, honest_trials)
     if name == "trends":
-        return _trends(dataset, trials, out_dir, seed, scale, periods, participation, window, quick)
-    for flag, value in (("--periods", periods), ("--participation", participation), ("--window", window)):
+        return _trends(dataset, trials, out_dir, seed, scale, periods, participation, window, min_change, quick)
+    for flag, value in (("--periods", periods), ("--participation", participation), ("--window", window),
+                        ("--min-change", min_change)):
         if value is not None:
             raise parameter_error(flag, value, "left out: it applies to `experiment trends` only")
     if honest_trials is not None:
@@ -143,7 +147,7 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
 
 
 def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: float, periods: int | None,
-            participation: str | None, window: int | None, quick: bool) -> None:
+            participation: str | None, window: int | None, min_change: float | None, quick: bool) -> None:
     """``experiment trends``: BLENDER over the periods of a drifting synthetic log (docs/ALGORITHM.md §13)."""
     from hybriddp.core.params import BlenderParams
     from hybriddp.experiments.trends import TrendsConfig, trend_rows, write_outputs
@@ -160,7 +164,8 @@ def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: fl
     if not policies or any(r < 1 or r > 104 for r in policies):
         raise parameter_error("--participation", participation, "integers from 1 to 104, comma-separated, e.g. 1,2,6")
     cfg = TrendsConfig(preset=dataset, scale=scale * (0.05 if quick else 1.0), periods=periods or (3 if quick else 12),
-                       participation=policies, trials=trials, seed=seed, window=window or 3)
+                       participation=policies, trials=trials, seed=seed, window=window or 4,
+                       min_change=0.0 if min_change is None else min_change)
     params = BlenderParams.paper_defaults(dataset)
     out = Path(out_dir) if out_dir else Path("experiments-out") / f"trends-{dataset}"
     with render.interruptible(), _runs_progress(True) as progress:

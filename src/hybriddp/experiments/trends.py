@@ -52,9 +52,10 @@ class TrendsConfig:
     participation: tuple[int, ...] = (1, 2, 6)
     trials: int = 1
     fdr: float = 0.05
-    min_change: float = 0.5
+    min_change: float = 0.5  # the test's boundary (0: any change)
     window: int = 1
     seed: int = 0
+    truth_change: float = 0.5  # the changes that count as true: by at least this much (issue 30: 50%)
 
 
 def trend_rows(config: TrendsConfig, params: BlenderParams,
@@ -101,7 +102,7 @@ def _score_trends(drift: Drift, estimates: list[PeriodEstimates], config: Trends
     found = trends(estimates, fdr=config.fdr, min_change=config.min_change, window=config.window)
     named = get_preset(config.preset).named_queries
     names = {q: named[q] if q < len(named) else f"{QUERY_PREFIX}{q}" for q in range(drift.weights.shape[1])}
-    truth_sets = drift.changes(at_least=1.0 + config.min_change)
+    truth_sets = drift.changes(at_least=1.0 + config.truth_change)
     truth = {(names[q], t, "rising") for q, t in truth_sets["rising"]}
     truth |= {(names[q], t, "falling") for q, t in truth_sets["falling"]}
     got = {(q, int(t), "rising") for q, t, hit in zip(found.query, found.period, found.rising, strict=True) if hit}
@@ -183,7 +184,8 @@ def write_outputs(out_dir: Path, period_rows: Sequence[dict[str, Any]], trend_ro
              f"M = {params.head_list_size}, opt-in {params.optin_fraction:.1%} (paper defaults), the default estimator "
              f"with the opt-in anchor. Drift: {config.rising} rising and {config.falling} falling head queries "
              f"(ranks {config.ranks[0]}–{config.ranks[1] - 1}), ×{config.change:g} at one period each; trends tested "
-             f"with Benjamini–Hochberg at FDR {config.fdr:g} for changes of at least {config.min_change:.0%}, "
+             f"with Benjamini–Hochberg at FDR {config.fdr:g} for changes of at least {config.min_change:.0%} "
+             f"(the truth counted: changes of {config.truth_change:.0%} or more), "
              f"pooling {config.window} period(s) on each side (a detection within {config.window - 1} period(s) of "
              f"a true change counts; ALGORITHM.md §13). {config.trials} trial(s) per policy; a log without drift "
              "counts false discoveries. Participation 1/r: each user takes part in one period out of r (a fresh "

@@ -1,8 +1,8 @@
 """Report tokens in the store (docs/TOKENS.md): each round's token key, device credentials, issuance counts.
 
 * A round's RSA key is made the first time it is asked for while the round takes reports (two racing
-  requests: the first insert wins, both use its key); its private half is set to NULL, and scrubbed from the
-  files, when the round leaves the report states (:meth:`RoundStore._transition` calls :meth:`_drop_key`).
+  requests: the first insert wins, both use its key); its private half is set to NULL by
+  :meth:`RoundStore._transition` when the round leaves the report states, and scrubbed from the files.
 * Device credentials are random bearer secrets, shown once and stored as their SHA-256.
 * ``token_issuance`` holds one count per (holder, round), raised by one conditional upsert: two concurrent
   requests cannot take a holder past its limit. Nothing about what was signed is stored.
@@ -99,11 +99,6 @@ class TokenStore(RoundStore):
             raise ConflictError(f"round {round_id} is {info.state!r}: report tokens exist only while a round takes "
                                 "reports ('headlist-published' or 'collecting-reports')")
         return info
-
-    def _drop_key(self, conn: Connection, round_num: int) -> None:
-        """Forget a round's private token key (called when the round leaves the report states)."""
-        conn.execute(update(s.round_keys).where(s.round_keys.c.round_num == round_num,
-                                                 s.round_keys.c.private_key.is_not(None)).values(private_key=None))
 
     # ----- issuance -----------------------------------------------------------------------------
     def charge_tokens(self, holder: str, limit: int, info: RoundInfo, n: int) -> int:

@@ -11,8 +11,6 @@ from rich.table import Table
 from hybriddp.cli import render
 from hybriddp.core.errors import DataError
 
-OUTPUT_SUFFIXES = (".csv", ".json", ".parquet")
-
 
 @click.command("trends")
 @click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
@@ -39,6 +37,7 @@ def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, window: 
     published variances; the false discoveries are controlled at --fdr. Costs no privacy (post-processing)."""
     from hybriddp.core.atomic import check_output_path
     from hybriddp.core.jsonfile import read_json
+    from hybriddp.server.result import OUTPUT_SUFFIXES, write_output
     from hybriddp.server.trends import PeriodEstimates, trends
 
     if output is not None:
@@ -52,7 +51,9 @@ def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, window: 
            "rising": sum(r["trend"] == "rising" for r in rows), "falling": sum(r["trend"] == "falling" for r in rows),
            "changes": rows}
     if output is not None:
-        _write(output, doc, rows)
+        import pyarrow as pa
+        empty = pa.table({"query": pa.array([], pa.string())})
+        write_output(output, doc, pa.Table.from_pylist(rows) if rows else empty)
     if plot_path is not None:
         _plot(plot_path, periods, found)
     if as_json:
@@ -70,25 +71,6 @@ def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, window: 
     render.out.print(table)
 
 
-def _write(path: str, doc: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    import json
-
-    import pyarrow as pa
-
-    from hybriddp.core.atomic import atomic_path, write_text
-    if path.lower().endswith(".json"):
-        write_text(path, json.dumps(doc, indent=2, allow_nan=False))
-        return
-    table = pa.Table.from_pylist(rows) if rows else pa.table({"query": pa.array([], pa.string())})
-    with atomic_path(path) as tmp:
-        if path.lower().endswith(".csv"):
-            import pyarrow.csv as pacsv
-            pacsv.write_csv(table, tmp)
-        else:
-            import pyarrow.parquet as pq
-            pq.write_table(table, tmp)
-
-
 def _plot(path: str, periods: list[Any], found: Any, most: int = 12) -> None:
     """Small multiples: each trending query's estimate per period with its 95% interval."""
     import math
@@ -97,7 +79,7 @@ def _plot(path: str, periods: list[Any], found: Any, most: int = 12) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hybriddp.core.atomic import atomic_path
+    from hybriddp.experiments.plots import save_figure
     names = list(dict.fromkeys(q for q, up, down in zip(found.query, found.rising, found.falling, strict=True)
                                if up or down))[:most]
     cols = max(1, min(4, len(names)))
@@ -117,7 +99,5 @@ def _plot(path: str, periods: list[Any], found: Any, most: int = 12) -> None:
     if not names:
         axes.flat[0].text(0.5, 0.5, "no query rose or fell", ha="center", va="center")
     fig.tight_layout()
-    fmt = Path(path).suffix.lstrip(".").lower() or "png"
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=fmt)
+    save_figure(fig, path)
     plt.close(fig)

@@ -10,8 +10,11 @@ list at 1% opt-in) counts as not reached.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -106,3 +109,15 @@ def tuned_knobs(fig: Figure, base: Point, runs: RunSet) -> list[dict[str, Any]]:
         out.append({"x": x, "estimators": sorted({str(r.get("estimator")) for r in rows}),
                     "knobs": [{"f_o": fo, "f_c": fc, "trials": n} for (fo, fc), n in knobs.most_common()]})
     return out
+
+
+def csv_text(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows as CSV text, one column per key in order of first appearance (a row may lack some)."""
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()

@@ -47,10 +47,11 @@ LINESTYLES = {"blender": "-", "blender-reuse": "--", "blender-consistent": ":", 
 """With several M per panel colours mark M, so the estimator of a line shows in its style."""
 
 
-def _save(f: MplFigure, path: Path) -> None:
-    """Write the PNG atomically (temporary file, rename): a killed run leaves no half-written image."""
+def save_figure(f: MplFigure, path: str | Path) -> None:
+    """Write the figure atomically (temporary file, rename), in the format of the name's suffix (PNG by default):
+    a killed run leaves no half-written image."""
     with atomic_path(path) as tmp:
-        f.savefig(tmp, dpi=110, format="png")
+        f.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png")
 
 
 def _x(fig: Figure, x: float) -> float:
@@ -95,7 +96,7 @@ def plot_figure(fig: Figure, points: list[PointStat], path: Path, subtitle: str)
         ax.legend(fontsize=8, loc="best")
     f.suptitle(f"{fig.title}\n{subtitle}", fontsize=10)
     f.tight_layout()
-    _save(f, path)
+    save_figure(f, path)
 
 
 def plot_figure9(summary: dict[str, Any], path: Path, subtitle: str) -> None:
@@ -130,4 +131,4 @@ def plot_figure9(summary: dict[str, Any], path: Path, subtitle: str) -> None:
     ax.set_title("Top-10 queries by true p_q, trial 0 (↑ = regression: larger than the row above)\n" + subtitle,
                  fontsize=10)
     f.tight_layout()
-    _save(f, path)
+    save_figure(f, path)

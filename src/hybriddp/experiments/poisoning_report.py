@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.core.atomic import atomic_path, write_text
+from hybriddp.core.atomic import write_text
+from hybriddp.experiments.aggregate import csv_text
+from hybriddp.experiments.plots import save_figure
 from hybriddp.experiments.poisoning import TOP, summarize
 
 HONEST_TRIALS = 200
@@ -109,22 +109,11 @@ def write_outputs(out_dir: Path, rows: Sequence[dict[str, Any]], meta: dict[str,
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     paths = [out_dir / "trials.csv", out_dir / "summary.csv", out_dir / "poisoning.png", out_dir / "report.md"]
-    write_text(paths[0], _csv(rows))
-    write_text(paths[1], _csv(summary))
+    write_text(paths[0], csv_text(rows))
+    write_text(paths[1], csv_text(summary))
     _plot(paths[2], summary)
     write_text(paths[3], report(summary, verdicts(rows), meta))
     return paths
-
-
-def _csv(rows: Sequence[dict[str, Any]]) -> str:
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
 
 
 def _plot(path: Path, summary: Sequence[dict[str, Any]]) -> None:
@@ -154,8 +143,7 @@ def _plot(path: Path, summary: Sequence[dict[str, Any]]) -> None:
         axes[0].legend(fontsize=7)
     fig.suptitle("Fake devices against the published suggestions: undefended (dashed) vs the opt-in anchor (solid)")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    save_figure(fig, path)
     plt.close(fig)
 
 

@@ -12,8 +12,6 @@ the summary, a plot and ``report.md`` with a verdict per target of issue 30 that
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,12 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.core.atomic import atomic_path, write_text
+from hybriddp.core.atomic import write_text
 from hybriddp.core.errors import EmptyHeadListError
 from hybriddp.core.params import BlenderParams
 from hybriddp.datasets.drift import Drift, drift_logs, plan_drift
 from hybriddp.datasets.generator import QUERY_PREFIX
 from hybriddp.datasets.presets import get_preset
+from hybriddp.experiments.aggregate import csv_text
+from hybriddp.experiments.plots import save_figure
 from hybriddp.server.trends import PeriodEstimates, trends
 from hybriddp.simulation.pipeline import run_blender
 
@@ -155,15 +155,6 @@ def verdicts(summary: Sequence[dict[str, Any]], config: TrendsConfig) -> list[di
     return out
 
 
-def _csv(rows: Sequence[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    if rows:
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return buf.getvalue()
-
-
 def _fmt(x: Any, spec: str = ".3f") -> str:
     return "–" if x is None else format(x, spec)
 
@@ -175,9 +166,9 @@ def write_outputs(out_dir: Path, period_rows: Sequence[dict[str, Any]], trend_ro
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(period_rows, trend_rows_, config, params.epsilon)
     verdict = verdicts(summary, config)
-    write_text(out_dir / "periods.csv", _csv(period_rows))
-    write_text(out_dir / "trends.csv", _csv(trend_rows_))
-    write_text(out_dir / "summary.csv", _csv(summary))
+    write_text(out_dir / "periods.csv", csv_text(period_rows))
+    write_text(out_dir / "trends.csv", csv_text(trend_rows_))
+    write_text(out_dir / "summary.csv", csv_text(summary))
     _plot(out_dir / "trends.png", period_rows, summary, config)
     lines = [f"# BLENDER over {config.periods} periods: trends (`hybriddp experiment trends`)", "",
              f"Preset {config.preset} at scale {config.scale:g}; ε = {params.epsilon:g}, δ = {params.delta:g}, "
@@ -234,6 +225,5 @@ def _plot(path: Path, period_rows: Sequence[dict[str, Any]], summary: Sequence[d
     b.set(ylim=(0, 1.05), title="trends detected", xlabel="participation")
     b.legend(fontsize=7)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
+    save_figure(fig, path)
     plt.close(fig)

@@ -15,6 +15,9 @@ and tests/test_js_tokens.py write it; clients/js/test/tokens.test.js reads it):
   to: identical bytes give the identical blinded message and token;
 * ``rfc9578``: the token type 2 vectors of RFC 9578 Appendix A.2 (tests/blindrsa_vectors.json), replayed the
   same way.
+
+:func:`relay_credential` and :func:`tokened` get real tokens from a running service for the tests of the service
+and of the pages (any client with ``get``/``post``: a Starlette ``TestClient`` or an ``httpx.Client``).
 """
 
 from __future__ import annotations
@@ -197,3 +200,24 @@ def token_fixtures(seed: int = 9578) -> dict[str, Any]:
     return {"round": ROUND, "key_doc": _key_doc(rk.spki), "payloads": _payloads(rk, messages),
             "challenges": [{"round": r, "challenge": tokens.challenge(r).hex()} for r in round_ids],
             "keys": _keys(key, other), "blinds": _blinds(key, rk, messages, rng), "rfc9578": _rfc9578()}
+
+
+# ----- tokens from a running service ---------------------------------------------------------------
+def relay_credential(http: Any, api: str, admin: dict[str, str], tokens_per_round: int) -> str:
+    """A new device credential with ``tokens_per_round`` tokens a round (a relay's), made by the administrator."""
+    r = http.post(f"{api}/device-credentials", headers=admin,
+                  json={"tokens_per_round": tokens_per_round, "label": "tests: relay"})
+    assert r.status_code == 201, r.text
+    return str(r.json()["credentials"][0]["credential"])
+
+
+def tokened(http: Any, api: str, rid: str, credential: str, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages, each with its report token, got with ``credential`` through the API (docs/TOKENS.md)."""
+    r = http.get(f"{api}/rounds/{rid}/token-key")
+    assert r.status_code == 200, r.text
+    key = tokens.RoundKey.from_dict(r.json(), rid)
+    reqs = [tokens.TokenRequest.make(key, m["id"], tokens.message_payload(m)) for m in msgs]
+    r = http.post(f"{api}/rounds/{rid}/tokens", headers={"Authorization": f"Bearer {credential}"},
+                  json={"blinded_msgs": [q.blinded for q in reqs]})
+    assert r.status_code == 200, r.text
+    return [{**m, "token": q.finalize(sig)} for m, q, sig in zip(msgs, reqs, r.json()["blind_sigs"], strict=True)]

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from hybriddp.core import tokens
+from tokenhelpers import relay_credential, tokened
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 from test_reliability import ServerProcess  # tests/service: the server as a process
@@ -67,19 +67,7 @@ def with_tokens(base_url: str, admin: dict[str, str], rid: str, msgs: list[dict[
     """The messages, each with its report token (docs/TOKENS.md), got with a new credential the administrator makes
     for them (a relay's: as many tokens per round as there are messages)."""
     with httpx.Client(base_url=base_url + API, timeout=60) as http:
-        r = http.post("/device-credentials", headers=admin,
-                      json={"tokens_per_round": len(msgs), "label": "browser tests: relay"})
-        assert r.status_code == 201, r.text
-        (made,) = r.json()["credentials"]
-        r = http.get(f"/rounds/{rid}/token-key")
-        assert r.status_code == 200, r.text
-        key = tokens.RoundKey.from_dict(r.json(), rid)
-        reqs = [tokens.TokenRequest.make(key, m["id"], tokens.message_payload(m)) for m in msgs]
-        r = http.post(f"/rounds/{rid}/tokens", headers={"Authorization": f"Bearer {made['credential']}"},
-                      json={"blinded_msgs": [q.blinded for q in reqs]})
-        assert r.status_code == 200, r.text
-        sigs = r.json()["blind_sigs"]
-    return [{**m, "token": q.finalize(sig)} for m, q, sig in zip(msgs, reqs, sigs, strict=True)]
+        return tokened(http, "", rid, relay_credential(http, "", admin, len(msgs)), msgs)
 
 
 def screenshot(page: Any, name: str) -> Path:

@@ -28,9 +28,9 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from hybriddp.core import tokens
 from hybriddp.device.localalg import randomize_records
 from hybriddp.service import create_app
+from tokenhelpers import relay_credential, tokened
 
 ADMIN = "schemathesis-admin-token-0123456789"
 API = "/api/v1"
@@ -51,17 +51,6 @@ def _optin(client: TestClient, rid: str, users: int, seed: int) -> None:
         assert r.status_code == 200, r.text
 
 
-def _with_tokens(client: TestClient, rid: str, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages with report tokens, got with a relay's credential (docs/TOKENS.md)."""
-    made = client.post(f"{API}/device-credentials", headers={"Authorization": f"Bearer {ADMIN}"},
-                       json={"tokens_per_round": len(msgs)})
-    key = tokens.RoundKey.from_dict(client.get(f"{API}/rounds/{rid}/token-key").json(), rid)
-    reqs = [tokens.TokenRequest.make(key, m["id"], tokens.message_payload(m)) for m in msgs]
-    sigs = client.post(f"{API}/rounds/{rid}/tokens", json={"blinded_msgs": [r.blinded for r in reqs]},
-                       headers={"Authorization": f"Bearer {made.json()['credentials'][0]['credential']}"})
-    return [{**m, "token": r.finalize(sig)} for m, r, sig in zip(msgs, reqs, sigs.json()["blind_sigs"], strict=True)]
-
-
 def seed_rounds(client: TestClient) -> dict[str, str]:
     """Rounds in each state: collecting-optin, headlist-published, collecting-reports, results-published, mean."""
     admin = {"Authorization": f"Bearer {ADMIN}"}
@@ -79,7 +68,8 @@ def seed_rounds(client: TestClient) -> dict[str, str]:
             continue
         doc = client.get(f"{API}/rounds/{rid}/headlist").json()
         records = [(q["query"], u) for q in doc["queries"] for u in q["urls"]]
-        msgs = _with_tokens(client, rid, [randomize_records(doc, [records[i % len(records)]]) for i in range(200)])
+        msgs = tokened(client, API, rid, relay_credential(client, API, admin, 200),
+                       [randomize_records(doc, [records[i % len(records)]]) for i in range(200)])
         assert client.post(f"{API}/rounds/{rid}/reports", json=msgs).status_code == 200
         if state == "results-published":
             resp = client.post(f"{API}/rounds/{rid}/close", headers=admin, json={"flagged": "publish"})

@@ -35,6 +35,7 @@ from hybriddp.sdk.http import ServiceRequestError, ServiceUnavailableError
 from hybriddp.service import create_app
 from hybriddp.service.demo import local_server
 from hybriddp.service.store import open_store
+from tokenhelpers import tokened
 
 
 @pytest.fixture
@@ -62,10 +63,7 @@ def issue(client: TestClient, rid: str, credential: str, reqs: list[tokens.Token
 
 
 def with_token(client: TestClient, rid: str, credential: str, msg: dict[str, Any]) -> dict[str, Any]:
-    req = tokens.TokenRequest.make(key_of(client, rid), msg["id"], tokens.message_payload(msg))
-    resp = issue(client, rid, credential, [req])
-    assert resp.status_code == 200, resp.text
-    return {**msg, "token": req.finalize(resp.json()["blind_sigs"][0])}
+    return tokened(client, API, rid, credential, [msg])[0]
 
 
 def post(client: TestClient, rid: str, body: Any) -> Any:

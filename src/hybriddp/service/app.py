@@ -171,6 +171,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                               "Leave out --admin-token-file and `hybriddp serve` generates a random one.")
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
         raise parameter_error("max body bytes (--max-body-bytes)", max_body_bytes, "an integer >= 1024")
+    if open_admission and admission is not None:
+        raise parameter_error("admission", admission, "no admission with open_admission (reports need no token)")
     guard = Guard(cors_origins)  # a bad origin is refused by name
     store = Store(db_url, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
                   optin_max_records=optin_max_records, optin_max_bytes=optin_max_bytes)
@@ -181,31 +183,15 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         store.close()
         raise
     metrics = Metrics()
-    if open_admission and admission is not None:
-        raise parameter_error("admission", admission, "no admission with open_admission (reports need no token)")
     service = ServiceContext(store, ReportWriter(store, metrics=metrics),
                              CheckPool(check_workers) if check_workers > 0 else None, metrics,
                              admin_token.strip().encode("utf-8"), max_body_bytes, allow_seeds, public_metrics,
                              private_round_details, None if open_admission else admission or CredentialAdmission(),
                              self_enrolment)
-
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        purger = asyncio.create_task(_purge_periodically(store))
-        if warm_check_workers and service.pool is not None:  # now, not under the first large body
-            asyncio.get_running_loop().run_in_executor(None, service.pool.warm).add_done_callback(_warmed)
-        yield
-        purger.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await purger
-        service.writer.close()
-        if service.pool is not None:
-            service.pool.close()
-        store.close()
-
     app = ServiceApp(ReportsEndpoint(store, service.writer, service.pool, metrics, max_body_bytes,
                                      service.admission is not None), guard,
-                     title="hybriddp collection service", version=__version__, lifespan=lifespan,
+                     title="hybriddp collection service", version=__version__,
+                     lifespan=_lifespan(service, warm_check_workers),
                      docs_url=None, redoc_url=None,  # /docs is served from local files (pages.mount_api_docs)
                      description="BLENDER (hybrid-model differential privacy) and hybrid mean-estimation rounds: "
                                  "opt-in uploads, head lists, device reports, results. Errors are "
@@ -222,6 +208,25 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
         app.include_router(router)
     pages.mount(app, store)
     return app
+
+
+def _lifespan(service: ServiceContext, warm_check_workers: bool) -> Any:
+    """The app's start-up and shut-down: the periodic purge of raw opt-in data, the check workers started ahead
+    (``warm_check_workers``), and at the end the writer, the workers and the store closed."""
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        purger = asyncio.create_task(_purge_periodically(service.store))
+        if warm_check_workers and service.pool is not None:  # now, not under the first large body
+            asyncio.get_running_loop().run_in_executor(None, service.pool.warm).add_done_callback(_warmed)
+        yield
+        purger.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await purger
+        service.writer.close()
+        if service.pool is not None:
+            service.pool.close()
+        service.store.close()
+    return lifespan
 
 
 def _add_error_handlers(app: FastAPI) -> None:

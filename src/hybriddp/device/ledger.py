@@ -4,6 +4,7 @@ PRIVACY.md). A JSON file, rewritten atomically under a lock; by default in the p
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -276,7 +277,6 @@ _LEDGER_FIX = ("Restore it from a backup; do not delete it, since a new ledger w
 def records_key(records: Any) -> str:
     """A key of a device's records as a multiset (SHA-256 of their sorted canonical JSON): the memo is reused
     only for the same records. The records themselves are never stored in the ledger."""
-    import hashlib
     rows = sorted(json.dumps([q, u], ensure_ascii=False) for q, u in records)
     return hashlib.sha256("\n".join(rows).encode("utf-8", "surrogatepass")).hexdigest()
 

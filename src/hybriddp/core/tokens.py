@@ -178,13 +178,30 @@ def round_key(round_id: str, key: rsa.RSAPrivateKey | rsa.RSAPublicKey) -> Round
     return RoundKey(round_id, blindrsa.public_key_spki(pub))
 
 
-def issue(key: rsa.RSAPrivateKey, blinded_msg: Any, field: str = "blinded_msg") -> str:
-    """The issuer's step: the blind signature of one base64 blinded message (a :class:`DataError` if malformed)."""
+def blinded_input(key: rsa.RSAPrivateKey, blinded_msg: Any, field: str = "blinded_msg") -> bytes:
+    """The bytes of one base64 blinded message, checked: 256 bytes and below the key's modulus (a
+    :class:`DataError` naming ``field`` otherwise). The issuer checks every message of a request before it counts
+    any (:func:`sign_blinded` then signs them)."""
     raw = unb64(blinded_msg, field, AUTHENTICATOR_BYTES)
+    pub = key.public_key()
+    if int.from_bytes(raw, "big") >= pub.public_numbers().n:
+        raise DataError(f"field {field!r} is not below the round's modulus: blind it under key "
+                        f"{b64(blindrsa.token_key_id(pub))[:12]}… (the round's token-key document)")
+    return raw
+
+
+def sign_blinded(key: rsa.RSAPrivateKey, raw: bytes, field: str = "blinded_msg") -> str:
+    """The issuer's step (RFC 9474 §4.3): the base64 blind signature of a blinded message :func:`blinded_input`
+    read."""
     try:
         return b64(blindrsa.blind_sign(key, raw))
     except blindrsa.BlindRSAError as exc:
         raise DataError(f"field {field!r}: {exc}") from None
+
+
+def issue(key: rsa.RSAPrivateKey, blinded_msg: Any, field: str = "blinded_msg") -> str:
+    """The blind signature of one base64 blinded message (a :class:`DataError` if malformed)."""
+    return sign_blinded(key, blinded_input(key, blinded_msg, field), field)
 
 
 # ----- the device's side ------------------------------------------------------------------------

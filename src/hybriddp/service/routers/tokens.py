@@ -46,13 +46,11 @@ def issue_tokens(round_id: RoundId, body: m.TokensIn, creds: DeviceCredentials, 
     admitted = admission.admit(service.store, None if creds is None else creds.credentials)
     info, key, private = service.store.round_key(round_id, private=True)
     assert private is not None
-    n = key.public_key.public_numbers().n
-    for i, b in enumerate(body.blinded_msgs):  # malformed ones are refused before anything is counted
-        if int.from_bytes(tokens.unb64(b, f"blinded_msgs[{i}]", tokens.AUTHENTICATOR_BYTES), "big") >= n:
-            raise DataError(f"field 'blinded_msgs[{i}]' is not below the round's modulus: blind it under key "
-                            f"{tokens.b64(key.key_id)[:12]}… (GET /api/v1/rounds/{round_id}/token-key)")
-    remaining = service.store.charge_tokens(admitted.holder, admitted.tokens_per_round, info, len(body.blinded_msgs))
-    sigs = [tokens.issue(private, b, f"blinded_msgs[{i}]") for i, b in enumerate(body.blinded_msgs)]
+    fields = [f"blinded_msgs[{i}]" for i in range(len(body.blinded_msgs))]
+    # every message is checked before any is counted, and counted before any is signed
+    raws = [tokens.blinded_input(private, b, f) for b, f in zip(body.blinded_msgs, fields, strict=True)]
+    remaining = service.store.charge_tokens(admitted.holder, admitted.tokens_per_round, info, len(raws))
+    sigs = [tokens.sign_blinded(private, r, f) for r, f in zip(raws, fields, strict=True)]
     return {"blind_sigs": sigs, "key_id": tokens.b64(key.key_id), "remaining": remaining}
 
 

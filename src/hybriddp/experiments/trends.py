@@ -23,6 +23,7 @@ import numpy as np
 from hybriddp.core.atomic import write_text
 from hybriddp.core.errors import EmptyHeadListError
 from hybriddp.core.params import BlenderParams
+from hybriddp.core.records import SyntheticVocabulary
 from hybriddp.datasets.drift import Drift, drift_logs, plan_drift
 from hybriddp.datasets.generator import QUERY_PREFIX
 from hybriddp.datasets.presets import get_preset
@@ -100,13 +101,11 @@ def _periods(drift: Drift, config: TrendsConfig, params: BlenderParams, r: int, 
 
 def _score_trends(drift: Drift, estimates: list[PeriodEstimates], config: TrendsConfig) -> dict[str, Any]:
     found = trends(estimates, fdr=config.fdr, min_change=config.min_change, window=config.window)
-    named = get_preset(config.preset).named_queries
-    names = {q: named[q] if q < len(named) else f"{QUERY_PREFIX}{q}" for q in range(drift.weights.shape[1])}
+    names = SyntheticVocabulary(drift.weights.shape[1], QUERY_PREFIX, get_preset(config.preset).named_queries)
     truth_sets = drift.changes(at_least=1.0 + config.truth_change)
-    truth = {(names[q], t, "rising") for q, t in truth_sets["rising"]}
-    truth |= {(names[q], t, "falling") for q, t in truth_sets["falling"]}
-    got = {(q, int(t), "rising") for q, t, hit in zip(found.query, found.period, found.rising, strict=True) if hit}
-    got |= {(q, int(t), "falling") for q, t, hit in zip(found.query, found.period, found.falling, strict=True) if hit}
+    truth = {(names.decode([q])[0], t, way) for way in ("rising", "falling") for q, t in truth_sets[way]}
+    got = {(q, int(t), way) for way, hits in (("rising", found.rising), ("falling", found.falling))
+           for q, t, hit in zip(found.query, found.period, hits, strict=True) if hit}
 
     def near(a: tuple[str, int, str], b: tuple[str, int, str]) -> bool:  # a pooled test locates within window − 1
         return a[0] == b[0] and a[2] == b[2] and abs(a[1] - b[1]) < config.window

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,11 +68,8 @@ class Mechanism:
 
 def localalg_law(mech: Mechanism) -> Any:
     """LocalAlg's parameters (one report, ALGORITHM.md §5) for a device mechanism with ``kq``."""
-    from hybriddp.core.protocol import thresholds
     from hybriddp.core.reportlaw import LocalAlgParams
-    kq = np.array(mech.kq, dtype=np.int64)
-    t, tq = thresholds(len(kq), kq.tolist(), mech.epsilon, mech.delta, mech.f_c, mech.m_c)
-    return LocalAlgParams(len(kq), kq, t, np.array(tq), 1.0 - t, np.array([1.0 - x for x in tq]))
+    return LocalAlgParams.of_shape(np.array(mech.kq), mech.epsilon, mech.delta, mech.f_c, mech.m_c)
 
 
 def localalg_delta(lp: Any, epsilon: float) -> float:
@@ -84,8 +82,8 @@ def localalg_delta(lp: Any, epsilon: float) -> float:
         return 0.0
     e = math.exp(epsilon)
     best = 0.0
-    sizes = sorted({(int(n), float(p)) for n, p in zip(kq, tq, strict=True)})
-    count = {s: int(sum(1 for n, p in zip(kq, tq, strict=True) if (int(n), float(p)) == s)) for s in sizes}
+    count = Counter(zip(kq.tolist(), tq.tolist(), strict=True))  # queries per (URL count, t_q)
+    sizes = sorted(count)
     same = max(1.0 - e, 0.0)  # ε < 0: an output both records give the same probability adds (1 − e^ε)·P
     for n, p in sizes:  # two entries of one query
         if n >= 2:

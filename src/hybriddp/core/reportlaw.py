@@ -26,9 +26,14 @@ class LocalAlgParams:
     @classmethod
     def build(cls, hl: HeadList, epsilon: float, delta: float, f_c: float, m_c: int) -> LocalAlgParams:
         """Thresholds from the shared pure-Python code, so device and batch agree exactly."""
-        kq = hl.kq
-        t, tq = thresholds(hl.k, kq.tolist(), epsilon, delta, f_c, m_c)
-        return cls(hl.k, kq, t, np.array(tq), 1.0 - t, np.array([1.0 - x for x in tq]))
+        return cls.of_shape(hl.kq, epsilon, delta, f_c, m_c)
+
+    @classmethod
+    def of_shape(cls, kq: np.ndarray, epsilon: float, delta: float, f_c: float, m_c: int) -> LocalAlgParams:
+        """The same from the head list's shape alone: ``kq``, the URLs per query (wildcards included, ⟨*,*⟩ last)."""
+        kq = np.asarray(kq, dtype=np.int64)
+        t, tq = thresholds(len(kq), kq.tolist(), epsilon, delta, f_c, m_c)
+        return cls(len(kq), kq, t, np.array(tq), 1.0 - t, np.array([1.0 - x for x in tq]))
 
 
 

@@ -89,9 +89,6 @@ def _synth_partitioned(preset: str, scale: float, seed: int | None, output: str,
     render.out.print(f"wrote {output}/: {n_users:,} users, {n_records:,} records in {n_files:,} Parquet files")
 
 
-_DRIFT_START = 1141171200  # 2006-03-01 00:00:00 UTC, AOL's first day
-
-
 def _synth_periods(preset: str, scale: float, seed: int | None, output: str, fmt: str | None, periods: int,
                    period_days: int, rising: int, falling: int, change: float) -> None:
     """``synth --periods N``: a directory of one log per period and ``drift.json`` (the truth), renamed into place
@@ -101,9 +98,11 @@ def _synth_periods(preset: str, scale: float, seed: int | None, output: str, fmt
     import tempfile
 
     from hybriddp.core.errors import parameter_error
+    from hybriddp.core.periods import DAY
     from hybriddp.core.rng import make_rng
     from hybriddp.datasets.drift import drift_logs, plan_drift
     from hybriddp.datasets.synth import write_log
+    from hybriddp.datasets.writers import AOL_START
     check_scale(scale)
     fmt = fmt or "aol"
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
@@ -125,9 +124,9 @@ def _synth_periods(preset: str, scale: float, seed: int | None, output: str, fmt
                 name = f"period-{t + 1:02d}." + ("parquet" if fmt == "parquet" else "tsv")
                 if on_stage:
                     on_stage(f"writing {name}")
-                start = _DRIFT_START + t * period_days * 86400
+                start = AOL_START + t * period_days * DAY
                 write_log(log, os.path.join(tmp, name), format=fmt, seed=seeds[2] + t,
-                          window=(start, period_days * 86400))
+                          window=(start, period_days * DAY))
                 files.append({"file": name, "period": t + 1, "start": start, "users": log.n_users,
                               "records": log.n_records})
         names = logs[0].queries

@@ -134,7 +134,7 @@ def write_log(log: RecordLog, path: str | os.PathLike[str], *, format: str = "pa
         if fmt == "parquet":
             write_parquet(log, os.fspath(tmp), progress=progress)
         else:
-            _write_aol(log, os.fspath(tmp), p, make_rng(seed), progress, window or (_AOL_START, _AOL_SPAN))
+            _write_aol(log, os.fspath(tmp), p, make_rng(seed), progress, window or (AOL_START, _AOL_SPAN))
     logger.info("wrote %d records of %d users to %s (%s)", log.n_records, log.n_users, p, fmt)
 
 
@@ -167,7 +167,8 @@ def write_parquet(log: RecordLog, path: str, *, first_user: int = 0, progress: P
 # 20k-line sample (ranks above 10, 6% of clicks, are folded in).
 _AOL_NO_CLICK_PER_CLICK = 16_946_938 / 19_442_629
 _AOL_RANK_SHARES = np.array([0.424, 0.115, 0.080, 0.063, 0.046, 0.040, 0.036, 0.032, 0.031, 0.033])
-_AOL_START = 1141171200  # 2006-03-01 00:00:00 UTC
+AOL_START = 1141171200
+"""2006-03-01 00:00:00 UTC, the AOL log's first day (UNIX seconds): where written QueryTimes start."""
 _AOL_SPAN = 92 * 86400  # through 2006-05-31 23:59:59
 _NO_CLICK_SAME_QUERY = 0.5  # a row without a click mostly precedes a click on the same query
 
@@ -243,7 +244,7 @@ def _tsv_lines(columns: list[pa.Array], path: str, check: list[int]) -> pa.Buffe
     return line.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
 
 
-def _aol_times(rng: np.random.Generator, user: np.ndarray, a: int, b: int, start: int = _AOL_START,
+def _aol_times(rng: np.random.Generator, user: np.ndarray, a: int, b: int, start: int = AOL_START,
                total_span: int = _AOL_SPAN) -> pa.Array:
     """Increasing ``YYYY-MM-DD HH:MM:SS`` times per user inside ``[start, start + total_span)`` (March-May 2006).
 

@@ -87,18 +87,19 @@ def test_no_reports_move_an_entry_past_its_bound() -> None:
         else:  # a small push on a random entry
             counts = r.counts.copy()
             counts[rng.integers(n_e)] += int(rng.integers(1, 400))
-        kappa = float(rng.choice([0.0, 0.5, 2.0]))
-        _, out, check = r.defend(counts, AnchorPolicy(kappa=kappa))
+        kappa, kappa_q = (float(k) for k in rng.choice([0.0, 0.25, 0.5, 2.0], 2))
+        _, out, check = r.defend(counts, AnchorPolicy(kappa=kappa, kappa_query=kappa_q))
         # s = σ²_O/√(σ²_O + σ²_C), both at the anchor (the opt-in estimate clamped into [0, 1]): no report moves it
         a_r, a_q = np.clip(r.optin.p_record, 0, 1), np.clip(r.optin.p_query, 0, 1)
         vo_r, vo_q = r.optin.variances_at(a_r, a_q)
         vc_r, vc_q = client_variances(a_r, a_q, r.hl, r.lp, int(counts.sum()))
-        for side, p_o, published, vo, vc in ((check.records, r.optin.p_record, out.records.p, vo_r, vc_r),
-                                             (check.queries, r.optin.p_query, out.queries_final, vo_q, vc_q)):
+        for side, p_o, published, vo, vc, k in (
+                (check.records, r.optin.p_record, out.records.p, vo_r, vc_r, kappa),
+                (check.queries, r.optin.p_query, out.queries_final, vo_q, vc_q, kappa_q)):
             d = side.defended.p
             assert np.array_equal(d[side.flagged], p_o[side.flagged])
             ok = ~side.flagged
-            assert np.all(np.abs(d[ok] - p_o[ok]) <= kappa * vo[ok] / np.sqrt(vo[ok] + vc[ok]) * (1 + 1e-12))
+            assert np.all(np.abs(d[ok] - p_o[ok]) <= k * vo[ok] / np.sqrt(vo[ok] + vc[ok]) * (1 + 1e-12))
             assert np.all((published >= 0.0) & (published <= 1.0))
 
 
@@ -170,6 +171,8 @@ def test_policy_checks_its_knobs() -> None:
         AnchorPolicy(alpha=0.0)
     with pytest.raises(ParameterError, match="--anchor-kappa"):
         AnchorPolicy(kappa=-1.0)
+    with pytest.raises(ParameterError, match="--anchor-kappa-query"):
+        AnchorPolicy(kappa_query=math.inf)
     with pytest.raises(ParameterError, match="--defense"):
         policy_named("median")
     assert policy_named("none") is None

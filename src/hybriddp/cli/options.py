@@ -209,14 +209,18 @@ def estimator_option(f):
 
 
 def defense_options(f):
-    """``--defense``, ``--anchor-alpha``, ``--anchor-kappa``: the server's check against the opt-in group
-    (docs/ALGORITHM.md §7.2)."""
-    from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, DEFENSES
+    """``--defense``, ``--anchor-alpha``, ``--anchor-kappa``, ``--anchor-kappa-query``: the server's check against
+    the opt-in group (docs/ALGORITHM.md §7.2)."""
+    from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, DEFAULT_KAPPA_QUERY, DEFENSES
 
+    f = click.option("--anchor-kappa-query", type=float, default=DEFAULT_KAPPA_QUERY, show_default=True,
+                     help="The same bound for queries, which rank the suggestions: tighter than the records' "
+                          "so that fake devices cannot lift a query into the top 10 (0: publish the opt-in "
+                          "query estimates).")(f)
     f = click.option("--anchor-kappa", type=float, default=DEFAULT_KAPPA, show_default=True,
-                     help="The bound of --defense anchor, in standard deviations: no published estimate lies "
-                          "further than this many from its opt-in estimate, whatever the device reports say "
-                          "(0: publish the opt-in estimates).")(f)
+                     help="The bound of --defense anchor on records, in standard deviations: no published record "
+                          "estimate lies further than this many from its opt-in estimate, whatever the device "
+                          "reports say (0: publish the opt-in estimates).")(f)
     f = click.option("--anchor-alpha", type=float, default=DEFAULT_ALPHA, show_default=True,
                      help="False-alarm rate of --defense anchor per round: an honest round has a flagged entry at "
                           "most this often (Holm's procedure over all entries and queries).")(f)
@@ -232,7 +236,7 @@ def defense_from(knobs: dict[str, object]) -> object:
     from hybriddp.server.anchor import policy_named
 
     return policy_named(str(knobs.pop("defense", "anchor")), knobs.pop("anchor_alpha"),  # type: ignore[arg-type]
-                        knobs.pop("anchor_kappa"))  # type: ignore[arg-type]
+                        knobs.pop("anchor_kappa"), knobs.pop("anchor_kappa_query"))  # type: ignore[arg-type]
 
 
 def check_output(output: str | None) -> None:

@@ -127,7 +127,8 @@ def print_check(res: Result) -> None:
         return
     c = check.summary()
     flagged = c["flagged_records"] + c["flagged_queries"]
-    line = (f"defense: anchor (α = {c['alpha']:g}, κ = {c['kappa']:g}): {c['flagged_records']} records and "
+    line = (f"defense: anchor (α = {c['alpha']:g}, κ = {c['kappa']:g}, queries {c['kappa_query']:g}): "
+            f"{c['flagged_records']} records and "
             f"{c['flagged_queries']} queries flagged, {c['clamped_records'] + c['clamped_queries']} bounded, "
             f"largest |z| {c['max_abs_z']:.2f} (critical {c['critical_z']:.2f})")
     if flagged:

@@ -202,7 +202,7 @@ def run_poisoning(spec: Any, *, trials: int, out_dir: Path | None, quick: bool =
     policy = config.policy
     meta = {"dataset": spec.data_id, "trials": trials, "ε": params.epsilon, "δ": params.delta,
             "opt-in fraction": params.optin_fraction, "M": params.head_list_size, "estimator": params.estimator,
-            "defense": f"anchor (α = {policy.alpha}, κ = {policy.kappa})", "target ranks": config.ranks,
-            "seconds": round(time.monotonic() - start)}
+            "defense": f"anchor (α = {policy.alpha}, κ = {policy.kappa}, κ_q = {policy.kappa_query})",
+            "target ranks": config.ranks, "seconds": round(time.monotonic() - start)}
     write_outputs(out, rows, meta)
     return out, verdicts(rows)

@@ -15,7 +15,7 @@ from hybriddp.core.estimators import ESTIMATORS, describe_estimators
 from hybriddp.core.params import LN2, MAX_EPSILON_HEAD_LIST, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams
 from hybriddp.core.protocol import ID_PATTERN
 from hybriddp.mean import VARIANCE_SHARE
-from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, DEFENSES, MEAN_DEFAULT_KAPPA
+from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, DEFAULT_KAPPA_QUERY, DEFENSES, MEAN_DEFAULT_KAPPA
 from hybriddp.service.store import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS
 
 _D = BlenderParams()
@@ -41,8 +41,8 @@ ANCHOR_ALPHA = Field(DEFAULT_ALPHA, gt=0, lt=1, description="False-alarm rate of
 
 def anchor_kappa(default: float) -> Any:
     """The ``anchor_kappa`` field with a round kind's default (BLENDER 0.5, mean 3: ALGORITHM.md §7.2)."""
-    return Field(default, ge=0, le=1e6, description="The bound: no published estimate lies more than this many "
-                 "standard deviations from its opt-in estimate.")
+    return Field(default, ge=0, le=1e6, description="The bound: no published estimate (of a BLENDER round: record "
+                 "estimate) lies more than this many standard deviations from its opt-in estimate.")
 
 
 class BlenderParamsIn(_Strict):
@@ -66,6 +66,8 @@ class BlenderParamsIn(_Strict):
     defense: Literal[DEFENSES] = DEFENSE  # type: ignore[valid-type]  # the server's choices
     anchor_alpha: float = ANCHOR_ALPHA
     anchor_kappa: float = anchor_kappa(DEFAULT_KAPPA)
+    anchor_kappa_query: float = Field(DEFAULT_KAPPA_QUERY, ge=0, le=1e6, description="The bound for queries, which "
+                                      "rank the suggestions (ALGORITHM.md §7.2).")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 

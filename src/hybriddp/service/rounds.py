@@ -46,6 +46,7 @@ from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
 from hybriddp.server.anchor import (
     DEFAULT_ALPHA,
     DEFAULT_KAPPA,
+    DEFAULT_KAPPA_QUERY,
     MEAN_DEFAULT_KAPPA,
     AnchorPolicy,
     policy_named,
@@ -60,7 +61,7 @@ KINDS = ("blender", "mean")
 
 _BLENDER_FIELDS = [f.name for f in fields(BlenderParams)]
 DEFENSE_KEYS = ("defense", "anchor_alpha", "anchor_kappa")
-BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", *DEFENSE_KEYS, "seed")
+BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", *DEFENSE_KEYS, "anchor_kappa_query", "seed")
 MEAN_KEYS = ("epsilon", "lower", "upper", "sigma2", "variance_share", *DEFENSE_KEYS, "seed")
 DEFENSE_DEFAULTS = {"defense": "anchor", "anchor_alpha": DEFAULT_ALPHA, "anchor_kappa": DEFAULT_KAPPA}
 """A new round's defense (ALGORITHM.md §7.2); a round stored before these keys existed has none (:func:`defense`)."""
@@ -84,7 +85,7 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     if kind == "blender":
         _check_keys(kind, params, BLENDER_KEYS)
         out = {**BlenderParams().to_dict(), "noise": next(iter(NOISE_CLASSES)), "url_level": True, "seed": None,
-               **DEFENSE_DEFAULTS, **params}
+               **DEFENSE_DEFAULTS, "anchor_kappa_query": DEFAULT_KAPPA_QUERY, **params}
         defense(out)
         _flag("project", out["project"])
         _flag("url_level", out["url_level"])
@@ -117,11 +118,13 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def defense(params: dict[str, Any]) -> AnchorPolicy | None:
     """The round's defense against fake reports (ALGORITHM.md §7.2): None for ``"none"`` and for a round stored
-    before the field existed (its published results were computed without one)."""
+    before the field existed (its published results were computed without one). A round stored before
+    ``anchor_kappa_query`` existed bounded its queries by ``anchor_kappa``; a mean round has no queries."""
     if "defense" not in params:
         return None
-    return policy_named(params["defense"], params.get("anchor_alpha", DEFAULT_ALPHA),
-                        params.get("anchor_kappa", DEFAULT_KAPPA))
+    kappa = params.get("anchor_kappa", DEFAULT_KAPPA)
+    return policy_named(params["defense"], params.get("anchor_alpha", DEFAULT_ALPHA), kappa,
+                        params.get("anchor_kappa_query", kappa))
 
 
 def blender_params(params: dict[str, Any]) -> BlenderParams:

@@ -20,7 +20,8 @@ const PARAM_NAMES = {
   lower: "lower bound", upper: "upper bound", sigma2: "σ² (given variance of the values)",
   variance_share: "share of ε spent estimating σ²", seed: "seed",
   defense: "defense against fake reports", anchor_alpha: "false-alarm rate α of the check",
-  anchor_kappa: "bound κ (standard deviations from the opt-in estimate)",
+  anchor_kappa: "bound κ of records (standard deviations from the opt-in estimate)",
+  anchor_kappa_query: "bound κ of queries (standard deviations from the opt-in estimate)",
 };
 const TOP = 10;
 
@@ -127,7 +128,7 @@ function renderCheck(results) {
       ["critical z (α = " + c.alpha + ")", num(c.critical_z)], ["flagged", flagged ? "yes" : "no"],
       ["bounded", c.clamped ? "yes" : "no"], ["hybrid mean before the check", num(c.undefended)]]
     : [["records flagged", count(c.flagged_records)], ["queries flagged", count(c.flagged_queries)],
-      ["estimates bounded (κ = " + c.kappa + ")", count(c.clamped_records + c.clamped_queries)],
+      ["estimates bounded (κ = " + c.kappa + (c.kappa_query === undefined ? "" : ", queries " + c.kappa_query) + ")", count(c.clamped_records + c.clamped_queries)],
       ["largest |z| (critical " + num(c.critical_z) + ", α = " + c.alpha + ")", num(c.max_abs_z)],
       ["fake reports, at least", `${count(Math.round(c.excess_reports))} (${percent(c.fake_fraction_lower, 2)})`],
       ["largest change by the check", `${percent(c.largest_change_query, 3)} (queries), `

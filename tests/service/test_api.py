@@ -464,12 +464,19 @@ def test_administrator_endpoints_need_the_token(client: TestClient) -> None:
 def test_the_ledger_refuses_a_round_over_the_lifetime_budget(store_url: str) -> None:
     with TestClient(create_app(store_url, ADMIN, open_admission=True, lifetime_epsilon=10.0,
                                        lifetime_delta=1e-3)) as client:
-        first, _ = blender_round(client)  # charges every opt-in user the round's (8, 1e-5) before the curator runs
-        store = client.app.state.store
+        first = create(client)
+        second = create(client)
+        optin_all(client, first)
+        optin_all(client, second)  # the same 50 users, enrolled in both before either was built (and charged)
+        assert client.post(f"{API}/rounds/{first}/headlist", headers=AUTH).status_code == 200
+        store = client.app.state.store  # the build charged every opt-in user (8, 1e-5) before the curator ran
         spent = [store.spent(f"user-{i}") for i in range(50)]
         assert spent == [(8.0, 1e-5)] * 50
-        second = create(client)
-        optin_all(client, second)  # the same 50 users: 8 + 8 > 10
+        third = create(client)  # a user who cannot afford a round is refused at enrolment now: 8 + 8 > 10
+        error_of(client.post(f"{API}/rounds/{third}/optin/enrol", json={"users": ["user-0", "someone-new"]},
+                             headers=AUTH), 409, "budget_exceeded", "cannot enrol user 'user-0'",
+                 "nobody in this request was enrolled")
+        assert rows_of(store_url, "optin_tokens", third) == 0
         message = error_of(client.post(f"{API}/rounds/{second}/headlist", headers=AUTH), 409, "budget_exceeded",
                            "50 opt-in user(s) would exceed the lifetime budget", "epsilon 10")
         assert "Nothing was run or charged" in message and "round abort" in message
@@ -554,7 +561,7 @@ def test_migrations_create_exactly_the_schema(store_url: str) -> None:
     try:
         with store.engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0006"
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0007"
     finally:
         store.close()
 

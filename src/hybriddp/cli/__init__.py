@@ -22,6 +22,7 @@ from hybriddp.cli.participate import participate_cmd
 from hybriddp.cli.privacy import privacy_group
 from hybriddp.cli.rounds import round_group
 from hybriddp.cli.run import demo_cmd, run_cmd
+from hybriddp.cli.series import series_group
 from hybriddp.cli.serve import serve_cmd
 from hybriddp.cli.synth import synth_cmd
 from hybriddp.cli.trends import trends_cmd
@@ -94,7 +95,7 @@ def cli(verbose: int) -> None:
 import hybriddp.cli.export  # noqa: E402, F401  (registers `round export`)
 
 for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, experiment_cmd,
-             audit_cmd, mean_group, tune_cmd, round_group, credentials_group, participate_cmd, serve_cmd,
+             audit_cmd, mean_group, tune_cmd, round_group, series_group, credentials_group, participate_cmd, serve_cmd,
              trends_cmd):
     cli.add_command(_cmd)
 

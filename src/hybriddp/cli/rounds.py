@@ -37,21 +37,57 @@ def round_group() -> None:
     """
 
 
+def round_param_options(f: Any) -> Any:
+    """The options of a round's parameters (``round create``, ``series create``): kind, privacy, noise,
+    projection, estimator, and a mean round's range; :func:`round_params` turns them into the API's ``params``."""
+    for option in reversed((
+            click.option("--kind", type=click.Choice(["blender", "mean"]), default="blender", show_default=True,
+                         help="blender: heavy hitters (queries and URLs); mean: the mean of one numeric value per "
+                              "user."),
+            privacy_options(with_optin=False),
+            noise_option(),
+            click.option("--no-project", is_flag=True,
+                         help="Skip the projection of blended record estimates onto the probability simplex."),
+            estimator_option,
+            click.option("--lower", type=float, default=None, help="--kind mean: lower bound of the values (values "
+                                                                   "below are clamped to it), in the values' unit."),
+            click.option("--upper", type=float, default=None, help="--kind mean: upper bound of the values, in their "
+                                                                   "unit."),
+            click.option("--sigma2", type=float, default=None, help="--kind mean: the values' variance σ², if known "
+                         "(in the unit squared). Default: estimated privately from the opt-in group with part of its "
+                         "budget."))):
+        f = option(f)
+    return f
+
+
+def round_params(kind: str, noise: str, no_project: bool, estimator: str | None, lower: float | None,
+                 upper: float | None, sigma2: float | None, **knobs: Any) -> dict[str, Any]:
+    """The API's ``params`` of a round from :func:`round_param_options`, checked (errors name the option)."""
+    if kind == "blender":
+        if lower is not None or upper is not None or sigma2 is not None:
+            raise parameter_error("--lower/--upper/--sigma2", next(v for v in (lower, upper, sigma2) if v is not None),
+                                  "unset with --kind blender", "They describe the values of a --kind mean round.")
+        p = make_params(project=not no_project, estimator=estimator, **knobs)
+        return {"epsilon": p.epsilon, "delta": p.delta, "head_list_size": p.head_list_size, "m_o": p.m_o,
+                "m_c": p.m_c, "f_o": p.f_o, "f_c": p.f_c, "noise": noise, "project": p.project,
+                "estimator": p.estimator}
+    if lower is None or upper is None:
+        raise parameter_error("--lower/--upper", None, "given with --kind mean (the public range of the values)",
+                              "E.g. --lower 0 --upper 100.")
+    from hybriddp.device.mean import NumericRandomizer
+    NumericRandomizer(lower=lower, upper=upper, epsilon=knobs["epsilon"])  # refuses a bad range or ε
+    params: dict[str, Any] = {"epsilon": knobs["epsilon"], "lower": lower, "upper": upper}
+    if sigma2 is not None:
+        if not (0 <= sigma2 < float("inf")):
+            raise parameter_error("sigma2 (--sigma2)", sigma2, "a finite number >= 0 (the values' variance)")
+        params["sigma2"] = sigma2
+    return params
+
+
 @round_group.command("create")
 @admin_options
-@click.option("--kind", type=click.Choice(["blender", "mean"]), default="blender", show_default=True,
-              help="blender: heavy hitters (queries and URLs); mean: the mean of one numeric value per user.")
 @click.option("--name", default=None, help="A label for people; the round's id is what commands take.")
-@privacy_options(with_optin=False)
-@noise_option()
-@click.option("--no-project", is_flag=True,
-              help="Skip the projection of blended record estimates onto the probability simplex.")
-@estimator_option
-@click.option("--lower", type=float, default=None, help="--kind mean: lower bound of the values (values below are "
-                                                        "clamped to it), in the values' unit.")
-@click.option("--upper", type=float, default=None, help="--kind mean: upper bound of the values, in their unit.")
-@click.option("--sigma2", type=float, default=None, help="--kind mean: the values' variance σ², if known (in the "
-              "unit squared). Default: estimated privately from the opt-in group with part of its budget.")
+@round_param_options
 @click.option("--retention-hours", type=float, default=None,
               help="Hours after creation at which the round's raw opt-in data are purged at the latest, whatever its "
                    "state (a round still collecting opt-in data is then aborted). Default: the server's, 168 (a week).")
@@ -63,25 +99,7 @@ def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str |
                retention_hours: float | None, seed: int | None, as_json: bool, **knobs: Any) -> None:
     """Create a round (state collecting-optin) with all BLENDER parameters (ALGORITHM.md §2), or a mean round
     (--kind mean --epsilon --lower --upper; ALGORITHM.md §11). Prints the round and its id."""
-    if kind == "blender":
-        if lower is not None or upper is not None or sigma2 is not None:
-            raise parameter_error("--lower/--upper/--sigma2", next(v for v in (lower, upper, sigma2) if v is not None),
-                                  "unset with --kind blender", "They describe the values of a --kind mean round.")
-        p = make_params(project=not no_project, estimator=estimator, **knobs)
-        params: dict[str, Any] = {"epsilon": p.epsilon, "delta": p.delta, "head_list_size": p.head_list_size,
-                                  "m_o": p.m_o, "m_c": p.m_c, "f_o": p.f_o, "f_c": p.f_c, "noise": noise,
-                                  "project": p.project, "estimator": p.estimator}
-    else:
-        if lower is None or upper is None:
-            raise parameter_error("--lower/--upper", None, "given with --kind mean (the public range of the values)",
-                                  "E.g. --lower 0 --upper 100.")
-        from hybriddp.device.mean import NumericRandomizer
-        NumericRandomizer(lower=lower, upper=upper, epsilon=knobs["epsilon"])  # refuses a bad range or ε
-        params = {"epsilon": knobs["epsilon"], "lower": lower, "upper": upper}
-        if sigma2 is not None:
-            if not (0 <= sigma2 < float("inf")):
-                raise parameter_error("sigma2 (--sigma2)", sigma2, "a finite number >= 0 (the values' variance)")
-            params["sigma2"] = sigma2
+    params = round_params(kind, noise, no_project, estimator, lower, upper, sigma2, **knobs)
     with admin_client(server, admin_token_file) as admin:
         rnd = admin.create_round(kind, params, name=name, seed=seed, retention_hours=retention_hours)
     if as_json:

@@ -125,6 +125,10 @@ def save_token(path: Path, token: str) -> None:
                    "server's own pages (POST /api/v1/device-credentials/self). It bounds tokens per credential, not "
                    "per person. On with --demo. Default: only the administrator makes credentials "
                    "(`hybriddp credentials create`).")
+@click.option("--series-tick", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="Seconds between two runs of the round-series scheduler, which opens, publishes and closes each "
+                   "series' rounds on schedule (docs/SERIES.md). 0: none (a cron job calls `hybriddp series "
+                   "advance` instead). With --workers N every process runs it; each step happens once anyway.")
 @click.option("--limit-concurrency", type=click.IntRange(16), default=1024, show_default=True,
               help="Open connections and tasks per server process beyond which new requests get 503 at once "
                    "(uvicorn's limit): slow or unfinished requests cannot pile up without bound.")
@@ -134,7 +138,8 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
               lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
               check_workers: int | None, workers: int, demo: bool, optin_max_records: int, optin_max_bytes: int,
               allow_seeds: bool, cors_origins: tuple[str, ...], public_metrics: bool, private_round_details: bool,
-              open_admission: bool, self_enrolment: bool, limit_concurrency: int, log_level: str) -> None:
+              open_admission: bool, self_enrolment: bool, series_tick: float, limit_concurrency: int,
+              log_level: str) -> None:
     """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
 
     Opt-in users upload raw records with their own tokens; an administrator publishes the head list
@@ -163,7 +168,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     limits = {"optin_max_records": optin_max_records, "optin_max_bytes": optin_max_bytes, "allow_seeds": allow_seeds,
               "cors_origins": list(cors_origins), "public_metrics": public_metrics,
               "private_round_details": private_round_details, "open_admission": open_admission,
-              "self_enrolment": self_enrolment or demo}
+              "self_enrolment": self_enrolment or demo, "series_tick": series_tick}
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
                      lifetime_delta=lifetime_delta, check_workers=check_workers, warm_check_workers=True, **limits)
     if allow_seeds:

@@ -38,7 +38,7 @@ def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, window: 
     from hybriddp.core.atomic import check_output_path
     from hybriddp.core.jsonfile import read_json
     from hybriddp.server.result import OUTPUT_SUFFIXES, write_output
-    from hybriddp.server.trends import PeriodEstimates, trends
+    from hybriddp.server.trends import PeriodEstimates, trend_document, trends
 
     if output is not None:
         check_output_path(output, "--output", OUTPUT_SUFFIXES)
@@ -46,10 +46,8 @@ def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, window: 
         check_output_path(plot_path, "--plot", (".png", ".svg", ".pdf"))
     periods = [PeriodEstimates.from_result(read_json(p, "result", DataError), Path(p).stem) for p in results]
     found = trends(periods, fdr=fdr, min_change=min_change, window=window)
-    rows = found.rows()
-    doc = {"periods": found.periods, "fdr": fdr, "min_change": min_change, "window": window, "tested": len(rows),
-           "rising": sum(r["trend"] == "rising" for r in rows), "falling": sum(r["trend"] == "falling" for r in rows),
-           "changes": rows}
+    doc = trend_document(periods, found, window)
+    rows = doc["changes"]
     if output is not None:
         import pyarrow as pa
         empty = pa.table({"query": pa.array([], pa.string())})

@@ -1,4 +1,4 @@
-"""The operator's client of the collection service: rounds, enrolment, the head list, results."""
+"""The operator's client of the collection service: rounds, series, enrolment, the head list, results."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ from typing import Any
 from hybriddp.core.errors import parameter_error
 from hybriddp.sdk.http import (
     API,
+    SERIES_DEFAULT_WINDOW,
     ServiceHttp,
     ServiceRequestError,
     fetch_local_search,
     fetch_results,
+    fetch_series,
+    fetch_series_trends,
     round_path,
+    series_path,
 )
 
 
@@ -151,3 +155,44 @@ class AdminClient(ServiceHttp):
         what = f"release of round {round_id}"
         return self.request_json("GET", round_path(round_id, "/release"), what=what, idempotent=True)
 
+
+    # -- round series (docs/SERIES.md) --
+    def create_series(self, kind: str = "blender", params: dict[str, Any] | None = None, *, period_seconds: float,
+                      periods: int, optin_seconds: float | None = None, start: str | None = None,
+                      name: str | None = None, flagged: str = "hold", retention_hours: float | None = None,
+                      first_round: str | None = None) -> dict[str, Any]:
+        """A series of ``periods`` rounds of ``period_seconds`` each, opened, published and closed on schedule
+        (``start``: ISO 8601, default now; ``optin_seconds``: each period's opt-in window, default half the period;
+        ``first_round``: a round still collecting opt-in data that becomes period 1)."""
+        body: dict[str, Any] = {"kind": kind, "params": dict(params or {}), "period_seconds": period_seconds,
+                                "periods": periods, "flagged": flagged}
+        for key, value in (("optin_seconds", optin_seconds), ("start", start), ("name", name),
+                           ("retention_hours", retention_hours), ("first_round", first_round)):
+            if value is not None:
+                body[key] = value
+        return self.request_json("POST", f"{API}/series", what="create series", idempotent=False, json_body=body,
+                                 ok=(201, 200))
+
+    def series(self, series_id: str) -> dict[str, Any]:
+        """A series: its schedule, each period's round and state, and what the budget admits per user."""
+        return fetch_series(self, series_id)
+
+    def series_list(self) -> list[dict[str, Any]]:
+        """Every series, oldest first."""
+        return self.request_json("GET", f"{API}/series", what="list series", idempotent=True)["series"]
+
+    def advance_series(self, series_id: str, *, step: bool = False) -> dict[str, Any]:
+        """Do what the schedule says is due now (``step``: the next action at once); the answer's ``actions`` says
+        what was done."""
+        return self.request_json("POST", series_path(series_id, "/advance"), what=f"advance series {series_id}",
+                                 idempotent=False, json_body={"step": step})
+
+    def cancel_series(self, series_id: str) -> dict[str, Any]:
+        """Open no more periods (the current round is left as it is)."""
+        return self.request_json("POST", series_path(series_id, "/cancel"), what=f"cancel series {series_id}",
+                                 idempotent=False)
+
+    def series_trends(self, series_id: str, *, window: int = SERIES_DEFAULT_WINDOW, fdr: float = 0.05,
+                      min_change: float = 0.0) -> dict[str, Any]:
+        """Rising and falling queries across the series' published periods (ALGORITHM.md §13)."""
+        return fetch_series_trends(self, series_id, window=window, fdr=fdr, min_change=min_change)

@@ -229,6 +229,32 @@ def round_path(round_id: Any, tail: str = "") -> str:
     return f"{API}/rounds/{quote(round_id, safe='')}{tail}"
 
 
+def series_path(series_id: Any, tail: str = "") -> str:
+    """The API path ``/api/v1/series/<series id><tail>``; a ParameterError when ``series_id`` cannot be an id."""
+    if not isinstance(series_id, str) or not series_id or len(series_id) > 64:
+        raise parameter_error("series id", series_id, "the id `hybriddp series create` printed (22 characters of "
+                              "A-Z a-z 0-9 - _)")
+    return f"{API}/series/{quote(series_id, safe='')}{tail}"
+
+
+SERIES_DEFAULT_WINDOW = 1
+"""Periods the trend test pools on each side of a boundary by default (``hybriddp trends --window``)."""
+
+
+def fetch_series(http: Any, series_id: str) -> dict[str, Any]:
+    """``GET /api/v1/series/{id}``: the schedule and each period's round (public unless the server hides round
+    details; the opt-in counts for administrators only)."""
+    return http.request_json("GET", series_path(series_id), what=f"series {series_id}", idempotent=True)
+
+
+def fetch_series_trends(http: Any, series_id: str, *, window: int = SERIES_DEFAULT_WINDOW, fdr: float = 0.05,
+                        min_change: float = 0.0) -> dict[str, Any]:
+    """``GET /api/v1/series/{id}/trends`` (public unless the server hides round details)."""
+    return http.request_json("GET", series_path(series_id, "/trends"), what=f"trends of series {series_id}",
+                             idempotent=True, params={"window": str(window), "fdr": repr(float(fdr)),
+                                                     "min_change": repr(float(min_change))})
+
+
 def response_json(resp: httpx.Response, what: str) -> Any:
     """The answer's JSON body; a ServiceRequestError naming the request when it is not JSON."""
     try:

@@ -174,3 +174,18 @@ def trends(periods: Sequence[PeriodEstimates], *, fdr: float = DEFAULT_FDR, min_
     n = len(b)
     return Trends([pe.label for pe in periods], cols["query"], np.array(cols["period"], dtype=np.int64), b, a, vb,
                   va, z_up, z_down, reject[:n], reject[n:], fdr, min_change)
+
+
+def trend_document(periods: Sequence[PeriodEstimates], found: Trends, window: int = 1,
+                   most: int = 24) -> dict[str, Any]:
+    """The analysis as JSON (``hybriddp trends --json``, ``GET /api/v1/series/{id}/trends``): the settings, every
+    tested change, and per query found rising or falling (at most ``most``) its estimate and standard deviation in
+    each period (null where it was not listed), for charts."""
+    rows = found.rows()
+    names = list(dict.fromkeys(q for q, up, down in zip(found.query, found.rising, found.falling, strict=True)
+                               if up or down))[:most]
+    charts = {q: [None if s is None else [s[0], math.sqrt(max(s[1], 0.0))] for s in found.series(periods, q)]
+              for q in names}
+    return {"periods": found.periods, "fdr": found.fdr, "min_change": found.min_change, "window": window,
+            "tested": len(rows), "rising": sum(r["trend"] == "rising" for r in rows),
+            "falling": sum(r["trend"] == "falling" for r in rows), "changes": rows, "series": charts}

@@ -38,6 +38,7 @@ from hybriddp.service.metrics import LatencyMiddleware, Metrics
 from hybriddp.service.reports import ReportsEndpoint
 from hybriddp.service.routers import ROUTERS
 from hybriddp.service.routers.common import ServiceContext
+from hybriddp.service.series import DEFAULT_TICK_SECONDS, advance_all
 from hybriddp.service.store import DEFAULT_OPTIN_MAX_BYTES, DEFAULT_OPTIN_MAX_RECORDS, Store
 from hybriddp.service.writer import ReportWriter
 
@@ -143,7 +144,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                optin_max_bytes: int = DEFAULT_OPTIN_MAX_BYTES, cors_origins: Sequence[str] = (),
                public_metrics: bool = False, private_round_details: bool = False, open_admission: bool = False,
                admission: Admission | None = None, self_enrolment: bool = False,
-               warm_check_workers: bool = False) -> FastAPI:
+               warm_check_workers: bool = False, series_tick: float = DEFAULT_TICK_SECONDS) -> FastAPI:
     """The service on the database at ``db_url`` (migrated to the newest schema on the way).
 
     ``admin_token``: the administrators' bearer token (at least 16 characters).
@@ -164,6 +165,9 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     administrator's device credentials). ``self_enrolment``: anyone may get a device credential (demos).
     ``warm_check_workers``: start the report-check processes at start-up instead of with the first large body
     (``hybriddp serve`` does: a restarted server under load then checks at once).
+    ``series_tick``: seconds between two runs of the round series' scheduler
+    (:func:`hybriddp.service.series.advance_all`; 0: none, an operator's cron calls ``POST
+    /api/v1/series/{id}/advance`` instead).
     ``app.state.store`` is the :class:`Store`; it is closed when the app shuts down.
     """
     if not isinstance(admin_token, str) or len(admin_token.strip()) < MIN_ADMIN_TOKEN:
@@ -171,6 +175,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                               "Leave out --admin-token-file and `hybriddp serve` generates a random one.")
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
         raise parameter_error("max body bytes (--max-body-bytes)", max_body_bytes, "an integer >= 1024")
+    if not (isinstance(series_tick, (int, float)) and series_tick >= 0):
+        raise parameter_error("series tick (--series-tick)", series_tick, "a number of seconds >= 0 (0: no scheduler)")
     if open_admission and admission is not None:
         raise parameter_error("admission", admission, "no admission with open_admission (reports need no token)")
     guard = Guard(cors_origins)  # a bad origin is refused by name
@@ -191,7 +197,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     app = ServiceApp(ReportsEndpoint(store, service.writer, service.pool, metrics, max_body_bytes,
                                      service.admission is not None), guard,
                      title="hybriddp collection service", version=__version__,
-                     lifespan=_lifespan(service, warm_check_workers),
+                     lifespan=_lifespan(service, warm_check_workers, series_tick),
                      docs_url=None, redoc_url=None,  # /docs is served from local files (pages.mount_api_docs)
                      description="BLENDER (hybrid-model differential privacy) and hybrid mean-estimation rounds: "
                                  "opt-in uploads, head lists, device reports, results. Errors are "
@@ -210,18 +216,22 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     return app
 
 
-def _lifespan(service: ServiceContext, warm_check_workers: bool) -> Any:
-    """The app's start-up and shut-down: the periodic purge of raw opt-in data, the check workers started ahead
-    (``warm_check_workers``), and at the end the writer, the workers and the store closed."""
+def _lifespan(service: ServiceContext, warm_check_workers: bool, series_tick: float) -> Any:
+    """The app's start-up and shut-down: the periodic purge of raw opt-in data and run of the series' scheduler, the
+    check workers started ahead (``warm_check_workers``), and at the end the writer, the workers and the store
+    closed."""
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         purger = asyncio.create_task(_purge_periodically(service.store))
+        scheduler = asyncio.create_task(_advance_series(service.store, series_tick)) if series_tick > 0 else None
         if warm_check_workers and service.pool is not None:  # now, not under the first large body
             asyncio.get_running_loop().run_in_executor(None, service.pool.warm).add_done_callback(_warmed)
         yield
-        purger.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await purger
+        for task in (purger, scheduler):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         service.writer.close()
         if service.pool is not None:
             service.pool.close()
@@ -242,6 +252,17 @@ def _warmed(done: asyncio.Future[None]) -> None:
     if not done.cancelled() and done.exception() is not None:  # e.g. the server stopped while they started
         logger.info("the report-check workers did not start ahead (%s); they start with the first large body",
                     done.exception())
+
+
+async def _advance_series(store: Store, tick: float) -> None:
+    """Every ``tick`` seconds, do what the active round series' schedules say is due (docs/SERIES.md)."""
+    while True:
+        try:
+            for line in await run_in_threadpool(advance_all, store):
+                logger.info("series: %s", line)
+        except HybridDPError as exc:  # the database was unavailable: try again next time
+            logger.error("advancing the round series failed: %s", exc)
+        await asyncio.sleep(tick)
 
 
 async def _purge_periodically(store: Store) -> None:

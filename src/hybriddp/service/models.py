@@ -7,6 +7,7 @@ last word, with the library's messages (HTTP 422).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -119,6 +120,11 @@ class Counts(BaseModel):
     reports: int = Field(description="Reports in them.")
 
 
+class RoundSeriesOut(BaseModel):
+    id: str
+    period: int | None = Field(None, description="From 1.")
+
+
 class RoundOut(BaseModel):
     id: str
     kind: Literal["blender", "mean"]
@@ -133,6 +139,7 @@ class RoundOut(BaseModel):
                                                              "latest.")
     raw_data_purged: str | None = Field(None, description="When the round's raw opt-in data were deleted.")
     warning: str | None = Field(None, description="Set for seeded (experiment) rounds, which have no privacy.")
+    series: RoundSeriesOut | None = Field(None, description="The series the round is a period of (docs/SERIES.md).")
 
 
 class RoundListOut(BaseModel):
@@ -350,3 +357,88 @@ REPORTS_BODY = {
     },
 }
 
+
+
+# ----- round series (docs/SERIES.md) ------------------------------------------------------------------------------
+class _SeriesIn(_Strict):
+    name: Text | None = Field(None, max_length=200)
+    period_seconds: float = Field(gt=0, le=366 * 86400, description="Length of a period in seconds (604800: weekly).")
+    optin_seconds: float | None = Field(None, gt=0, description="Each period's opt-in window from its start, in "
+                                        "seconds; the head list is built when it ends. Default: half the period.")
+    periods: int = Field(ge=1, le=1000, description="Number of periods.")
+    start: datetime | None = Field(None, description="Start of the first period (ISO 8601; default: now).")
+    flagged: Literal["hold", "publish", "remove"] = Field(
+        "hold", description="What each period's close does when the anchor check flags its results (as a round's "
+        "close).")
+    retention_hours: float | None = Field(None, gt=0, description="Raw opt-in data of a period are purged this long "
+                                          "after its round opens at the latest. Default: the period, at least 1 h.")
+    first_round: str | None = Field(None, max_length=40, description="An existing round, still collecting opt-in "
+                                    "data and with the series' parameters, that becomes period 1.")
+
+
+class BlenderSeriesIn(_SeriesIn):
+    kind: Literal["blender"]
+    params: BlenderParamsIn = Field(default_factory=BlenderParamsIn)
+
+
+class MeanSeriesIn(_SeriesIn):
+    kind: Literal["mean"]
+    params: MeanParamsIn
+
+
+CreateSeriesIn = Annotated[BlenderSeriesIn | MeanSeriesIn, Field(discriminator="kind")]
+
+
+class SeriesRoundOut(BaseModel):
+    id: str
+    state: STATES
+    messages: int
+    reports: int
+    optin_users: int | None = Field(None, description="Administrators only.")
+
+
+class SeriesPeriodOut(BaseModel):
+    period: int = Field(description="From 1.")
+    starts: str
+    optin_until: str
+    ends: str
+    round: SeriesRoundOut | None
+    note: str | None = None
+
+
+class SeriesBudgetOut(BaseModel):
+    lifetime_epsilon: float
+    lifetime_delta: float
+    round_epsilon: float
+    round_delta: float
+    periods_per_user: int = Field(description="Periods one opt-in user can take part in under the lifetime budget.")
+    composition: str
+
+
+class SeriesOut(BaseModel):
+    id: str
+    kind: Literal["blender", "mean"]
+    name: str | None
+    params: dict[str, Any]
+    start: str
+    end: str
+    period_seconds: float
+    optin_seconds: float
+    periods: int
+    flagged: str
+    retention_hours: float
+    state: Literal["active", "ended", "cancelled"]
+    created: str
+    current_period: int | None = None
+    periods_table: list[SeriesPeriodOut] = Field(default_factory=list)
+    budget: SeriesBudgetOut | None = None
+    actions: list[str] | None = Field(None, description="What this request did (advance).")
+
+
+class SeriesListOut(BaseModel):
+    series: list[SeriesOut]
+
+
+class AdvanceIn(_Strict):
+    step: bool = Field(False, description="Do the next action now whatever the clock says (publish the current "
+                       "period's head list, close it, or open the next period); default: only what is due.")

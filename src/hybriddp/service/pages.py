@@ -1,4 +1,5 @@
-"""The service's web pages: the local-search page (``/``) and the curator's round page (``/rounds/{id}``).
+"""The service's web pages: the local-search page (``/``), the curator's round page (``/rounds/{id}``) and a round
+series' page with its trends (``/series/{id}``).
 
 Both are static HTML shells with ES modules under ``/static/`` (no build step, nothing fetched from
 anywhere but this server); the scripts read the public API. One small endpoint exists for them:
@@ -89,6 +90,10 @@ def mount(app: FastAPI, store: Store) -> None:
     @app.get("/rounds/{round_id}", include_in_schema=False)
     def round_page(round_id: str) -> FileResponse:  # the script reads the id from the URL and asks the API
         return _page("round.html")
+
+    @app.get("/series/{series_id}", include_in_schema=False)
+    def series_page(series_id: str) -> FileResponse:  # the script reads the id from the URL and asks the API
+        return _page("series.html")
 
     @app.get("/sw.js", include_in_schema=False)
     def service_worker() -> FileResponse:  # at the root, so that its scope is the whole site

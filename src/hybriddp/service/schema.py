@@ -72,7 +72,27 @@ rounds = Table(
     Column("n_duplicates", BigInteger, nullable=False, server_default="0"),  # retried messages not counted again
     Column("retention_deadline", String(40)),  # raw opt-in data are purged at this UTC time at the latest
     Column("purged", String(40)),  # when the raw opt-in data were purged
+    Column("series_num", Key),  # the series the round is a period of (migration 0007), or NULL
+    Column("period", Integer),  # its period in that series, from 0
     Index("rounds_kind_state_num", "kind", "state", "num"),  # the newest round of a kind in a state (migration 0005)
+    Index("rounds_series_period", "series_num", "period", unique=True),  # one round per period of a series
+)
+
+series = Table(
+    "series", metadata,  # round series (docs/SERIES.md): a round per period, opened and closed on schedule
+    Column("num", Key, primary_key=True, autoincrement=True),
+    Column("id", String(32), nullable=False, unique=True),  # public id, as a round's
+    Column("kind", String(16), nullable=False),
+    Column("name", Text),
+    Column("params", Text, nullable=False),  # JSON: every period's round parameters
+    Column("start", String(40), nullable=False),  # UTC start of period 0
+    Column("period_seconds", Double, nullable=False),
+    Column("optin_seconds", Double, nullable=False),  # each period's opt-in window, from its start
+    Column("periods", Integer, nullable=False),
+    Column("flagged", String(16), nullable=False),  # what a period's close does with flagged results
+    Column("retention_hours", Double, nullable=False),
+    Column("state", String(16), nullable=False),  # 'active' | 'ended' | 'cancelled'
+    Column("created", String(40), nullable=False),
 )
 
 optin_tokens = Table(

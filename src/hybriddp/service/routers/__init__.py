@@ -6,7 +6,8 @@
 * :mod:`.optin`: opt-in enrolment and uploads;
 * :mod:`.tokens`: report tokens: a round's token key, issuance, device credentials (docs/TOKENS.md);
 * :mod:`.devices`: the head list devices fetch and the reports endpoint they post to;
-* :mod:`.results`: results, release and local-search document.
+* :mod:`.results`: results, release and local-search document;
+* :mod:`.series`: round series, one round per period on schedule, and their trends (docs/SERIES.md).
 
 :mod:`.common` holds their dependencies: the running service (:class:`~.common.ServiceContext`), the
 administrator check, the round id in a path and the documented errors.
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from hybriddp.service.routers import devices, health, ledger, optin, results, rounds, tokens
+from hybriddp.service.routers import devices, health, ledger, optin, results, rounds, series, tokens
 
-ROUTERS: tuple[APIRouter, ...] = (health.router, rounds.router, ledger.router, optin.router, tokens.router,
-                                  devices.router, results.router)
+ROUTERS: tuple[APIRouter, ...] = (health.router, rounds.router, series.router, ledger.router, optin.router,
+                                  tokens.router, devices.router, results.router)
 """Every router of the API, in the order of the OpenAPI document."""
 
 __all__ = ["ROUTERS"]

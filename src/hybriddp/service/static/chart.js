@@ -112,3 +112,56 @@ export function intervalChart({ rows, series, format, title, description }) {
   });
   return svg;
 }
+
+/**
+ * A query's estimates over periods: one point per period with its 95% interval (estimate ± 1.96·sd), joined by a
+ * line where consecutive periods have one; a period where the query was not listed is a gap.
+ * points: [[estimate, sd] | null] per period; labels: the periods' labels. Returns the <svg> (role="img").
+ */
+export function trendChart({ points, labels, title, description, format = (v) => v.toFixed(4) }) {
+  const width = 340;
+  const height = 170;
+  const left = 52;
+  const right = 10;
+  const top = 10;
+  const bottom = 26;
+  const ivs = points.map((pt) => (pt ? [Math.max(0, pt[0] - Z95 * pt[1]), pt[0] + Z95 * pt[1]] : null));
+  const present = ivs.filter((iv) => iv !== null);
+  let lo = Math.min(...present.map((iv) => iv[0]), 0);
+  let hi = Math.max(...present.map((iv) => iv[1]), 1e-9);
+  if (!Number.isFinite(lo) || !Number.isFinite(hi)) [lo, hi] = [0, 1];
+  const span = Math.max(1, points.length - 1);
+  const x = (i) => left + ((width - left - right) * i) / span;
+  const y = (v) => top + (height - top - bottom) * (1 - (v - lo) / (hi - lo || 1));
+  const svg = el("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", class: "trend-chart" });
+  svg.append(el("title", {}, title), el("desc", {}, description));
+  for (const t of ticks(lo, hi, 4)) {
+    svg.append(el("line", { x1: left, x2: width - right, y1: y(t), y2: y(t), class: "grid" }));
+    svg.append(el("text", { x: left - 4, y: y(t) + 3, "text-anchor": "end", class: "tick" }, format(t)));
+  }
+  labels.forEach((label, i) => {
+    if (labels.length <= 12 || i % Math.ceil(labels.length / 12) === 0) {
+      svg.append(el("text", { x: x(i), y: height - 8, "text-anchor": "middle", class: "tick" },
+        label.replace(/^period /, "")));
+    }
+  });
+  let path = "";
+  points.forEach((pt, i) => {
+    if (!pt) {
+      path += " ";
+      return;
+    }
+    path += `${path.endsWith(" ") || path === "" ? "M" : "L"}${x(i).toFixed(1)},${y(pt[0]).toFixed(1)}`;
+  });
+  svg.append(el("path", { d: path.trim().replace(/ +/g, " "), class: "trend-line", fill: "none" }));
+  points.forEach((pt, i) => {
+    if (!pt) return;
+    const [a, b] = ivs[i];
+    const g = el("g", { class: "trend-point", "data-period": labels[i] });
+    g.append(el("line", { x1: x(i), x2: x(i), y1: y(a), y2: y(b), class: "interval" }));
+    g.append(el("circle", { cx: x(i), cy: y(pt[0]), r: 3 }));
+    g.append(el("title", {}, `${labels[i]}: ${format(pt[0])} (95% interval ${format(a)}–${format(b)})`));
+    svg.append(g);
+  });
+  return svg;
+}

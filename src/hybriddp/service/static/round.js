@@ -44,6 +44,10 @@ function renderSummary(info) {
   $("round-state").replaceChildren(stateBadge(info.state));
   $("round-id").textContent = `${info.kind} round ${info.id}`;
   $("round-created").textContent = ` · created ${new Date(info.created).toLocaleString()}`;
+  if (info.series) { // a period of a round series: its page has the trends across the periods
+    $("round-created").append(" · ", h("a", { href: `/series/${encodeURIComponent(info.series.id)}`, id: "series-link" },
+      `period ${info.series.period} of a series`));
+  }
   if (info.warning) {
     $("round-warning").textContent = info.warning;
     show("round-warning");

@@ -9,7 +9,8 @@ transition cannot both win. It is composed of one class per concern:
 * :mod:`.optin`: enrolment and tokens, idempotent uploads within quotas, the build's charge;
 * :mod:`.ledger`: the privacy ledger's charges (the budget rule itself is :mod:`hybriddp.privacy.budget`);
 * :mod:`.reports`: the deduplicating report path, SQLite's settling, and the counts per entry;
-* :mod:`.tokens`: report tokens' round keys, device credentials and issuance counts (docs/TOKENS.md).
+* :mod:`.tokens`: report tokens' round keys, device credentials and issuance counts (docs/TOKENS.md);
+* :mod:`.series`: round series and the rounds of their periods (docs/SERIES.md).
 """
 
 from __future__ import annotations
@@ -49,10 +50,11 @@ from hybriddp.service.store.rounds import (
     new_round_id,
     now,
 )
+from hybriddp.service.store.series import SERIES_STATES, SeriesInfo, SeriesStore
 from hybriddp.service.store.tokens import Credential, IssuanceLimitError, TokenStore
 
 
-class Store(OptinStore, ReportStore, TokenStore):
+class Store(OptinStore, ReportStore, TokenStore, SeriesStore):
     """Every database operation of the collection service: the concerns' classes composed (module docstring);
     its parameters are those of :class:`~hybriddp.service.store.engine.StoreBase`."""
 
@@ -70,8 +72,8 @@ def open_store(url: str, **kw: Any) -> Iterator[Store]:
 __all__ = ["ADVISORY_LEDGER", "ADVISORY_MIGRATE", "DATABASE_URLS", "DEFAULT_LIFETIME_DELTA",
            "DEFAULT_LIFETIME_EPSILON", "DEFAULT_OPTIN_MAX_BYTES", "DEFAULT_OPTIN_MAX_RECORDS",
            "DEFAULT_RETENTION_HOURS", "ENDED_STATES", "IN_CHUNK", "MAX_RETENTION_HOURS", "PSYCOPG_NEEDED",
-           "REPORT_STATES", "RETRIES", "ROUND_ID", "SETTLE_CACHE_KIB", "SETTLE_ROWS", "SQLITE_BUSY_TIMEOUT_MS",
-           "SQLITE_CACHE_KIB", "Credential", "IssuanceLimitError",
-           "OptinUpload", "ReportAck", "RoundDocuments", "RoundInfo", "Store", "UploadAck",
+           "REPORT_STATES", "RETRIES", "ROUND_ID", "SERIES_STATES", "SETTLE_CACHE_KIB", "SETTLE_ROWS",
+           "SQLITE_BUSY_TIMEOUT_MS", "SQLITE_CACHE_KIB", "Credential", "IssuanceLimitError",
+           "OptinUpload", "ReportAck", "RoundDocuments", "RoundInfo", "SeriesInfo", "Store", "UploadAck",
            "database_url", "describe_url", "make_engine", "migrate", "new_round_id", "now", "open_store",
            "token_hash"]

@@ -21,6 +21,8 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from hybriddp.core.errors import DataError
+from hybriddp.privacy.budget import LifetimeBudget
+from hybriddp.privacy.ledger import BudgetExceededError
 from hybriddp.privacy.pseudonyms import keyed_digest
 from hybriddp.service import schema as s
 from hybriddp.service.errors import ConflictError, QuotaError, StoreError
@@ -89,6 +91,7 @@ class OptinStore(RoundStore, LedgerStore):
         if info.state != "collecting-optin":
             raise ConflictError(f"cannot enrol: round {round_id} is {info.state!r}; opt-in users enrol while it "
                                 "is 'collecting-optin'")
+        self._refuse_spent(conn, info, users, pseuds)
         for i in range(0, len(pseuds), IN_CHUNK):
             taken = conn.execute(select(ot.user_pseudonym).where(
                 ot.round_num == info.num, ot.user_pseudonym.in_(pseuds[i:i + IN_CHUNK]))).scalars().first()
@@ -104,6 +107,25 @@ class OptinStore(RoundStore, LedgerStore):
         conn.execute(insert(s.optin_tokens), [
             {"token_hash": token_hash(tok), "round_num": info.num, "user_pseudonym": p, "seq": first + i}
             for i, (tok, p) in enumerate(zip(tokens, pseuds, strict=True))])
+
+    def _refuse_spent(self, conn: Connection, info: RoundInfo, users: Sequence[str], pseuds: Sequence[str]) -> None:
+        """Refuse (:class:`BudgetExceededError`, nobody enrolled) a user whose spend so far plus this round's (ε, δ)
+        would exceed the lifetime budget: the build would refuse the whole round for that user (in a series, a
+        user who spent the budget in earlier periods simply sits the later ones out). Seeded rounds spend nothing."""
+        if info.non_private or "epsilon" not in info.params:  # (rounds the service validated always have one)
+            return
+        charge = (float(info.params["epsilon"]), float(info.params.get("delta", 0.0)) if info.kind == "blender"
+                  else 0.0)
+        budget = LifetimeBudget(self.lifetime_epsilon, self.lifetime_delta)
+        over = budget.overrun(dict.fromkeys(pseuds, charge), self._spent_by(conn, sorted(set(pseuds))))
+        if over is not None:
+            user = users[list(pseuds).index(over.users[0])]
+            more = f" (and {len(over.users) - 1:,} more)" if len(over.users) > 1 else ""
+            raise BudgetExceededError(
+                f"cannot enrol user {user[:60]!r}{more} in round {info.id}: this round's "
+                f"charge (epsilon {charge[0]:g}, delta {charge[1]:g}) would take them to epsilon {over.epsilon:.4g}, "
+                f"delta {over.delta:.3g}, past the lifetime budget (epsilon {budget.epsilon:g}, delta "
+                f"{budget.delta:g}); nobody in this request was enrolled. Enrol the others without them")
 
     def _enrolled(self, round_id: str, pseud: str) -> bool:
         """True if the user with pseudonym ``pseud`` holds a token of the round."""

@@ -75,6 +75,8 @@ class RoundInfo:
     duplicates: int
     retention_deadline: str | None = None
     purged: str | None = None
+    series: str | None = None  # the id of the series the round is a period of (docs/SERIES.md)
+    period: int | None = None  # its period there, from 0
 
     @property
     def non_private(self) -> bool:
@@ -95,6 +97,8 @@ class RoundInfo:
                        "messages": self.messages, "reports": self.reports},
             "non_private": self.non_private, "retention_deadline": self.retention_deadline,
             "raw_data_purged": self.purged}
+        if self.series is not None:
+            out["series"] = {"id": self.series, "period": None if self.period is None else self.period + 1}
         if self.non_private:
             out["warning"] = SEED_WARNING
         return out
@@ -114,14 +118,16 @@ class RoundDocuments:
 _INFO_COLUMNS = (s.rounds.c.num, s.rounds.c.id, s.rounds.c.kind, s.rounds.c.name, s.rounds.c.state,
                  s.rounds.c.params, s.rounds.c.created, s.rounds.c.headlist_hash, s.rounds.c.closed,
                  s.rounds.c.optin_users, s.rounds.c.optin_records, s.rounds.c.n_messages, s.rounds.c.n_reports,
-                 s.rounds.c.n_duplicates, s.rounds.c.retention_deadline, s.rounds.c.purged)
+                 s.rounds.c.n_duplicates, s.rounds.c.retention_deadline, s.rounds.c.purged, s.rounds.c.period,
+                 select(s.series.c.id).where(s.series.c.num == s.rounds.c.series_num).scalar_subquery()
+                 .label("series_id"))
 
 
 def _info(row: Any) -> RoundInfo:
     return RoundInfo(int(row.num), row.id, row.kind, row.name, row.state, json.loads(row.params), row.created,
                      row.headlist_hash, row.closed, int(row.optin_users), int(row.optin_records),
                      int(row.n_messages), int(row.n_reports), int(row.n_duplicates), row.retention_deadline,
-                     row.purged)
+                     row.purged, row.series_id, None if row.period is None else int(row.period))
 
 
 def _json(doc: Any) -> str:

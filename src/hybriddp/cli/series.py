@@ -1,0 +1,210 @@
+"""``hybriddp series …``: round series on a running ``hybriddp serve`` (docs/SERIES.md): a round per period, opened,
+published and closed on schedule, with trends over the published periods.
+
+Every command talks to the server through the SDK (:meth:`hybriddp.sdk.AdminClient.create_series` and the rest);
+``status`` and ``trends`` need no token (unless the server hides round details).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+from rich.table import Table
+
+from hybriddp.cli import render
+from hybriddp.cli.remote import admin_client, admin_options, json_option, server_option
+from hybriddp.cli.rounds import round_param_options, round_params
+
+
+@click.group("series")
+def series_group() -> None:
+    """Round series: one round per period on a schedule (weekly trends), each user's spend carried across them.
+
+    `create` a series; `hybriddp serve` opens each period's round when it starts, builds the head list from that
+    period's opt-in data when the opt-in window ends, and closes the round when the period ends. `status` shows
+    the periods, `trends` the queries that rose or fell, `advance` does what is due now (for a cron job, or
+    `--step` to move on at once), `cancel` opens no more periods.
+    """
+
+
+@series_group.command("create")
+@admin_options
+@click.option("--name", default=None, help="A label for people (each period's round is named after it).")
+@click.option("--period", "period", required=True, metavar="DURATION",
+              help="Length of a period: a number with a unit s, m, h, d or w (7d: weekly; 90: 90 seconds).")
+@click.option("--periods", type=click.IntRange(1, 1000), required=True, help="Number of periods, 1 to 1000.")
+@click.option("--optin-window", default=None, metavar="DURATION",
+              help="Each period's opt-in window from its start; its head list is built when it ends and devices "
+                   "report in the rest of the period. Default: half the period.")
+@click.option("--start", default=None, metavar="ISO-TIME",
+              help="Start of the first period, ISO 8601 (e.g. 2026-12-07T00:00:00+00:00; no zone: UTC). Default: now.")
+@click.option("--flagged", type=click.Choice(["hold", "publish", "remove"]), default="hold", show_default=True,
+              help="What each period's close does when the anchor check flags its results (as `round close`).")
+@click.option("--retention-hours", type=float, default=None,
+              help="Hours after a period's round opens at which its raw opt-in data are purged at the latest. "
+                   "Default: the period's length, at least 1.")
+@click.option("--first-round", default=None, metavar="ROUND",
+              help="A round still collecting opt-in data, with the series' parameters, that becomes period 1.")
+@round_param_options
+@json_option
+def create_cmd(server: str, admin_token_file: str | None, name: str | None, period: str, periods: int,
+               optin_window: str | None, start: str | None, flagged: str, retention_hours: float | None,
+               first_round: str | None, as_json: bool, **knobs: Any) -> None:
+    """Create a series of PERIODS rounds, one per period, with the round parameters given (as `round create`).
+    Prints the series, its schedule and how many periods the lifetime budget lets each opt-in user join."""
+    from datetime import datetime
+
+    from hybriddp.core.errors import parameter_error
+    from hybriddp.service.series import parse_duration
+
+    seconds = parse_duration(period, "period (--period)")
+    optin = None if optin_window is None else parse_duration(optin_window, "opt-in window (--optin-window)")
+    if start is not None:
+        try:
+            datetime.fromisoformat(start)
+        except ValueError:
+            raise parameter_error("start (--start)", start, "an ISO 8601 time",
+                                  "E.g. 2026-12-07T00:00:00+00:00.") from None
+    params = round_params(**knobs)
+    with admin_client(server, admin_token_file) as admin:
+        doc = admin.create_series(knobs["kind"], params, period_seconds=seconds, periods=periods,
+                                  optin_seconds=optin, start=start, name=name, flagged=flagged,
+                                  retention_hours=retention_hours, first_round=first_round)
+    show_series(doc, as_json)
+    if not as_json:
+        render.out.print(f"series id: {doc['id']}")
+
+
+@series_group.command("list")
+@admin_options
+@json_option
+def list_cmd(server: str, admin_token_file: str | None, as_json: bool) -> None:
+    """Every series on the server, one line each."""
+    with admin_client(server, admin_token_file) as admin:
+        items = admin.series_list()
+    if as_json:
+        render.print_json({"series": items})
+        return
+    t = Table(title=f"{len(items)} series")
+    for col in ("id", "name", "kind", "state", "start", "period", "periods"):
+        t.add_column(col)
+    for s in items:
+        t.add_row(s["id"], s.get("name") or "", s["kind"], s["state"], s["start"], _duration(s["period_seconds"]),
+                  str(s["periods"]))
+    render.out.print(t)
+
+
+@series_group.command("status")
+@click.argument("series_id")
+@server_option
+@json_option
+def status_cmd(series_id: str, server: str, as_json: bool) -> None:
+    """A series' schedule and each period's round (no token needed; with HYBRIDDP_ADMIN_TOKEN set, the
+    administrators' view with the opt-in counts)."""
+    from hybriddp.sdk.http import fetch_series
+    show_series(_reader(server, lambda http: fetch_series(http, series_id)), as_json)
+
+
+@series_group.command("advance")
+@click.argument("series_id")
+@admin_options
+@click.option("--step", is_flag=True, help="Do the next action now whatever the clock says: build the current "
+              "period's head list, close its round, or open the next period.")
+@json_option
+def advance_cmd(series_id: str, server: str, admin_token_file: str | None, step: bool, as_json: bool) -> None:
+    """Do what the series' schedule says is due now (the server does it every --series-tick seconds; call this
+    from cron when it runs with --series-tick 0). Prints what was done."""
+    with admin_client(server, admin_token_file) as admin:
+        doc = admin.advance_series(series_id, step=step)
+    if as_json:
+        render.print_json(doc)
+        return
+    for line in doc.get("actions") or ["nothing was due"]:
+        render.out.print(line)
+
+
+@series_group.command("cancel")
+@click.argument("series_id")
+@admin_options
+@json_option
+def cancel_cmd(series_id: str, server: str, admin_token_file: str | None, as_json: bool) -> None:
+    """Open no more periods; the current period's round is left as it is (close or abort it as any round)."""
+    with admin_client(server, admin_token_file) as admin:
+        show_series(admin.cancel_series(series_id), as_json)
+
+
+@series_group.command("trends")
+@click.argument("series_id")
+@server_option
+@click.option("--window", type=click.IntRange(1, 52), default=1, show_default=True,
+              help="Periods pooled on each side of a boundary (as `hybriddp trends --window`).")
+@click.option("--fdr", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05, show_default=True,
+              help="Expected share of false trends among those reported (Benjamini–Hochberg).")
+@click.option("--min-change", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Smallest relative change that counts (0.5: to 1.5× or from it); 0: any change.")
+@click.option("--all", "show_all", is_flag=True, help="Print every tested change, not only the trends.")
+@json_option
+def trends_cmd(series_id: str, server: str, window: int, fdr: float, min_change: float, show_all: bool,
+               as_json: bool) -> None:
+    """Rising and falling queries across the series' published periods (post-processing: no privacy spent)."""
+    from hybriddp.sdk.http import fetch_series_trends
+    doc = _reader(server, lambda http: fetch_series_trends(http, series_id, window=window, fdr=fdr,
+                                                           min_change=min_change))
+    if as_json:
+        render.print_json(doc)
+        return
+    rows = doc["changes"] if show_all else [r for r in doc["changes"] if r["trend"] != "steady"]
+    t = Table(title=f"series {series_id}: {doc['rising']} rising, {doc['falling']} falling of {doc['tested']} "
+                    f"changes tested over {len(doc['periods'])} published periods (FDR {fdr:g}, window {window})")
+    for col in ("query", "from", "to", "p before", "p after", "change", "trend"):
+        t.add_column(col, justify="right" if col.startswith("p ") or col == "change" else "left")
+    for r in rows:
+        change = "" if r["change"] is None else f"{r['change']:+.0%}"
+        t.add_row(r["query"], r["from"], r["to"], f"{r['p_before']:.4g}", f"{r['p_after']:.4g}", change, r["trend"])
+    render.out.print(t)
+    if doc.get("note"):
+        render.out.print(doc["note"])
+
+
+def _reader(server: str, call: Any) -> Any:
+    """``call(http)`` with the administrator's client when HYBRIDDP_ADMIN_TOKEN is set, else anonymously."""
+    from hybriddp.sdk.http import ServiceHttp
+    if os.environ.get("HYBRIDDP_ADMIN_TOKEN", "").strip():
+        with admin_client(server, None) as admin:
+            return call(admin)
+    with ServiceHttp(server) as http:
+        return call(http)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def show_series(doc: dict[str, Any], as_json: bool) -> None:
+    """A series as JSON, or its schedule and budget line and a table of its periods."""
+    if as_json:
+        render.print_json(doc)
+        return
+    b = doc.get("budget") or {}
+    render.out.print(f"series {doc['id']} ({doc.get('name') or 'unnamed'}): {doc['kind']}, {doc['state']}, "
+                     f"{doc['periods']} periods of {_duration(doc['period_seconds'])} from {doc['start']} "
+                     f"(opt-in window {_duration(doc['optin_seconds'])}); current period: "
+                     f"{doc.get('current_period') or '-'}")
+    if b:
+        render.out.print(f"budget: each round charges its opt-in users epsilon {b['round_epsilon']:g}, delta "
+                         f"{b['round_delta']:g}; the lifetime budget (epsilon {b['lifetime_epsilon']:g}, delta "
+                         f"{b['lifetime_delta']:g}) lets a user join {b['periods_per_user']} period(s) "
+                         f"({b['composition']} composition)")
+    t = Table()
+    for col in ("period", "starts", "opt-in until", "ends", "round", "state", "reports", "note"):
+        t.add_column(col)
+    for row in doc.get("periods_table") or []:
+        r = row.get("round") or {}
+        t.add_row(str(row["period"]), row["starts"], row["optin_until"], row["ends"], r.get("id", ""),
+                  r.get("state", ""), f"{r['reports']:,}" if r else "", row.get("note") or "")
+    render.out.print(t)

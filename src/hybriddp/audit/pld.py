@@ -39,15 +39,19 @@ DISCRETIZATION = 1e-3
 """Spacing of the privacy losses the PLDs are supported on (dp-accounting's value discretization)."""
 GRID_POINTS = 241
 """Points of the connect-the-dots grid over [−L, L] (more: tighter and slower; any grid is pessimistic)."""
-KINDS = ("headlist", "optin", "local")
+KINDS = ("headlist", "optin", "optin-any", "local", "stated")
+"""headlist (S), optin (T), optin-any (an opt-in user of a round, in S or in T: the service charges before the
+split), local (a device), stated (any release accounted by its claimed (ε, δ) alone)."""
+MAX_EXACT_M_O = 3
+"""The largest m_O whose opt-in mechanisms the exact audit enumerates; beyond it a round is accounted as stated."""
 
 
 @dataclass(frozen=True)
 class Mechanism:
-    """One round's release for one group: ``kind`` headlist (S), optin (T) or local (a device), its claimed
-    (ε, δ) and m_O (the records each opt-in user contributes). A device (local) with the head list's URLs per query
-    ``kq`` (wildcards included, ⟨*,*⟩ last, as :attr:`HeadList.kq`), ``f_c`` and ``m_c`` gets its exact PLD
-    (:func:`localalg_delta`); without ``kq`` it is accounted by its (ε, δ)."""
+    """One round's release for one group: ``kind`` (:data:`KINDS`), its claimed (ε, δ) and m_O (the records each
+    opt-in user contributes). A device (local) with the head list's URLs per query ``kq`` (wildcards included,
+    ⟨*,*⟩ last, as :attr:`HeadList.kq`), ``f_c`` and ``m_c`` gets its exact PLD (:func:`localalg_delta`); without
+    ``kq`` it is accounted by its (ε, δ)."""
 
     kind: str
     epsilon: float
@@ -124,6 +128,9 @@ def _profile(mech: Mechanism) -> tuple[Any, float]:
     if mech.kind == "local":
         lp = localalg_law(mech)
         return (lambda e: localalg_delta(lp, e)), _localalg_max_loss(lp)
+    if mech.kind == "optin-any":  # in S or in T: the larger δ at every ε dominates both, and a max of convex
+        parts = [_profile(Mechanism(k, mech.epsilon, mech.delta, mech.m_o)) for k in ("headlist", "optin")]
+        return (lambda e: max(f(e) for f, _ in parts)), max(loss for _, loss in parts)  # profiles is convex
     if mech.kind == "headlist":
         _, details = headlist_delta(mech.epsilon, mech.delta, mech.m_o)
         return (lambda e: headlist_delta(mech.epsilon, mech.delta, mech.m_o, at_epsilon=e)[0].delta,
@@ -143,7 +150,7 @@ def round_pld(mech: Mechanism, points: int = GRID_POINTS) -> Any:
     """The dominating PLD of one round of ``mech`` (module docstring)."""
     from dp_accounting.pld import pld_pmf
     from dp_accounting.pld import privacy_loss_distribution as pld
-    if mech.kind == "local" and not mech.kq:
+    if mech.kind == "stated" or (mech.kind == "local" and not mech.kq):
         return pld.from_privacy_parameters(_params(mech), value_discretization_interval=DISCRETIZATION)
     profile, max_loss = _profile(mech)
     rounded = grid(max(max_loss, DISCRETIZATION), points)
@@ -203,3 +210,33 @@ def totals(mechanisms: Sequence[Mechanism], target_delta: float) -> Totals:
     advanced = advanced_composition(eps, dels, slack) if slack > 0 else (math.inf, basic[1])
     pld_eps = float(compose(mechanisms).get_epsilon_for_delta(target_delta))
     return Totals(len(mechanisms), basic, (min(advanced[0], basic[0]), advanced[1]), pld_eps, target_delta)
+
+
+def round_mechanism(kind: str, params: dict[str, Any]) -> Mechanism:
+    """What an opt-in user of a service round went through, for accounting: a BLENDER round with discrete noise
+    and m_O ≤ :data:`MAX_EXACT_M_O` is ``optin-any`` (exact); any other round (a mean round, Laplace noise, a
+    larger m_O) is ``stated``: its (ε, δ) alone, as basic composition counts it."""
+    eps = float(params["epsilon"])
+    delta = float(params.get("delta", 0.0)) if kind == "blender" else 0.0
+    m_o = int(params.get("m_o", 1))
+    if (kind == "blender" and params.get("noise", "discrete") == "discrete" and m_o <= MAX_EXACT_M_O
+            and 0.0 < delta < 1.0):
+        return Mechanism("optin-any", eps, delta, m_o)
+    return Mechanism("stated", eps, max(delta, 0.0), 1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _history_epsilon(history: tuple[tuple[Mechanism, int], ...], target_delta: float) -> float:
+    mechanisms = [m for m, n in history for _ in range(n)]
+    basic_eps = sum(m.epsilon for m in mechanisms)
+    basic_delta = sum(m.delta for m in mechanisms)
+    basic = basic_eps if basic_delta <= target_delta * (1 + 1e-12) else math.inf
+    return min(basic, float(compose(mechanisms).get_epsilon_for_delta(target_delta)))
+
+
+def history_epsilon(mechanisms: Sequence[Mechanism], target_delta: float) -> float:
+    """A user's total ε at ``target_delta`` after ``mechanisms``: the tighter of basic composition (Σε, when
+    Σδ ≤ the target) and PLD accounting, never looser than basic composition. Cached per multiset of mechanisms
+    (the users of a series share a few histories)."""
+    history = tuple(sorted(_counted(mechanisms), key=lambda mn: repr(mn[0])))
+    return _history_epsilon(history, float(target_delta))

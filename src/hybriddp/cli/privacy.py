@@ -84,7 +84,9 @@ def privacy_group() -> None:
               help="The extra δ' of advanced composition (Dwork–Rothblum–Vadhan); file ledgers.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def report_cmd(ledger: str, delta_prime: float, as_json: bool) -> None:
-    """Per-round releases and each user's cumulative (ε, δ) under basic and advanced composition.
+    """Per-round releases and each user's cumulative (ε, δ) under basic and advanced composition (file ledgers),
+    or under basic composition next to the ε the service enforces at the lifetime δ, the tighter of basic and PLD
+    accounting (the service's database; docs/ALGORITHM.md §14).
 
     LEDGER is a file ledger (--ledger of `headlist`/`run`), the collection service's SQLite database
     (`hybriddp serve --db`), or a database URL (sqlite:///path, postgresql+psycopg://...); the
@@ -168,23 +170,28 @@ def _print_service(rep: dict[str, Any], as_json: bool) -> None:
                       _private_cell(r["private"]) if first else "", g["group"], f"{g['users']:,}",
                       f"{g['epsilon']:g}", f"{g['delta']:g}")
     render.out.print(t)
-    groups: dict[tuple[float, float, int, int], int] = {}
+    groups: dict[tuple[float, float, int, int, float | None], int] = {}
     for p in rep["pseudonyms"]:
-        key = (p["epsilon"], p["delta"], p["rounds"], p["non_private_releases"])
+        key = (p["epsilon"], p["delta"], p["rounds"], p["non_private_releases"], p.get("pld_epsilon"))
         groups[key] = groups.get(key, 0) + 1
     budget = ("" if life["epsilon"] is None else
               f"; lifetime budget ε = {life['epsilon']:g}, δ = {life['delta']:g}")
     c = Table(title=f"Cumulative per user (keyed pseudonyms; the users with the same totals share a row{budget}; "
                     "basic composition over private releases only)", title_justify="left")
-    for col in ("users", "rounds", "non-private releases", "Σε", "Σδ"):
+    at = "" if life["delta"] is None else f" at δ = {life['delta']:g}"
+    for col in ("users", "rounds", "non-private releases", "Σε", "Σδ", f"ε{at} (enforced: basic or PLD)"):
         c.add_column(col, justify="right")
-    for (e, d, k, n_np), n in sorted(groups.items(), key=lambda kv: (-kv[0][0], -kv[0][1], -kv[0][3])):
-        c.add_row(f"{n:,}", str(k), _non_private_cell(n_np), f"{e:.4g}", f"{d:.3g}")
+    for (e, d, k, n_np, pld_eps), n in sorted(groups.items(), key=lambda kv: (-kv[0][0], -kv[0][1], -kv[0][3])):
+        c.add_row(f"{n:,}", str(k), _non_private_cell(n_np), f"{e:.4g}", f"{d:.3g}",
+                  "" if pld_eps is None else f"{pld_eps:.4g}")
     render.out.print(c)
     remaining = "" if rep["remaining_epsilon"] is None else (
         f"; {rep['remaining_epsilon']:.4g} of the lifetime ε remains for them")
+    tight = "" if rep.get("worst_pld_epsilon") is None else (
+        f"; with PLD accounting, the rule the service enforces with basic composition, ε = "
+        f"{rep['worst_pld_epsilon']:.4g}{at}")
     render.out.print(f"{rep['users']:,} users; the most-charged user has spent ε = {rep['worst_basic_epsilon']:.4g} "
-                     f"(basic){remaining}")
+                     f"(basic){remaining}{tight}")
     _print_warning(rep)
 
 

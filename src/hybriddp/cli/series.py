@@ -198,8 +198,9 @@ def show_series(doc: dict[str, Any], as_json: bool) -> None:
     if b:
         render.out.print(f"budget: each round charges its opt-in users epsilon {b['round_epsilon']:g}, delta "
                          f"{b['round_delta']:g}; the lifetime budget (epsilon {b['lifetime_epsilon']:g}, delta "
-                         f"{b['lifetime_delta']:g}) lets a user join {b['periods_per_user']} period(s) "
-                         f"({b['composition']} composition)")
+                         f"{b['lifetime_delta']:g}) lets a user join {b['periods_per_user']} period(s) (basic "
+                         f"composition alone: {b['periods_per_user_basic']}; the ledger enforces the tighter of it "
+                         "and PLD accounting)")
     t = Table()
     for col in ("period", "starts", "opt-in until", "ends", "round", "state", "reports", "note"):
         t.add_column(col)

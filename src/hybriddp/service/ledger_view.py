@@ -15,7 +15,9 @@ What it returns (ALGORITHM.md §2, PRIVACY.md "What each group is guaranteed"):
 * ``pseudonyms``: per charged pseudonym, Σε and Σδ over its **private** charges (basic composition,
   what the service's lifetime budget counts), the number of rounds it was charged in and of
   non-private ones;
-* ``lifetime``: the database's lifetime budget per user.
+* ``lifetime``: the database's lifetime budget per user;
+* ``pld_epsilon`` per pseudonym and ``worst_pld_epsilon``: the ε at the lifetime δ by the rule the service enforces,
+  the tighter of basic composition and privacy-loss-distribution accounting (ALGORITHM.md §14).
 
 A round is non-private when its charges say so (``private`` false) or its parameters hold a
 ``seed``: anyone who knows the seed can regenerate the noise, so its users have **no guarantee at
@@ -34,7 +36,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, case, create_engine, func, inspect, literal, select
 from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 
-from hybriddp.core.errors import parameter_error
+from hybriddp.core.errors import HybridDPError, parameter_error
 from hybriddp.privacy.ledger import LedgerError, non_private_warning
 from hybriddp.service import schema as s
 from hybriddp.service.store import PSYCOPG_NEEDED, database_url, describe_url
@@ -133,14 +135,53 @@ def _read(conn: Connection, limit: int | None) -> dict[str, Any]:
     worst = conn.execute(select(func.max(per_user.c.e))).scalar()
     lifetime = {"epsilon": _number(meta.get("lifetime_epsilon")), "delta": _number(meta.get("lifetime_delta"))}
     worst = float(worst or 0.0)
+    pld_of, worst_pld = _pld_epsilons(conn, info, is_private, lifetime["delta"])
+    for p in pseudonyms:
+        p["pld_epsilon"] = pld_of.get(p["pseudonym"])
     out: dict[str, Any] = {
         "source": "service", "lifetime": lifetime, "rounds": list(rounds.values()), "pseudonyms": pseudonyms,
         "pseudonyms_total": int(totals[0]), "users": int(totals[0]), "worst_basic_epsilon": worst,
+        "worst_pld_epsilon": worst_pld,
         "remaining_epsilon": None if lifetime["epsilon"] is None else max(0.0, lifetime["epsilon"] - worst),
         "users_without_guarantee": int(totals[1])}
     if totals[1]:
         out["warning"] = non_private_warning(int(totals[1]))
     return out
+
+
+def _pld_epsilons(conn: Connection, info: dict[int, Any], is_private: Any,
+                  target_delta: float | None) -> tuple[dict[str, float], float | None]:
+    """Per pseudonym, its ε at the lifetime δ by the ledger's rule: the tighter of basic composition and PLD
+    accounting of its private rounds' mechanisms (:func:`hybriddp.audit.pld.history_epsilon`, ALGORITHM.md §14);
+    and the largest. Users with the same rounds' mechanisms share one computation."""
+    if target_delta is None:
+        return {}, None
+    from hybriddp.audit.pld import history_epsilon, round_mechanism
+    lc = s.ledger_charges.c
+    histories: dict[str, list[Any]] = {}
+    for user, num, eps, delta in conn.execute(select(lc.user_pseudonym, lc.round_num, lc.epsilon, lc.delta)
+                                              .where(is_private)).all():
+        row = info.get(int(num))
+        try:
+            params = {**json.loads(row.params), "epsilon": float(eps), "delta": float(delta)} if row else None
+            mech = round_mechanism(row.kind, params) if row else None
+        except (ValueError, TypeError, KeyError):
+            mech = None
+        histories.setdefault(user, []).append(mech)
+    out: dict[str, float] = {}
+    done: dict[tuple[Any, ...], float] = {}
+    for user, mechs in histories.items():
+        if any(m is None for m in mechs):
+            continue  # a round whose parameters cannot be read: basic composition only
+        key = tuple(sorted(repr(m) for m in mechs))
+        if key not in done:
+            try:
+                done[key] = history_epsilon(mechs, target_delta)
+            except HybridDPError:  # parameters the exact audit does not cover: basic composition only
+                done[key] = math.nan
+        if not math.isnan(done[key]):
+            out[user] = done[key]
+    return out, max(out.values()) if out else None
 
 
 def _seed(params: str | None) -> Any:

@@ -411,8 +411,10 @@ class SeriesBudgetOut(BaseModel):
     lifetime_delta: float
     round_epsilon: float
     round_delta: float
-    periods_per_user: int = Field(description="Periods one opt-in user can take part in under the lifetime budget.")
-    composition: str
+    periods_per_user: int = Field(description="Periods one opt-in user can take part in under the lifetime budget, "
+                                  "by the ledger's rule (the tighter of basic composition and PLD accounting).")
+    periods_per_user_basic: int = Field(description="The same by basic composition alone.")
+    composition: Literal["basic", "pld"] = Field(description="Which accountant admits more periods.")
 
 
 class SeriesOut(BaseModel):

@@ -63,7 +63,7 @@ class SeriesPlan:
     periods: int
     flagged: str
     retention_hours: float
-    admitted_periods: int  # periods one opt-in user can take part in under the lifetime budget (basic composition)
+    admitted_periods: int  # 1 if the lifetime budget admits one round of the series (the ledger's rule)
 
 
 def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | None = None,
@@ -104,7 +104,7 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
                               "still collecting them is then aborted.")
     if flagged not in ON_FLAG:
         raise parameter_error("flagged (--flagged)", flagged, " or ".join(repr(f) for f in ON_FLAG))
-    admitted = admitted_periods(store, float(params["epsilon"]), float(params.get("delta", 0.0)))
+    admitted = admitted_periods_pld(store, kind, params, 1)
     if admitted < 1:
         raise parameter_error("epsilon", params["epsilon"], f"within the lifetime budget (epsilon "
                               f"{store.lifetime_epsilon:g}, delta {store.lifetime_delta:g}): this budget admits no "
@@ -114,11 +114,22 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
 
 
 def admitted_periods(store: Store, epsilon: float, delta: float) -> int:
-    """Periods one opt-in user can take part in at (ε, δ) each under the lifetime budget (basic composition, the
-    ledger's rule; a user who also reported from a device spent some of it there)."""
+    """Periods one opt-in user can take part in at (ε, δ) each under the lifetime budget by basic composition."""
     by_eps = math.floor(store.lifetime_epsilon / epsilon + 1e-9)
     by_delta = math.floor(store.lifetime_delta / delta + 1e-9) if delta > 0 else by_eps
     return max(0, min(by_eps, by_delta))
+
+
+def admitted_periods_pld(store: Store, kind: str, params: dict[str, Any], most: int) -> int:
+    """Periods (at most ``most``) one opt-in user can take part in under the lifetime budget by the ledger's rule:
+    the tighter of basic composition and PLD accounting of the rounds' mechanisms (ALGORITHM.md §14)."""
+    from hybriddp.audit.pld import history_epsilon, round_mechanism
+
+    mech = round_mechanism(kind, params)
+    k = admitted_periods(store, mech.epsilon, mech.delta)
+    while k < most and history_epsilon([mech] * (k + 1), store.lifetime_delta) <= store.lifetime_epsilon * (1 + 1e-12):
+        k += 1
+    return k
 
 
 def create_series(store: Store, plan: SeriesPlan, first_round: str | None = None) -> SeriesInfo:
@@ -280,12 +291,14 @@ def status(store: Store, series_id: str, *, admin: bool = False, at: datetime | 
                            else "not started")
         rows.append(row)
     eps, delta = float(series.params["epsilon"]), float(series.params.get("delta", 0.0))
+    basic = admitted_periods(store, eps, delta)
+    tight = admitted_periods_pld(store, series.kind, series.params, series.periods)
     running = series.state == "active" and 0 <= k_now < series.periods
     return {**series.to_json(admin=admin), "current_period": k_now + 1 if running else None,
             "periods_table": rows,
             "budget": {"lifetime_epsilon": store.lifetime_epsilon, "lifetime_delta": store.lifetime_delta,
-                       "round_epsilon": eps, "round_delta": delta,
-                       "periods_per_user": admitted_periods(store, eps, delta), "composition": "basic"}}
+                       "round_epsilon": eps, "round_delta": delta, "periods_per_user": max(basic, tight),
+                       "periods_per_user_basic": basic, "composition": "pld" if tight > basic else "basic"}}
 
 
 def trend_inputs(store: Store, series_id: str) -> list[tuple[str, dict[str, Any]]]:

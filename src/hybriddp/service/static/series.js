@@ -30,7 +30,9 @@ function renderSummary(doc) {
   if (b) {
     $("budget").textContent = `Each period charges its opt-in users ε = ${b.round_epsilon}, δ = ${b.round_delta}; `
       + `the lifetime budget (ε = ${b.lifetime_epsilon}, δ = ${b.lifetime_delta}) lets a user take part in `
-      + `${b.periods_per_user} period${b.periods_per_user === 1 ? "" : "s"} (${b.composition} composition).`;
+      + `${b.periods_per_user} period${b.periods_per_user === 1 ? "" : "s"}`
+      + (b.composition === "pld" ? ` by privacy-loss-distribution accounting (${b.periods_per_user_basic} by basic `
+        + "composition)." : " (basic composition).");
   }
   $("summary").hidden = false;
 }

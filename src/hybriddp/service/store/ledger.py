@@ -9,17 +9,23 @@ under an advisory lock on PostgreSQL so that two rounds charging the same user a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.engine import Connection
 
-from hybriddp.privacy.budget import LifetimeBudget, Spend
+from hybriddp.core.errors import HybridDPError
+from hybriddp.privacy.budget import TOLERANCE, LifetimeBudget, Spend
 from hybriddp.privacy.ledger import BudgetExceededError, Charge, LedgerError
 from hybriddp.privacy.pseudonyms import pseudonym
 from hybriddp.service import schema as s
 from hybriddp.service.store.engine import ADVISORY_LEDGER, IN_CHUNK, StoreBase
 from hybriddp.service.store.rounds import RoundInfo
+
+logger = logging.getLogger(__name__)
 
 
 class LedgerStore(StoreBase):
@@ -34,7 +40,8 @@ class LedgerStore(StoreBase):
 
         Users are the pseudonyms of :meth:`pseudonym`. Basic composition (Σε, Σδ) of the private
         charges against the database's lifetime budget (:mod:`hybriddp.privacy.budget`), as the file ledger
-        :class:`hybriddp.privacy.ledger.PrivacyLedger` does.
+        :class:`hybriddp.privacy.ledger.PrivacyLedger` does, or privacy-loss-distribution accounting where it is
+        tighter (:meth:`tighter`).
         """
         rows: dict[str, tuple[str, float, float]] = {}
         for c in charges:
@@ -54,17 +61,46 @@ class LedgerStore(StoreBase):
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADVISORY_LEDGER})
         if private:
             budget = LifetimeBudget(self.lifetime_epsilon, self.lifetime_delta)
-            over = budget.overrun({u: (e, d) for u, (_, e, d) in rows.items()}, self._spent_by(conn, sorted(rows)))
+            charges = {u: (e, d) for u, (_, e, d) in rows.items()}
+            over = budget.overrun(charges, self._spent_by(conn, sorted(rows)), self.tighter(conn, info, charges))
             if over is not None:
                 raise BudgetExceededError(
                     f"round {info.id} refused: {len(over.users):,} opt-in user(s) would exceed the lifetime budget "
-                    f"(epsilon {budget.epsilon:g}, delta {budget.delta:g}); the worst would reach epsilon "
-                    f"{over.epsilon:.4g}, delta {over.delta:.3g}. {kept}. Create the round with a smaller epsilon "
-                    "or delta")
+                    f"(epsilon {budget.epsilon:g}, delta {budget.delta:g}): the worst would reach epsilon "
+                    f"{over.epsilon:.4g}, delta {over.delta:.3g} by basic composition, and privacy-loss-distribution "
+                    f"accounting does not admit them either. {kept}. Create the round with a smaller epsilon or delta")
         if rows:
             conn.execute(insert(s.ledger_charges), [
                 {"user_pseudonym": u, "round_num": info.num, "grp": g, "epsilon": e, "delta": d, "private": private}
                 for u, (g, e, d) in rows.items()])
+
+    def tighter(self, conn: Connection, info: RoundInfo,
+                charges: Mapping[str, Spend]) -> Callable[[Sequence[str]], set[str]]:
+        """The tighter accountant the budget rule consults for the users basic composition would refuse
+        (:meth:`LifetimeBudget.overrun`): each user's private charges so far and this round's, as the mechanisms
+        they were (:func:`hybriddp.audit.pld.round_mechanism`: a BLENDER round with discrete noise exactly, any other
+        by its (ε, δ)), composed by privacy-loss-distribution accounting at the lifetime δ (ALGORITHM.md §14). A user
+        whose total ε there is within the lifetime ε passes. If the accountant fails, nobody passes (basic rules).
+        ``charges``: this round's (ε, δ) per user."""
+        def admitted(users: Sequence[str]) -> set[str]:
+            from hybriddp.audit.pld import history_epsilon, round_mechanism
+            lc, r = s.ledger_charges.c, s.rounds.c
+            try:
+                history: dict[str, list[Any]] = {u: [round_mechanism(info.kind, {
+                    **info.params, "epsilon": charges[u][0], "delta": charges[u][1]})] for u in users}
+                for i in range(0, len(users), IN_CHUNK):
+                    for user, kind, params, eps, delta in conn.execute(
+                            select(lc.user_pseudonym, r.kind, r.params, lc.epsilon, lc.delta)
+                            .join(s.rounds, r.num == lc.round_num)
+                            .where(lc.user_pseudonym.in_(list(users[i:i + IN_CHUNK])), lc.private.is_(True))).all():
+                        p = {**json.loads(params), "epsilon": float(eps), "delta": float(delta)}
+                        history[user].append(round_mechanism(kind, p))
+                limit = self.lifetime_epsilon * (1 + TOLERANCE)
+                return {u for u, h in history.items() if history_epsilon(h, self.lifetime_delta) <= limit}
+            except (HybridDPError, ValueError, KeyError, ArithmeticError) as exc:
+                logger.warning("PLD accounting failed for round %s (%s); basic composition decides", info.id, exc)
+                return set()
+        return admitted
 
     @staticmethod
     def _spent_by(conn: Connection, users: Sequence[str]) -> dict[str, Spend]:

@@ -117,15 +117,17 @@ class OptinStore(RoundStore, LedgerStore):
         charge = (float(info.params["epsilon"]), float(info.params.get("delta", 0.0)) if info.kind == "blender"
                   else 0.0)
         budget = LifetimeBudget(self.lifetime_epsilon, self.lifetime_delta)
-        over = budget.overrun(dict.fromkeys(pseuds, charge), self._spent_by(conn, sorted(set(pseuds))))
+        charges = dict.fromkeys(pseuds, charge)
+        over = budget.overrun(charges, self._spent_by(conn, sorted(set(pseuds))), self.tighter(conn, info, charges))
         if over is not None:
             user = users[list(pseuds).index(over.users[0])]
             more = f" (and {len(over.users) - 1:,} more)" if len(over.users) > 1 else ""
             raise BudgetExceededError(
                 f"cannot enrol user {user[:60]!r}{more} in round {info.id}: this round's "
                 f"charge (epsilon {charge[0]:g}, delta {charge[1]:g}) would take them to epsilon {over.epsilon:.4g}, "
-                f"delta {over.delta:.3g}, past the lifetime budget (epsilon {budget.epsilon:g}, delta "
-                f"{budget.delta:g}); nobody in this request was enrolled. Enrol the others without them")
+                f"delta {over.delta:.3g} by basic composition, past the lifetime budget (epsilon {budget.epsilon:g}, "
+                f"delta {budget.delta:g}), which privacy-loss-distribution accounting does not admit either; nobody "
+                "in this request was enrolled. Enrol the others without them")
 
     def _enrolled(self, round_id: str, pseud: str) -> bool:
         """True if the user with pseudonym ``pseud`` holds a token of the round."""

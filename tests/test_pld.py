@@ -60,6 +60,23 @@ def test_a_round_pld_dominates_the_exact_profile_everywhere(mech: Mechanism) -> 
         assert pld.get_delta_for_epsilon(eps) == pytest.approx(_exact(mech, eps), abs=1e-9), eps
 
 
+def test_an_opt_in_user_in_s_or_t_is_dominated_by_the_larger_profile() -> None:
+    """The service charges an opt-in user before the split (``optin-any``): its PLD's δ(ε) is at least both exact
+    profiles' everywhere, and equals the larger one at the grid's points."""
+    for eps_round, delta in ((4.0, 1e-5), (1.0, 1e-6)):
+        either = round_pld(Mechanism("optin-any", eps_round, delta, 1))
+        parts = [Mechanism("headlist", eps_round, delta, 1), Mechanism("optin", eps_round, delta, 1)]
+        big_l = max(headlist_delta(eps_round, delta, 1)[1]["max_finite_loss"],
+                    optin_delta(eps_round, 1)[1]["max_finite_loss"])
+        for eps in np.linspace(-big_l - 1.0, big_l + 1.0, 121):
+            worst = max(_exact(m, float(eps)) for m in parts)
+            assert either.get_delta_for_epsilon(float(eps)) >= worst - 1e-12, eps
+        for r in grid(big_l)[::30]:
+            eps = float(r) * DISCRETIZATION
+            worst = max(_exact(m, eps) for m in parts)
+            assert either.get_delta_for_epsilon(eps) == pytest.approx(worst, abs=1e-9), eps
+
+
 def test_the_opt_in_pld_is_dp_accountings_discrete_laplace_pair() -> None:
     """With m_O = 1 the worst move shifts one record's count down and another's up by one, each under discrete
     Laplace noise of scale t: dp-accounting's own discrete Laplace mechanism (parameter 1/t, sensitivity 1), twice.

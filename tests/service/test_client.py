@@ -497,7 +497,7 @@ def test_round_commands_end_to_end(service: Service, tmp_path: Any) -> None:
         flags = ("--device-ledger", ledger, "--lifetime-epsilon", 20, "--lifetime-delta", 1e-3) if i == 0 else ()
         got = json.loads(_cli("participate", "--server", url, "--round", rid, "--input", dev, *flags, "--json",
                               env={"HYBRIDDP_DATA_HOME": str(tmp_path / f"home-{i}")}).stdout)
-        assert got == {"round": rid, "acknowledged": 1, "counted": 1, "duplicates": 0}
+        assert got == {"round": rid, "acknowledged": 1, "counted": 1, "duplicates": 0, "skipped": False}
     _clean_error(_cli("participate", "--server", url, "--round", rid, "--input", tmp_path / "device-0.csv",
                       "--device-ledger", ledger, ok=False), "already reported")
     status = json.loads(_cli("round", "status", rid, "--server", url, "--json").stdout)

@@ -121,15 +121,29 @@ def test_a_build_interrupted_by_a_crash_is_aborted_on_recovery_not_run_again(sto
         assert store.table_counts(info.num)["optin_records"] == 0
 
 
+def over_budget_round(client: TestClient, records: list[tuple[str, str]]) -> str:
+    """A round whose build the lifetime budget (ε 16) refuses: its users enrolled in it and in another round of
+    ε = 10 before either was built (enrolment refuses anyone who cannot afford the round *now*), then the other
+    round was built, charging them 10."""
+    first, second = (create(client, {"epsilon": 10.0, "delta": 1e-5, "head_list_size": 10}) for _ in range(2))
+    upload_all(client, first, COMMON)
+    upload_all(client, second, records)  # the same users first (user-0, user-1, …)
+    assert client.post(f"{API}/rounds/{first}/headlist", headers=AUTH).status_code == 200
+    return second
+
+
 def test_a_round_over_the_budget_runs_nothing_and_says_where_its_raw_data_go(client: TestClient) -> None:
-    rid = create(client, {"epsilon": 17.0, "delta": 1e-5, "head_list_size": 10})  # over the lifetime ε of 16
-    upload_all(client, rid, COMMON)
+    store: Store = client.app.state.store  # type: ignore[attr-defined]
+    over = create(client, {"epsilon": 17.0, "delta": 1e-5, "head_list_size": 10})  # over the lifetime ε of 16
+    resp = client.post(f"{API}/rounds/{over}/optin/enrol", json={"users": ["someone"]}, headers=AUTH)
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "budget_exceeded"  # refused at enrolment
+    rid = over_budget_round(client, COMMON)
+    charged = ledger_rows(store)
     resp = client.post(f"{API}/rounds/{rid}/headlist", headers=AUTH)
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "budget_exceeded"
     message = resp.json()["error"]["message"]
     assert "Nothing was run or charged" in message and "round abort" in message and "retention deadline" in message
-    store: Store = client.app.state.store  # type: ignore[attr-defined]
-    assert ledger_rows(store) == [] and store.round(rid).state == "collecting-optin"
+    assert ledger_rows(store) == charged and store.round(rid).state == "collecting-optin"
 
 
 # ----- seeds never reach production ---------------------------------------------------------------
@@ -202,8 +216,7 @@ def _deleted(c: TestClient) -> str:
 
 
 def _refused_then_aborted(c: TestClient) -> str:
-    rid = create(c, {"epsilon": 17.0, "delta": 1e-5, "head_list_size": 10})
-    upload_all(c, rid, COMMON + canaries(30))
+    rid = over_budget_round(c, COMMON + canaries(30))
     assert c.post(f"{API}/rounds/{rid}/headlist", headers=AUTH).status_code == 409
     assert c.post(f"{API}/rounds/{rid}/abort", headers=AUTH).status_code == 200
     return rid

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
@@ -214,3 +215,72 @@ def test_a_series_can_adopt_a_round_collecting_opt_in_data_as_its_first_period(c
     assert doc["periods_table"][0]["round"]["id"] == rid
     doc = step(client, doc["id"])  # the first period's round exists: the step builds it (nobody uploaded: aborted)
     assert "aborted" in doc["actions"][0]
+
+
+def test_a_device_reporting_one_period_in_six_reports_in_exactly_two_of_twelve(store_url: str,
+                                                                                tmp_path: Path) -> None:
+    """The device-side policy (ALGORITHM.md §15, docs/SERIES.md): each block of 6 periods, one slot drawn on the
+    device; asked every period, it reports in exactly one per block, and a period sat out sends and charges
+    nothing. With memoization the two reports cost one round."""
+    from hybriddp.device.ledger import DeviceLedger
+    from hybriddp.sdk import DeviceClient
+    from hybriddp.service.demo import local_server
+
+    ledger_path = tmp_path / "device-ledger.json"
+    sent: list[int] = []
+    with local_server(create_app(store_url, ADMIN, open_admission=True, series_tick=0)) as url, \
+            httpx.Client(base_url=url, timeout=60) as http:
+        sid = http.post(f"{API}/series", json={"kind": "blender", "params": PARAMS, "period_seconds": 86400,
+                                               "periods": PERIODS}, headers=AUTH).json()["id"]
+        for k in range(PERIODS):
+            doc = http.post(f"{API}/series/{sid}/advance", json={"step": True}, headers=AUTH).json()
+            rid = doc["periods_table"][k]["round"]["id"]
+            tokens = http.post(f"{API}/rounds/{rid}/optin/enrol", json={"users": [f"p{k}-{i}" for i in range(22)]},
+                               headers=AUTH).json()["tokens"]
+            body = "".join(json.dumps({"token": t, "records": [{"query": "weather", "url": "https://w.example/a"}]})
+                           + "\n" for t in tokens)
+            http.post(f"{API}/rounds/{rid}/optin/records", content=body.encode(),
+                      headers={"Content-Type": "application/x-ndjson"})
+            assert http.post(f"{API}/series/{sid}/advance", json={"step": True},
+                             headers=AUTH).json()["periods_table"][k]["round"]["state"] == "headlist-published"
+            ledger = DeviceLedger(ledger_path, lifetime_epsilon=100.0, lifetime_delta=1e-3)
+            with DeviceClient(url, rid, ledger, participation=6, outbox=None) as dev:
+                ack = dev.participate([("weather", "https://w.example/a")])
+            if not ack.skipped:
+                assert ack.counted == 1
+                sent.append(k)
+            else:
+                assert ack.acknowledged == 0
+            assert http.get(f"{API}/rounds/{rid}").json()["counts"]["messages"] == (0 if ack.skipped else 1)
+            headlist = http.get(f"{API}/rounds/{rid}/headlist").json()
+            others = [randomize_records(headlist, [("weather", "https://w.example/a")], source=SeededSource(i))
+                      for i in range(20)]
+            http.post(f"{API}/rounds/{rid}/reports", json=others)
+            http.post(f"{API}/series/{sid}/advance", json={"step": True}, headers=AUTH)
+    assert len(sent) == 2 and sent[0] < 6 <= sent[1], sent
+    # every period's head list is the same document (same records, same list), and so are the device's records:
+    # the second report re-sends the memoized one (ALGORITHM.md §15), so the two periods cost one round's ε
+    ledger = DeviceLedger(ledger_path)
+    assert len(ledger.state["rounds"]) == 1 and ledger.spent() == pytest.approx((8.0, 1e-5))
+    (memo,) = ledger.state["memo"].values()
+    assert len(memo["sent_in"]) == 2
+
+
+def test_the_device_draws_its_slot_uniformly_and_keeps_it(tmp_path: Path) -> None:
+    """The slot of a block is uniform on [0, r) (OS randomness; chi-square, p < 1e-6 fails) and, once drawn, fixed:
+    asking again never changes the answer."""
+    from scipy.stats import chisquare
+
+    from hybriddp.device.ledger import DeviceLedger
+
+    r, n = 6, 1200
+    counts = np.zeros(r, dtype=int)
+    for i in range(n):
+        led = DeviceLedger(tmp_path / f"l{i}.json", lifetime_epsilon=16.0, lifetime_delta=1e-4)
+        answers = [led.takes_part("s", p, r) for p in range(r)]
+        assert sum(answers) == 1 and answers == [led.takes_part("s", p, r) for p in range(r)]
+        counts[answers.index(True)] += 1
+    assert chisquare(counts).pvalue > 1e-6, counts
+    late = DeviceLedger(tmp_path / "late.json", lifetime_epsilon=16.0, lifetime_delta=1e-4)
+    picks = [late.takes_part("s", p, r, draw=lambda _n: 2) for p in range(3, 12)]  # first asked at period 3
+    assert picks == [False, False, False, False, False, True, False, False, False]  # slot 2: none in block 0's rest

@@ -89,6 +89,10 @@ def upload_cmd(round_id: str, server: str, token_file: str | None, input_path: s
                    "which it gets the report token its message needs (docs/TOKENS.md). Default: the "
                    "HYBRIDDP_DEVICE_CREDENTIAL environment variable; none is needed by a server run with "
                    "--open-admission.")
+@click.option("--one-in", "one_in", type=click.IntRange(1), default=None, metavar="R",
+              help="Rounds of a series (docs/SERIES.md): report in one period out of R, drawn on this device for "
+                   "each block of R periods and kept in its ledger; other periods are sat out (nothing sent or "
+                   "charged). Default: every round.")
 @click.option("--retries", type=int, default=5, show_default=True,
               help="Retries after the first try on connection errors, timeouts, HTTP 429 and 5xx (exponential "
                    "backoff from 0.2 s to 10 s, with jitter); 0 = no retry.")
@@ -96,8 +100,8 @@ def upload_cmd(round_id: str, server: str, token_file: str | None, input_path: s
 def participate_cmd(server: str, round_id: str, input_path: str | None, fmt: str | None, user_col: str | None,
                     query_col: str, url_col: str | None, row_per_user: bool, skip_bad_rows: bool, value: float | None,
                     device_ledger: str | None, no_device_ledger: bool, lifetime_epsilon: float | None,
-                    lifetime_delta: float | None, outbox: str | None, credential_file: str | None, retries: int,
-                    as_json: bool) -> None:
+                    lifetime_delta: float | None, outbox: str | None, credential_file: str | None,
+                    one_in: int | None, retries: int, as_json: bool) -> None:
     """One device takes part in a round: fetch and verify the head list, randomize its records on the device
     (LocalAlg, ALGORITHM.md §5; every row of --input is this device's) and submit the message.
 
@@ -129,13 +133,16 @@ def participate_cmd(server: str, round_id: str, input_path: str | None, fmt: str
                   if credential_file is not None or os.environ.get("HYBRIDDP_DEVICE_CREDENTIAL", "").strip() else None)
     try:
         with DeviceClient(server, round_id, ledger, retry=RetryPolicy(attempts=retries + 1), credential=credential,
-                          **where) as dev:
+                          participation=one_in, **where) as dev:
             ack = dev.participate_value(value) if records is None else dev.participate(records)
     except DeviceLedgerRefusal as exc:
         raise exc.explained("pass --no-device-ledger only for tests and simulations") from None
     if as_json:
         render.print_json({"round": round_id, "acknowledged": ack.acknowledged, "counted": ack.counted,
-                           "duplicates": ack.duplicates})
+                           "duplicates": ack.duplicates, "skipped": ack.skipped})
+        return
+    if ack.skipped:
+        render.out.print(f"round {round_id}: not this device's period (one in {one_in}); nothing sent or charged")
         return
     state = "counted" if ack.counted else "already counted (a resent message)"
     render.out.print(f"round {round_id}: message acknowledged, {state}")

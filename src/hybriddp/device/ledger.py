@@ -8,8 +8,9 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,38 @@ class DeviceLedger:
                 raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); not "
                                   "reporting") from None
             return list(got["reports"])
+
+    def takes_part(self, series_id: str, period: int, every: int, draw: Callable[[int], int] | None = None) -> bool:
+        """Whether this device reports in ``period`` (from 0) of series ``series_id`` under the policy "one period
+        in ``every``" (ALGORITHM.md §15): the periods are cut into blocks of ``every``; in each block the device
+        draws one slot, uniformly and on the device (``draw(n)``: an integer in [0, n), default the OS's
+        ``secrets.randbelow``), the first time it asks about the block, and keeps it in the ledger, so it reports in
+        at most one period of each block however often it asks, and in exactly one if it asks at the block's start.
+        Which slot it drew never leaves the device."""
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise DeviceError(f"participation: one period in {every!r}? give an integer >= 1")
+        if isinstance(period, bool) or not isinstance(period, int) or period < 0:
+            raise DeviceError(f"the round's period {period!r} is not an integer >= 0; not reporting")
+        if every == 1:
+            return True
+        key = f"{series_id}/{every}/{period // every}"
+        with _ledger_lock(self.path):
+            self._reload()
+            slots = self.state.setdefault("slots", {})
+            if not isinstance(slots, dict) or not isinstance(slots.get(key, 0), int):
+                raise DeviceError(f"device ledger {self.path}: field 'slots' is damaged. {_LEDGER_FIX}")
+            if key not in slots:
+                slot = (draw or secrets.randbelow)(every)
+                if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < every:
+                    raise DeviceError(f"participation slot {slot!r} is not in [0, {every})")
+                slots[key] = slot
+                try:
+                    self._save()
+                except OSError as exc:
+                    del slots[key]
+                    raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); not "
+                                      "reporting") from None
+            return period % every == slots[key]
 
     def _reload(self) -> None:
         """Replace the state with the file's, if the file exists (a new ledger keeps its state)."""

@@ -53,6 +53,7 @@ class Acknowledgement:
     acknowledged: int = 0
     counted: int = 0
     duplicates: int = 0
+    skipped: bool = False  # the device's participation policy sat this round out: nothing was sent or charged
 
     def __iadd__(self, other: Acknowledgement) -> Acknowledgement:
         self.acknowledged += other.acknowledged
@@ -106,6 +107,9 @@ class DeviceClient(ServiceHttp):
         (:func:`outbox_path`), none with ``NO_LEDGER``; None for none. :meth:`participate` writes it
         (atomically) before sending and removes it once the server acknowledged; a later call for the
         same head list resends it unchanged (same id: counted once) instead of randomizing again.
+    participation : report in one period out of this many of a round series (docs/SERIES.md): the device draws
+        its period in each block on the device and keeps it in its ledger (:meth:`DeviceLedger.takes_part`); a round
+        of another period is sat out (:meth:`participate` returns ``skipped``). None or 1: every round.
     credential : the device credential (``hdc_…``) with which it gets report tokens (docs/TOKENS.md); needed
         unless the server runs with ``--open-admission``. A token is bound to its message and kept in the outbox
         with it, so a resent message carries the same token.
@@ -121,13 +125,20 @@ class DeviceClient(ServiceHttp):
     def __init__(self, base_url: str, round_id: str,
                  device_ledger: DeviceLedger | str | os.PathLike[str] | _Sentinel | None = None, *,
                  outbox: str | os.PathLike[str] | _Sentinel | None = _NEXT_TO_LEDGER, credential: str | None = None,
-                 **kw: Any) -> None:
+                 participation: int | None = None, **kw: Any) -> None:
         if not (device_ledger is None or device_ledger is NO_LEDGER
                 or isinstance(device_ledger, (DeviceLedger, str, os.PathLike))):
             raise parameter_error("device_ledger", device_ledger, "None (the per-user device ledger), a path, a "
                                   "DeviceLedger, or DeviceClient.NO_LEDGER (tests and simulations only)")
         if not (outbox is None or outbox is _NEXT_TO_LEDGER or isinstance(outbox, (str, os.PathLike))):
             raise parameter_error("outbox", outbox, "a path, or None for no outbox")
+        if participation is not None and (isinstance(participation, bool) or not isinstance(participation, int)
+                                          or participation < 1):
+            raise parameter_error("participation (--one-in)", participation, "an integer >= 1 (one period in R)")
+        if participation not in (None, 1) and device_ledger is NO_LEDGER:
+            raise parameter_error("participation (--one-in)", participation, "used with a device ledger",
+                                  "The ledger keeps which period of each block the device drew.")
+        self.participation = participation
         if credential is not None and (not isinstance(credential, str) or not credential.strip()):
             raise parameter_error("credential", "<hidden>", "a device credential string (hdc_…), or None")
         kw.setdefault("timeout", 60.0)
@@ -212,12 +223,26 @@ class DeviceClient(ServiceHttp):
         doc = self.fetch_headlist()
         msg = self._outbox_message(doc["content_hash"])
         if msg is None:
+            if self._sits_out():
+                return Acknowledgement(skipped=True)
             msg = self._charge(lambda: randomize_records(doc, records, ledger=self.ledger, round_id=self.round_id))
             self._write_outbox(msg)
         msg = self._tokened(msg)
         ack = self.submit(msg)
         self._clear_outbox()
         return ack
+
+    def _sits_out(self) -> bool:
+        """Whether the participation policy sits this round out: a period of a series whose slot in its block is
+        another one. A round of no series is never sat out."""
+        if self.participation in (None, 1):
+            return False
+        series = self.round().get("series")
+        if not isinstance(series, dict) or not isinstance(series.get("period"), int):
+            return False
+        ledger = self.ledger
+        assert ledger is not None  # participation needs one (__init__)
+        return not ledger.takes_part(str(series.get("id")), series["period"] - 1, self.participation)
 
     def submit(self, message: dict[str, Any]) -> Acknowledgement:
         """Submit one message (retried: the id makes it idempotent)."""

@@ -835,19 +835,36 @@ export function checkRecords(hl, records) {
  * head list before anything is reported; options.messageId: default a fresh random one.
  * Resolves to {id, headlist: content hash, reports: [{query, url}, ...]}.
  */
-export async function randomizeRecords(headList, records, { source, ledger, messageId } = {}) {
+export async function randomizeRecords(headList, records, { source, ledger, messageId, roundId } = {}) {
   const hl = headList instanceof DeviceHeadList ? headList : await DeviceHeadList.fromJSON(headList);
   const id = messageId !== undefined && messageId !== null ? checkMessageId(messageId) : newMessageId();
   const src = source ?? systemSource();
   checkRecords(hl, records);
   const recs = [...records];
-  if (ledger) ledger.record(hl.contentHash, hl.epsilon, hl.delta);
+  // memoization (ALGORITHM.md §15): the same head list and records, another service round → the same reports
+  const key = ledger && roundId !== undefined && roundId !== null ? recordsKey(recs) : null;
+  if (key !== null) {
+    const again = ledger.memoized(hl.contentHash, key, String(roundId));
+    if (again !== null) return { id, headlist: hl.contentHash, reports: again };
+  }
+  if (ledger) ledger.check(hl.contentHash, hl.epsilon, hl.delta); // refused before any randomness is drawn
   const m = Math.min(hl.mC, recs.length);
   const pool = recs.map((_, i) => i);
   const chosen = [];
   for (let n = 0; n < m; n++) chosen.push(pool.splice(src.below(pool.length), 1)[0]); // without replacement
   const reports = chosen.map((i) => hl.decode(...localAlg(...hl.encode(recs[i][0], recs[i][1]), hl, src)));
+  if (ledger) ledger.record(hl.contentHash, hl.epsilon, hl.delta, key === null ? null : [key, reports, String(roundId)]);
   return { id, headlist: hl.contentHash, reports };
+}
+
+/**
+ * A key of a device's records as a multiset: SHA-256 (hex) of their JSON rows [query, url], sorted, joined by
+ * newlines, as Python's device ledger computes it for ordinary text. The memo is reused for the same records only;
+ * the records themselves are never stored.
+ */
+export function recordsKey(records) {
+  const rows = records.map(([q, u]) => `[${JSON.stringify(q)}, ${JSON.stringify(u ?? null)}]`).sort();
+  return sha256Hex(new TextEncoder().encode(rows.join("\n")));
 }
 
 // ----- the device ledger ------------------------------------------------------------------------
@@ -1030,17 +1047,83 @@ export class DeviceLedger {
     }
   }
 
-  /** Charge one head list (round), or throw DeviceError (already reported / over budget / not saved). */
-  record(headlistHash, epsilon, delta) {
+  /**
+   * Charge one head list (round), or throw DeviceError (already reported / over budget / not saved).
+   * memo: [records key, reports, service round id] kept with the charge, in the same write, for memoized().
+   */
+  record(headlistHash, epsilon, delta, memo = null) {
     this.check(headlistHash, epsilon, delta);
     this.state.rounds[headlistHash] = { epsilon: Number(epsilon), delta: Number(delta) };
+    if (memo) {
+      this.state.memo = this.state.memo ?? {};
+      this.state.memo[headlistHash] = { records: memo[0], reports: memo[1], sent_in: [memo[2]] };
+    }
     try {
-      this.storage.setItem(this.key, JSON.stringify(this.state));
+      this._save();
     } catch (exc) {
       delete this.state.rounds[headlistHash];
+      if (this.state.memo) delete this.state.memo[headlistHash];
       throw new DeviceError(`cannot write ${this.where} (${exc.message ?? exc}); nothing was charged, so nothing `
         + "may be reported");
     }
+  }
+
+  _save() {
+    this.storage.setItem(this.key, JSON.stringify(this.state));
+  }
+
+  /**
+   * The reports this device sent for the head list `headlistHash` if its records then had the key `key`
+   * (recordsKey) and it has not sent them in service round `roundId` yet; null otherwise. Sending them again in
+   * another round with the same head list is post-processing: no privacy is spent (ALGORITHM.md §15). The round
+   * is noted (one message per round).
+   */
+  memoized(headlistHash, key, roundId) {
+    this._reload();
+    const memo = this.state.memo;
+    const got = memo && typeof memo === "object" ? memo[headlistHash] : undefined;
+    if (!got || got.records !== key || !Array.isArray(got.reports) || !Array.isArray(got.sent_in)
+        || got.sent_in.includes(roundId)) {
+      return null;
+    }
+    got.sent_in.push(roundId);
+    try {
+      this._save();
+    } catch (exc) {
+      got.sent_in.pop();
+      throw new DeviceError(`cannot write ${this.where} (${exc.message ?? exc}); not reporting`);
+    }
+    return got.reports.map((r) => ({ ...r }));
+  }
+
+  /**
+   * Whether this device reports in `period` (from 0) of series `seriesId` under "one period in `every`"
+   * (ALGORITHM.md §15): in each block of `every` periods the device draws one slot uniformly, on the device
+   * (`below(n)`, default the OS's randomness), the first time it asks, and keeps it; so at most one per block.
+   */
+  takesPart(seriesId, period, every, below = (n) => systemSource().below(n)) {
+    if (!Number.isInteger(every) || every < 1) throw new DeviceError(`participation: one period in ${every}? `
+      + "give an integer >= 1");
+    if (!Number.isInteger(period) || period < 0) throw new DeviceError(`the round's period ${period} is not an `
+      + "integer >= 0; not reporting");
+    if (every === 1) return true;
+    this._reload();
+    const key = `${seriesId}/${every}/${Math.floor(period / every)}`;
+    this.state.slots = this.state.slots ?? {};
+    if (!Object.hasOwn(this.state.slots, key)) {
+      const slot = below(every);
+      if (!Number.isInteger(slot) || slot < 0 || slot >= every) {
+        throw new DeviceError(`participation slot ${slot} is not in [0, ${every})`);
+      }
+      this.state.slots[key] = slot;
+      try {
+        this._save();
+      } catch (exc) {
+        delete this.state.slots[key];
+        throw new DeviceError(`cannot write ${this.where} (${exc.message ?? exc}); not reporting`);
+      }
+    }
+    return period % every === this.state.slots[key];
   }
 }
 

@@ -144,3 +144,56 @@ test("randomizeRecords charges the head list's (ε, δ) before reporting, once p
     await assert.rejects(randomizeRecords(other.text, [["weather", "u"]], { ledger: small, source: replaySource([]) }),
       /lifetime budget/);
   });
+
+test("memoization: the same head list and records in another service round re-send the same reports, uncharged",
+  needsFixtures(fx), async () => {
+    const h = fx.headlists[1];
+    const doc = JSON.parse(h.text);
+    const storage = memoryStorage();
+    const ledger = new DeviceLedger(storage, { lifetimeEpsilon: 100, lifetimeDelta: 0.01 });
+    const records = [[doc.queries[0].query, doc.queries[0].urls[0]]];
+    const first = await randomizeRecords(h.text, records, { ledger, roundId: "round-A" });
+    const spent = ledger.spent();
+    const second = await randomizeRecords(h.text, records, { ledger, roundId: "round-B" });
+    assert.deepEqual(second.reports, first.reports);
+    assert.notEqual(second.id, first.id); // a fresh message id: the server counts it in its own round
+    assert.deepEqual(ledger.spent(), spent); // one charge for both
+    await assert.rejects(randomizeRecords(h.text, records, { ledger, roundId: "round-B" }), /already reported/);
+    const other = [[doc.queries[1].query, doc.queries[1].urls[0]]]; // other records: one report per head list
+    await assert.rejects(randomizeRecords(h.text, other, { ledger, roundId: "round-C" }), /already reported/);
+    const memo = JSON.parse(storage.map.get(LEDGER_KEY)).memo[h.hash];
+    assert.deepEqual(memo.sent_in, ["round-A", "round-B"]);
+    assert.match(memo.records, /^[0-9a-f]{64}$/); // the records' key, never the records (the reports are kept)
+  });
+
+test("recordsKey is SHA-256 of the sorted rows, as the Python device's records_key", async () => {
+  const { createHash } = await import("node:crypto");
+  const rows = ['["maps", "https://m.example/a"]', '["weather", "https://w.example/a"]', '["weather", null]'];
+  const expected = createHash("sha256").update(rows.join("\n")).digest("hex");
+  const { recordsKey } = await import("../hybriddp-device.js");
+  assert.equal(recordsKey([["weather", "https://w.example/a"], ["maps", "https://m.example/a"], ["weather", null]]),
+    expected);
+  assert.equal(expected, "b05862c228e6aff6aadcd36251e5ba4949a9bd84b3133eb64b6cf0ef99c96674"); // Python's records_key
+  assert.equal(recordsKey([["weather", null], ["maps", "https://m.example/a"], ["weather", "https://w.example/a"]]),
+    expected); // a multiset: the order does not matter
+});
+
+test("one period in r: one slot per block, drawn once and kept; uniform (chi-square, p > 1e-6)", async () => {
+  const { chiSquarePooled } = await import("./support.js");
+  const r = 6;
+  const counts = new Array(r).fill(0);
+  for (let i = 0; i < 3000; i++) {
+    const ledger = new DeviceLedger(memoryStorage(), { lifetimeEpsilon: 16, lifetimeDelta: 1e-4 });
+    const answers = [...Array(2 * r).keys()].map((p) => ledger.takesPart("s", p, r));
+    assert.equal(answers.slice(0, r).filter(Boolean).length, 1);
+    assert.equal(answers.slice(r).filter(Boolean).length, 1);
+    assert.deepEqual([...Array(2 * r).keys()].map((p) => ledger.takesPart("s", p, r)), answers); // kept
+    counts[answers.indexOf(true)] += 1;
+  }
+  assert.ok(chiSquarePooled(counts, new Array(r).fill(1 / r)).p > 1e-6, String(counts));
+  const late = new DeviceLedger(memoryStorage(), { lifetimeEpsilon: 16, lifetimeDelta: 1e-4 });
+  const picks = [3, 4, 5, 6, 7, 8].map((p) => late.takesPart("s", p, r, () => 2));
+  assert.deepEqual(picks, [false, false, false, false, false, true]); // first asked at period 3: slot 2 has passed
+  assert.throws(() => late.takesPart("s", 1, 0), /integer >= 1/);
+  assert.equal(late.takesPart("s", 5, 1), true);
+});

@@ -85,3 +85,42 @@ def test_spark_head_list_equals_reference(spark) -> None:
     assert hls[0].n_records == hls[1].n_records > 5
     assert got.queries.decode(hls[0].query_ids) == want.queries.decode(hls[1].query_ids)
     assert np.array_equal(hls[0].entry_url, hls[1].entry_url)
+
+
+def test_every_periods_counts_in_one_job_equal_each_periods_reference(spark) -> None:
+    """Round series at scale (docs/SCALE.md): one Spark job samples ≤ m_O records per user *and period* and counts
+    them per period; each period's counts equal the pure-Python reference on that period's records alone."""
+    import random
+
+    from hybriddp.core.periods import period_index
+    from hybriddp.spark.curator import (
+        PERIOD_SEPARATOR,
+        reference_optin_counts,
+        spark_optin_counts_by_period,
+        with_period,
+    )
+    rnd = random.Random(30)
+    start, week = 1_141_171_200, 7 * 86_400  # 2006-03-01, AOL's first day
+    rows = {"user": [], "query": [], "url": [], "time": []}
+    for u in range(300):
+        for _ in range(rnd.randint(1, 8)):  # a user's records spread over 4 weeks
+            q = rnd.randint(0, 6)
+            rows["user"].append(f"user-{u}")
+            rows["query"].append(f"q{q}")
+            rows["url"].append(f"http://s{q}/{rnd.randint(0, 1)}")
+            rows["time"].append(start + rnd.randint(0, 4 * week - 1))
+    df = with_period(spark.createDataFrame(pa.table(rows)), "time", start, week)
+    got = spark_optin_counts_by_period(df, 2, seed=7)
+    idx = period_index(np.array(rows["time"]), start, week)
+    assert sorted(got) == sorted(set(idx.tolist())) == [0, 1, 2, 3]
+    for p, counted in got.items():
+        mask = idx == p
+        users = [f"{u}{PERIOD_SEPARATOR}{p}" for u, m in zip(rows["user"], mask, strict=True) if m]
+        want = reference_optin_counts(users, [q for q, m in zip(rows["query"], mask, strict=True) if m],
+                                      [r for r, m in zip(rows["url"], mask, strict=True) if m], 2, seed=7)
+        def as_dict(c):
+            urls = [None if x < 0 else c.urls.decode([x])[0] for x in c.url.tolist()]
+            return dict(zip(zip(c.queries.decode(c.query), urls, strict=True), c.counts.tolist(), strict=True))
+        assert as_dict(counted) == as_dict(want)
+        per_user = Counter(u for u, m in zip(rows["user"], mask, strict=True) if m)
+        assert counted.n_records == sum(min(2, n) for n in per_user.values())  # ≤ m_O per user in each period

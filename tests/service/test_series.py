@@ -284,3 +284,49 @@ def test_the_device_draws_its_slot_uniformly_and_keeps_it(tmp_path: Path) -> Non
     late = DeviceLedger(tmp_path / "late.json", lifetime_epsilon=16.0, lifetime_delta=1e-4)
     picks = [late.takes_part("s", p, r, draw=lambda _n: 2) for p in range(3, 12)]  # first asked at period 3
     assert picks == [False, False, False, False, False, True, False, False, False]  # slot 2: none in block 0's rest
+
+
+def test_a_person_moving_between_groups_is_accounted_on_their_device(store_url: str, tmp_path: Path) -> None:
+    """docs/SERIES.md, "Moving between groups": an opt-in upload with the person's device ledger records the round's
+    (ε, δ) there once (retries too), so that ledger counts both groups and refuses a device report past the
+    lifetime budget; the service's ledger charges the opt-in round as always."""
+    from hybriddp.device.ledger import DeviceLedger, DeviceLedgerRefusal
+    from hybriddp.sdk import DeviceClient, OptinUploader
+    from hybriddp.service.demo import local_server
+
+    ledger = DeviceLedger(tmp_path / "ledger.json", lifetime_epsilon=12.0, lifetime_delta=1e-3)
+    with local_server(create_app(store_url, ADMIN, open_admission=True, series_tick=0)) as url, \
+            httpx.Client(base_url=url, timeout=60) as http:
+        sid = http.post(f"{API}/series", json={"kind": "blender", "params": PARAMS, "period_seconds": 86400,
+                                               "periods": 3}, headers=AUTH).json()["id"]
+        rid = http.post(f"{API}/series/{sid}/advance", json={"step": True},
+                        headers=AUTH).json()["periods_table"][0]["round"]["id"]
+        tokens = http.post(f"{API}/rounds/{rid}/optin/enrol", json={"users": [f"x{i}" for i in range(22)]},
+                           headers=AUTH).json()["tokens"]
+        with OptinUploader(url, rid, tokens[0], device_ledger=ledger) as me:  # this person opts in, period 1
+            assert me.upload([("weather", "https://w.example/a")]) == 1
+            assert me.upload([("weather", "https://w.example/a")]) == 0  # a repeat: neither stored nor charged
+        assert ledger.spent() == pytest.approx((8.0, 1e-5))
+        body = "".join(json.dumps({"token": t, "records": [{"query": "weather", "url": "https://w.example/a"}]})
+                       + "\n" for t in tokens[1:])
+        http.post(f"{API}/rounds/{rid}/optin/records", content=body.encode(),
+                  headers={"Content-Type": "application/x-ndjson"})
+        for _ in range(3):  # build period 1, close it (the other devices' reports), open period 2
+            doc = http.post(f"{API}/series/{sid}/advance", json={"step": True}, headers=AUTH).json()
+            if doc["periods_table"][0]["round"]["state"] == "headlist-published":
+                headlist = http.get(f"{API}/rounds/{rid}/headlist").json()
+                http.post(f"{API}/rounds/{rid}/reports", json=[randomize_records(
+                    headlist, [("weather", "https://w.example/a")], source=SeededSource(i)) for i in range(20)])
+        rid2 = doc["periods_table"][1]["round"]["id"]
+        tokens2 = http.post(f"{API}/rounds/{rid2}/optin/enrol", json={"users": [f"y{i}" for i in range(22)]},
+                            headers=AUTH).json()["tokens"]
+        body = "".join(json.dumps({"token": t, "records": [{"query": "news", "url": "https://n.example/a"}]})
+                       + "\n" for t in tokens2)
+        http.post(f"{API}/rounds/{rid2}/optin/records", content=body.encode(),
+                  headers={"Content-Type": "application/x-ndjson"})
+        http.post(f"{API}/series/{sid}/advance", json={"step": True}, headers=AUTH)  # build period 2
+        with DeviceClient(url, rid2, ledger, outbox=None) as dev, pytest.raises(DeviceLedgerRefusal,
+                                                                                match="lifetime ε = 12"):
+            dev.participate([("news", "https://n.example/a")])  # 8 (opt-in) + 8 (device) > 12: refused
+    assert ledger.spent() == pytest.approx((8.0, 1e-5))
+    assert list(ledger.state["rounds"]) == [f"optin:{rid}"]

@@ -38,9 +38,13 @@ def _device_records(input_path: str, fmt: str | None, user_col: str | None, quer
 @input_options(required=False)
 @click.option("--value", "values", type=float, multiple=True,
               help="Mean rounds: a raw value to upload (repeat for several), in the round's unit.")
+@click.option("--device-ledger", type=click.Path(dir_okay=False), default=None,
+              help="This person's device ledger (as `participate --device-ledger`): the round's (ε, δ) is recorded "
+                   "there before the upload, so the ledger counts this person's opt-in rounds and device reports "
+                   "together (docs/SERIES.md). Default: none (the service's ledger charges the round either way).")
 def upload_cmd(round_id: str, server: str, token_file: str | None, input_path: str | None, fmt: str | None,
                user_col: str | None, query_col: str, url_col: str | None, row_per_user: bool, skip_bad_rows: bool,
-               values: tuple[float, ...]) -> None:
+               values: tuple[float, ...], device_ledger: str | None) -> None:
     """An opt-in user uploads their raw records (--input: all rows are this user's) or values (--value).
 
     Raw data goes only over this authenticated path; the server deletes it when it publishes the head list.
@@ -50,7 +54,9 @@ def upload_cmd(round_id: str, server: str, token_file: str | None, input_path: s
         raise parameter_error("--input/--value", None, "exactly one of them: --input RECORDS for a blender round, "
                               "--value X (repeatable) for a mean round")
     token = read_token(token_file, "HYBRIDDP_OPTIN_TOKEN", "opt-in token", "--token-file")
-    with OptinUploader(server, round_id, token) as up:
+    from hybriddp.device.ledger import open_device_ledger
+    ledger = None if device_ledger is None else open_device_ledger(device_ledger)
+    with OptinUploader(server, round_id, token, device_ledger=ledger) as up:
         if values:
             n = up.upload_values(values)
         else:

@@ -330,3 +330,44 @@ def test_a_person_moving_between_groups_is_accounted_on_their_device(store_url: 
             dev.participate([("news", "https://n.example/a")])  # 8 (opt-in) + 8 (device) > 12: refused
     assert ledger.spent() == pytest.approx((8.0, 1e-5))
     assert list(ledger.state["rounds"]) == [f"optin:{rid}"]
+
+
+def test_series_commands_end_to_end_and_refusals(store_url: str, tmp_path: Path) -> None:
+    """`hybriddp series create|list|status|advance|trends|cancel` against a real server; bad input is one line on
+    stderr and exit 2, nothing created."""
+    from click.testing import CliRunner
+
+    from hybriddp.cli import cli
+    from hybriddp.service.demo import local_server
+
+    def run(*args: Any, ok: bool = True, admin: bool = True) -> Any:
+        env = {"HYBRIDDP_ADMIN_TOKEN": ADMIN if admin else ""}
+        result = CliRunner().invoke(cli, [str(a) for a in args], env=env)
+        if ok:
+            assert result.exit_code == 0, result.output + result.stderr
+        else:
+            assert result.exit_code == 2 and "Traceback" not in result.output + result.stderr, result.output
+        return result
+
+    with local_server(create_app(store_url, ADMIN, open_admission=True, series_tick=0)) as url:
+        made = json.loads(run("series", "create", "--server", url, "--period", "7d", "--periods", 3, "--epsilon", 8,
+                              "--head-list-size", 10, "--name", "cli weekly", "--json").stdout)
+        sid = made["id"]
+        assert made["period_seconds"] == 604800 and made["optin_seconds"] == 302400 and made["periods"] == 3
+        assert made["params"]["epsilon"] == 8 and made["params"]["head_list_size"] == 10
+        assert sid in run("series", "list", "--server", url).stdout
+        shown = run("series", "status", sid, "--server", url, admin=False).stdout
+        assert "cli weekly" in shown and "lets a user join 2 period(s)" in shown
+        assert "period 1: opened round" in run("series", "advance", sid, "--server", url, "--step").stdout
+        assert "nothing was due" in run("series", "advance", sid, "--server", url).stdout
+        assert "trends need two periods" in run("series", "trends", sid, "--server", url, admin=False).stdout
+        for args, needle in ((("--period", "0.5", "--periods", 2), "period"),
+                             (("--period", "soon", "--periods", 2), "duration"),
+                             (("--period", "7d", "--periods", 2, "--start", "tomorrow"), "ISO 8601"),
+                             (("--period", "7d", "--periods", 2, "--epsilon", 20), "admits no round"),
+                             (("--period", "1d", "--periods", 2), "overlap")):
+            err = run("series", "create", "--server", url, *args, ok=False).stderr
+            assert needle in err and err.count("\n") <= 2, err
+        assert len(json.loads(run("series", "list", "--server", url, "--json").stdout)["series"]) == 1
+        assert "HTTP 404" in run("series", "status", "x" * 22, "--server", url, ok=False, admin=False).stderr
+        assert "cancelled" in run("series", "cancel", sid, "--server", url).stdout

@@ -89,9 +89,9 @@ def list_cmd(server: str, admin_token_file: str | None, as_json: bool) -> None:
         return
     t = Table(title=f"{len(items)} series")
     for col in ("id", "name", "kind", "state", "start", "period", "periods"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col in ("id", "start"), min_width=22 if col == "id" else None)
     for s in items:
-        t.add_row(s["id"], s.get("name") or "", s["kind"], s["state"], s["start"], _duration(s["period_seconds"]),
+        t.add_row(s["id"], s.get("name") or "", s["kind"], s["state"], _utc(s["start"]), _duration(s["period_seconds"]),
                   str(s["periods"]))
     render.out.print(t)
 
@@ -185,6 +185,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def _utc(iso: str) -> str:
+    """``2026-12-07T00:00:00+00:00`` → ``2026-12-07 00:00:00`` (the API's times are UTC)."""
+    return iso.replace("T", " ").removesuffix("+00:00")
+
+
 def show_series(doc: dict[str, Any], as_json: bool) -> None:
     """A series as JSON, or its schedule and budget line and a table of its periods."""
     if as_json:
@@ -201,11 +206,12 @@ def show_series(doc: dict[str, Any], as_json: bool) -> None:
                          f"{b['lifetime_delta']:g}) lets a user join {b['periods_per_user']} period(s) (basic "
                          f"composition alone: {b['periods_per_user_basic']}; the ledger enforces the tighter of it "
                          "and PLD accounting)")
-    t = Table()
+    t = Table(caption="times in UTC")
     for col in ("period", "starts", "opt-in until", "ends", "round", "state", "reports", "note"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col in ("starts", "opt-in until", "ends", "round"),
+                     min_width=22 if col == "round" else None)
     for row in doc.get("periods_table") or []:
         r = row.get("round") or {}
-        t.add_row(str(row["period"]), row["starts"], row["optin_until"], row["ends"], r.get("id", ""),
-                  r.get("state", ""), f"{r['reports']:,}" if r else "", row.get("note") or "")
+        t.add_row(str(row["period"]), _utc(row["starts"]), _utc(row["optin_until"]), _utc(row["ends"]),
+                  r.get("id", ""), r.get("state", ""), f"{r['reports']:,}" if r else "", row.get("note") or "")
     render.out.print(t)

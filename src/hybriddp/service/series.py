@@ -285,10 +285,14 @@ def status(store: Store, series_id: str, *, admin: bool = False, at: datetime | 
             if r.state in REPORT_STATES and not _reported(r) and k < k_now:
                 row["note"] = ("no device reports by the period's end: left open (close it once devices report, or "
                                "delete it)")
+            elif r.state == "aborted":
+                row["note"] = "no head list: nobody uploaded opt-in data in its window, or its build was refused"
+            elif r.state == "headlist-empty":
+                row["note"] = "no record passed the head list's threshold (a charged release)"
         else:
             row["round"] = None
             row["note"] = ("skipped (no round was opened during the period)" if k < k_now or series.state != "active"
-                           else "not started")
+                           else "opens with the scheduler's next run" if k == k_now else "not started")
         rows.append(row)
     eps, delta = float(series.params["epsilon"]), float(series.params.get("delta", 0.0))
     basic = admitted_periods(store, eps, delta)

@@ -155,15 +155,10 @@ def trends_cmd(series_id: str, server: str, window: int, fdr: float, min_change:
     if as_json:
         render.print_json(doc)
         return
-    rows = doc["changes"] if show_all else [r for r in doc["changes"] if r["trend"] != "steady"]
-    t = Table(title=f"series {series_id}: {doc['rising']} rising, {doc['falling']} falling of {doc['tested']} "
-                    f"changes tested over {len(doc['periods'])} published periods (FDR {fdr:g}, window {window})")
-    for col in ("query", "from", "to", "p before", "p after", "change", "trend"):
-        t.add_column(col, justify="right" if col.startswith("p ") or col == "change" else "left")
-    for r in rows:
-        change = "" if r["change"] is None else f"{r['change']:+.0%}"
-        t.add_row(r["query"], r["from"], r["to"], f"{r['p_before']:.4g}", f"{r['p_after']:.4g}", change, r["trend"])
-    render.out.print(t)
+    from hybriddp.cli.trends import print_trend_table
+    print_trend_table(doc, show_all, f"series {series_id}: {doc['rising']} rising, {doc['falling']} falling of "
+                                     f"{doc['tested']} changes tested over {len(doc['periods'])} published periods "
+                                     f"(FDR {fdr:g}, window {window})")
     if doc.get("note"):
         render.out.print(doc["note"])
 

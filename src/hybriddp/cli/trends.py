@@ -57,9 +57,15 @@ def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, window: 
     if as_json:
         render.print_json(doc)
         return
-    shown = rows if show_all else [r for r in rows if r["trend"] != "steady"]
-    table = Table(title=f"trends over {len(periods)} periods: {doc['rising']} rising, {doc['falling']} falling of "
-                        f"{len(rows)} changes tested (FDR {fdr:g}, min change {min_change:g})")
+    print_trend_table(doc, show_all, f"trends over {len(periods)} periods: {doc['rising']} rising, {doc['falling']} "
+                                     f"falling of {len(rows)} changes tested (FDR {fdr:g}, min change {min_change:g})")
+
+
+def print_trend_table(doc: dict[str, Any], show_all: bool, title: str) -> None:
+    """The tested changes of a trend analysis (:func:`hybriddp.server.trends.trend_document`) as a table: the
+    rising and falling ones, or every one (``show_all``)."""
+    shown = doc["changes"] if show_all else [r for r in doc["changes"] if r["trend"] != "steady"]
+    table = Table(title=title)
     for col in ("query", "from", "to", "p before", "p after", "change", "trend"):
         table.add_column(col, justify="right" if col.startswith("p ") or col == "change" else "left")
     for r in shown:

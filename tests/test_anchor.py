@@ -209,3 +209,27 @@ def test_the_normal_laplace_tail_is_the_sums_tail(share: float) -> None:
         p = float(normal_laplace_p(np.array([t]), np.array([share]))[0])
         emp = float((np.abs(x) >= t).mean())
         assert abs(emp - p) < 5 * math.sqrt(p * (1 - p) / n) + 1e-6, (t, emp, p)
+
+
+def test_published_query_estimates_are_clipped_into_0_1_in_the_results_table() -> None:
+    """Issue 28: every published estimate is in [0, 1]. With κ = 0 a query publishes its opt-in estimate, which the
+    curator's noise makes negative for small queries of a small T; the results' ``p_blended`` (what the service
+    publishes and the local-search document is built from) must be that estimate clipped, with the raw value in
+    ``p_blended_raw``."""
+    from hybriddp.core.params import BlenderParams
+    from hybriddp.server.party import serve_estimates
+    from hybriddp.simulation.pipeline import run_blender
+    from logdata import zipf_log
+
+    log = zipf_log(3_000, 60, 3, seed=5)
+    params = BlenderParams(epsilon=4.0, delta=1e-5, optin_fraction=0.05, head_list_size=30)
+    negative = 0
+    for seed in range(8):
+        run = run_blender(log, params, seed=seed)
+        res = serve_estimates(run.release, run.report_counts, defense=AnchorPolicy(kappa=0.0, kappa_query=0.0))
+        table = res.queries_table()
+        p, raw = (np.asarray(table.column(c).to_pylist(), dtype=float) for c in ("p_blended", "p_blended_raw"))
+        assert np.all((p >= 0.0) & (p <= 1.0))
+        assert np.array_equal(p, np.clip(raw, 0.0, 1.0)) and np.array_equal(p, res.blended.queries_final)
+        negative += int((raw < 0).sum())
+    assert negative > 0  # the case the test is about happened

@@ -154,7 +154,8 @@ class Result:
         else:
             b, o, c = self.blended, self.optin, self.client
             cols.update({
-                "p_blended": b.queries.p, "var_blended": b.queries.var, "weight_optin": b.queries.weight_optin,
+                "p_blended": b.queries_final, "p_blended_raw": b.queries.p, "var_blended": b.queries.var,
+                "weight_optin": b.queries.weight_optin,
                 "p_optin_sum": o.p_query, "var_optin_sum": o.var_query,
                 "p_client_direct": c.p_query, "var_client_direct": c.var_query,
                 "p_client_sum": self.client_record_sums(),
@@ -178,7 +179,7 @@ class Result:
     def _columns(self) -> dict[str, np.ndarray]:
         if self.parts is None:
             return {"p_estimate": self.p_query}
-        return {"p_blended": self.blended.queries.p, "p_optin_sum": self.optin.p_query,
+        return {"p_blended": self.blended.queries_final, "p_optin_sum": self.optin.p_query,
                 "p_client_direct": self.client.p_query, "p_client_sum": self.client_record_sums()}
 
     def figure9(self, top: int = 10) -> list[dict[str, Any]]:

@@ -41,11 +41,14 @@ def main() -> None:
     print(format_table(runs, NAMES, args.min_listed))
     if args.per_record:
         s = runs.summary("reuse", args.min_listed)
-        print("\nreuse per record: expected S count λ, share of rounds listed, bias/RMSE, z, reported var / MSE")
+        print("\nreuse per record: expected S count λ, share of rounds listed, bias/RMSE, z, reported var / MSE "
+              "± its standard error (from the MSE's)")
         listed = runs.listed("reuse")[s["record"]]
+        err2 = (runs.estimates["reuse"][:, s["record"]] - s["p"]) ** 2
+        se = s["ratio"] * np.nanstd(err2, axis=0) / np.nanmean(err2, axis=0) / np.sqrt(s["rounds"])
         for i in range(len(s["record"])):
             print(f"  λ {s['p'][i] * Setting().sizes[0]:7.1f}  listed {listed[i]:5.2f}  bias/RMSE "
-                  f"{s['bias'][i] / s['rmse'][i]:+.3f}  z {s['z'][i]:+5.1f}  ratio {s['ratio'][i]:.3f}")
+                  f"{s['bias'][i] / s['rmse'][i]:+.3f}  z {s['z'][i]:+5.1f}  ratio {s['ratio'][i]:.3f} ± {se[i]:.3f}")
     np.set_printoptions(precision=3)
 
 

@@ -48,11 +48,37 @@ class OptinEstimates:
 
     def _excess(self, p_record: np.ndarray) -> np.ndarray | float:
         """What correcting S's counts for τ adds to each record's variance (0 without the correction; §4.1):
-        Var(X̃ | kept) − Var X over (|D_S| + |D_T|)², on the reused records."""
+        Var(X̃ | kept) − Var X at ``p_record``, over (|D_S| + |D_T|)², on the reused records."""
         if self.kept is None or self.reused is None:
             return 0.0
         n = self.n + self.n_s
-        return np.where(self.reused, self.kept.reported_excess(p_record), 0.0) / (n * n)
+        return np.where(self.reused, self.kept.excess(p_record), 0.0) / (n * n)
+
+    def _excess_estimates(self) -> np.ndarray | None:
+        """The same excess estimated from each reused record's released count, r(X)/(|D_S| + |D_T|)²
+        (:meth:`KeptCount.excess_estimate`, unbiased given listing; ALGORITHM.md §4.1, "Reported variance"); None
+        when the counts are not known here (or S's counts were not corrected)."""
+        if self.kept is None or self.reused is None or self.s_counts is None:
+            return None
+        n = self.n + self.n_s
+        x = np.where(self.reused, np.nan_to_num(self.s_counts), self.kept.threshold + 1.0)  # any released value
+        return np.where(self.reused, self.kept.excess_estimate(x), 0.0) / (n * n)
+
+    def reported_variances_at(self, p_record: np.ndarray, p_query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The opt-in variances the reported error spreads the opt-in estimates by (ALGORITHM.md §4.1, "Reported
+        variance"; §7, "Reported variance"), records then queries, at 1-D ``p_record`` and ``p_query``: those of
+        :meth:`variances_at` with each reused record's excess estimated from its released count, r(X), in place
+        of the excess at ``p_record`` (which is what the weights use). A query adds its records' r(X). Without the
+        released counts, :meth:`variances_at`."""
+        r = self._excess_estimates()
+        if r is None:
+            return self.variances_at(p_record, p_query)
+        hl = self.head_list
+        n = np.where(self.reused, self.n + self.n_s, self.n)
+        rec = optin_variance(p_record, self.draws_record, n, self.noise_variance) + r
+        qry = reuse_query_variances(p_record, p_query, self.draws_record, self.reused, hl.entry_query, self.n,
+                                    self.n_s, self.noise_variance)
+        return rec, qry + np.bincount(hl.entry_query, weights=r, minlength=hl.k)
 
     def query_variances_at(self, p_query: np.ndarray, p_record: np.ndarray) -> np.ndarray:
         """σ̂²_O of every query at ``p_query`` (last axis: queries; leading axes broadcast), with the records

@@ -17,7 +17,9 @@ X̃ is unbiased for λ given that the record was listed. Far above τ, G(m) = m 
 before. What is left is the binomial's departure from Poisson (O(p)) and X̃'s unused values below τ (a share that
 falls like the noise's tail); :meth:`KeptCount.moments` computes the bias they leave exactly. No estimator of the
 released count can be exactly unbiased for every λ (§4.1 proves it), so this is as close as the law allows; its
-price is variance for records near τ, which :meth:`KeptCount.moments` reports exactly.
+price is variance for records near τ, which :meth:`KeptCount.moments` reports exactly. The reported error estimates
+that extra variance from the released count itself (:meth:`KeptCount.excess_estimate`, unbiased given listing in the
+same way; §4.1, "Reported variance").
 
 Everything here is post-processing of CreateHeadList's output with public parameters: no privacy is spent.
 """
@@ -37,15 +39,10 @@ TAIL_SCALES = 40.0
 """Noise scales beyond which a tail is treated as empty (e^−40 < 1e-17)."""
 
 EXCESS_GRID = 1025
-"""Points of the λ grid on which the correction's extra variance is tabulated."""
+"""Points of the λ grid on which the correction's extra variance is tabulated (:func:`_excess_table`)."""
 
 NEAR_SDS = 9.5
 """A true count λ more than this many √λ above the grid's last count leaves the grid no mass (P < e^−45): X̃ = X."""
-
-JENSEN_STEP = 0.6
-"""The damped Van Cittert step of the reported excess (:func:`_excess_table`): about the opt-in weight of records
-near τ (0.6–0.9 in the selection-bias harness); measured there to bring reported variance / MSE near τ from
-0.81–0.87 to 0.88–0.97 (docs/RESULTS.md)."""
 
 CELLS_PER_SCALE = 8
 """Grid cells per noise scale for the moments under continuous Laplace noise (midpoint error O(1/64))."""
@@ -83,18 +80,44 @@ class KeptCount:
 
     def corrected(self, x: np.ndarray) -> np.ndarray:
         """X̃(x), the released count ``x`` corrected for having passed τ (module docstring); X̃(x) = x far above τ."""
-        x = np.asarray(x, dtype=np.float64)
+        return self._inverse_kernel(np.asarray(x, dtype=np.float64), ((1.0, 1, 1.0),))
 
-        def big_g(t: np.ndarray) -> np.ndarray:  # G(t) = t·P[t − 1 + Y > τ]
-            return t * self.survival(self.threshold - t + 1.0)
+    def excess_estimate(self, x: np.ndarray) -> np.ndarray:
+        """r(x): an estimate, from the released count ``x`` alone, of what the correction adds to the variance,
+        Var(X̃ | X > τ) − Var X (ALGORITHM.md §4.1, "Reported variance"), elementwise; 0 far above τ.
+
+        r = X̃² − Var Y − K⁻¹[G₂],  G₂(m) = m(m − 1)·P[m − 2 + Y > τ] + m·P[m − 1 + Y > τ].
+
+        With λ²·P[N = m − 2] = m(m − 1)·P[N = m] and λ·P[N = m − 1] = m·P[N = m] (as for X̃),
+        E[K⁻¹[G₂](X)·1{X > τ}] = (λ² + λ)·P[X > τ], so for N ~ Poisson(λ), where E[X̃ | X > τ] = λ,
+        E[r | X > τ] = E[X̃² | X > τ] − λ² − λ − Var Y = Var(X̃ | X > τ) − Var X at every λ; the excess evaluated at
+        an estimate of λ is not. What is left is X̃'s own residue: K⁻¹'s values at or below τ, which are never used,
+        and the binomial's departure from Poisson. Against :meth:`moments`: within 1% + 0.15 counts² of the excess
+        at ε = 4, +4–7% of it at ε = 1. Far above τ, K⁻¹[G₂](x) = x² − Var Y and r = 0. r can dip just below 0
+        (≥ −0.3 counts² with Laplace noise at ε = 4); it is always added to a variance that holds both noise draws
+        (2·Var Y)."""
+        x = np.asarray(x, dtype=np.float64)
+        g2 = self._inverse_kernel(x, ((1.0, 2, 2.0), (-1.0, 1, 2.0), (1.0, 1, 1.0)))
+        return self.corrected(x) ** 2 - self.noise_variance - g2
+
+    def _inverse_kernel(self, x: np.ndarray, terms: tuple[tuple[float, int, float], ...]) -> np.ndarray:
+        """K⁻¹[G](x) for G(t) = Σ c·t^k·W(t − s) over ``terms`` (c, k, s), k ∈ {1, 2}, W(u) = P[u + Y > τ]: the
+        three-point filter for discrete Laplace noise, G − b²G″ for Laplace(0, b) (module docstring). X̃ is
+        K⁻¹[t·W(t − 1)]."""
+        def big_g(t: np.ndarray) -> np.ndarray:
+            return sum(c * t**k * self.survival(self.threshold - t + s) for c, k, s in terms)
 
         if self.discrete:
             q = math.exp(-1.0 / self.scale)
             return ((1.0 + q * q) * big_g(x) - q * big_g(x - 1.0) - q * big_g(x + 1.0)) / (1.0 - q) ** 2
         b = self.scale
-        d = self.threshold - x + 1.0  # W(t) = P[Y > τ − t] at t = x − 1: W′ = f(d), W″ = sign(d)·f(d)/b
-        f = np.exp(-np.abs(d) / b) / (2.0 * b)
-        return big_g(x) - b * b * (2.0 * f + x * np.sign(d) * f / b)
+        second = np.zeros_like(x)
+        for c, k, s in terms:  # (t^k·W(t − s))″ = k(k − 1)t^(k−2)·W + 2k·t^(k−1)·W′ + t^k·W″
+            d = self.threshold - x + s  # W(t − s) = P[Y > d]: W′ = f(d), W″ = sign(d)·f(d)/b, f the density of Y
+            f = np.exp(-np.abs(d) / b) / (2.0 * b)
+            w = self.survival(d) if k == 2 else 0.0
+            second += c * (k * (k - 1) * w + 2.0 * k * x ** (k - 1) * f + x**k * np.sign(d) * f / b)
+        return big_g(x) - b * b * second
 
     # ----- the law of X given that it was released -------------------------------------------------------------
     @cached_property
@@ -153,11 +176,12 @@ class KeptCount:
         bias[near], var[near] = mean - ln, np.maximum(second - mean**2, 0.0)
         return bias.reshape(shape), var.reshape(shape)
 
-    def reported_excess(self, p: np.ndarray) -> np.ndarray:
-        """The variance the correction adds to the pooled estimate's, to report at an estimate p̄ of p, in counts²
-        (ALGORITHM.md §4.1, "Reported variance"), elementwise in ``p``: interpolated in λ = |D_S|·p from
-        :func:`_excess_table`, as the blend evaluates it at every pass and quadrature node. It is 0 far above τ;
-        near τ it is Var(X̃ | X > τ) − Var X raised by the table's Jensen step."""
+    def excess(self, p: np.ndarray) -> np.ndarray:
+        """Var(X̃ | X > τ) − Var X, what the correction adds to the pooled estimate's variance, in counts², at
+        N ~ Binomial(|D_S|, p), elementwise in ``p`` (ALGORITHM.md §4.1, "Variance"): interpolated in λ = |D_S|·p
+        from :func:`_excess_table`, as the blend's weights evaluate it at every pass and quadrature node (at its
+        estimate p̄). 0 far above τ. The reported variance uses :meth:`excess_estimate` of the released count
+        instead, where that count is known."""
         lam, excess = _excess_table(self)
         x = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0) * self.n_s
         return np.where(x <= lam[-1], np.interp(x, lam, excess), 0.0)
@@ -165,33 +189,11 @@ class KeptCount:
 
 @lru_cache(maxsize=16)
 def _excess_table(rule: KeptCount) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`KeptCount.reported_excess` on a grid of λ from 0 to where it is 0 (P[N ≤ the grid's last count] <
-    e^−45), shared by every round with the same rule (ALGORITHM.md §4.1, "Reported variance").
-
-    The blend evaluates the excess f at its estimate p̄, not at p. Near τ f is peaked and p̄ scatters widely
-    (X̃ = X except at the lowest released counts, which it maps near 0), so the mean of f(p̄) falls short of
-    f(p) (0.81–0.87 of the MSE in the selection-bias harness). The table holds one damped Van Cittert step
-    r = f + s·(f − K·f) instead, K the law of X̃ given λ (mapped onto the grid, p̄ ≥ 0): the mean of r over X̃ is
-    f up to second-order terms. p̄ scatters less than X̃, by the opt-in weight w (Var(p̄ − p) ≈ w·σ²_O), so the
-    step is s = :data:`JENSEN_STEP` < 1; r is never below min(f, 0)."""
-    x, _, _, xt = rule._grid
-    top = rule._near_top
-    lam = np.linspace(0.0, top, EXCESS_GRID)
+    """:meth:`KeptCount.excess` from :meth:`KeptCount.moments` on a grid of λ from 0 to where it is 0 (P[N ≤ the
+    grid's last count] < e^−45), shared by every round with the same rule (ALGORITHM.md §4.1, "Variance")."""
+    lam = np.linspace(0.0, rule._near_top, EXCESS_GRID)
     p = lam / rule.n_s
-    f = rule.moments(p)[1] - (rule.n_s * p * (1.0 - p) + rule.noise_variance)
-    cell = rule._cells(p)
-    beyond = np.clip(1.0 - cell.sum(-1), 0.0, 1.0)  # X beyond the grid: X̃ = X, put at λ itself (f is 0 there)
-    cell = np.where(x > rule.threshold, cell, 0.0)
-    at = np.clip(xt, 0.0, top)  # where each released cell's X̃ falls on the grid, linearly between two points
-    lo = np.clip(np.searchsorted(lam, at) - 1, 0, len(lam) - 2)
-    frac = (at - lam[lo]) / (lam[1] - lam[0])
-    k = np.zeros((len(lam), len(lam)))
-    rows = np.arange(len(lam))[:, None]
-    np.add.at(k, (rows, lo[None, :]), cell * (1.0 - frac))
-    np.add.at(k, (rows, lo[None, :] + 1), cell * frac)
-    k[rows[:, 0], rows[:, 0]] += beyond
-    k /= k.sum(axis=1, keepdims=True)
-    return lam, np.maximum(f + JENSEN_STEP * (f - k @ f), np.minimum(f, 0.0))
+    return lam, rule.moments(p)[1] - (rule.n_s * p * (1.0 - p) + rule.noise_variance)
 
 
 def kept_count_for(epsilon: float, delta: float, m_o: int, noise: str, n_s: int) -> KeptCount:

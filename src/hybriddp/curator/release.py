@@ -10,7 +10,9 @@
   a record estimated from S ∪ T, ALGORITHM.md §4.1) and ``n_s`` = |D_S|; it is written only when S
   is reused, so releases without reuse stay version 2. ``s_corrected: true`` says S's counts were
   corrected for having passed τ (§4.1), which changes the records' variances; files without it pooled
-  them as released and are blended as before.
+  them as released and are blended as before. ``s_counts`` (with ``s_corrected``) holds S's released count of
+  each reused record (the head-list release of §3.3, null elsewhere), from which the server estimates the
+  correction's excess variance for the reported error (§4.1, "Reported variance").
 
 A seeded release gives no privacy (its noise is reproducible by anyone who knows the seed): both
 documents then say ``"non_private": true``. The head list carries the key only when seeded, so an
@@ -138,6 +140,9 @@ def estimates_document(optin: OptinEstimates, headlist_doc: dict[str, Any], para
         doc.update(reused=[int(x) for x in optin.reused.tolist()], n_s=int(optin.n_s))
         if optin.kept is not None:  # S's counts corrected for having passed τ (ALGORITHM.md §4.1)
             doc["s_corrected"] = True
+            if optin.s_counts is not None:  # the released counts of the reused records: their reported variance
+                doc["s_counts"] = [float(x) if r else None for x, r in zip(optin.s_counts.tolist(),
+                                                                          optin.reused.tolist(), strict=True)]
     if seed is not None:
         doc["warning"] = SEED_WARNING
     for key in ("p_record", "p_query"):
@@ -249,6 +254,14 @@ def _check_reuse(doc: dict[str, Any], source: str, hl: HeadList, draws: np.ndarr
     if len(bad):
         raise _fail(source, "reused", f"entry {int(bad[0])}", "a reused record sums two noise draws (draws_record "
                     "≥ 2) and ⟨*,*⟩ is never reused; use the file `hybriddp headlist` wrote")
+    if "s_counts" in doc:
+        v = doc["s_counts"]
+        if not (isinstance(v, list) and len(v) == hl.n_entries and all(
+                (x is None) if not r else (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x))
+                for x, r in zip(v, reused.tolist(), strict=False))):
+            raise _fail(source, "s_counts", f"a list of {len(v)}" if isinstance(v, list) else v,
+                        f"it must be a list of {hl.n_entries} values, S's released count of each reused record and "
+                        "null elsewhere; use the file `hybriddp headlist` wrote")
 
 
 def _params(doc: dict[str, Any], source: str) -> BlenderParams:
@@ -322,6 +335,9 @@ def release_from_documents(headlist_doc: Any, estimates_doc: Any, *, headlist_so
     kept = None  # a file without s_corrected (written before the correction) pooled S's counts as released
     if reused is not None and edoc.get("s_corrected") is True:
         kept = kept_count_for(params.epsilon, params.delta, params.m_o, str(edoc["noise"]), n_s)
-    optin = OptinEstimates(hl, p_rec, p_rec, j_rec, p_q, p_q, j_q, n, var_y, reused, n_s, None, kept)
+    s_counts = None  # without them (files written before), the reported variance uses the excess at the estimate
+    if kept is not None and "s_counts" in edoc:
+        s_counts = np.array([np.nan if x is None else x for x in edoc["s_counts"]], dtype=np.float64)
+    optin = OptinEstimates(hl, p_rec, p_rec, j_rec, p_q, p_q, j_q, n, var_y, reused, n_s, s_counts, kept)
     optin.var_record, optin.var_query = optin.variances_at(p_rec, p_q)
     return CuratorRelease(hdoc, edoc, hl, qv, uv, optin, params, str(edoc["noise"]), edoc.get("seed"))

@@ -135,7 +135,10 @@ def blend_error(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgPara
     again in pseudo-rounds at p̄: p̂_O = p̄ + σ_O(p̄)·x, p̂_C = p̄ + σ_C(p̄)·y over the 8 × 8 Gauss–Hermite
     nodes (x, y), each with the pooled iteration, and the results are the quadratures of p̂ − p̄ and
     (p̂ − p̄)². For fixed weights they are exact (0 and w²σ²_O + (1−w)²σ²_C); they are deterministic.
-    Each entry varies alone: a record's query is held at p̄_q, a query's records at p̄.
+    Each entry varies alone: a record's query is held at p̄_q, a query's records at p̄. Under reuse σ²_O here is
+    :meth:`~hybriddp.curator.estimates.OptinEstimates.reported_variances_at`: a reused record's excess for τ is
+    estimated from its released count (unbiased given listing, ALGORITHM.md §4.1, "Reported variance"), while
+    the pseudo-rounds' weights keep the excess at p̄.
     """
     from hybriddp.server.client_estimates import client_variances
 
@@ -151,13 +154,18 @@ def blend_error(optin: OptinEstimates, client: ClientEstimates, lp: LocalAlgPara
     def queries(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return optin.query_variances_at(p, p_r), client_variances(p_r, p, hl, lp, client.n)[1]
 
-    return _quadrature(p_r, records, grid, max_passes), _quadrature(p_q, queries, grid, max_passes)
+    spread_r, spread_q = optin.reported_variances_at(p_r, p_q)
+    return (_quadrature(p_r, records, grid, max_passes, spread_r),
+            _quadrature(p_q, queries, grid, max_passes, spread_q))
 
 
 def _quadrature(p: np.ndarray, variances: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
-                grid: tuple[np.ndarray, np.ndarray, np.ndarray], max_passes: int) -> BlendError:
+                grid: tuple[np.ndarray, np.ndarray, np.ndarray], max_passes: int,
+                spread_o: np.ndarray | None = None) -> BlendError:
     """Σ_nodes weight·(p̂ − p) and Σ_nodes weight·(p̂ − p)² of the pooled blend of pseudo-estimates
-    p ± σ·node (see :func:`blend_error`).
+    p ± σ·node (see :func:`blend_error`). The opt-in pseudo-estimates spread by ``spread_o`` (default: the opt-in
+    variance at p that the weights use; under reuse, the one with the excess estimated from the released counts,
+    ALGORITHM.md §4.1, "Reported variance"), and every pseudo-round is blended with the weights of ``variances``.
 
     Each pseudo-round's fixed point p̂ = w(p̂)·p̂_O + (1 − w(p̂))·p̂_C lies between p̂_O and p̂_C; it is found by
     Steffensen's acceleration of the pooled iteration (kept inside that interval), which converges in a few
@@ -165,7 +173,8 @@ def _quadrature(p: np.ndarray, variances: Callable[[np.ndarray], tuple[np.ndarra
     """
     xo, xc, weight = grid
     vo, vc = variances(p)
-    p_o = p + np.sqrt(np.where(np.isfinite(vo), vo, 0.0)) * xo  # a group without data gets weight 0 anyway
+    so = vo if spread_o is None else np.maximum(spread_o, 0.0)
+    p_o = p + np.sqrt(np.where(np.isfinite(so), so, 0.0)) * xo  # a group without data gets weight 0 anyway
     p_c = p + np.sqrt(np.where(np.isfinite(vc), vc, 0.0)) * xc
     lo, hi = np.minimum(p_o, p_c), np.maximum(p_o, p_c)
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from hybriddp.core.errors import parameter_error
+from hybriddp.privacy.budget import TOLERANCE
 
 DISCRETIZATION = 1e-3
 """Spacing of the privacy losses the PLDs are supported on (dp-accounting's value discretization)."""
@@ -212,10 +213,13 @@ def totals(mechanisms: Sequence[Mechanism], target_delta: float) -> Totals:
     return Totals(len(mechanisms), basic, (min(advanced[0], basic[0]), advanced[1]), pld_eps, target_delta)
 
 
-def round_mechanism(kind: str, params: dict[str, Any]) -> Mechanism:
+def round_mechanism(kind: str, params: dict[str, Any], charge: tuple[float, float] | None = None) -> Mechanism:
     """What an opt-in user of a service round went through, for accounting: a BLENDER round with discrete noise
     and m_O ≤ :data:`MAX_EXACT_M_O` is ``optin-any`` (exact); any other round (a mean round, Laplace noise, a
-    larger m_O) is ``stated``: its (ε, δ) alone, as basic composition counts it."""
+    larger m_O) is ``stated``: its (ε, δ) alone, as basic composition counts it. ``charge``: the (ε, δ) the ledger
+    charged, in place of the parameters'."""
+    if charge is not None:
+        params = {**params, "epsilon": charge[0], "delta": charge[1]}
     eps = float(params["epsilon"])
     delta = float(params.get("delta", 0.0)) if kind == "blender" else 0.0
     m_o = int(params.get("m_o", 1))
@@ -230,7 +234,7 @@ def _history_epsilon(history: tuple[tuple[Mechanism, int], ...], target_delta: f
     mechanisms = [m for m, n in history for _ in range(n)]
     basic_eps = sum(m.epsilon for m in mechanisms)
     basic_delta = sum(m.delta for m in mechanisms)
-    basic = basic_eps if basic_delta <= target_delta * (1 + 1e-12) else math.inf
+    basic = basic_eps if basic_delta <= target_delta * (1 + TOLERANCE) else math.inf
     return min(basic, float(compose(mechanisms).get_epsilon_for_delta(target_delta)))
 
 
@@ -240,3 +244,22 @@ def history_epsilon(mechanisms: Sequence[Mechanism], target_delta: float) -> flo
     (the users of a series share a few histories)."""
     history = tuple(sorted(_counted(mechanisms), key=lambda mn: repr(mn[0])))
     return _history_epsilon(history, float(target_delta))
+
+
+def within_lifetime(mechanisms: Sequence[Mechanism], lifetime_epsilon: float, lifetime_delta: float) -> bool:
+    """Whether a history stays within the lifetime budget by the rule the service enforces: its
+    :func:`history_epsilon` at the lifetime δ is at most the lifetime ε (up to the ledger's relative TOLERANCE)."""
+    return history_epsilon(mechanisms, lifetime_delta) <= lifetime_epsilon * (1 + TOLERANCE)
+
+
+def admitted_rounds(mech: Mechanism, lifetime_epsilon: float, lifetime_delta: float, most: int) -> tuple[int, int]:
+    """(by basic composition, by the enforced rule): how many rounds of ``mech`` one user can take part in within
+    the lifetime budget. The first is ⌊ε_L/ε⌋ (and ⌊δ_L/δ⌋), uncapped; the second extends it, one round at a time up
+    to ``most``, while :func:`within_lifetime` holds (it is the first when that already reaches ``most``)."""
+    by_eps = math.floor(lifetime_epsilon / mech.epsilon + 1e-9)
+    by_delta = math.floor(lifetime_delta / mech.delta + 1e-9) if mech.delta > 0 else by_eps
+    basic = max(0, min(by_eps, by_delta))
+    k = basic
+    while k < most and within_lifetime([mech] * (k + 1), lifetime_epsilon, lifetime_delta):
+        k += 1
+    return basic, k

@@ -123,13 +123,10 @@ def admitted_rounds(epsilon: float, delta: float, most: int) -> tuple[int, int]:
     """Rounds (at most ``most``) one opt-in user can take part in within (:data:`LIFETIME_EPSILON`,
     :data:`LIFETIME_DELTA`) by basic composition, and by the rule the service enforces (the tighter of basic and PLD
     accounting of the exact per-round mechanism, ALGORITHM.md §14)."""
-    from hybriddp.audit.pld import Mechanism, history_epsilon
-    basic = min(math.floor(LIFETIME_EPSILON / epsilon + 1e-9), math.floor(LIFETIME_DELTA / delta + 1e-9), most)
-    k = basic
-    while k < most and history_epsilon([Mechanism("optin-any", epsilon, delta)] * (k + 1),
-                                       LIFETIME_DELTA) <= LIFETIME_EPSILON * (1 + 1e-12):
-        k += 1
-    return basic, k
+    from hybriddp.audit.pld import Mechanism
+    from hybriddp.audit.pld import admitted_rounds as admitted
+    basic, tight = admitted(Mechanism("optin-any", epsilon, delta), LIFETIME_EPSILON, LIFETIME_DELTA, most)
+    return min(basic, most), min(tight, most)
 
 
 def summarize(period_rows: Sequence[dict[str, Any]], trend_rows_: Sequence[dict[str, Any]],

@@ -163,8 +163,7 @@ def _pld_epsilons(conn: Connection, info: dict[int, Any], is_private: Any,
                                               .where(is_private)).all():
         row = info.get(int(num))
         try:
-            params = {**json.loads(row.params), "epsilon": float(eps), "delta": float(delta)} if row else None
-            mech = round_mechanism(row.kind, params) if row else None
+            mech = round_mechanism(row.kind, json.loads(row.params), (float(eps), float(delta))) if row else None
         except (ValueError, TypeError, KeyError):
             mech = None
         histories.setdefault(user, []).append(mech)

@@ -16,6 +16,7 @@ reports across rounds, by design.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -104,7 +105,7 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
                               "still collecting them is then aborted.")
     if flagged not in ON_FLAG:
         raise parameter_error("flagged (--flagged)", flagged, " or ".join(repr(f) for f in ON_FLAG))
-    admitted = admitted_periods_pld(store, kind, params, 1)
+    admitted = admitted_periods(store, kind, params, 1)[1]
     if admitted < 1:
         raise parameter_error("epsilon", params["epsilon"], f"within the lifetime budget (epsilon "
                               f"{store.lifetime_epsilon:g}, delta {store.lifetime_delta:g}): this budget admits no "
@@ -113,23 +114,12 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
                       float(retention), admitted)
 
 
-def admitted_periods(store: Store, epsilon: float, delta: float) -> int:
-    """Periods one opt-in user can take part in at (ε, δ) each under the lifetime budget by basic composition."""
-    by_eps = math.floor(store.lifetime_epsilon / epsilon + 1e-9)
-    by_delta = math.floor(store.lifetime_delta / delta + 1e-9) if delta > 0 else by_eps
-    return max(0, min(by_eps, by_delta))
+def admitted_periods(store: Store, kind: str, params: dict[str, Any], most: int) -> tuple[int, int]:
+    """(by basic composition, by the ledger's rule, at most ``most`` extended): periods one opt-in user can take
+    part in under the lifetime budget (:func:`hybriddp.audit.pld.admitted_rounds`, ALGORITHM.md §14)."""
+    from hybriddp.audit.pld import admitted_rounds, round_mechanism
 
-
-def admitted_periods_pld(store: Store, kind: str, params: dict[str, Any], most: int) -> int:
-    """Periods (at most ``most``) one opt-in user can take part in under the lifetime budget by the ledger's rule:
-    the tighter of basic composition and PLD accounting of the rounds' mechanisms (ALGORITHM.md §14)."""
-    from hybriddp.audit.pld import history_epsilon, round_mechanism
-
-    mech = round_mechanism(kind, params)
-    k = admitted_periods(store, mech.epsilon, mech.delta)
-    while k < most and history_epsilon([mech] * (k + 1), store.lifetime_delta) <= store.lifetime_epsilon * (1 + 1e-12):
-        k += 1
-    return k
+    return admitted_rounds(round_mechanism(kind, params), store.lifetime_epsilon, store.lifetime_delta, most)
 
 
 def create_series(store: Store, plan: SeriesPlan, first_round: str | None = None) -> SeriesInfo:
@@ -215,7 +205,7 @@ def _publish(store: Store, k: int, r: RoundInfo, done: list[str]) -> None:
         done.append(f"period {k + 1}: round {r.id} built its head list ({info.state})")
     except ConflictError:  # another scheduler got there first
         return
-    except (DataError, HybridDPError) as exc:
+    except HybridDPError as exc:  # no opt-in data, the budget, an empty build (DataError is one)
         if store.round(r.id).state != "collecting-optin":
             raise
         logger.warning("series period %d: round %s cannot build its head list (%s); aborted", k + 1, r.id, exc)
@@ -295,8 +285,7 @@ def status(store: Store, series_id: str, *, admin: bool = False, at: datetime | 
                            else "opens with the scheduler's next run" if k == k_now else "not started")
         rows.append(row)
     eps, delta = float(series.params["epsilon"]), float(series.params.get("delta", 0.0))
-    basic = admitted_periods(store, eps, delta)
-    tight = admitted_periods_pld(store, series.kind, series.params, series.periods)
+    basic, tight = admitted_periods(store, series.kind, series.params, series.periods)
     running = series.state == "active" and 0 <= k_now < series.periods
     return {**series.to_json(admin=admin), "current_period": k_now + 1 if running else None,
             "periods_table": rows,
@@ -307,8 +296,6 @@ def status(store: Store, series_id: str, *, admin: bool = False, at: datetime | 
 
 def trend_inputs(store: Store, series_id: str) -> list[tuple[str, dict[str, Any]]]:
     """(label, published results) of the series' periods whose results are published, in period order."""
-    import json
-
     series = store.series(series_id)
     if series.kind != "blender":
         raise DataError(f"series {series_id} is a {series.kind} series; trends are computed over BLENDER query "

@@ -18,7 +18,7 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.engine import Connection
 
 from hybriddp.core.errors import HybridDPError
-from hybriddp.privacy.budget import TOLERANCE, LifetimeBudget, Spend
+from hybriddp.privacy.budget import LifetimeBudget, Spend
 from hybriddp.privacy.ledger import BudgetExceededError, Charge, LedgerError
 from hybriddp.privacy.pseudonyms import pseudonym
 from hybriddp.service import schema as s
@@ -83,20 +83,19 @@ class LedgerStore(StoreBase):
         whose total ε there is within the lifetime ε passes. If the accountant fails, nobody passes (basic rules).
         ``charges``: this round's (ε, δ) per user."""
         def admitted(users: Sequence[str]) -> set[str]:
-            from hybriddp.audit.pld import history_epsilon, round_mechanism
+            from hybriddp.audit.pld import round_mechanism, within_lifetime
             lc, r = s.ledger_charges.c, s.rounds.c
             try:
-                history: dict[str, list[Any]] = {u: [round_mechanism(info.kind, {
-                    **info.params, "epsilon": charges[u][0], "delta": charges[u][1]})] for u in users}
+                history: dict[str, list[Any]] = {u: [round_mechanism(info.kind, info.params, charges[u])]
+                                                 for u in users}
                 for i in range(0, len(users), IN_CHUNK):
                     for user, kind, params, eps, delta in conn.execute(
                             select(lc.user_pseudonym, r.kind, r.params, lc.epsilon, lc.delta)
                             .join(s.rounds, r.num == lc.round_num)
                             .where(lc.user_pseudonym.in_(list(users[i:i + IN_CHUNK])), lc.private.is_(True))).all():
-                        p = {**json.loads(params), "epsilon": float(eps), "delta": float(delta)}
-                        history[user].append(round_mechanism(kind, p))
-                limit = self.lifetime_epsilon * (1 + TOLERANCE)
-                return {u for u, h in history.items() if history_epsilon(h, self.lifetime_delta) <= limit}
+                        history[user].append(round_mechanism(kind, json.loads(params), (float(eps), float(delta))))
+                return {u for u, h in history.items()
+                        if within_lifetime(h, self.lifetime_epsilon, self.lifetime_delta)}
             except (HybridDPError, ValueError, KeyError, ArithmeticError) as exc:
                 logger.warning("PLD accounting failed for round %s (%s); basic composition decides", info.id, exc)
                 return set()

@@ -164,9 +164,7 @@ def publish_headlist(store: Store, round_id: str, vocabulary: dict[str, list[str
     if vocabulary is not None and (info.kind != "blender" or not info.non_private):
         raise parameter_error("vocabulary", "<given>", "left out: it is for seeded (experiment) BLENDER rounds "
                               "only, which reproduce a simulation", "Publish without a body.")
-    p = info.params
-    delta = float(p["delta"]) if info.kind == "blender" else 0.0
-    info = store.start_build(round_id, float(p["epsilon"]), delta, private=not info.non_private)
+    info = store.start_build(round_id, *info.charge, private=not info.non_private)
     try:
         if info.kind == "blender":
             headlist, estimates = _curate_blender(store, info, vocabulary)

@@ -114,8 +114,7 @@ class OptinStore(RoundStore, LedgerStore):
         user who spent the budget in earlier periods simply sits the later ones out). Seeded rounds spend nothing."""
         if info.non_private or "epsilon" not in info.params:  # (rounds the service validated always have one)
             return
-        charge = (float(info.params["epsilon"]), float(info.params.get("delta", 0.0)) if info.kind == "blender"
-                  else 0.0)
+        charge = info.charge
         budget = LifetimeBudget(self.lifetime_epsilon, self.lifetime_delta)
         charges = dict.fromkeys(pseuds, charge)
         over = budget.overrun(charges, self._spent_by(conn, sorted(set(pseuds))), self.tighter(conn, info, charges))

@@ -83,6 +83,11 @@ class RoundInfo:
         """A seeded (experiment) round: anyone who knows the seed can regenerate its noise."""
         return self.params.get("seed") is not None
 
+    @property
+    def charge(self) -> tuple[float, float]:
+        """The (ε, δ) the build charges each opt-in user: a BLENDER round's, or a mean round's ε with δ = 0."""
+        return float(self.params["epsilon"]), float(self.params["delta"]) if self.kind == "blender" else 0.0
+
     def to_json(self, *, admin: bool = False) -> dict[str, Any]:
         """The round as the API shows it. The public view (``admin=False``) leaves out what the mechanisms do
         not release: the live opt-in counts (polling them would tell what each upload carried) and a seed."""

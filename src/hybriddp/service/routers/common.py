@@ -91,6 +91,14 @@ async def require_admin(admin: IsAdmin) -> None:
 ADMIN = [Depends(require_admin)]
 """The dependencies of an administrator endpoint."""
 
+
+def require_visible(service: ServiceContext, admin: bool, what: str) -> None:
+    """:class:`UnauthorizedError` (401) when the server shows ``what`` to administrators only
+    (``--private-round-details``) and the request is not an administrator's."""
+    if service.private_round_details and not admin:
+        raise UnauthorizedError(f"this server shows {what} to administrators only (--private-round-details): "
+                                "Authorization: Bearer <admin token>")
+
 RoundId = Annotated[str, Path(description="The round's id: 16 random bytes in URL-safe base64 (22 characters). "
                                           "Any other string is answered 404.",
                               json_schema_extra={"pattern": f"^{ID_PATTERN}$"})]

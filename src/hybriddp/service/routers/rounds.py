@@ -13,8 +13,8 @@ from fastapi import APIRouter
 
 from hybriddp.service import closing, rounds
 from hybriddp.service import models as m
-from hybriddp.service.errors import SeedRefusedError, UnauthorizedError
-from hybriddp.service.routers.common import ADMIN, IsAdmin, RoundId, Service, StoreDep, errors
+from hybriddp.service.errors import SeedRefusedError
+from hybriddp.service.routers.common import ADMIN, IsAdmin, RoundId, Service, StoreDep, errors, require_visible
 
 SEEDS_FLAG = "--insecure-testing-seeds"
 """The ``hybriddp serve`` flag without which seeded rounds are refused."""
@@ -44,9 +44,7 @@ def list_rounds(store: StoreDep) -> dict[str, Any]:
 def get_round(round_id: RoundId, service: Service, admin: IsAdmin) -> dict[str, Any]:
     """A round's state, parameters and counts: public (without the opt-in counts) unless the server runs with
     ``--private-round-details``, which puts it behind the administrator token (docs/DEPLOYMENT.md)."""
-    if service.private_round_details and not admin:
-        raise UnauthorizedError("this server shows round details to administrators only (--private-round-details): "
-                                "Authorization: Bearer <admin token>")
+    require_visible(service, admin, "round details")
     return service.store.round(round_id).to_json(admin=admin)
 
 

@@ -13,8 +13,8 @@ from fastapi import APIRouter, Query
 
 from hybriddp.service import models as m
 from hybriddp.service import series as ser
-from hybriddp.service.errors import SeedRefusedError, UnauthorizedError
-from hybriddp.service.routers.common import ADMIN, IsAdmin, RoundId, Service, StoreDep, errors
+from hybriddp.service.errors import SeedRefusedError
+from hybriddp.service.routers.common import ADMIN, IsAdmin, RoundId, Service, StoreDep, errors, require_visible
 from hybriddp.service.routers.rounds import SEEDS_FLAG
 
 router = APIRouter()
@@ -42,17 +42,11 @@ def list_series(store: StoreDep) -> dict[str, Any]:
     return {"series": [s.to_json(admin=True) for s in store.series_list()]}
 
 
-def _visible(service: Any, admin: bool) -> None:
-    if service.private_round_details and not admin:
-        raise UnauthorizedError("this server shows series to administrators only (--private-round-details): "
-                                "Authorization: Bearer <admin token>")
-
-
 @router.get("/api/v1/series/{series_id}", response_model=m.SeriesOut, tags=["series"],
             responses=errors(401, 404, 503))
 def get_series(series_id: RoundId, service: Service, admin: IsAdmin) -> dict[str, Any]:
     """The series' schedule, each period's round and state, and what the lifetime budget admits per user."""
-    _visible(service, admin)
+    require_visible(service, admin, "series")
     return ser.status(service.store, series_id, admin=admin)
 
 
@@ -84,7 +78,7 @@ def series_trends(series_id: RoundId, service: Service, admin: IsAdmin,
     published results, no privacy spent."""
     from hybriddp.server.trends import PeriodEstimates, trend_document, trends
 
-    _visible(service, admin)
+    require_visible(service, admin, "series")
     periods = [PeriodEstimates.from_result(doc, label) for label, doc in ser.trend_inputs(service.store, series_id)]
     if len(periods) < 2:
         return {"periods": [p.label for p in periods], "fdr": fdr, "min_change": min_change, "window": window,

@@ -136,13 +136,10 @@ class DeviceLedger:
             if memo is not None:
                 self.state.setdefault("memo", {})[round_id] = {"records": memo[0], "reports": memo[1],
                                                                 "sent_in": [memo[2]]}
-            try:
-                self._save()
-            except OSError as exc:
+            def undo() -> None:
                 del self.state["rounds"][round_id]
                 self.state.get("memo", {}).pop(round_id, None)
-                raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); nothing was "
-                                  "charged, so nothing may be reported") from None
+            self._save_or_undo(undo, "nothing was charged, so nothing may be reported")
 
     def memoized(self, round_id: str, records_key: str, service_round: str) -> list[Any] | None:
         """The reports this device sent for head list ``round_id`` if its records were then the ones of
@@ -158,12 +155,7 @@ class DeviceLedger:
                     and service_round not in got["sent_in"]):
                 return None
             got["sent_in"].append(service_round)
-            try:
-                self._save()
-            except OSError as exc:
-                got["sent_in"].pop()
-                raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); not "
-                                  "reporting") from None
+            self._save_or_undo(got["sent_in"].pop, "not reporting")
             return list(got["reports"])
 
     def takes_part(self, series_id: str, period: int, every: int, draw: Callable[[int], int] | None = None) -> bool:
@@ -190,13 +182,18 @@ class DeviceLedger:
                 if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < every:
                     raise DeviceError(f"participation slot {slot!r} is not in [0, {every})")
                 slots[key] = slot
-                try:
-                    self._save()
-                except OSError as exc:
-                    del slots[key]
-                    raise DeviceError(f"cannot write device ledger {self.path} ({exc.strerror or exc}); not "
-                                      "reporting") from None
+                self._save_or_undo(lambda: slots.pop(key), "not reporting")
             return period % every == slots[key]
+
+    def _save_or_undo(self, undo: Callable[[], object], consequence: str) -> None:
+        """:meth:`_save`; if the file cannot be written, ``undo`` the change to the state and raise
+        :class:`DeviceError` saying so and what follows (``consequence``)."""
+        try:
+            self._save()
+        except OSError as exc:
+            undo()
+            why = exc.strerror or exc
+            raise DeviceError(f"cannot write device ledger {self.path} ({why}); {consequence}") from None
 
     def _reload(self) -> None:
         """Replace the state with the file's, if the file exists (a new ledger keeps its state)."""

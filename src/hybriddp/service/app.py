@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -222,8 +222,11 @@ def _lifespan(service: ServiceContext, warm_check_workers: bool, series_tick: fl
     closed."""
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        purger = asyncio.create_task(_purge_periodically(service.store))
-        scheduler = asyncio.create_task(_advance_series(service.store, series_tick)) if series_tick > 0 else None
+        purger = asyncio.create_task(_periodically(PURGE_INTERVAL_S, service.store.purge_expired, "purging raw "
+                                                   "opt-in data past their retention deadline", wait_first=True))
+        scheduler = (asyncio.create_task(_periodically(series_tick, lambda: _advance_and_log(service.store),
+                                                       "advancing the round series", wait_first=False))
+                     if series_tick > 0 else None)
         if warm_check_workers and service.pool is not None:  # now, not under the first large body
             asyncio.get_running_loop().run_in_executor(None, service.pool.warm).add_done_callback(_warmed)
         yield
@@ -254,22 +257,20 @@ def _warmed(done: asyncio.Future[None]) -> None:
                     done.exception())
 
 
-async def _advance_series(store: Store, tick: float) -> None:
-    """Every ``tick`` seconds, do what the active round series' schedules say is due (docs/SERIES.md)."""
-    while True:
-        try:
-            for line in await run_in_threadpool(advance_all, store):
-                logger.info("series: %s", line)
-        except HybridDPError as exc:  # the database was unavailable: try again next time
-            logger.error("advancing the round series failed: %s", exc)
-        await asyncio.sleep(tick)
+def _advance_and_log(store: Store) -> None:
+    """:func:`advance_all`, each action logged (the round series' scheduler, docs/SERIES.md)."""
+    for line in advance_all(store):
+        logger.info("series: %s", line)
 
 
-async def _purge_periodically(store: Store) -> None:
-    """Purge raw opt-in data past their retention deadline every :data:`PURGE_INTERVAL_S` seconds."""
+async def _periodically(seconds: float, job: Callable[[], object], what: str, *, wait_first: bool) -> None:
+    """Run ``job`` in a worker thread every ``seconds`` (the first time at once unless ``wait_first``); a failure of
+    the database is logged and the job tried again next time."""
+    if wait_first:
+        await asyncio.sleep(seconds)
     while True:
-        await asyncio.sleep(PURGE_INTERVAL_S)
         try:
-            await run_in_threadpool(store.purge_expired)
+            await run_in_threadpool(job)
         except HybridDPError as exc:  # the database was unavailable: try again next time
-            logger.error("purging raw opt-in data past their retention deadline failed: %s", exc)
+            logger.error("%s failed: %s", what, exc)
+        await asyncio.sleep(seconds)

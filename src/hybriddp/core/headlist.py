@@ -101,6 +101,14 @@ class HeadList:
         entry_url[offsets[qi_real] + rank_in_query] = u[real]
         return cls(qids, offsets, entry_url)
 
+    def records(self) -> tuple[np.ndarray, np.ndarray]:
+        """The listed records as (query ids, URL ids), wildcards left out; a query listed without a real URL
+        (no URL level) comes back as (q, −1). ``from_records(*hl.records())`` rebuilds the list."""
+        real = ~self.is_wildcard
+        bare = np.flatnonzero(self.kq[:-1] == 1)
+        return (np.concatenate([self.query_ids[self.entry_query[real]], self.query_ids[bare]]),
+                np.concatenate([self.entry_url[real], np.full(bare.size, -1, dtype=np.int64)]))
+
     # ----- shape --------------------------------------------------------------------------
     @property
     def k(self) -> int:

@@ -38,6 +38,7 @@ def create_head_list(
 def create_head_list_with_counts(
     query: np.ndarray, url: np.ndarray, *, epsilon: float, delta: float, m_o: int,
     noise: NoiseSource, backend: CountingBackend | None = None,
+    carry: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[HeadList, np.ndarray]:
     """CreateHeadList(ε, δ, S, m_O) — paper Fig. 3, ALGORITHM.md §3 — and its noisy counts.
 
@@ -53,6 +54,10 @@ def create_head_list_with_counts(
     HL_S, the noisy count N(r, D_S) + Y_r that kept the record (NaN for the wildcards, which were
     never counted). Releasing the kept records' noisy counts with them costs nothing beyond
     Theorem 1 (ALGORITHM.md §3.3). Only records that occur in D_S can be kept (no external dictionary).
+
+    ``carry`` (query ids, URL ids): records listed whatever S says, taken from earlier *published* head lists of
+    a series (ALGORITHM.md §13.1). They join the list with no S count (NaN: their noisy counts are not
+    released), so the release from S is the one above and the list is still (ε, δ)-DP post-processing.
     """
     check_head_list_params(epsilon, delta, m_o)
     tau = noise.head_list_threshold(epsilon, delta, m_o)  # Fig. 3 line 2 (recomputed for discrete noise)
@@ -63,7 +68,8 @@ def create_head_list_with_counts(
     keep = noisy > tau  # Fig. 3 lines 3-6
     q, u = split_keys(keys[keep])
     log.debug("CreateHeadList: %d of %d distinct records passed tau=%.4f", keep.sum(), len(keys), tau)
-    hl = HeadList.from_records(q, u)
+    listed = keys[keep] if carry is None else np.union1d(keys[keep], record_keys(*carry))
+    hl = HeadList.from_records(*split_keys(listed))
     s_counts = np.full(hl.n_entries, np.nan)
     s_counts[hl.map_records(q, u)] = noisy[keep]  # a record without URL level is its query's ⟨q,*⟩
     return hl, s_counts

@@ -89,13 +89,16 @@ def curator_charges(log: RecordLog, params: BlenderParams, users_s: np.ndarray, 
 def curator_side(
     log: RecordLog, optin_users: np.ndarray, params: BlenderParams, *, seed: int | None,
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
-    stages: Stages | None = None, with_charges: bool = True,
+    stages: Stages | None = None, with_charges: bool = True, carry: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> CuratorOutput:
     """Partition O into S and T (|S| = round(f_O·|O|)), CreateHeadList on S, estimates on T (and on
     S's released noisy counts too when the estimator's release is :attr:`Release.REUSE_S`, ALGORITHM.md §4.1).
 
     An empty head list raises :class:`~hybriddp.core.errors.EmptyHeadListError` with the run's charges
     (:func:`curator_charges`; none with ``with_charges=False``): that outcome is a release too.
+
+    ``carry`` (query ids, URL ids in ``log``'s vocabularies): records of earlier published head lists of a series
+    that stay listed whatever S says (ALGORITHM.md §13.1); they are estimated from T alone.
     """
     stages = stages or Stages()
     backend = backend or default_backend()
@@ -112,7 +115,7 @@ def curator_side(
         tau = noise_s.head_list_threshold(params.epsilon, params.delta, params.m_o)
         hl_s, s_counts = create_head_list_with_counts(d_s.query, d_s.url, epsilon=params.epsilon,
                                                       delta=params.delta, m_o=params.m_o, noise=noise_s,
-                                                      backend=backend)
+                                                      backend=backend, carry=carry)
         try:
             require_nonempty(hl_s, tau=tau, epsilon=params.epsilon, delta=params.delta, m_o=params.m_o,
                              n_optin_users=len(perm))
@@ -156,7 +159,7 @@ def release(log: RecordLog, params: BlenderParams, cur: CuratorOutput, seed: int
 def curate(
     log: RecordLog, params: BlenderParams, *, optin_users: np.ndarray | None = None, seed: int | None = None,
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
-    stages: Stages | None = None, with_charges: bool = True,
+    stages: Stages | None = None, with_charges: bool = True, carry: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[CuratorRelease, CuratorOutput]:
     """The curator's round: opt-in records + parameters → (release, working output).
 
@@ -169,5 +172,5 @@ def curate(
     """
     users = np.arange(log.n_users) if optin_users is None else np.asarray(optin_users, dtype=np.int64)
     cur = curator_side(log, users, params, seed=seed, noise_factory=noise_factory, backend=backend, stages=stages,
-                       with_charges=with_charges)
+                       with_charges=with_charges, carry=carry)
     return release(log, params, cur, seed, with_charges=with_charges), cur

@@ -93,18 +93,20 @@ def run_blender(
     log: RecordLog, params: BlenderParams, *, seed: int | None = None,
     noise_factory: NoiseFactory = DiscreteLaplaceNoise, backend: CountingBackend | None = None,
     stages: Stages | None = None, with_charges: bool = False, defense: AnchorPolicy | None = DEFAULT_DEFENSE,
+    carry: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> BlenderRun:
     """Simulate BLENDER on a log: curator → devices → server (Fig. 2 lines 1-5, ALGORITHM.md §2), the server
     defended by the opt-in anchor (``defense``, §7.2; None: the undefended blend of §7).
 
-    ``with_charges`` also computes the opt-in users' ledger charges (``run.release.charges``).
+    ``with_charges`` also computes the opt-in users' ledger charges (``run.release.charges``). ``carry``: records
+    of earlier published head lists kept listed (a series, ALGORITHM.md §13.1).
     """
     stages = stages or Stages()
     backend = backend or default_backend()
     with stages.stage("assign opt-in users"):
         optin_users, client_users = split_optin(log.n_users, params.optin_fraction, seed)
     rel, cur = curate(log, params, optin_users=optin_users, seed=seed, noise_factory=noise_factory,
-                      backend=backend, stages=stages, with_charges=with_charges)
+                      backend=backend, stages=stages, with_charges=with_charges, carry=carry)
     hl = rel.head_list
     with stages.stage("sample client records"):
         d_c = sample_clients(log, client_users, params.m_c, seed)

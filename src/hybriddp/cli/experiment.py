@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -67,11 +68,18 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
                    "--window`). Default: 4.")
 @click.option("--min-change", type=float, default=None,
               help="trends only: the trend test's smallest relative change (`hybriddp trends --min-change`); the "
-                   "truth counted is every change of 50% or more. Default: 0 (any change).")
+                   "truth counted is every change of 50% or more. Default: 0.1 (a change by 10% or more).")
+@click.option("--carry", type=int, default=None, callback=int_range(0, 52),
+              help="trends only: periods a record S selected stays on the next periods' head lists, estimated from T "
+                   "(docs/ALGORITHM.md §13.1; 0: every period's list is its own). Default: 4.")
+@click.option("--f-o", "f_o", type=float, default=None,
+              help="trends only: the share of each period's opt-in users in S (the head list); the rest, T, "
+                   "estimate. Default: 0.3 (a series' lists carry over, so S can be smaller than the paper's 0.95).")
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
                    scale: float, row_per_user: bool, honest_trials: int | None, periods: int | None,
-                   participation: str | None, window: int | None, min_change: float | None, quick: bool) -> None:
+                   participation: str | None, window: int | None, min_change: float | None, carry: int | None,
+                   f_o: float | None, quick: bool) -> None:
     """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators, all, poisoning or trends.
 
     \b
@@ -104,9 +112,10 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     if name == "poisoning":
         return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick, honest_trials)
     if name == "trends":
-        return _trends(dataset, trials, out_dir, seed, scale, periods, participation, window, min_change, quick)
+        return _trends(dataset, trials, out_dir, seed, scale, periods, participation, window, min_change, carry, f_o,
+                       quick)
     for flag, value in (("--periods", periods), ("--participation", participation), ("--window", window),
-                        ("--min-change", min_change)):
+                        ("--min-change", min_change), ("--carry", carry), ("--f-o", f_o)):
         if value is not None:
             raise parameter_error(flag, value, "left out: it applies to `experiment trends` only")
     if honest_trials is not None:
@@ -147,10 +156,12 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
 
 
 def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: float, periods: int | None,
-            participation: str | None, window: int | None, min_change: float | None, quick: bool) -> None:
+            participation: str | None, window: int | None, min_change: float | None, carry: int | None,
+            f_o: float | None, quick: bool) -> None:
     """``experiment trends``: BLENDER over the periods of a drifting synthetic log (docs/ALGORITHM.md §13)."""
     from hybriddp.core.params import BlenderParams
-    from hybriddp.experiments.trends import TrendsConfig, trend_rows, write_outputs
+    from hybriddp.curator.carry import DEFAULT_CARRY
+    from hybriddp.experiments.trends import TRENDS_F_O, TRENDS_MIN_CHANGE, TrendsConfig, trend_rows, write_outputs
 
     if dataset not in ("aol", "yandex"):
         raise parameter_error("--dataset", dataset, "aol or yandex (a synthetic preset: the drift's truth must be "
@@ -165,8 +176,10 @@ def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: fl
         raise parameter_error("--participation", participation, "integers from 1 to 104, comma-separated, e.g. 1,2,6")
     cfg = TrendsConfig(preset=dataset, scale=scale * (0.05 if quick else 1.0), periods=periods or (3 if quick else 12),
                        participation=policies, trials=trials, seed=seed, window=window or 4,
-                       min_change=0.0 if min_change is None else min_change)
+                       min_change=TRENDS_MIN_CHANGE if min_change is None else min_change,
+                       carry=DEFAULT_CARRY if carry is None else carry)
     params = BlenderParams.paper_defaults(dataset)
+    params = dataclasses.replace(params, f_o=TRENDS_F_O if f_o is None else f_o)
     out = Path(out_dir) if out_dir else Path("experiments-out") / f"trends-{dataset}"
     with render.interruptible(), _runs_progress(True) as progress:
         period_rows, rows = trend_rows(cfg, params, progress)

@@ -24,6 +24,7 @@ from hybriddp.core.atomic import write_text
 from hybriddp.core.errors import EmptyHeadListError
 from hybriddp.core.params import BlenderParams
 from hybriddp.core.records import SyntheticVocabulary
+from hybriddp.curator.carry import DEFAULT_CARRY, Carry, selected_records
 from hybriddp.datasets.drift import Drift, drift_logs, plan_drift
 from hybriddp.datasets.generator import QUERY_PREFIX
 from hybriddp.datasets.presets import get_preset
@@ -35,6 +36,12 @@ from hybriddp.simulation.pipeline import run_blender
 NDCG_TARGET = 0.95
 PRECISION_TARGET = 0.9
 RECALL_TARGET = 0.8
+TRENDS_F_O = 0.3
+"""S's share of each period's opt-in users in ``experiment trends`` (the paper's 0.95 elsewhere): with carried
+lists (ALGORITHM.md §13.1) a smaller S still lists the head, and a larger T sharpens every query's ⟨q,*⟩ estimate,
+which the trend test needs (docs/RESULTS.md, issue 30)."""
+TRENDS_MIN_CHANGE = 0.1
+"""The trend test's boundary in ``experiment trends``: a change by 10% or more (the truth counted: 50% or more)."""
 LIFETIME_EPSILON = 8.0
 LIFETIME_DELTA = 2e-5
 """Issue 30's per-person target: (ε, δ) = (8, 2e-5), two rounds' worth at the paper's ε = 4, δ = 1e-5."""
@@ -58,6 +65,7 @@ class TrendsConfig:
     window: int = 1
     seed: int = 0
     truth_change: float = 0.5  # the changes that count as true: by at least this much (issue 30: 50%)
+    carry: int = DEFAULT_CARRY  # periods a selected record stays listed (ALGORITHM.md §13.1; 0: none)
 
 
 def trend_rows(config: TrendsConfig, params: BlenderParams,
@@ -87,17 +95,22 @@ def trend_rows(config: TrendsConfig, params: BlenderParams,
 def _periods(drift: Drift, config: TrendsConfig, params: BlenderParams, r: int, seed: int
              ) -> Iterator[tuple[int, tuple[dict[str, Any], PeriodEstimates]]]:
     logs = drift_logs(drift, scale=config.scale / r, seed=seed + 7919 * r)
+    carry = Carry(config.carry)
     for t, log in enumerate(logs):
         label = f"p{t + 1:02d}"
         try:
-            res = run_blender(log, params, seed=seed * 131 + t).result()
+            run = run_blender(log, params, seed=seed * 131 + t, carry=carry.records(t))
+            carry.update(t, selected_records(run.head_list, run.release.optin.reused))
+            res = run.result()
         except EmptyHeadListError:  # a released outcome: the period publishes nothing (NDCG 0)
-            yield t, ({"users": log.n_users, "ndcg": 0.0, "ndcg_queries_at_10": 0.0, "l1": None},
+            yield t, ({"users": log.n_users, "ndcg": 0.0, "ndcg_queries_at_10": 0.0, "l1": None,
+                       "head_list_records": 0},
                       PeriodEstimates(label, [], np.zeros(0), np.zeros(0)))
             continue
         m = res.metrics
         yield t, ({"users": log.n_users, "ndcg": m.get("ndcg"), "ndcg_queries_at_10": m.get("ndcg_queries_at_10"),
-                   "l1": m.get("l1")}, PeriodEstimates.from_result(res.to_json(), label))
+                   "l1": m.get("l1"), "head_list_records": run.head_list.n_records},
+                  PeriodEstimates.from_result(res.to_json(), label))
 
 
 def _score_trends(drift: Drift, estimates: list[PeriodEstimates], config: TrendsConfig) -> dict[str, Any]:
@@ -186,8 +199,10 @@ def write_outputs(out_dir: Path, period_rows: Sequence[dict[str, Any]], trend_ro
     _plot(out_dir / "trends.png", period_rows, summary, config)
     lines = [f"# BLENDER over {config.periods} periods: trends (`hybriddp experiment trends`)", "",
              f"Preset {config.preset} at scale {config.scale:g}; ε = {params.epsilon:g}, δ = {params.delta:g}, "
-             f"M = {params.head_list_size}, opt-in {params.optin_fraction:.1%} (paper defaults), the default estimator "
-             f"with the opt-in anchor. Drift: {config.rising} rising and {config.falling} falling head queries "
+             f"M = {params.head_list_size}, opt-in {params.optin_fraction:.1%}, f_O = {params.f_o:g} of them in S, "
+             f"the default estimator with the opt-in anchor; a record S selected stays listed for {config.carry} "
+             "period(s) after (ALGORITHM.md §13.1; 0: every period's list is its own). "
+             f"Drift: {config.rising} rising and {config.falling} falling head queries "
              f"(ranks {config.ranks[0]}–{config.ranks[1] - 1}), ×{config.change:g} at one period each; trends tested "
              f"with Benjamini–Hochberg at FDR {config.fdr:g} for changes of at least {config.min_change:.0%} "
              f"(the truth counted: changes of {config.truth_change:.0%} or more), "

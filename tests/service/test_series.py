@@ -372,3 +372,23 @@ def test_series_commands_end_to_end_and_refusals(store_url: str, tmp_path: Path)
         assert len(json.loads(run("series", "list", "--server", url, "--json").stdout)["series"]) == 1
         assert "HTTP 404" in run("series", "status", "x" * 22, "--server", url, ok=False, admin=False).stderr
         assert "cancelled" in run("series", "cancel", sid, "--server", url).stdout
+
+
+def test_showing_a_series_never_runs_the_privacy_accountant(client: TestClient,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The periods per user are computed once, when the series is created (the PLD accountant can take seconds on
+    a new (ε, δ)), and stored with it: a GET of the series shows them without computing anything."""
+    import hybriddp.audit.pld as pld
+
+    sid = create_series(client, params={**PARAMS, "epsilon": 0.7, "delta": 1e-9})["id"]
+    got = client.get(f"{API}/series/{sid}")
+    assert got.status_code == 200, got.text
+    want = got.json()["budget"]
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the accountant ran inside a request")
+
+    monkeypatch.setattr(pld, "admitted_rounds", refuse)
+    doc = client.get(f"{API}/series/{sid}").json()
+    assert doc["budget"] == want and want["periods_per_user"] >= 12  # ε 0.7 a period, lifetime ε 16
+    assert client.get(f"{API}/series/{sid}", headers=AUTH).status_code == 200

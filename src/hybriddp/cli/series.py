@@ -47,11 +47,15 @@ def series_group() -> None:
                    "Default: the period's length, at least 1.")
 @click.option("--first-round", default=None, metavar="ROUND",
               help="A round still collecting opt-in data, with the series' parameters, that becomes period 1.")
+@click.option("--carry", type=click.IntRange(0, 1000), default=None, metavar="PERIODS",
+              help="Periods a record the head list selected stays on the next periods' lists, estimated there from T "
+                   "(docs/ALGORITHM.md §13.1): a query that falls keeps an estimate, so its fall shows in the trends. "
+                   "Default: 4 for BLENDER with the reuse or consistent estimator, else 0.")
 @round_param_options
 @json_option
 def create_cmd(server: str, admin_token_file: str | None, name: str | None, period: str, periods: int,
                optin_window: str | None, start: str | None, flagged: str, retention_hours: float | None,
-               first_round: str | None, as_json: bool, **knobs: Any) -> None:
+               first_round: str | None, carry: int | None, as_json: bool, **knobs: Any) -> None:
     """Create a series of PERIODS rounds, one per period, with the round parameters given (as `round create`).
     Prints the series, its schedule and how many periods the lifetime budget lets each opt-in user join."""
     from datetime import datetime
@@ -71,7 +75,7 @@ def create_cmd(server: str, admin_token_file: str | None, name: str | None, peri
     with admin_client(server, admin_token_file) as admin:
         doc = admin.create_series(knobs["kind"], params, period_seconds=seconds, periods=periods,
                                   optin_seconds=optin, start=start, name=name, flagged=flagged,
-                                  retention_hours=retention_hours, first_round=first_round)
+                                  retention_hours=retention_hours, first_round=first_round, carry=carry)
     show_series(doc, as_json)
     if not as_json:
         render.out.print(f"series id: {doc['id']}")
@@ -195,6 +199,9 @@ def show_series(doc: dict[str, Any], as_json: bool) -> None:
                      f"{doc['periods']} periods of {_duration(doc['period_seconds'])} from {doc['start']} "
                      f"(opt-in window {_duration(doc['optin_seconds'])}); current period: "
                      f"{doc.get('current_period') or '-'}")
+    if doc["kind"] == "blender":
+        render.out.print(f"head lists: a record selected stays listed for {doc.get('carry', 0)} period(s) after "
+                         "(--carry; docs/ALGORITHM.md §13.1)")
     if b:
         render.out.print(f"budget: each round charges its opt-in users epsilon {b['round_epsilon']:g}, delta "
                          f"{b['round_delta']:g}; the lifetime budget (epsilon {b['lifetime_epsilon']:g}, delta "

@@ -160,14 +160,15 @@ class AdminClient(ServiceHttp):
     def create_series(self, kind: str = "blender", params: dict[str, Any] | None = None, *, period_seconds: float,
                       periods: int, optin_seconds: float | None = None, start: str | None = None,
                       name: str | None = None, flagged: str = "hold", retention_hours: float | None = None,
-                      first_round: str | None = None) -> dict[str, Any]:
+                      first_round: str | None = None, carry: int | None = None) -> dict[str, Any]:
         """A series of ``periods`` rounds of ``period_seconds`` each, opened, published and closed on schedule
         (``start``: ISO 8601, default now; ``optin_seconds``: each period's opt-in window, default half the period;
-        ``first_round``: a round still collecting opt-in data that becomes period 1)."""
+        ``first_round``: a round still collecting opt-in data that becomes period 1; ``carry``: periods a record the
+        head list selected stays listed, default 4 for BLENDER, docs/ALGORITHM.md §13.1)."""
         body: dict[str, Any] = {"kind": kind, "params": dict(params or {}), "period_seconds": period_seconds,
                                 "periods": periods, "flagged": flagged}
         for key, value in (("optin_seconds", optin_seconds), ("start", start), ("name", name),
-                           ("retention_hours", retention_hours), ("first_round", first_round)):
+                           ("retention_hours", retention_hours), ("first_round", first_round), ("carry", carry)):
             if value is not None:
                 body[key] = value
         return self.request_json("POST", f"{API}/series", what="create series", idempotent=False, json_body=body,

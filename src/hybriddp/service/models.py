@@ -374,6 +374,9 @@ class _SeriesIn(_Strict):
                                           "after its round opens at the latest. Default: the period, at least 1 h.")
     first_round: str | None = Field(None, max_length=40, description="An existing round, still collecting opt-in "
                                     "data and with the series' parameters, that becomes period 1.")
+    carry: int | None = Field(None, ge=0, le=1000, description="Periods a record the head list selected stays on the "
+                              "next periods' lists, estimated from T (docs/ALGORITHM.md §13.1). Default: 4 for BLENDER "
+                              "with the reuse or consistent estimator, else 0.")
 
 
 class BlenderSeriesIn(_SeriesIn):
@@ -431,6 +434,7 @@ class SeriesOut(BaseModel):
     retention_hours: float
     state: Literal["active", "ended", "cancelled"]
     created: str
+    carry: int = Field(0, description="Periods a selected record stays on the next periods' head lists.")
     current_period: int | None = None
     periods_table: list[SeriesPeriodOut] = Field(default_factory=list)
     budget: SeriesBudgetOut | None = None

@@ -26,7 +26,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -191,23 +191,58 @@ def _curate_blender(store: Store, info: RoundInfo, vocabulary: dict[str, list[st
     :meth:`Store.start_build`, so the release's own charges are not computed)."""
     users, queries, urls, pseudonyms = store.optin_records(info.num)
     p = info.params
-    log = optin_log(np.asarray(users, dtype=np.int64), queries, urls, pseudonyms, p["url_level"], vocabulary)
+    carried = carried_records(store, info)
+    log = optin_log(np.asarray(users, dtype=np.int64), queries, urls, pseudonyms, p["url_level"], vocabulary,
+                    extra=carried)
+    carry = None
+    if carried:
+        carry = (log.queries.encode([q for q, _ in carried]),
+                 log.urls.encode([u for _, u in carried]) if p["url_level"] else np.full(len(carried), NO_URL))
     release, _ = curate(log, blender_params(p), seed=p["seed"], noise_factory=noise_factory(p["noise"]),
-                        with_charges=False)
+                        with_charges=False, carry=carry)
     return release.headlist, release.estimates
 
 
+def carried_records(store: Store, info: RoundInfo) -> list[tuple[str, str | None]]:
+    """The (query, URL) records a series period's head list carries (ALGORITHM.md §13.1): those the head lists of
+    the series' ``carry`` periods before it selected (published with an S count). Published documents only: the
+    carried set is a function of earlier releases. Empty for a round of its own."""
+    from hybriddp.core.headlist import split_keys
+    from hybriddp.curator.carry import selected_records
+
+    if info.series is None or info.period is None:
+        return []
+    series = store.series(info.series)
+    out: set[tuple[str, str | None]] = set()
+    for k, r in store.series_rounds(series).items():
+        if not info.period - series.carry <= k < info.period:
+            continue
+        docs = store.documents(r.id)
+        if docs.headlist is None or docs.estimates is None:
+            continue
+        rel = release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates))
+        q, u = split_keys(selected_records(rel.head_list, rel.optin.reused))
+        names_u = [None if x < 0 else name for x, name in zip(u.tolist(), rel.urls.decode(np.maximum(u, 0)),
+                                                                strict=True)]
+        out.update(zip(rel.queries.decode(q), names_u, strict=True))
+    return sorted(out, key=lambda r: (r[0], r[1] or ""))
+
+
 def optin_log(users: np.ndarray, queries: list[str], urls: list[str | None], pseudonyms: dict[int, str],
-              url_level: bool, vocabulary: dict[str, list[str]] | None = None) -> RecordLog:
+              url_level: bool, vocabulary: dict[str, list[str]] | None = None,
+              extra: Sequence[tuple[str, str | None]] = ()) -> RecordLog:
     """The opt-in records as a :class:`RecordLog`: users coded in enrolment order, ids = ledger pseudonyms.
 
     Queries and URLs are coded by their sorted distinct strings, or by their position in
-    ``vocabulary["queries"]`` / ``vocabulary["urls"]`` when given.
+    ``vocabulary["queries"]`` / ``vocabulary["urls"]`` when given. ``extra`` records (a series' carried records)
+    join the vocabularies whether or not anybody uploaded them.
     """
     seqs, user_code = np.unique(users, return_inverse=True)
-    qnames, qcode = _codes(queries, None if vocabulary is None else vocabulary.get("queries", []), "queries")
+    qnames, qcode = _codes(queries, None if vocabulary is None else vocabulary.get("queries", []), "queries",
+                           [q for q, _ in extra])
     if url_level:
-        unames, ucode = _codes(urls, None if vocabulary is None else vocabulary.get("urls", []), "urls")
+        unames, ucode = _codes(urls, None if vocabulary is None else vocabulary.get("urls", []), "urls",
+                               [u for _, u in extra if u is not None])
     else:
         unames, ucode = np.array([], dtype=object), np.full(len(queries), NO_URL)
     ids = np.array([pseudonyms[int(s)] for s in seqs.tolist()], dtype=object)
@@ -216,11 +251,13 @@ def optin_log(users: np.ndarray, queries: list[str], urls: list[str | None], pse
                                       user_ids=ids)
 
 
-def _codes(strings: list[Any], order: list[str] | None, field: str) -> tuple[np.ndarray, np.ndarray]:
-    """(vocabulary, code of each string): sorted distinct strings, or the given order."""
-    names, inverse = np.unique(np.array(strings, dtype=object), return_inverse=True)
+def _codes(strings: list[Any], order: list[str] | None, field: str,
+           extra: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """(vocabulary, code of each string): sorted distinct strings (``extra`` ones included), or the given order."""
     if order is None:
-        return names, inverse
+        names, inverse = np.unique(np.array(list(strings) + list(extra), dtype=object), return_inverse=True)
+        return names, inverse[:len(strings)]
+    names, inverse = np.unique(np.array(strings, dtype=object), return_inverse=True)
     index = {s: i for i, s in enumerate(order)}
     if len(index) != len(order):
         raise DataError(f"vocabulary.{field} lists a string twice; give each distinct string once")

@@ -93,6 +93,8 @@ series = Table(
     Column("retention_hours", Double, nullable=False),
     Column("state", String(16), nullable=False),  # 'active' | 'ended' | 'cancelled'
     Column("created", String(40), nullable=False),
+    Column("carry", Integer, nullable=False, server_default="0"),  # periods a selected record stays listed (§13.1)
+    Column("admitted", Text),  # JSON: periods per user under the lifetime budget it was computed for
 )
 
 optin_tokens = Table(

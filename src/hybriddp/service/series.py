@@ -64,20 +64,24 @@ class SeriesPlan:
     periods: int
     flagged: str
     retention_hours: float
-    admitted_periods: int  # 1 if the lifetime budget admits one round of the series (the ledger's rule)
+    carry: int  # periods a record S selected stays on the next periods' head lists (ALGORITHM.md §13.1)
+    admitted: dict[str, Any]  # periods per user under the lifetime budget (:func:`admitted_document`)
 
 
 def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | None = None,
                 start: datetime | None = None, period_seconds: float, optin_seconds: float | None = None,
                 periods: int, flagged: str = "hold", retention_hours: float | None = None,
-                at: datetime | None = None) -> SeriesPlan:
+                carry: int | None = None, at: datetime | None = None) -> SeriesPlan:
     """Check a series before it is stored; every refusal names the field, the value and the fix.
 
     ``optin_seconds`` defaults to half the period; ``retention_hours`` (how long a period's raw opt-in data may be
     kept at most) to the period's length in hours, at least one; ``start`` to now. Refused: a period shorter than
     :data:`MIN_PERIOD_SECONDS`, an opt-in window that leaves no time for reports, a start more than one period in
     the past, a retention shorter than the opt-in window (the purge would abort every round before its head list),
-    and a round whose (ε, δ) alone exceeds the lifetime budget (the budget admits no round)."""
+    a carry (``carry``, default :data:`~hybriddp.curator.carry.DEFAULT_CARRY` for BLENDER, 0 for means) that a mean
+    series or an estimator without S's released counts cannot use, and a round whose (ε, δ) alone exceeds the
+    lifetime budget (the budget admits no round). The periods each user can take part in are computed here, once
+    (the PLD accountant can take seconds), and stored with the series."""
     if params.get("seed") is not None:
         raise parameter_error("params.seed", params["seed"], "left out: every period of a seeded series would draw the "
                               "same noise (and a seed gives no privacy)")
@@ -105,13 +109,48 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
                               "still collecting them is then aborted.")
     if flagged not in ON_FLAG:
         raise parameter_error("flagged (--flagged)", flagged, " or ".join(repr(f) for f in ON_FLAG))
-    admitted = admitted_periods(store, kind, params, 1)[1]
-    if admitted < 1:
+    carry = _check_carry(kind, params, carry)
+    if admitted_periods(store, kind, params, 1)[1] < 1:
         raise parameter_error("epsilon", params["epsilon"], f"within the lifetime budget (epsilon "
                               f"{store.lifetime_epsilon:g}, delta {store.lifetime_delta:g}): this budget admits no "
                               "round of the series", "Give each period a smaller epsilon (and delta).")
     return SeriesPlan(kind, name, params, first, float(period_seconds), float(optin), periods, flagged,
-                      float(retention), admitted)
+                      float(retention), carry, admitted_document(store, kind, params, periods))
+
+
+def _check_carry(kind: str, params: dict[str, Any], carry: int | None) -> int:
+    """The series' carry, checked: BLENDER series whose estimator releases S's counts (the carried records are the
+    ones S selected, ALGORITHM.md §13.1); 0 for a mean series."""
+    from hybriddp.core.estimators import Release
+    from hybriddp.curator.carry import DEFAULT_CARRY
+
+    if carry is None:
+        return DEFAULT_CARRY if kind == "blender" and _releases_s(params) else 0
+    if isinstance(carry, bool) or not isinstance(carry, int) or not 0 <= carry <= MAX_PERIODS:
+        raise parameter_error("carry (--carry)", carry, f"an integer from 0 to {MAX_PERIODS}: periods a record the "
+                              "head list selected stays listed (0: each period's list is its own)")
+    if carry and kind != "blender":
+        raise parameter_error("carry (--carry)", carry, "0 for a mean series: it has no head list")
+    if carry and not _releases_s(params):
+        raise parameter_error("carry (--carry)", carry, f"0 with estimator {params.get('estimator')!r}, which releases "
+                              f"no S counts to tell selected records from carried ones ({Release.REUSE_S.name})",
+                              "Use the default estimator (reuse) or consistent, or --carry 0.")
+    return carry
+
+
+def _releases_s(params: dict[str, Any]) -> bool:
+    from hybriddp.core.estimators import Release
+    from hybriddp.service.rounds import blender_params
+
+    return blender_params(params).estimator_spec.release is Release.REUSE_S
+
+
+def admitted_document(store: Store, kind: str, params: dict[str, Any], periods: int) -> dict[str, Any]:
+    """What :func:`status` shows of the budget: periods per user by basic composition and by the ledger's rule (at
+    most ``periods``), with the lifetime budget they were computed for."""
+    basic, tight = admitted_periods(store, kind, params, periods)
+    return {"lifetime_epsilon": store.lifetime_epsilon, "lifetime_delta": store.lifetime_delta, "basic": basic,
+            "ledger": tight}
 
 
 def admitted_periods(store: Store, kind: str, params: dict[str, Any], most: int) -> tuple[int, int]:
@@ -132,7 +171,7 @@ def create_series(store: Store, plan: SeriesPlan, first_round: str | None = None
     return store.create_series(plan.kind, plan.name, plan.params, start=plan.start,
                                period_seconds=plan.period_seconds, optin_seconds=plan.optin_seconds,
                                periods=plan.periods, flagged=plan.flagged, retention_hours=plan.retention_hours,
-                               first_round=first_round)
+                               first_round=first_round, carry=plan.carry, admitted=plan.admitted)
 
 
 def _round_name(series: SeriesInfo, k: int) -> str:
@@ -285,7 +324,11 @@ def status(store: Store, series_id: str, *, admin: bool = False, at: datetime | 
                            else "opens with the scheduler's next run" if k == k_now else "not started")
         rows.append(row)
     eps, delta = float(series.params["epsilon"]), float(series.params.get("delta", 0.0))
-    basic, tight = admitted_periods(store, series.kind, series.params, series.periods)
+    adm = series.admitted
+    if adm is None or (adm["lifetime_epsilon"], adm["lifetime_delta"]) != (store.lifetime_epsilon,
+                                                                          store.lifetime_delta):
+        adm = admitted_document(store, series.kind, series.params, series.periods)  # the budget changed since
+    basic, tight = int(adm["basic"]), int(adm["ledger"])
     running = series.state == "active" and 0 <= k_now < series.periods
     return {**series.to_json(admin=admin), "current_period": k_now + 1 if running else None,
             "periods_table": rows,

@@ -31,7 +31,8 @@ def create_series(body: m.CreateSeriesIn, service: Service) -> dict[str, Any]:
                                f"out, or start a test server with hybriddp serve {SEEDS_FLAG}")
     plan = ser.plan_series(service.store, body.kind, params, name=body.name, start=body.start,
                            period_seconds=body.period_seconds, optin_seconds=body.optin_seconds,
-                           periods=body.periods, flagged=body.flagged, retention_hours=body.retention_hours)
+                           periods=body.periods, flagged=body.flagged, retention_hours=body.retention_hours,
+                           carry=body.carry)
     info = ser.create_series(service.store, plan, body.first_round)
     return ser.status(service.store, info.id, admin=True)
 

@@ -25,7 +25,9 @@ function renderSummary(doc) {
   const now = doc.current_period ? `; now in period ${doc.current_period}` : "";
   $("schedule").textContent = `${doc.periods} periods of ${duration(doc.period_seconds)} from `
     + `${new Date(doc.start).toLocaleString()}; each takes opt-in data for its first `
-    + `${duration(doc.optin_seconds)}, then devices report until it ends${now}.`;
+    + `${duration(doc.optin_seconds)}, then devices report until it ends${now}.`
+    + (doc.kind === "blender" && doc.carry > 0 ? ` A record a period's head list selects stays listed for the `
+      + `next ${doc.carry} period${doc.carry === 1 ? "" : "s"}, so a query that falls can still be measured.` : "");
   const b = doc.budget;
   if (b) {
     $("budget").textContent = `Each period charges its opt-in users ε = ${b.round_epsilon}, δ = ${b.round_delta}; `

@@ -48,6 +48,8 @@ class SeriesInfo:
     retention_hours: float
     state: str
     created: str
+    carry: int = 0  # periods a record S selected stays on the next periods' head lists (ALGORITHM.md §13.1)
+    admitted: dict[str, Any] | None = None  # periods per user, computed at creation (:func:`series.admitted_periods`)
 
     def period_start(self, k: int) -> datetime:
         """When period ``k`` (from 0) starts."""
@@ -69,13 +71,15 @@ class SeriesInfo:
         return {"id": self.id, "kind": self.kind, "name": self.name, "params": params, "start": self.start,
                 "end": self.end.isoformat(timespec="seconds"), "period_seconds": self.period_seconds,
                 "optin_seconds": self.optin_seconds, "periods": self.periods, "flagged": self.flagged,
-                "retention_hours": self.retention_hours, "state": self.state, "created": self.created}
+                "retention_hours": self.retention_hours, "state": self.state, "created": self.created,
+                "carry": self.carry}
 
 
 def _series(row: Any) -> SeriesInfo:
     return SeriesInfo(int(row.num), row.id, row.kind, row.name, json.loads(row.params), row.start,
                       float(row.period_seconds), float(row.optin_seconds), int(row.periods), row.flagged,
-                      float(row.retention_hours), row.state, row.created)
+                      float(row.retention_hours), row.state, row.created, int(row.carry or 0),
+                      None if row.admitted is None else json.loads(row.admitted))
 
 
 class SeriesStore(RoundStore):
@@ -87,12 +91,14 @@ class SeriesStore(RoundStore):
 
     def create_series(self, kind: str, name: str | None, params: dict[str, Any], *, start: datetime,
                       period_seconds: float, optin_seconds: float, periods: int, flagged: str,
-                      retention_hours: float, first_round: str | None = None) -> SeriesInfo:
+                      retention_hours: float, first_round: str | None = None, carry: int = 0,
+                      admitted: dict[str, Any] | None = None) -> SeriesInfo:
         """A new active series, or :class:`ConflictError` when an active series of the same kind overlaps it in time
         (devices find a kind's current round by its state: two series at once would make that ambiguous).
 
         ``first_round``: an existing round, of this kind and still collecting opt-in data, becomes period 0 (its
-        parameters must be ``params``); any other round is refused with nothing changed."""
+        parameters must be ``params``); any other round is refused with nothing changed. ``carry``: see
+        :class:`SeriesInfo`; ``admitted``: the periods per user the series' status shows, computed by the caller."""
         sid = new_round_id()
         first = start.astimezone(timezone.utc)
         end = first + timedelta(seconds=periods * period_seconds)
@@ -112,7 +118,8 @@ class SeriesStore(RoundStore):
                 id=sid, kind=kind, name=name, params=json.dumps(params, allow_nan=False),
                 start=first.isoformat(timespec="seconds"), period_seconds=float(period_seconds),
                 optin_seconds=float(optin_seconds), periods=int(periods), flagged=flagged,
-                retention_hours=float(retention_hours), state="active", created=now())
+                retention_hours=float(retention_hours), state="active", created=now(), carry=int(carry),
+                admitted=None if admitted is None else json.dumps(admitted, allow_nan=False))
                 .returning(s.series.c.num)).scalar_one()
             if adopted is not None:
                 conn.execute(update(s.rounds).where(s.rounds.c.num == adopted.num).values(series_num=num, period=0))

@@ -87,7 +87,8 @@ def test_device_ledger_once_per_round_and_budget(tmp_path) -> None:
     doc2["content_hash"] = content_hash(doc2)
     with pytest.raises(DeviceError, match="lifetime budget"):  # 4 + 3 > 6
         randomize_records(DeviceHeadList.from_json(doc2), [("bing", "http://bing.com")], ledger=DeviceLedger(path))
-    assert json.load(open(path))["rounds"] == {doc["content_hash"]: {"epsilon": 4.0, "delta": 1e-5}}
+    shape = {"kq": [2, 1], "f_c": doc["f_c"], "m_c": 1}  # google's URL and ⟨google,*⟩; ⟨*,*⟩: for PLD accounting
+    assert json.load(open(path))["rounds"] == {doc["content_hash"]: {"epsilon": 4.0, "delta": 1e-5, "shape": shape}}
 
 
 def test_cli_headlist_ledger_refuses_second_round_before_release(tmp_path) -> None:

@@ -530,7 +530,8 @@ def test_randomize_records_sampling_order_and_charge(tmp_path) -> None:
                    "reports": [{"query": "a", "url": "v"}, {"query": "b", "url": None}]}
     assert list(src._it) == []
     saved = json.loads((tmp_path / "dev.json").read_text(encoding="utf-8"))
-    assert saved["rounds"] == {doc["content_hash"]: {"epsilon": 2.0, "delta": 1e-5}}
+    shape = {"kq": [3, 1, 1], "f_c": 0.5, "m_c": 2}  # a: u, v, ⟨a,*⟩; b: ⟨b,*⟩; ⟨*,*⟩ (the ledger's PLD accounting)
+    assert saved["rounds"] == {doc["content_hash"]: {"epsilon": 2.0, "delta": 1e-5, "shape": shape}}
     assert type(ledger.state["rounds"][doc["content_hash"]]["epsilon"]) is float
     # a second message of the same round is refused by the ledger
     with pytest.raises(DeviceError, match="already reported"):

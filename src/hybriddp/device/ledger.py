@@ -58,7 +58,9 @@ class DeviceLedgerRefusal(DeviceError):
 class DeviceLedger:
     """The device's own privacy ledger: at most one report per round, within a lifetime budget
     (basic composition over the rounds it reports in, ALGORITHM.md §2; the rule of
-    :mod:`hybriddp.privacy.budget`).
+    :mod:`hybriddp.privacy.budget`), or privacy-loss-distribution accounting where that is tighter: a round
+    charged with its head list's ``shape`` (what :func:`hybriddp.device.localalg.randomize_records` passes) is
+    composed as LocalAlg's exact mechanism, any other by its (ε, δ) (ALGORITHM.md §14–§15).
 
     A round is identified by the head list's content hash (a mean round's by its document's hash). The
     ledger is a small JSON file ``{"lifetime": {"epsilon": E, "delta": D}, "rounds": {hash: {"epsilon": e,
@@ -100,9 +102,12 @@ class DeviceLedger:
         rounds = self.state["rounds"].values()
         return math.fsum(r["epsilon"] for r in rounds), math.fsum(r["delta"] for r in rounds)
 
-    def check(self, round_id: str, epsilon: float, delta: float) -> None:
+    def check(self, round_id: str, epsilon: float, delta: float, shape: dict[str, Any] | None = None) -> None:
         """Raise :class:`DeviceLedgerRefusal` (already reported / over budget) or :class:`DeviceError` (a charge
-        that is not a finite number >= 0) if :meth:`record` would refuse this round; change nothing."""
+        that is not a finite number >= 0) if :meth:`record` would refuse this round; change nothing.
+
+        Over budget means over it by basic composition *and* by PLD accounting of the rounds as they were
+        (:meth:`tighter_epsilon`): the tighter accountant decides."""
         life = self.state["lifetime"]
         facts = {"head_list": round_id, "spent": self.spent(), "lifetime": (life["epsilon"], life["delta"]),
                  "path": self.path}
@@ -115,24 +120,28 @@ class DeviceLedger:
             _check_number(f"the round's {name}", value, "a finite number >= 0", lambda x: 0 <= x < math.inf,
                           "The head list is damaged or not from a hybriddp server; not reporting.")
         e, d = facts["spent"]
-        if LifetimeBudget(life["epsilon"], life["delta"]).exceeded_by(*compose((e, d), (epsilon, delta))):
+        if (LifetimeBudget(life["epsilon"], life["delta"]).exceeded_by(*compose((e, d), (epsilon, delta)))
+                and not self._pld_admits(epsilon, delta, shape)):
             raise DeviceLedgerRefusal(f"reporting would exceed this device's lifetime budget (epsilon "
                                       f"{life['epsilon']}, delta {life['delta']}; spent {e:.4g}, {d:.3g}); not "
                                       "reporting", already=False, charge=(float(epsilon), float(delta)), **facts)
 
     def record(self, round_id: str, epsilon: float, delta: float,
-               memo: tuple[str, list[Any], str] | None = None) -> None:
+               memo: tuple[str, list[Any], str] | None = None, shape: dict[str, Any] | None = None) -> None:
         """Charge one round, or raise :class:`DeviceError` (already reported / over budget / not saved).
 
         ``memo``: (records key, reports, service round) kept with the charge, in the same write, for
-        :meth:`memoized`.
+        :meth:`memoized`. ``shape``: ``{"kq": [...], "f_c": f, "m_c": m}`` of the round's head list (its URLs per
+        query, wildcards included), kept with the charge so that PLD accounting can compose LocalAlg exactly.
         Under the ledger's lock the file is read again first, so a charge made meanwhile by another process
         (or another object on the same file) counts.
         """
         with _ledger_lock(self.path):
             self._reload()
-            self.check(round_id, epsilon, delta)
+            self.check(round_id, epsilon, delta, shape)
             self.state["rounds"][round_id] = {"epsilon": float(epsilon), "delta": float(delta)}
+            if shape is not None:
+                self.state["rounds"][round_id]["shape"] = _checked_shape(shape, self.path)
             if memo is not None:
                 self.state.setdefault("memo", {})[round_id] = {"records": memo[0], "reports": memo[1],
                                                                 "sent_in": [memo[2]]}
@@ -140,6 +149,39 @@ class DeviceLedger:
                 del self.state["rounds"][round_id]
                 self.state.get("memo", {}).pop(round_id, None)
             self._save_or_undo(undo, "nothing was charged, so nothing may be reported")
+
+    def tighter_epsilon(self, delta: float | None = None) -> float:
+        """This device's total ε at ``delta`` (default its lifetime δ) by PLD accounting of the rounds it reported
+        in: LocalAlg exactly where the round's shape was kept, any other round by its (ε, δ)
+        (:func:`hybriddp.audit.pld.history_epsilon`)."""
+        from hybriddp.audit.pld import history_epsilon
+        target = self.state["lifetime"]["delta"] if delta is None else delta
+        return history_epsilon(self._mechanisms(), target)
+
+    def _mechanisms(self, extra: tuple[float, float, dict[str, Any] | None] | None = None) -> list[Any]:
+        from hybriddp.audit.pld import Mechanism
+        rounds = [(r["epsilon"], r["delta"], r.get("shape")) for r in self.state["rounds"].values()]
+        out = []
+        for e, d, shape in rounds + ([] if extra is None else [extra]):
+            if e <= 0:  # a charge of nothing composes to nothing
+                continue
+            if shape is None:
+                out.append(Mechanism("local", float(e), float(d)))
+            else:
+                out.append(Mechanism("local", float(e), float(d), kq=tuple(shape["kq"]), f_c=float(shape["f_c"]),
+                                     m_c=int(shape["m_c"])))
+        return out
+
+    def _pld_admits(self, epsilon: float, delta: float, shape: dict[str, Any] | None) -> bool:
+        """Whether PLD accounting keeps the history plus this round within the lifetime budget (False if the
+        accountant cannot say: basic composition then decides)."""
+        from hybriddp.audit.pld import within_lifetime
+        from hybriddp.core.errors import HybridDPError
+        life = self.state["lifetime"]
+        try:
+            return within_lifetime(self._mechanisms((epsilon, delta, shape)), life["epsilon"], life["delta"])
+        except (HybridDPError, ValueError, KeyError, TypeError, ArithmeticError):
+            return False
 
     def memoized(self, round_id: str, records_key: str, service_round: str) -> list[Any] | None:
         """The reports this device sent for head list ``round_id`` if its records were then the ones of
@@ -304,6 +346,21 @@ _LEDGER_FIX = ("Restore it from a backup; do not delete it, since a new ledger w
                "device has already spent.")
 
 
+def _checked_shape(shape: dict[str, Any], path: str) -> dict[str, Any]:
+    """A head list's shape as the ledger keeps it, checked: ``kq`` positive integers, ``f_c`` in (0, 1],
+    ``m_c`` >= 1."""
+    try:
+        kq = [int(x) for x in shape["kq"]]
+        f_c, m_c = float(shape["f_c"]), int(shape["m_c"])
+    except (KeyError, TypeError, ValueError):
+        raise DeviceError(f"device ledger {path}: a round's shape must be {{'kq': [...], 'f_c': f, 'm_c': m}}, "
+                          f"got {_show(shape, 60)}") from None
+    if not kq or min(kq) < 1 or not 0 < f_c <= 1 or m_c < 1:
+        raise DeviceError(f"device ledger {path}: a round's shape has kq {kq[:5]}…, f_c {f_c}, m_c {m_c}: "
+                          "kq must be integers >= 1, f_c in (0, 1], m_c >= 1")
+    return {"kq": kq, "f_c": f_c, "m_c": m_c}
+
+
 def records_key(records: Any) -> str:
     """A key of a device's records as a multiset (SHA-256 of their sorted canonical JSON): the memo is reused
     only for the same records. The records themselves are never stored in the ledger."""
@@ -357,5 +414,7 @@ def _parse_ledger(data: bytes, path: str) -> dict[str, Any]:
                       lambda x: 0 <= x < math.inf, _LEDGER_FIX)
         _check_number(f"{where}: rounds[{_show(key, 30)}].delta", charge["delta"], "a number in [0, 1]",
                       lambda x: 0 <= x <= 1, _LEDGER_FIX)
+        if "shape" in charge:
+            charge["shape"] = _checked_shape(charge["shape"], path)
     return state
 

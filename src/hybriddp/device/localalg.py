@@ -220,8 +220,9 @@ def randomize_records(
     key = records_key(records) if ledger is not None and round_id is not None else None
     if key is not None and (again := ledger.memoized(content, key, round_id)) is not None:  # type: ignore[union-attr,arg-type]
         return {"id": mid, "headlist": content, "reports": again}
+    shape = {"kq": list(hl.kq), "f_c": float(hl.doc["f_c"]), "m_c": hl.m_c}  # for the ledger's PLD accounting
     if ledger is not None:  # refused before any randomness is drawn; charged below, before the message is returned
-        ledger.check(content, float(hl.doc["epsilon"]), float(hl.doc["delta"]))
+        ledger.check(content, float(hl.doc["epsilon"]), float(hl.doc["delta"]), shape)
     m = min(hl.m_c, len(records))
     chosen: list[int] = []
     pool = list(range(len(records)))
@@ -230,5 +231,5 @@ def randomize_records(
     reports = [hl.decode(*local_alg(*hl.encode(*records[i]), hl, src)) for i in chosen]
     if ledger is not None:  # the charge and the memo, in one write
         ledger.record(content, float(hl.doc["epsilon"]), float(hl.doc["delta"]),
-                      None if key is None or round_id is None else (key, reports, round_id))
+                      None if key is None or round_id is None else (key, reports, round_id), shape)
     return {"id": mid, "headlist": content, "reports": reports}

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from headlisthelpers import signed_headlist
 from hybriddp.audit.pld import Mechanism, admitted_rounds
 from hybriddp.core.protocol import DeviceError
 from hybriddp.device.ledger import DeviceLedger, DeviceLedgerRefusal
 from hybriddp.device.localalg import SeededSource, randomize_records
-from headlisthelpers import signed_headlist
 
 LIFE = (11.0, 1e-4)
 EPS, DELTA = 1.0, 1e-6

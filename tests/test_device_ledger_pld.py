@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from headlisthelpers import signed_headlist
-from hybriddp.audit.pld import Mechanism, admitted_rounds
+from hybriddp.audit.pld import Mechanism, admitted_rounds, device_accountant
 from hybriddp.core.protocol import DeviceError
-from hybriddp.device.ledger import DeviceLedger, DeviceLedgerRefusal
+from hybriddp.device.ledger import DeviceLedger, DeviceLedgerRefusal, open_device_ledger
 from hybriddp.device.localalg import SeededSource, randomize_records
 
 LIFE = (11.0, 1e-4)
@@ -45,18 +45,22 @@ def test_a_device_reports_in_as_many_rounds_as_its_exact_accounting_admits(tmp_p
     kq = tuple([3] * 16 + [1])  # the lists' URLs per query, ⟨q,*⟩ included, and ⟨*,*⟩
     basic, tight = admitted_rounds(Mechanism("local", EPS, DELTA, kq=kq, f_c=0.85, m_c=1), *LIFE, 60)
     assert basic == 11 and tight > basic
-    ledger = DeviceLedger(tmp_path / "ledger.json", lifetime_epsilon=LIFE[0], lifetime_delta=LIFE[1])
+    plain = DeviceLedger(tmp_path / "plain.json", lifetime_epsilon=LIFE[0], lifetime_delta=LIFE[1])
+    assert _reports_until_refused(plain, 60) == basic and plain.tighter_epsilon() is None  # no accountant: basic
+    ledger = DeviceLedger(tmp_path / "ledger.json", lifetime_epsilon=LIFE[0], lifetime_delta=LIFE[1],
+                          accountant=device_accountant())
     assert _reports_until_refused(ledger, 60) == tight < 60
     assert ledger.spent()[0] == pytest.approx(tight * EPS)  # basic composition's sum, past the lifetime ε
     assert ledger.tighter_epsilon() <= LIFE[0] * (1 + 1e-9)
     kept = json.loads((tmp_path / "ledger.json").read_text())
     assert all(r["shape"] == {"kq": list(kq), "f_c": 0.85, "m_c": 1} for r in kept["rounds"].values())
-    again = DeviceLedger(tmp_path / "ledger.json")  # read back: the same accounting
+    again = open_device_ledger(tmp_path / "ledger.json", accountant=device_accountant())  # read back: the same
     assert again.tighter_epsilon() == pytest.approx(ledger.tighter_epsilon())
 
 
 def test_rounds_without_their_shape_count_by_their_epsilon_and_delta(tmp_path: Path) -> None:
-    ledger = DeviceLedger(tmp_path / "ledger.json", lifetime_epsilon=LIFE[0], lifetime_delta=LIFE[1])
+    ledger = DeviceLedger(tmp_path / "ledger.json", lifetime_epsilon=LIFE[0], lifetime_delta=LIFE[1],
+                          accountant=device_accountant())
     stated_basic, stated = admitted_rounds(Mechanism("local", EPS, DELTA), *LIFE, 60)
     n = 0
     while True:
@@ -74,3 +78,10 @@ def test_a_damaged_shape_in_the_ledger_file_is_refused_with_its_fix(tmp_path: Pa
                                 "rounds": {"sha256:aa": {"epsilon": 1.0, "delta": 0.0, "shape": {"kq": [0]}}}}))
     with pytest.raises(DeviceError, match="shape"):
         DeviceLedger(path)
+
+
+def test_the_sdk_opens_its_device_ledger_with_the_tighter_accountant(tmp_path: Path) -> None:
+    from hybriddp.sdk import DeviceClient
+
+    with DeviceClient("http://127.0.0.1:9", "r" * 22, tmp_path / "sdk.json") as client:
+        assert client.ledger is not None and client.ledger.accountant is not None

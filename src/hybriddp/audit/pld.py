@@ -263,3 +263,33 @@ def admitted_rounds(mech: Mechanism, lifetime_epsilon: float, lifetime_delta: fl
     while k < most and within_lifetime([mech] * (k + 1), lifetime_epsilon, lifetime_delta):
         k += 1
     return basic, k
+
+
+class _DeviceAccountant:
+    """The device ledger's tighter accountant (:class:`hybriddp.device.ledger.Accountant`): a round kept with its
+    head list's shape is LocalAlg's exact mechanism, any other its (ε, δ) (ALGORITHM.md §15)."""
+
+    @staticmethod
+    def mechanisms(history: Sequence[tuple[float, float, dict[str, Any] | None]]) -> list[Mechanism]:
+        out = []
+        for e, d, shape in history:
+            if e <= 0:  # a charge of nothing composes to nothing
+                continue
+            if shape is None:
+                out.append(Mechanism("local", float(e), float(d)))
+            else:
+                out.append(Mechanism("local", float(e), float(d), kq=tuple(int(x) for x in shape["kq"]),
+                                     f_c=float(shape["f_c"]), m_c=int(shape["m_c"])))
+        return out
+
+    def within(self, history: Sequence[tuple[float, float, dict[str, Any] | None]], lifetime_epsilon: float,
+               lifetime_delta: float) -> bool:
+        return within_lifetime(self.mechanisms(history), lifetime_epsilon, lifetime_delta)
+
+    def epsilon(self, history: Sequence[tuple[float, float, dict[str, Any] | None]], delta: float) -> float:
+        return history_epsilon(self.mechanisms(history), delta)
+
+
+def device_accountant() -> _DeviceAccountant:
+    """The accountant :func:`hybriddp.device.ledger.open_device_ledger` is given by the SDK and the CLI."""
+    return _DeviceAccountant()

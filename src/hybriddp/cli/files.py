@@ -149,8 +149,9 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
     if device_ledger is not None and not single_device:
         raise click.BadParameter("--device-ledger needs --single-device (one device, one ledger)",
                                  param_hint="--device-ledger")
-    ledger = DeviceLedger(device_ledger, lifetime_epsilon=lifetime_epsilon,
-                          lifetime_delta=lifetime_delta) if device_ledger else None
+    from hybriddp.audit.pld import device_accountant
+    ledger = DeviceLedger(device_ledger, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
+                          accountant=device_accountant()) if device_ledger else None
     if ledger is not None:
         ledger.check(doc["content_hash"], float(doc["epsilon"]), float(doc["delta"]))
     per_row = row_per_user or (single_device and user_col is None)

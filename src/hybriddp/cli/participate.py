@@ -54,8 +54,9 @@ def upload_cmd(round_id: str, server: str, token_file: str | None, input_path: s
         raise parameter_error("--input/--value", None, "exactly one of them: --input RECORDS for a blender round, "
                               "--value X (repeatable) for a mean round")
     token = read_token(token_file, "HYBRIDDP_OPTIN_TOKEN", "opt-in token", "--token-file")
+    from hybriddp.audit.pld import device_accountant
     from hybriddp.device.ledger import open_device_ledger
-    ledger = None if device_ledger is None else open_device_ledger(device_ledger)
+    ledger = None if device_ledger is None else open_device_ledger(device_ledger, accountant=device_accountant())
     with OptinUploader(server, round_id, token, device_ledger=ledger) as up:
         if values:
             n = up.upload_values(values)
@@ -130,8 +131,10 @@ def participate_cmd(server: str, round_id: str, input_path: str | None, fmt: str
         render.err.print("[yellow]warning: --no-device-ledger: this report is charged to no device ledger, so "
                          "nothing stops a second report in this round or one past the lifetime budget (tests and "
                          "simulations only)[/yellow]")
+    from hybriddp.audit.pld import device_accountant
     ledger = DeviceClient.NO_LEDGER if no_device_ledger else open_device_ledger(
-        device_ledger, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta)
+        device_ledger, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
+        accountant=device_accountant())
     records = None if input_path is None else _device_records(input_path, fmt, user_col, query_col, url_col,
                                                                 skip_bad_rows)
     where = {"outbox": outbox} if outbox is not None else {}  # default: next to the device ledger

@@ -12,7 +12,7 @@ import secrets
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hybriddp.core.atomic import write_text
 from hybriddp.core.protocol import DeviceError, _as_float, _check_number, _kind, _show
@@ -55,12 +55,21 @@ class DeviceLedgerRefusal(DeviceError):
                                    lifetime=self.lifetime, path=self.path, round_id=rid)
 
 
+class Accountant(Protocol):
+    """A tighter accountant for the device ledger: a history is a list of (ε, δ, shape or None) per round."""
+
+    def within(self, history: list[tuple[float, float, dict[str, Any] | None]], lifetime_epsilon: float,
+               lifetime_delta: float) -> bool: ...
+
+    def epsilon(self, history: list[tuple[float, float, dict[str, Any] | None]], delta: float) -> float: ...
+
+
 class DeviceLedger:
     """The device's own privacy ledger: at most one report per round, within a lifetime budget
     (basic composition over the rounds it reports in, ALGORITHM.md §2; the rule of
-    :mod:`hybriddp.privacy.budget`), or privacy-loss-distribution accounting where that is tighter: a round
-    charged with its head list's ``shape`` (what :func:`hybriddp.device.localalg.randomize_records` passes) is
-    composed as LocalAlg's exact mechanism, any other by its (ε, δ) (ALGORITHM.md §14–§15).
+    :mod:`hybriddp.privacy.budget`), or a tighter ``accountant`` where it admits more (:class:`Accountant`;
+    :func:`open_device_ledger` gives :func:`hybriddp.audit.pld.device_accountant`, privacy-loss-distribution
+    accounting of each round kept with its head list's ``shape`` as LocalAlg's exact mechanism, ALGORITHM.md §15).
 
     A round is identified by the head list's content hash (a mean round's by its document's hash). The
     ledger is a small JSON file ``{"lifetime": {"epsilon": E, "delta": D}, "rounds": {hash: {"epsilon": e,
@@ -75,8 +84,9 @@ class DeviceLedger:
 
     def __init__(self, path: str | os.PathLike[str], *, lifetime_epsilon: float | None = None,
                  lifetime_delta: float | None = None,
-                 default_lifetime: tuple[float, float] | None = None) -> None:
+                 default_lifetime: tuple[float, float] | None = None, accountant: Accountant | None = None) -> None:
         self.path = os.fspath(path)
+        self.accountant = accountant
         if os.path.isdir(self.path):
             raise DeviceError(f"device ledger {self.path} is a directory; give a file name")
         try:
@@ -106,8 +116,7 @@ class DeviceLedger:
         """Raise :class:`DeviceLedgerRefusal` (already reported / over budget) or :class:`DeviceError` (a charge
         that is not a finite number >= 0) if :meth:`record` would refuse this round; change nothing.
 
-        Over budget means over it by basic composition *and* by PLD accounting of the rounds as they were
-        (:meth:`tighter_epsilon`): the tighter accountant decides."""
+        Over budget means over it by basic composition *and* by the ledger's tighter accountant, if it has one."""
         life = self.state["lifetime"]
         facts = {"head_list": round_id, "spent": self.spent(), "lifetime": (life["epsilon"], life["delta"]),
                  "path": self.path}
@@ -121,7 +130,7 @@ class DeviceLedger:
                           "The head list is damaged or not from a hybriddp server; not reporting.")
         e, d = facts["spent"]
         if (LifetimeBudget(life["epsilon"], life["delta"]).exceeded_by(*compose((e, d), (epsilon, delta)))
-                and not self._pld_admits(epsilon, delta, shape)):
+                and not self._tighter_admits(epsilon, delta, shape)):
             raise DeviceLedgerRefusal(f"reporting would exceed this device's lifetime budget (epsilon "
                                       f"{life['epsilon']}, delta {life['delta']}; spent {e:.4g}, {d:.3g}); not "
                                       "reporting", already=False, charge=(float(epsilon), float(delta)), **facts)
@@ -150,37 +159,29 @@ class DeviceLedger:
                 self.state.get("memo", {}).pop(round_id, None)
             self._save_or_undo(undo, "nothing was charged, so nothing may be reported")
 
-    def tighter_epsilon(self, delta: float | None = None) -> float:
-        """This device's total ε at ``delta`` (default its lifetime δ) by PLD accounting of the rounds it reported
-        in: LocalAlg exactly where the round's shape was kept, any other round by its (ε, δ)
-        (:func:`hybriddp.audit.pld.history_epsilon`)."""
-        from hybriddp.audit.pld import history_epsilon
+    def tighter_epsilon(self, delta: float | None = None) -> float | None:
+        """This device's total ε at ``delta`` (default its lifetime δ) by the ledger's tighter accountant over the
+        rounds it reported in; None without one."""
+        if self.accountant is None:
+            return None
         target = self.state["lifetime"]["delta"] if delta is None else delta
-        return history_epsilon(self._mechanisms(), target)
+        return self.accountant.epsilon(self._history(), target)
 
-    def _mechanisms(self, extra: tuple[float, float, dict[str, Any] | None] | None = None) -> list[Any]:
-        from hybriddp.audit.pld import Mechanism
+    def _history(self, extra: tuple[float, float, dict[str, Any] | None] | None = None
+                 ) -> list[tuple[float, float, dict[str, Any] | None]]:
         rounds = [(r["epsilon"], r["delta"], r.get("shape")) for r in self.state["rounds"].values()]
-        out = []
-        for e, d, shape in rounds + ([] if extra is None else [extra]):
-            if e <= 0:  # a charge of nothing composes to nothing
-                continue
-            if shape is None:
-                out.append(Mechanism("local", float(e), float(d)))
-            else:
-                out.append(Mechanism("local", float(e), float(d), kq=tuple(shape["kq"]), f_c=float(shape["f_c"]),
-                                     m_c=int(shape["m_c"])))
-        return out
+        return rounds + ([] if extra is None else [extra])
 
-    def _pld_admits(self, epsilon: float, delta: float, shape: dict[str, Any] | None) -> bool:
-        """Whether PLD accounting keeps the history plus this round within the lifetime budget (False if the
-        accountant cannot say: basic composition then decides)."""
-        from hybriddp.audit.pld import within_lifetime
-        from hybriddp.core.errors import HybridDPError
+    def _tighter_admits(self, epsilon: float, delta: float, shape: dict[str, Any] | None) -> bool:
+        """Whether the tighter accountant keeps the history plus this round within the lifetime budget (False
+        without one, or if it cannot say: basic composition then decides)."""
+        if self.accountant is None:
+            return False
         life = self.state["lifetime"]
         try:
-            return within_lifetime(self._mechanisms((epsilon, delta, shape)), life["epsilon"], life["delta"])
-        except (HybridDPError, ValueError, KeyError, TypeError, ArithmeticError):
+            return bool(self.accountant.within(self._history((epsilon, delta, shape)), life["epsilon"],
+                                               life["delta"]))
+        except (ValueError, KeyError, TypeError, ArithmeticError):
             return False
 
     def memoized(self, round_id: str, records_key: str, service_round: str) -> list[Any] | None:
@@ -326,10 +327,11 @@ def default_device_ledger_path() -> Path:
 
 
 def open_device_ledger(path: str | os.PathLike[str] | None = None, *, lifetime_epsilon: float | None = None,
-                       lifetime_delta: float | None = None) -> DeviceLedger:
+                       lifetime_delta: float | None = None, accountant: Accountant | None = None) -> DeviceLedger:
     """The device ledger at ``path``, by default :func:`default_device_ledger_path` (its directory created
     with mode 0700 if missing). A new ledger gets the lifetime budget given, else
-    (:data:`DEVICE_LIFETIME_EPSILON`, :data:`DEVICE_LIFETIME_DELTA`); an existing one keeps its own."""
+    (:data:`DEVICE_LIFETIME_EPSILON`, :data:`DEVICE_LIFETIME_DELTA`); an existing one keeps its own.
+    ``accountant``: the tighter accountant (the SDK and the CLI pass :func:`hybriddp.audit.pld.device_accountant`)."""
     if path is None:
         path = default_device_ledger_path()
         try:
@@ -339,7 +341,7 @@ def open_device_ledger(path: str | os.PathLike[str] | None = None, *, lifetime_e
                               f"({exc.strerror or exc}); set HYBRIDDP_DATA_HOME to a writable private directory, "
                               "or give the ledger's path (--device-ledger)") from None
     return DeviceLedger(path, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
-                        default_lifetime=(DEVICE_LIFETIME_EPSILON, DEVICE_LIFETIME_DELTA))
+                        default_lifetime=(DEVICE_LIFETIME_EPSILON, DEVICE_LIFETIME_DELTA), accountant=accountant)
 
 
 _LEDGER_FIX = ("Restore it from a backup; do not delete it, since a new ledger would forget the budget this "

@@ -160,7 +160,8 @@ class DeviceClient(ServiceHttp):
         """The device ledger charged before a report leaves (opened, and the default one's directory created,
         on first use); None with ``NO_LEDGER``."""
         if self._ledger is None and not self._no_ledger:
-            self._ledger = open_device_ledger(self._ledger_file)
+            from hybriddp.audit.pld import device_accountant
+            self._ledger = open_device_ledger(self._ledger_file, accountant=device_accountant())
         return self._ledger
 
     @property

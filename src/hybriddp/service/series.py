@@ -121,7 +121,6 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
 def _check_carry(kind: str, params: dict[str, Any], carry: int | None) -> int:
     """The series' carry, checked: BLENDER series whose estimator releases S's counts (the carried records are the
     ones S selected, ALGORITHM.md §13.1); 0 for a mean series."""
-    from hybriddp.core.estimators import Release
     from hybriddp.curator.carry import DEFAULT_CARRY
 
     if carry is None:
@@ -133,7 +132,7 @@ def _check_carry(kind: str, params: dict[str, Any], carry: int | None) -> int:
         raise parameter_error("carry (--carry)", carry, "0 for a mean series: it has no head list")
     if carry and not _releases_s(params):
         raise parameter_error("carry (--carry)", carry, f"0 with estimator {params.get('estimator')!r}, which releases "
-                              f"no S counts to tell selected records from carried ones ({Release.REUSE_S.name})",
+                              "no S counts to tell selected records from carried ones",
                               "Use the default estimator (reuse) or consistent, or --carry 0.")
     return carry
 

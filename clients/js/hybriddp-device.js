@@ -1073,6 +1073,18 @@ export class DeviceLedger {
   }
 
   /**
+   * Whether memoized() would give reports for these arguments: read only (nothing is noted), so a caller can skip
+   * a check that would refuse the head list as already reported before it asks for anything else.
+   */
+  canResend(headlistHash, key, roundId) {
+    this._reload();
+    const memo = this.state.memo;
+    const got = memo && typeof memo === "object" ? memo[headlistHash] : undefined;
+    return Boolean(got && got.records === key && Array.isArray(got.reports) && Array.isArray(got.sent_in)
+      && !got.sent_in.includes(roundId));
+  }
+
+  /**
    * The reports this device sent for the head list `headlistHash` if its records then had the key `key`
    * (recordsKey) and it has not sent them in service round `roundId` yet; null otherwise. Sending them again in
    * another round with the same head list is post-processing: no privacy is spent (ALGORITHM.md §15). The round

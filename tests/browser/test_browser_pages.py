@@ -14,6 +14,8 @@
   resent with the same id and token on the next pick, counted once; a server without self-enrolment gets nothing
   from a browser without a credential (nothing charged); a server with open admission gets reports without tokens
   and the page warns that it is unsafe;
+* the same pick under the same head list in a later round is sent again as the same randomized reports, uncharged
+  (memoization); a second pick in a round is refused;
 * a published URL that is not http(s) ("javascript:...", "data:...") is shown as text, never as a link;
 * the round page of the closed demo round draws the interval chart and the results table (and so it does for
   a closed mean round).
@@ -638,3 +640,50 @@ def test_api_docs_render_from_the_server_alone(demo: DemoServer, page: Any) -> N
     assert any("/api/v1/rounds/{round_id}/reports" in p.replace("\u200b", "") for p in paths), paths
     assert hosts == {demo.base_url}, hosts
     screenshot(page, "api-docs")
+
+
+# ----- memoization on the page (docs/ALGORITHM.md §15) -----------------------------------------------------------
+def test_the_same_pick_under_the_same_head_list_in_a_later_round_is_resent_uncharged(tmp_path: Any,
+                                                                                     page: Any) -> None:
+    """Two rounds publish the same head list (the same opt-in data, far above the threshold): picking the same
+    suggestion in the second sends the first round's randomized reports again under a new message id, and the
+    device's spend shown on the page does not move; a second pick in that round is refused."""
+    srv = ServerProcess(f"sqlite:///{tmp_path / 'memo.db'}", tmp_path,
+                        extra_args=("--open-admission", "--log-level", "warning"))
+    srv.start(timeout=60)
+    try:
+        same = lambda i: [{"query": "alert me", "url": SAFE_URL}]  # noqa: E731
+        rid0, doc0 = open_round(srv, 240, records=same)  # the suggestions: a closed round listing "alert me"
+        with httpx.Client(base_url=srv.base_url + API, timeout=60) as http:
+            msgs = [randomize_records(doc0, [("alert me", SAFE_URL)]) for _ in range(240)]
+            assert http.post(f"/rounds/{rid0}/reports", json=msgs).status_code == 200
+            assert http.post(f"/rounds/{rid0}/close", headers=srv.admin, json={"flagged": "publish"}).status_code == 200
+        rid_a, doc_a = open_round(srv, 240, records=same)
+        posts = watch_posts(page)
+        open_page(page, srv.base_url + "/")
+        page.get_by_role("switch", name="Contribute").click()
+        pick_top(page, "ale", ["alert me"])
+        page.wait_for_function("() => document.getElementById('sent-state')?.textContent === "
+                               "'acknowledged and counted'")
+        (sent_a,) = [json.loads(r.post_data) for r in posted(posts, f"/rounds/{rid_a}/reports")]
+        spent = page.locator("#spent-value").inner_text()
+        assert spent.startswith("ε = 4 of")
+
+        rid_b, doc_b = open_round(srv, 240, records=same)
+        assert doc_b["content_hash"] == doc_a["content_hash"] == sent_a["headlist"]
+        open_page(page, srv.base_url + "/")  # the newest collecting round, b, now takes the reports
+        page.get_by_role("switch", name="Contribute").click()
+        pick_top(page, "ale", ["alert me"])
+        page.wait_for_function("() => document.getElementById('sent-state')?.textContent === "
+                               "'acknowledged and counted'")
+        (sent_b,) = [json.loads(r.post_data) for r in posted(posts, f"/rounds/{rid_b}/reports")]
+        assert sent_b["reports"] == sent_a["reports"] and sent_b["id"] != sent_a["id"]
+        assert page.locator("#spent-value").inner_text() == spent  # no new charge
+        assert message_count(srv, rid_a) == message_count(srv, rid_b) == 1
+
+        pick_top(page, "ale", ["alert me"])  # once per round, memoized or not
+        wait_status(page, "Not sent")
+        assert len(posted(posts, "/reports")) == 2
+    finally:
+        srv.stop()
+    assert "Traceback" not in srv.log_text()

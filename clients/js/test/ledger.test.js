@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { DeviceError, DeviceLedger, LEDGER_KEY, randomizeRecords, replaySource } from "../hybriddp-device.js";
+import { DeviceError, DeviceLedger, LEDGER_KEY, randomizeRecords, recordsKey, replaySource } from "../hybriddp-device.js";
 import { loadFixtures, memoryStorage, needsFixtures } from "./support.js";
 
 const fx = loadFixtures();
@@ -152,8 +152,14 @@ test("memoization: the same head list and records in another service round re-se
     const storage = memoryStorage();
     const ledger = new DeviceLedger(storage, { lifetimeEpsilon: 100, lifetimeDelta: 0.01 });
     const records = [[doc.queries[0].query, doc.queries[0].urls[0]]];
+    const key = recordsKey(records);
+    assert.equal(ledger.canResend(h.hash, key, "round-A"), false); // nothing kept yet
     const first = await randomizeRecords(h.text, records, { ledger, roundId: "round-A" });
     const spent = ledger.spent();
+    assert.equal(ledger.canResend(h.hash, key, "round-A"), false); // sent in that round already
+    assert.equal(ledger.canResend(h.hash, key, "round-B"), true);
+    assert.equal(ledger.canResend(h.hash, key, "round-B"), true); // read only: asking notes nothing
+    assert.equal(ledger.canResend(h.hash, recordsKey([[doc.queries[1].query, null]]), "round-B"), false);
     const second = await randomizeRecords(h.text, records, { ledger, roundId: "round-B" });
     assert.deepEqual(second.reports, first.reports);
     assert.notEqual(second.id, first.id); // a fresh message id: the server counts it in its own round

@@ -231,8 +231,13 @@ export class Contribute {
       if (earlier) {
         await this.deliver(earlier); // an earlier report first: the ledger has charged it already
       }
+      const picked = [[query, urlLevel ? url : null]];
+      const roundId = this.target.id;
+      // the same pick under the same head list in a later round: the reports sent then go again, uncharged
+      // (memoization, docs/ALGORITHM.md §15); otherwise the ledger must allow a new charge
+      const resend = this.ledger.canResend(hl.content_hash, this.device.recordsKey(picked), roundId);
       try {
-        this.ledger.check(hl.content_hash, Number(hl.epsilon), Number(hl.delta)); // before asking for anything
+        if (!resend) this.ledger.check(hl.content_hash, Number(hl.epsilon), Number(hl.delta)); // before asking
       } catch (err) {
         if (err instanceof this.device.DeviceError) {
           this.say(earlier ? "Sent the report kept from your earlier pick (below); this pick is not sent: " +
@@ -244,7 +249,7 @@ export class Contribute {
       if (!(await this.admitted())) return null;
       let message;
       try {
-        message = await this.device.randomizeRecords(hl, [[query, urlLevel ? url : null]], { ledger: this.ledger });
+        message = await this.device.randomizeRecords(hl, picked, { ledger: this.ledger, roundId });
       } catch (err) {
         if (err instanceof this.device.DeviceError) {
           this.say(`Not sent: ${err.message}`, "muted");

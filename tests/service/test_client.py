@@ -675,8 +675,11 @@ def test_participate_three_times_in_one_round_counts_once(service: Service, tmp_
     assert admin.round(rid)["counts"]["messages"] == 1
     home = Path(os.environ["HYBRIDDP_DATA_HOME"])
     ledger = home / "device-ledger.json"
+    hl = httpx.get(f"{service.url}/api/v1/rounds/{rid}/headlist").json()  # its shape, for PLD accounting
+    shape = {"kq": [len(q["urls"]) + 1 for q in hl["queries"]] + [1], "f_c": hl["f_c"], "m_c": hl["m_c"]}
     assert json.loads(ledger.read_text())["rounds"] == {admin.round(rid)["headlist_hash"]: {"epsilon": 8.0,
-                                                                                            "delta": 1e-5}}
+                                                                                            "delta": 1e-5,
+                                                                                            "shape": shape}}
     assert stat.S_IMODE(ledger.stat().st_mode) == 0o600 and stat.S_IMODE(home.stat().st_mode) == 0o700
     assert sorted(p.name for p in home.iterdir()) == ["device-ledger.json"]  # the outbox went with the ack
 

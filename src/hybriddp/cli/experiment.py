@@ -59,7 +59,13 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
               help="poisoning only: honest rounds for the false-alarm rate, 1 to 10000 (at least --trials are run). "
                    "Default: 200 (a 1% rate needs them); fewer for a first look at a large preset such as yandex.")
 @click.option("--periods", type=int, default=None, callback=int_range(2, 104),
-              help="trends only: periods of the drifting log, 2 to 104. Default: 12.")
+              help="trends only: periods of the drifting log, 2 to 104 (a log file: its first ones). Default: 12.")
+@click.option("--period", "period", default=None, metavar="DURATION",
+              help="trends on a log file only: the periods' length, a number with a unit s, m, h, d or w, cut from "
+                   "the first record's day (midnight UTC). Default: 7d.")
+@click.option("--head-queries", type=int, default=None, callback=int_range(1, 100_000),
+              help="trends on a log file only: recall's truth is the changes of 50%% or more among this many of the "
+                   "log's most frequent queries (its own per-period shares). Default: 100.")
 @click.option("--participation", default=None, metavar="R[,R…]",
               help="trends only: participation policies: each user takes part in one period out of R (a 1/R share "
                    "of the population per period). Default: 1,2,6.")
@@ -79,7 +85,7 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
                    scale: float, row_per_user: bool, honest_trials: int | None, periods: int | None,
                    participation: str | None, window: int | None, min_change: float | None, carry: int | None,
-                   f_o: float | None, quick: bool) -> None:
+                   f_o: float | None, period: str | None, head_queries: int | None, quick: bool) -> None:
     """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators, all, poisoning or trends.
 
     \b
@@ -113,9 +119,10 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
         return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick, honest_trials)
     if name == "trends":
         return _trends(dataset, trials, out_dir, seed, scale, periods, participation, window, min_change, carry, f_o,
-                       quick)
+                       period, head_queries, quick)
     for flag, value in (("--periods", periods), ("--participation", participation), ("--window", window),
-                        ("--min-change", min_change), ("--carry", carry), ("--f-o", f_o)):
+                        ("--min-change", min_change), ("--carry", carry), ("--f-o", f_o), ("--period", period),
+                        ("--head-queries", head_queries)):
         if value is not None:
             raise parameter_error(flag, value, "left out: it applies to `experiment trends` only")
     if honest_trials is not None:
@@ -157,16 +164,25 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
 
 def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: float, periods: int | None,
             participation: str | None, window: int | None, min_change: float | None, carry: int | None,
-            f_o: float | None, quick: bool) -> None:
-    """``experiment trends``: BLENDER over the periods of a drifting synthetic log (docs/ALGORITHM.md §13)."""
+            f_o: float | None, period: str | None, head_queries: int | None, quick: bool) -> None:
+    """``experiment trends``: BLENDER over the periods of a drifting synthetic log, or of an AOL-format log with
+    QueryTime (docs/ALGORITHM.md §13)."""
     from hybriddp.core.params import BlenderParams
     from hybriddp.curator.carry import DEFAULT_CARRY
     from hybriddp.experiments.trends import TRENDS_F_O, TRENDS_MIN_CHANGE, TrendsConfig, trend_rows, write_outputs
+    from hybriddp.service.series import parse_duration
 
-    if dataset not in ("aol", "yandex"):
-        raise parameter_error("--dataset", dataset, "aol or yandex (a synthetic preset: the drift's truth must be "
-                              "known); for a real log with times, split it with `load_aol(times=True)` and "
-                              "`split_periods`, run each period, and give the results to `hybriddp trends`")
+    preset = dataset in ("aol", "yandex")
+    if not preset and not Path(dataset).is_file():
+        raise parameter_error("--dataset", dataset, "aol, yandex (a synthetic preset with planted drift) or an "
+                              "AOL-format log file with its QueryTime column (AnonID Query QueryTime ItemRank "
+                              "ClickURL)")
+    if preset and (period is not None or head_queries is not None):
+        raise parameter_error("--period" if period is not None else "--head-queries", period or head_queries,
+                              "left out: it applies to a log file (a preset's periods are its own)")
+    seconds = 7 * 86_400 if period is None else parse_duration(period, "--period")
+    if not (seconds >= 3600 and seconds == int(seconds)):
+        raise parameter_error("--period", period, "a whole number of seconds, an hour or more (e.g. 7d, 1d, 12h)")
     check_scale(scale)
     try:
         policies = tuple(int(x) for x in (participation or "1,2,6").split(","))
@@ -174,13 +190,15 @@ def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: fl
         policies = ()
     if not policies or any(r < 1 or r > 104 for r in policies):
         raise parameter_error("--participation", participation, "integers from 1 to 104, comma-separated, e.g. 1,2,6")
-    cfg = TrendsConfig(preset=dataset, scale=scale * (0.05 if quick else 1.0), periods=periods or (3 if quick else 12),
-                       participation=policies, trials=trials, seed=seed, window=window or 4,
-                       min_change=TRENDS_MIN_CHANGE if min_change is None else min_change,
-                       carry=DEFAULT_CARRY if carry is None else carry)
-    params = BlenderParams.paper_defaults(dataset)
+    cfg = TrendsConfig(preset=dataset if preset else "aol", scale=scale * (0.05 if quick else 1.0),
+                       periods=periods or (3 if quick else 12), participation=policies, trials=trials, seed=seed,
+                       window=window or 4, min_change=TRENDS_MIN_CHANGE if min_change is None else min_change,
+                       carry=DEFAULT_CARRY if carry is None else carry, input=None if preset else dataset,
+                       period_seconds=int(seconds), head_queries=head_queries or 100)
+    params = BlenderParams.paper_defaults(dataset if preset else "aol")
     params = dataclasses.replace(params, f_o=TRENDS_F_O if f_o is None else f_o)
-    out = Path(out_dir) if out_dir else Path("experiments-out") / f"trends-{dataset}"
+    name = dataset if preset else Path(dataset).name.split(".")[0]
+    out = Path(out_dir) if out_dir else Path("experiments-out") / f"trends-{name}"
     with render.interruptible(), _runs_progress(True) as progress:
         period_rows, rows = trend_rows(cfg, params, progress)
     verdict = write_outputs(out, period_rows, rows, cfg, params)

@@ -23,13 +23,14 @@ import numpy as np
 from hybriddp.core.atomic import write_text
 from hybriddp.core.errors import EmptyHeadListError
 from hybriddp.core.params import BlenderParams
-from hybriddp.core.records import SyntheticVocabulary
+from hybriddp.core.records import RecordLog, SyntheticVocabulary
 from hybriddp.curator.carry import DEFAULT_CARRY, Carry, selected_records
 from hybriddp.datasets.drift import Drift, drift_logs, plan_drift
 from hybriddp.datasets.generator import QUERY_PREFIX
 from hybriddp.datasets.presets import get_preset
 from hybriddp.experiments.aggregate import csv_text
 from hybriddp.experiments.plots import save_figure
+from hybriddp.experiments.trends_real import NO_TRUTH, RealLog, RealTruth
 from hybriddp.server.trends import PeriodEstimates, trends
 from hybriddp.simulation.pipeline import run_blender
 
@@ -66,6 +67,9 @@ class TrendsConfig:
     seed: int = 0
     truth_change: float = 0.5  # the changes that count as true: by at least this much (issue 30: 50%)
     carry: int = DEFAULT_CARRY  # periods a selected record stays listed (ALGORITHM.md §13.1; 0: none)
+    input: str | None = None  # an AOL-format log with QueryTime: its own periods and truth (trends_real.py)
+    period_seconds: int = 7 * 86_400  # with ``input``: the periods' length
+    head_queries: int = 100  # with ``input``: recall's truth is among the log's most frequent queries
 
 
 def trend_rows(config: TrendsConfig, params: BlenderParams,
@@ -74,27 +78,35 @@ def trend_rows(config: TrendsConfig, params: BlenderParams,
     not, trial) the trends found, with precision and recall against the plan."""
     period_rows: list[dict[str, Any]] = []
     trend_rows_: list[dict[str, Any]] = []
+    real = None if config.input is None else RealLog.load(config.input, config.periods, config.period_seconds)
+    truth_real = None if real is None else real.truth(config.head_queries, config.truth_change, config.min_change,
+                                                       config.window)
     jobs = [(r, drifting, trial) for r in config.participation for drifting in (True, False)
             for trial in range(config.trials)]
     for done, (r, drifting, trial) in enumerate(jobs):
         seed = config.seed * 1_000_003 + trial
-        drift = plan_drift(config.preset, config.periods, n_rising=config.rising if drifting else 0,
-                           n_falling=config.falling if drifting else 0, change=config.change, ranks=config.ranks,
-                           seed=seed)
+        truth: Drift | RealTruth
+        if real is None:
+            truth = plan_drift(config.preset, config.periods, n_rising=config.rising if drifting else 0,
+                               n_falling=config.falling if drifting else 0, change=config.change,
+                               ranks=config.ranks, seed=seed)
+            logs = drift_logs(truth, scale=config.scale / r, seed=seed + 7919 * r)
+        else:
+            logs = real.periods(r, drifting, seed + 7919 * r)
+            truth = truth_real if drifting and truth_real is not None else NO_TRUTH
         estimates = []
-        for t, row in _periods(drift, config, params, r, seed):
+        for t, row in _periods(logs, config, params, seed):
             period_rows.append({"participation": r, "drift": drifting, "trial": trial, "period": t + 1, **row[0]})
             estimates.append(row[1])
         trend_rows_.append({"participation": r, "drift": drifting, "trial": trial,
-                            **_score_trends(drift, estimates, config)})
+                            **_score_trends(truth, estimates, config)})
         if progress is not None:
             progress(done + 1, len(jobs))
     return period_rows, trend_rows_
 
 
-def _periods(drift: Drift, config: TrendsConfig, params: BlenderParams, r: int, seed: int
+def _periods(logs: Sequence[RecordLog], config: TrendsConfig, params: BlenderParams, seed: int
              ) -> Iterator[tuple[int, tuple[dict[str, Any], PeriodEstimates]]]:
-    logs = drift_logs(drift, scale=config.scale / r, seed=seed + 7919 * r)
     carry = Carry(config.carry)
     for t, log in enumerate(logs):
         label = f"p{t + 1:02d}"
@@ -113,17 +125,22 @@ def _periods(drift: Drift, config: TrendsConfig, params: BlenderParams, r: int, 
                   PeriodEstimates.from_result(res.to_json(), label))
 
 
-def _score_trends(drift: Drift, estimates: list[PeriodEstimates], config: TrendsConfig) -> dict[str, Any]:
+def _score_trends(plan: Drift | RealTruth, estimates: list[PeriodEstimates], config: TrendsConfig
+                  ) -> dict[str, Any]:
     found = trends(estimates, fdr=config.fdr, min_change=config.min_change, window=config.window)
-    names = SyntheticVocabulary(drift.weights.shape[1], QUERY_PREFIX, get_preset(config.preset).named_queries)
-    truth_sets = drift.changes(at_least=1.0 + config.truth_change)
-    truth = {(names.decode([q])[0], t, way) for way in ("rising", "falling") for q, t in truth_sets[way]}
     got = {(q, int(t), way) for way, hits in (("rising", found.rising), ("falling", found.falling))
            for q, t, hit in zip(found.query, found.period, hits, strict=True) if hit}
 
     def near(a: tuple[str, int, str], b: tuple[str, int, str]) -> bool:  # a pooled test locates within window − 1
         return a[0] == b[0] and a[2] == b[2] and abs(a[1] - b[1]) < config.window
-    true_pos = sum(any(near(g, c) for c in truth) for g in got)
+    if isinstance(plan, RealTruth):
+        truth = plan.changes
+        true_pos = sum(plan.confirms(g) for g in got)
+    else:
+        names = SyntheticVocabulary(plan.weights.shape[1], QUERY_PREFIX, get_preset(config.preset).named_queries)
+        truth_sets = plan.changes(at_least=1.0 + config.truth_change)
+        truth = {(names.decode([q])[0], t, way) for way in ("rising", "falling") for q, t in truth_sets[way]}
+        true_pos = sum(any(near(g, c) for c in truth) for g in got)
     found_changes = sum(any(near(g, c) for g in got) for c in truth)
     return {"changes_true": len(truth), "reported": len(got), "true_positives": true_pos,
             "false_positives": len(got) - true_pos, "changes_found": found_changes, "tested": len(found.query),
@@ -156,7 +173,7 @@ def summarize(period_rows: Sequence[dict[str, Any]], trend_rows_: Sequence[dict[
         ndcg = [row["ndcg"] for row in pr if row["ndcg"] is not None]
         tp, rep, true, hit = (sum(row[k] for row in tr)
                               for k in ("true_positives", "reported", "changes_true", "changes_found"))
-        rounds = math.ceil(config.periods / r)
+        rounds = math.ceil(len({row["period"] for row in pr}) / r) if pr else math.ceil(config.periods / r)
         out.append({"participation": r, "users_per_period": round(float(np.mean([row["users"] for row in pr]))),
                     "min_ndcg": min(ndcg) if ndcg else None, "mean_ndcg": float(np.mean(ndcg)) if ndcg else None,
                     "precision": tp / rep if rep else None, "recall": hit / true if true else None,
@@ -197,18 +214,29 @@ def write_outputs(out_dir: Path, period_rows: Sequence[dict[str, Any]], trend_ro
     write_text(out_dir / "trends.csv", csv_text(trend_rows_))
     write_text(out_dir / "summary.csv", csv_text(summary))
     _plot(out_dir / "trends.png", period_rows, summary, config)
-    lines = [f"# BLENDER over {config.periods} periods: trends (`hybriddp experiment trends`)", "",
-             f"Preset {config.preset} at scale {config.scale:g}; ε = {params.epsilon:g}, δ = {params.delta:g}, "
+    if config.input is None:
+        data = (f"Preset {config.preset} at scale {config.scale:g}. "
+                f"Drift: {config.rising} rising and {config.falling} falling head queries "
+                f"(ranks {config.ranks[0]}–{config.ranks[1] - 1}), ×{config.change:g} at one period each (the truth "
+                f"counted: changes of {config.truth_change:.0%} or more; a detection within {config.window - 1} "
+                "period(s) of one counts). A log without drift (no planted change) counts false discoveries.")
+    else:
+        n_periods = len({row["period"] for row in period_rows})
+        data = (f"Log {Path(config.input).name}, its first {n_periods} periods of {config.period_seconds / 86400:g} "
+                "day(s) (QueryTime). The truth is the log's own per-period query shares: recall counts the changes "
+                f"of {config.truth_change:.0%} or more among its {config.head_queries} most frequent queries; a "
+                "reported trend is correct when its query's share moved that way by at least the test's boundary "
+                f"within {config.window - 1} period(s). The log without drift is the same log with every user moved, "
+                "whole, to a random period (docs/ALGORITHM.md §13; experiments/trends_real.py).")
+    lines = [f"# BLENDER over {len({row['period'] for row in period_rows})} periods: trends "
+             "(`hybriddp experiment trends`)", "",
+             f"{data} ε = {params.epsilon:g}, δ = {params.delta:g}, "
              f"M = {params.head_list_size}, opt-in {params.optin_fraction:.1%}, f_O = {params.f_o:g} of them in S, "
              f"the default estimator with the opt-in anchor; a record S selected stays listed for {config.carry} "
-             "period(s) after (ALGORITHM.md §13.1; 0: every period's list is its own). "
-             f"Drift: {config.rising} rising and {config.falling} falling head queries "
-             f"(ranks {config.ranks[0]}–{config.ranks[1] - 1}), ×{config.change:g} at one period each; trends tested "
-             f"with Benjamini–Hochberg at FDR {config.fdr:g} for changes of at least {config.min_change:.0%} "
-             f"(the truth counted: changes of {config.truth_change:.0%} or more), "
-             f"pooling {config.window} period(s) on each side (a detection within {config.window - 1} period(s) of "
-             f"a true change counts; ALGORITHM.md §13). {config.trials} trial(s) per policy; a log without drift "
-             "counts false discoveries. Participation 1/r: each user takes part in one period out of r (a fresh "
+             "period(s) after (ALGORITHM.md §13.1; 0: every period's list is its own). Trends tested "
+             f"with Benjamini–Hochberg at FDR {config.fdr:g} for changes of at least {config.min_change:.0%}, "
+             f"pooling {config.window} period(s) on each side (ALGORITHM.md §13). {config.trials} trial(s) per "
+             "policy. Participation 1/r: each user takes part in one period out of r (a fresh "
              "1/r share of the population per period); the guarantee per person composes ⌈P/r⌉ rounds, by basic "
              "composition and by privacy-loss-distribution accounting of an opt-in user's exact mechanism "
              f"(ALGORITHM.md §14), at δ = {LIFETIME_DELTA:g}.",
@@ -220,9 +248,10 @@ def write_outputs(out_dir: Path, period_rows: Sequence[dict[str, Any]], trend_ro
                      f"{_fmt(s['mean_ndcg'], '.4f')} | {_fmt(s['precision'])} | {_fmt(s['recall'])} | "
                      f"{s['false_discoveries_no_drift']} of {s['tests_no_drift']} tests | {s['rounds_per_user']} | "
                      f"{s['epsilon_basic']:g} | {s['epsilon_pld']:.2f} | {'holds' if v['all'] else 'does not hold'} |")
-    basic, tight = admitted_rounds(params.epsilon, params.delta, config.periods)
+    n_periods = len({row["period"] for row in period_rows}) or config.periods
+    basic, tight = admitted_rounds(params.epsilon, params.delta, n_periods)
     lines += ["", f"Within (ε, δ) = ({LIFETIME_EPSILON:g}, {LIFETIME_DELTA:g}) a person can take part in {basic} of "
-              f"the {config.periods} periods at ε = {params.epsilon:g} each by basic composition, and in {tight} by "
+              f"the {n_periods} periods at ε = {params.epsilon:g} each by basic composition, and in {tight} by "
               "the rule the service enforces (the tighter of basic and PLD accounting).",
               "", "## Targets (issue 30), per policy", ""]
     for v in verdict:

@@ -3,10 +3,12 @@
 For every participation policy r (each user takes part in one period out of r, chosen at random: a period sees
 a 1/r share of the population, and a user's cumulative guarantee is that of ⌈P/r⌉ rounds under basic
 composition), every trial runs one BLENDER round per period on a fresh sample of the preset's population with
-that period's drifted head (:mod:`hybriddp.datasets.drift`), scores each period (NDCG against the period's truth)
-and tests the series for rising and falling queries (:mod:`hybriddp.server.trends`). Precision and recall are
-counted against the plan's changes of at least ``1 + min_change``; the same policy on a log without drift counts
-the false discoveries alone. Rows are what ``periods.csv`` and ``trends.csv`` hold; :func:`write_outputs` makes
+that period's drifted head (:mod:`hybriddp.datasets.drift`), or on the periods of a real log with times
+(``input``, :mod:`hybriddp.experiments.trends_real`), scores each period (NDCG against the period's truth) and
+tests the series for rising and falling queries (:mod:`hybriddp.server.trends`). Each period's head list carries
+the records the last ``carry`` lists selected (ALGORITHM.md §13.1). Precision and recall are counted against the
+plan's changes of at least ``1 + truth_change`` (a real log: its own shares); the same policy on a log without
+drift counts the false discoveries alone. Rows are what ``periods.csv`` and ``trends.csv`` hold; :func:`write_outputs` makes
 the summary, a plot and ``report.md`` with a verdict per target of issue 30 that these runs measure.
 """
 

@@ -269,6 +269,43 @@ def test_canary_records_are_gone_from_the_database_files_after_every_exit(store_
         assert canary_hits(store) == 0
 
 
+def _hold_snapshot(store_url: str) -> Any:
+    """A reader in another connection whose transaction began now and holds a snapshot (SQLite: a WAL read lock;
+    PostgreSQL: a REPEATABLE READ transaction that has read the opt-in table). Close it to end the transaction."""
+    if store_url.startswith("sqlite"):
+        import sqlite3
+        raw: Any = sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None)
+        raw.execute("BEGIN")
+    else:
+        import psycopg
+        raw = psycopg.connect(sa.make_url(store_url).set(drivername="postgresql").render_as_string(hide_password=False))
+        raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    raw.execute("SELECT count(*) FROM optin_records").fetchone()
+    return raw
+
+
+def test_a_reader_holding_an_older_snapshot_leaves_the_scrub_pending_until_it_ends(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race: a session whose snapshot predates the deletion can still see the deleted rows, so the file rewrite
+    (PostgreSQL's VACUUM FULL, SQLite's checkpoint) keeps them. The scrub waits for it, then is left pending rather
+    than reporting clean files; the next purge pass, once the reader is gone, removes them."""
+    from hybriddp.service.store import rounds as store_rounds
+    monkeypatch.setattr(store_rounds, "SCRUB_WAIT_MS", 300)
+    with TestClient(create_app(store_url, ADMIN, open_admission=True), raise_server_exceptions=True) as c:
+        store: Store = c.app.state.store  # type: ignore[attr-defined]
+        rid = create(c)
+        upload_all(c, rid, canaries(30))
+        reader = _hold_snapshot(store_url)
+        try:
+            assert c.post(f"{API}/rounds/{rid}/abort", headers=AUTH).status_code == 200
+            assert store.scrub_pending  # not reported clean while the reader may still see the rows
+        finally:
+            reader.close()
+        store.purge_expired()
+        assert not store.scrub_pending
+        assert canary_hits(store) == 0
+
+
 # ----- uploads: idempotent and bounded ----------------------------------------------------------
 def test_a_repeated_upload_is_acknowledged_not_appended(client: TestClient) -> None:
     rid = create(client)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -19,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
 
 from hybriddp.core.errors import parameter_error
 from hybriddp.core.protocol import ID_REGEX
@@ -31,7 +33,15 @@ DEFAULT_RETENTION_HOURS = 168.0
 """Hours after its creation at which a round's raw opt-in data are purged whatever its state (one week)."""
 MAX_RETENTION_HOURS = 24.0 * 366
 SCRUB_WAIT_MS = 5_000
-"""SQLite: how long a scrub's WAL checkpoint waits for readers that hold an old snapshot (then it is left pending)."""
+"""How long a scrub waits for readers that hold a snapshot older than the deletion (then it is left pending):
+SQLite's WAL checkpoint, PostgreSQL's wait before ``VACUUM FULL``."""
+_OLDER_SNAPSHOTS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
+  AND xact_start < %(since)s"""
+"""PostgreSQL: other sessions of this database in a transaction that began before the scrub and holds a snapshot:
+it may still see rows deleted before the scrub, and ``VACUUM FULL`` copies such "recently dead" rows into the new
+files. Transactions begun later cannot see them."""
 ENDED_STATES = ("headlist-empty", "aborted", "deleted")
 """States a round never leaves."""
 REPORT_STATES = ("headlist-published", "collecting-reports")
@@ -337,7 +347,10 @@ class RoundStore(StoreBase):
         old snapshot; False if it could not finish (:attr:`scrub_pending`: the next :meth:`purge_expired`
         pass, run periodically, scrubs again). PostgreSQL: ``VACUUM FULL`` of the opt-in tables and the
         token keys rewrites them into new files (the old ones are unlinked); the server's WAL
-        (``pg_wal``) and base backups keep the rows until they are recycled (docs: PRIVACY.md).
+        (``pg_wal``) and base backups keep the rows until they are recycled (docs: PRIVACY.md). A session whose
+        snapshot is older than the deletion would make it copy the deleted rows into the new files, so it first
+        waits up to :data:`SCRUB_WAIT_MS` for such sessions to end, and as long for the tables' locks, and is left
+        pending (False) if one remains.
         """
         if self.dialect == "sqlite":
             with self.engine.connect() as conn:  # the checkpoint waits for readers up to the busy timeout
@@ -350,5 +363,19 @@ class RoundStore(StoreBase):
             return not self.scrub_pending
         with self.engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            conn.exec_driver_sql("VACUUM FULL optin_records, optin_values, optin_uploads, optin_tokens, round_keys")
-        return True
+            since = conn.exec_driver_sql("SELECT now()").scalar_one()
+            deadline = time.monotonic() + SCRUB_WAIT_MS / 1000.0
+            while ((older := int(conn.exec_driver_sql(_OLDER_SNAPSHOTS, {"since": since}).scalar_one()))
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+            conn.exec_driver_sql(f"SET lock_timeout = {SCRUB_WAIT_MS}")  # a reader's lock: pending, not a hang
+            try:
+                conn.exec_driver_sql("VACUUM FULL optin_records, optin_values, optin_uploads, optin_tokens, "
+                                     "round_keys")
+                locked = False
+            except OperationalError:
+                locked = True
+            finally:
+                conn.exec_driver_sql("SET lock_timeout = 0")
+        self.scrub_pending = older > 0 or locked
+        return not self.scrub_pending

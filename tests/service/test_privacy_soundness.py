@@ -269,33 +269,40 @@ def test_canary_records_are_gone_from_the_database_files_after_every_exit(store_
         assert canary_hits(store) == 0
 
 
-def _hold_snapshot(store_url: str) -> Any:
-    """A reader in another connection whose transaction began now and holds a snapshot (SQLite: a WAL read lock;
-    PostgreSQL: a REPEATABLE READ transaction that has read the opt-in table). Close it to end the transaction."""
+def _hold_snapshot(store_url: str, hold: str) -> Any:
+    """Another connection whose transaction began now and holds the deleted rows back: a snapshot (SQLite: a WAL
+    read lock; PostgreSQL: a REPEATABLE READ transaction that has read the opt-in table), or, on PostgreSQL, a
+    transaction id with no snapshot (an idle READ COMMITTED transaction that got one). Close it to end it."""
     if store_url.startswith("sqlite"):
         import sqlite3
         raw: Any = sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None)
         raw.execute("BEGIN")
-    else:
-        import psycopg
-        raw = psycopg.connect(sa.make_url(store_url).set(drivername="postgresql").render_as_string(hide_password=False))
+        raw.execute("SELECT count(*) FROM optin_records").fetchone()
+        return raw
+    import psycopg
+    raw = psycopg.connect(sa.make_url(store_url).set(drivername="postgresql").render_as_string(hide_password=False))
+    if hold == "snapshot":
         raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-    raw.execute("SELECT count(*) FROM optin_records").fetchone()
+        raw.execute("SELECT count(*) FROM optin_records").fetchone()
+    else:
+        raw.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        raw.execute("SELECT txid_current()").fetchone()
     return raw
 
 
+@pytest.mark.parametrize("hold", ["snapshot", "transaction id"])
 def test_a_reader_holding_an_older_snapshot_leaves_the_scrub_pending_until_it_ends(
-        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The race: a session whose snapshot predates the deletion can still see the deleted rows, so the file rewrite
-    (PostgreSQL's VACUUM FULL, SQLite's checkpoint) keeps them. The scrub waits for it, then is left pending rather
-    than reporting clean files; the next purge pass, once the reader is gone, removes them."""
+        store_url: str, hold: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race: a session whose snapshot (or transaction id) predates the deletion can still see the deleted rows,
+    so the file rewrite (PostgreSQL's VACUUM FULL, SQLite's checkpoint) keeps them. The scrub waits for it, then is
+    left pending rather than reporting clean files; the next purge pass, once the reader is gone, removes them."""
     from hybriddp.service.store import rounds as store_rounds
     monkeypatch.setattr(store_rounds, "SCRUB_WAIT_MS", 300)
     with TestClient(create_app(store_url, ADMIN, open_admission=True), raise_server_exceptions=True) as c:
         store: Store = c.app.state.store  # type: ignore[attr-defined]
         rid = create(c)
         upload_all(c, rid, canaries(30))
-        reader = _hold_snapshot(store_url)
+        reader = _hold_snapshot(store_url, hold)
         try:
             assert c.post(f"{API}/rounds/{rid}/abort", headers=AUTH).status_code == 200
             assert store.scrub_pending  # not reported clean while the reader may still see the rows

@@ -37,20 +37,21 @@ def _step(client: TestClient, sid: str) -> dict[str, Any]:
     return resp.json()
 
 
-def _period(client: TestClient, sid: str, k: int, records: list[tuple[str, str]]) -> dict[str, Any]:
+def _period(client: TestClient, sid: str, k: int, records: list[tuple[str, str | None]]) -> dict[str, Any]:
     """Run period ``k``: open it, 30 new opt-in users per record, build, 60 device reports, close; its release."""
     rid = _step(client, sid)["periods_table"][k]["round"]["id"]
     body = ""
     for j, rec in enumerate(records):
         users = [f"p{k}-r{j}-u{i}" for i in range(30)]
         tokens = client.post(f"{API}/rounds/{rid}/optin/enrol", json={"users": users}, headers=AUTH).json()["tokens"]
-        body += "".join(json.dumps({"token": t, "records": [{"query": rec[0], "url": rec[1]}]}) + "\n"
-                        for t in tokens)
+        record = {"query": rec[0]} if rec[1] is None else {"query": rec[0], "url": rec[1]}
+        body += "".join(json.dumps({"token": t, "records": [record]}) + "\n" for t in tokens)
     assert client.post(f"{API}/rounds/{rid}/optin/records", content=body.encode(),
                        headers={"Content-Type": "application/x-ndjson"}).status_code == 200
     assert _step(client, sid)["periods_table"][k]["round"]["state"] == "headlist-published"
     headlist = client.get(f"{API}/rounds/{rid}/headlist").json()
-    reports = [randomize_records(headlist, [STEADY], source=SeededSource(i)) for i in range(60)]
+    device = (STEADY[0], STEADY[1] if headlist.get("url_level", True) else None)
+    reports = [randomize_records(headlist, [device], source=SeededSource(i)) for i in range(60)]
     assert client.post(f"{API}/rounds/{rid}/reports", json=reports).status_code == 200
     assert "closed" in _step(client, sid)["actions"][0]
     return client.get(f"{API}/rounds/{rid}/release").json()
@@ -64,6 +65,8 @@ def _listed(release: dict[str, Any]) -> dict[str, bool]:
         for _ in q["urls"]:
             out[q["query"]] = bool(est["reused"][entry])
             entry += 1
+        if not hl.get("url_level", True):  # without URLs the record is the query's ⟨q,*⟩
+            out[q["query"]] = bool(est["reused"][entry])
         entry += 1  # ⟨q,*⟩
     return out
 
@@ -107,3 +110,10 @@ def test_carry_is_refused_where_it_cannot_work(client: TestClient) -> None:
         assert needle in resp.json()["error"]["message"] and "carry" in resp.json()["error"]["message"]
     sid = _series(client, params={**PARAMS, "estimator": "paper"})  # the default then: no carry
     assert client.get(f"{API}/series/{sid}").json()["carry"] == 0
+
+
+def test_a_series_without_urls_carries_its_queries(client: TestClient) -> None:
+    sid = _series(client, params={**PARAMS, "url_level": False}, carry=1)
+    _period(client, sid, 0, [(FALLING[0], None), (STEADY[0], None)])
+    assert _listed(_period(client, sid, 1, [(STEADY[0], None)])) == {FALLING[0]: False, STEADY[0]: True}
+    assert _listed(_period(client, sid, 2, [(STEADY[0], None)])) == {STEADY[0]: True}

@@ -264,8 +264,8 @@ def _advance_and_log(store: Store) -> None:
 
 
 async def _periodically(seconds: float, job: Callable[[], object], what: str, *, wait_first: bool) -> None:
-    """Run ``job`` in a worker thread every ``seconds`` (the first time at once unless ``wait_first``); a failure of
-    the database is logged and the job tried again next time."""
+    """Run ``job`` in a worker thread every ``seconds`` (the first time at once unless ``wait_first``); a failure is
+    logged and the job tried again next time: a bug in one pass must not stop the purge or the scheduler for good."""
     if wait_first:
         await asyncio.sleep(seconds)
     while True:
@@ -273,4 +273,6 @@ async def _periodically(seconds: float, job: Callable[[], object], what: str, *,
             await run_in_threadpool(job)
         except HybridDPError as exc:  # the database was unavailable: try again next time
             logger.error("%s failed: %s", what, exc)
+        except Exception:  # anything else is a bug: its traceback in the log, and the loop goes on
+            logger.exception("%s failed", what)
         await asyncio.sleep(seconds)

@@ -164,10 +164,11 @@ def publish_headlist(store: Store, round_id: str, vocabulary: dict[str, list[str
     if vocabulary is not None and (info.kind != "blender" or not info.non_private):
         raise parameter_error("vocabulary", "<given>", "left out: it is for seeded (experiment) BLENDER rounds "
                               "only, which reproduce a simulation", "Publish without a body.")
+    carried = carried_records(store, info) if info.kind == "blender" else []  # before anyone is charged
     info = store.start_build(round_id, *info.charge, private=not info.non_private)
     try:
         if info.kind == "blender":
-            headlist, estimates = _curate_blender(store, info, vocabulary)
+            headlist, estimates = _curate_blender(store, info, vocabulary, carried)
         else:
             headlist, estimates = _curate_mean(store, info)
     except EmptyHeadListError as exc:
@@ -185,19 +186,26 @@ def publish_headlist(store: Store, round_id: str, vocabulary: dict[str, list[str
     return store.finish_build(info, "headlist-published", headlist, estimates)
 
 
-def _curate_blender(store: Store, info: RoundInfo, vocabulary: dict[str, list[str]] | None
-                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+def _curate_blender(store: Store, info: RoundInfo, vocabulary: dict[str, list[str]] | None,
+                    carried: Sequence[tuple[str, str | None]] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
     """The curator's head list and opt-in estimates documents (the opt-in users were charged by
-    :meth:`Store.start_build`, so the release's own charges are not computed)."""
+    :meth:`Store.start_build`, so the release's own charges are not computed); ``carried``: a series period's
+    carried records (:func:`carried_records`)."""
     users, queries, urls, pseudonyms = store.optin_records(info.num)
     p = info.params
-    carried = carried_records(store, info)
     log = optin_log(np.asarray(users, dtype=np.int64), queries, urls, pseudonyms, p["url_level"], vocabulary,
                     extra=carried)
     carry = None
     if carried:
-        carry = (log.queries.encode([q for q, _ in carried]),
-                 log.urls.encode([u for _, u in carried]) if p["url_level"] else np.full(len(carried), NO_URL))
+        q = log.queries.encode([q for q, _ in carried])
+        u = (log.urls.encode([u if u is not None else "" for _, u in carried]) if p["url_level"]
+             else np.full(len(carried), NO_URL))
+        if p["url_level"]:
+            u[[x is None for _, x in carried]] = NO_URL
+        if (q < 0).any() or (p["url_level"] and (u < -1).any()):
+            raise DataError("a carried record is missing from the round's vocabulary (a seeded round with a given "
+                            "vocabulary cannot carry records)")
+        carry = (q, u)
     release, _ = curate(log, blender_params(p), seed=p["seed"], noise_factory=noise_factory(p["noise"]),
                         with_charges=False, carry=carry)
     return release.headlist, release.estimates
@@ -222,8 +230,9 @@ def carried_records(store: Store, info: RoundInfo) -> list[tuple[str, str | None
             continue
         rel = release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates))
         q, u = split_keys(selected_records(rel.head_list, rel.optin.reused))
-        names_u = [None if x < 0 else name for x, name in zip(u.tolist(), rel.urls.decode(np.maximum(u, 0)),
-                                                                strict=True)]
+        names_u: list[str | None] = [None] * len(u)  # a record without URL level: (query, None)
+        for i, name in zip(np.flatnonzero(u >= 0).tolist(), rel.urls.decode(u[u >= 0]), strict=True):
+            names_u[i] = name
         out.update(zip(rel.queries.decode(q), names_u, strict=True))
     return sorted(out, key=lambda r: (r[0], r[1] or ""))
 

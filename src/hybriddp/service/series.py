@@ -290,6 +290,8 @@ def advance_all(store: Store, *, at: datetime | None = None) -> list[str]:
             done += advance(store, series.id, at=at)
         except HybridDPError as exc:
             logger.error("series %s: %s", series.id, exc)
+        except Exception:  # a bug in one series must not stop the others
+            logger.exception("series %s: its step failed", series.id)
     return done
 
 

@@ -36,12 +36,16 @@ SCRUB_WAIT_MS = 5_000
 """How long a scrub waits for readers that hold a snapshot older than the deletion (then it is left pending):
 SQLite's WAL checkpoint, PostgreSQL's wait before ``VACUUM FULL``."""
 _OLDER_SNAPSHOTS = """
-SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL
-  AND xact_start < %(since)s"""
-"""PostgreSQL: other sessions of this database in a transaction that began before the scrub and holds a snapshot:
-it may still see rows deleted before the scrub, and ``VACUUM FULL`` copies such "recently dead" rows into the new
-files. Transactions begun later cannot see them."""
+SELECT (SELECT count(*) FROM pg_stat_activity
+        WHERE datname = current_database() AND pid <> pg_backend_pid()
+          AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND xact_start < %(since)s)
+     + (SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database() AND prepared < %(since)s)
+     + (SELECT count(*) FROM pg_replication_slots WHERE xmin IS NOT NULL)"""
+"""PostgreSQL: what holds back the horizon below which deleted rows may be dropped: other sessions of this database
+in a transaction that began before the scrub and holds a snapshot or a transaction id, prepared transactions of
+before it, and replication slots that keep an xmin (a standby with hot_standby_feedback). ``VACUUM FULL`` copies
+the rows such a holder may still see ("recently dead") into the new files. Transactions begun later cannot see
+them."""
 ENDED_STATES = ("headlist-empty", "aborted", "deleted")
 """States a round never leaves."""
 REPORT_STATES = ("headlist-published", "collecting-reports")
@@ -376,6 +380,6 @@ class RoundStore(StoreBase):
             except OperationalError:
                 locked = True
             finally:
-                conn.exec_driver_sql("SET lock_timeout = 0")
+                conn.exec_driver_sql("RESET lock_timeout")
         self.scrub_pending = older > 0 or locked
         return not self.scrub_pending

@@ -841,10 +841,11 @@ export async function randomizeRecords(headList, records, { source, ledger, mess
   const src = source ?? systemSource();
   checkRecords(hl, records);
   const recs = [...records];
-  // memoization (ALGORITHM.md §15): the same head list and records, another service round → the same reports
+  // memoization (ALGORITHM.md §15): the same head list in another service round → the same reports, whatever the
+  // records now (a choice that depended on them would tell whether they changed)
   const key = ledger && roundId !== undefined && roundId !== null ? recordsKey(recs) : null;
   if (key !== null) {
-    const again = ledger.memoized(hl.contentHash, key, String(roundId));
+    const again = ledger.memoized(hl.contentHash, String(roundId));
     if (again !== null) return { id, headlist: hl.contentHash, reports: again };
   }
   if (ledger) ledger.check(hl.contentHash, hl.epsilon, hl.delta); // refused before any randomness is drawn
@@ -1076,26 +1077,25 @@ export class DeviceLedger {
    * Whether memoized() would give reports for these arguments: read only (nothing is noted), so a caller can skip
    * a check that would refuse the head list as already reported before it asks for anything else.
    */
-  canResend(headlistHash, key, roundId) {
+  canResend(headlistHash, roundId) {
     this._reload();
     const memo = this.state.memo;
     const got = memo && typeof memo === "object" ? memo[headlistHash] : undefined;
-    return Boolean(got && got.records === key && Array.isArray(got.reports) && Array.isArray(got.sent_in)
-      && !got.sent_in.includes(roundId));
+    return Boolean(got && Array.isArray(got.reports) && Array.isArray(got.sent_in) && !got.sent_in.includes(roundId));
   }
 
   /**
-   * The reports this device sent for the head list `headlistHash` if its records then had the key `key`
-   * (recordsKey) and it has not sent them in service round `roundId` yet; null otherwise. Sending them again in
-   * another round with the same head list is post-processing: no privacy is spent (ALGORITHM.md §15). The round
-   * is noted (one message per round).
+   * The reports this device sent for the head list `headlistHash`, if it kept them and has not sent them in
+   * service round `roundId` yet; null otherwise. Sending them again in another round with the same head list is
+   * post-processing: no privacy is spent (ALGORITHM.md §15). Whether they are sent does not depend on the device's
+   * records now (the kept key only says whether they were made from the same ones). The round is noted (one
+   * message per round).
    */
-  memoized(headlistHash, key, roundId) {
+  memoized(headlistHash, roundId) {
     this._reload();
     const memo = this.state.memo;
     const got = memo && typeof memo === "object" ? memo[headlistHash] : undefined;
-    if (!got || got.records !== key || !Array.isArray(got.reports) || !Array.isArray(got.sent_in)
-        || got.sent_in.includes(roundId)) {
+    if (!got || !Array.isArray(got.reports) || !Array.isArray(got.sent_in) || got.sent_in.includes(roundId)) {
       return null;
     }
     got.sent_in.push(roundId);

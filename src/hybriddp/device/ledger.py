@@ -184,18 +184,19 @@ class DeviceLedger:
         except (ValueError, KeyError, TypeError, ArithmeticError):
             return False
 
-    def memoized(self, round_id: str, records_key: str, service_round: str) -> list[Any] | None:
-        """The reports this device sent for head list ``round_id`` if its records were then the ones of
-        ``records_key`` (:func:`records_key`) and it has not sent them in ``service_round`` yet; None otherwise.
-        Sending them again, in another round with the same head list, is post-processing of the same randomized
-        reports: it costs no privacy (ALGORITHM.md §15). The round is noted (one message per round)."""
+    def memoized(self, round_id: str, service_round: str) -> list[Any] | None:
+        """The reports this device sent for head list ``round_id`` if it kept them and has not sent them in
+        ``service_round`` yet; None otherwise. Sending them again, in another round with the same head list, is
+        post-processing of the same randomized reports: it costs no privacy (ALGORITHM.md §15). Whether they are
+        sent does not depend on the device's records now (the kept ``records`` key only says whether the reports
+        were made from the same records): a choice that did would tell whether the records changed. The round is
+        noted (one message per round)."""
         with _ledger_lock(self.path):
             self._reload()
             memo = self.state.get("memo", {})
             got = memo.get(round_id) if isinstance(memo, dict) else None
-            if not (isinstance(got, dict) and got.get("records") == records_key
-                    and isinstance(got.get("reports"), list) and isinstance(got.get("sent_in"), list)
-                    and service_round not in got["sent_in"]):
+            if not (isinstance(got, dict) and isinstance(got.get("reports"), list)
+                    and isinstance(got.get("sent_in"), list) and service_round not in got["sent_in"]):
                 return None
             got["sent_in"].append(service_round)
             self._save_or_undo(got["sent_in"].pop, "not reporting")

@@ -218,8 +218,8 @@ def randomize_records(
     check_records(hl, records)  # before the ledger is charged
     content = hl.doc["content_hash"]
     key = records_key(records) if ledger is not None and round_id is not None else None
-    if key is not None and (again := ledger.memoized(content, key, round_id)) is not None:  # type: ignore[union-attr,arg-type]
-        return {"id": mid, "headlist": content, "reports": again}
+    if key is not None and (again := ledger.memoized(content, round_id)) is not None:  # type: ignore[union-attr,arg-type]
+        return {"id": mid, "headlist": content, "reports": again}  # whatever the records now (ALGORITHM.md §15)
     shape = {"kq": list(hl.kq), "f_c": float(hl.doc["f_c"]), "m_c": hl.m_c}  # for the ledger's PLD accounting
     if ledger is not None:  # refused before any randomness is drawn; charged below, before the message is returned
         ledger.check(content, float(hl.doc["epsilon"]), float(hl.doc["delta"]), shape)

@@ -8,8 +8,9 @@ that period's drifted head (:mod:`hybriddp.datasets.drift`), or on the periods o
 tests the series for rising and falling queries (:mod:`hybriddp.server.trends`). Each period's head list carries
 the records the last ``carry`` lists selected (ALGORITHM.md §13.1). Precision and recall are counted against the
 plan's changes of at least ``1 + truth_change`` (a real log: its own shares); the same policy on a log without
-drift counts the false discoveries alone. Rows are what ``periods.csv`` and ``trends.csv`` hold; :func:`write_outputs` makes
-the summary, a plot and ``report.md`` with a verdict per target of issue 30 that these runs measure.
+drift counts the false discoveries alone. Rows are what ``periods.csv`` and ``trends.csv`` hold;
+:func:`write_outputs` makes the summary, a plot and ``report.md`` with a verdict per target of issue 30 that these
+runs measure.
 """
 
 from __future__ import annotations

@@ -233,9 +233,9 @@ export class Contribute {
       }
       const picked = [[query, urlLevel ? url : null]];
       const roundId = this.target.id;
-      // the same pick under the same head list in a later round: the reports sent then go again, uncharged
-      // (memoization, docs/ALGORITHM.md §15); otherwise the ledger must allow a new charge
-      const resend = this.ledger.canResend(hl.content_hash, this.device.recordsKey(picked), roundId);
+      // under a head list this browser already reported for, in a later round: the reports sent then go again,
+      // uncharged, whatever is picked now (memoization, docs/ALGORITHM.md §15); otherwise a new charge
+      const resend = this.ledger.canResend(hl.content_hash, roundId);
       try {
         if (!resend) this.ledger.check(hl.content_hash, Number(hl.epsilon), Number(hl.delta)); // before asking
       } catch (err) {
@@ -258,7 +258,12 @@ export class Contribute {
         throw err;
       }
       this.showSpent();
-      return await this.deliver(message);
+      const sent = await this.deliver(message);
+      if (resend) {
+        this.say("Sent again, uncharged: the randomized report this browser made for this head list in an earlier " +
+          "round (whatever you pick, the same report goes while the head list stays the same).", "");
+      }
+      return sent;
     } catch (err) {
       this.say(`${err.message}`, "error");
       return null;

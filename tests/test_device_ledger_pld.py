@@ -37,6 +37,8 @@ def _reports_until_refused(ledger: DeviceLedger, most: int) -> int:
                               ledger=ledger)
         except DeviceLedgerRefusal as refusal:
             assert not refusal.already and "lifetime budget" in str(refusal)
+            if ledger.accountant is not None:  # the message names what the accountant counts, not only Σε
+                assert refusal.tighter is not None and "by PLD accounting" in str(refusal.explained("x", "R"))
             return k
     return most
 

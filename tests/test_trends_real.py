@@ -25,10 +25,10 @@ COUNTS = {"alpha": [40, 40, 40, 40], "beta": [20, 20, 40, 40], "gamma": [40, 20,
 OTHERS = 100  # per week
 
 
-def _write_log(path: Path) -> Path:
+def _write_log(path: Path, weeks: tuple[int, ...] = (0, 1, 2, 3)) -> Path:
     rows = ["AnonID\tQuery\tQueryTime\tItemRank\tClickURL"]
     user = 0
-    for week in range(4):
+    for week in weeks:
         at = (START + dt.timedelta(seconds=week * WEEK + 3600)).strftime("%Y-%m-%d %H:%M:%S")
         for query, counts in COUNTS.items():
             for _ in range(counts[week]):
@@ -57,6 +57,22 @@ def test_the_truth_is_the_logs_own_weekly_shares(log_file: Path) -> None:
     # alpha: 40/200 → 40/180 (+11%, over the test's 10%) → 40/200 → 40/200; shares, not counts, are the popularity
     assert truth.confirms(("alpha", 1, "rising")) and not truth.confirms(("alpha", 3, "rising"))
     assert not truth.confirms(("no such query", 1, "rising"))
+
+
+def test_a_week_without_records_counts_no_change_around_it(tmp_path: Path) -> None:
+    real = RealLog.load(str(_write_log(tmp_path / "gap.tsv", weeks=(0, 1, 3))), periods=12, seconds=WEEK)
+    assert [p.n_records for p in real.logs][2] == 0
+    truth = real.truth(head_queries=3, truth_change=0.5, min_change=0.1, window=2)
+    assert truth.changes == {("gamma", 1, "falling")}  # not every query "falling" into week 3 and "rising" out
+    assert not truth.confirms(("beta", 3, "rising")) and not truth.confirms(("alpha", 2, "falling"))
+
+
+def test_an_unchanged_share_is_no_change_even_for_a_test_of_any_change(log_file: Path) -> None:
+    real = RealLog.load(str(log_file), periods=12, seconds=WEEK)
+    truth = real.truth(head_queries=3, truth_change=0.5, min_change=0.0, window=1)
+    # alpha: 40/200 in weeks 3 and 4
+    assert not truth.confirms(("alpha", 3, "rising")) and not truth.confirms(("alpha", 3, "falling"))
+    assert truth.confirms(("alpha", 2, "falling"))  # 40/180 → 40/200
 
 
 def test_participation_puts_each_user_in_the_periods_of_one_slot(log_file: Path) -> None:

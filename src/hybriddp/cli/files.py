@@ -152,8 +152,10 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
     from hybriddp.audit.pld import device_accountant
     ledger = DeviceLedger(device_ledger, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
                           accountant=device_accountant()) if device_ledger else None
+    shape = {"kq": [len(q["urls"]) + 1 for q in doc["queries"]] + [1], "f_c": float(doc["f_c"]),
+             "m_c": int(doc["m_c"])}  # the head list's shape, for the ledger's PLD accounting (ALGORITHM.md §15)
     if ledger is not None:
-        ledger.check(doc["content_hash"], float(doc["epsilon"]), float(doc["delta"]))
+        ledger.check(doc["content_hash"], float(doc["epsilon"]), float(doc["delta"]), shape)
     per_row = row_per_user or (single_device and user_col is None)
     with render.bytes_progress("loading", True) as progress:
         log = load_input(input_path, fmt, user_col, query_col, url_col, per_row, skip_bad_rows, progress)
@@ -165,7 +167,7 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
 
     def charge() -> None:
         if ledger is not None:
-            ledger.record(doc["content_hash"], float(doc["epsilon"]), float(doc["delta"]))
+            ledger.record(doc["content_hash"], float(doc["epsilon"]), float(doc["delta"]), shape=shape)
 
     with render.stage_progress(True) as on_stage:
         if on_stage:

@@ -31,10 +31,11 @@ class DeviceLedgerRefusal(DeviceError):
 
     def __init__(self, message: str, *, head_list: str, already: bool, charge: tuple[float, float],
                  spent: tuple[float, float], lifetime: tuple[float, float], path: str,
-                 round_id: str | None = None) -> None:
+                 round_id: str | None = None, tighter: float | None = None) -> None:
         super().__init__(message)
         self.head_list, self.already, self.charge = head_list, already, charge
         self.spent, self.lifetime, self.path, self.round_id = spent, lifetime, path, round_id
+        self.tighter = tighter  # ε spent by the ledger's tighter accountant, when it has one
 
     def explained(self, way_out: str, round_id: str | None = None) -> DeviceLedgerRefusal:
         """The same refusal with a one-line message naming the round, what was spent, the lifetime budget and
@@ -48,11 +49,12 @@ class DeviceLedgerRefusal(DeviceError):
             what = (f"this device already reported in {where}; a second report would spend ε = {e:g} again "
                     f"(spent so far ε = {se:.4g}, δ = {sd:.3g} of its {budget}; device ledger {self.path})")
         else:
+            how = "" if self.tighter is None else f" by basic composition, ε = {self.tighter:.4g} by PLD accounting"
             what = (f"{where}: reporting would spend ε = {e:g}, δ = {d:g} more and pass this device's {budget} "
-                    f"(spent so far ε = {se:.4g}, δ = {sd:.3g}; device ledger {self.path})")
+                    f"(spent so far ε = {se:.4g}{how}, δ = {sd:.3g}; device ledger {self.path})")
         return DeviceLedgerRefusal(f"{what}. No report was sent; {way_out}", head_list=self.head_list,
                                    already=self.already, charge=self.charge, spent=self.spent,
-                                   lifetime=self.lifetime, path=self.path, round_id=rid)
+                                   lifetime=self.lifetime, path=self.path, round_id=rid, tighter=self.tighter)
 
 
 class Accountant(Protocol):
@@ -131,9 +133,12 @@ class DeviceLedger:
         e, d = facts["spent"]
         if (LifetimeBudget(life["epsilon"], life["delta"]).exceeded_by(*compose((e, d), (epsilon, delta)))
                 and not self._tighter_admits(epsilon, delta, shape)):
+            tight = self._tighter_spent()
+            how = "" if tight is None else f" by basic composition; epsilon {tight:.4g} by PLD accounting"
             raise DeviceLedgerRefusal(f"reporting would exceed this device's lifetime budget (epsilon "
-                                      f"{life['epsilon']}, delta {life['delta']}; spent {e:.4g}, {d:.3g}); not "
-                                      "reporting", already=False, charge=(float(epsilon), float(delta)), **facts)
+                                      f"{life['epsilon']}, delta {life['delta']}; spent {e:.4g}, {d:.3g}{how}); not "
+                                      "reporting", already=False, charge=(float(epsilon), float(delta)),
+                                      tighter=tight, **facts)
 
     def record(self, round_id: str, epsilon: float, delta: float,
                memo: tuple[str, list[Any], str] | None = None, shape: dict[str, Any] | None = None) -> None:
@@ -166,6 +171,13 @@ class DeviceLedger:
             return None
         target = self.state["lifetime"]["delta"] if delta is None else delta
         return self.accountant.epsilon(self._history(), target)
+
+    def _tighter_spent(self) -> float | None:
+        """:meth:`tighter_epsilon` for a message, None if there is no accountant or it cannot say."""
+        try:
+            return None if self.accountant is None or not self.state["rounds"] else self.tighter_epsilon()
+        except (ValueError, KeyError, TypeError, ArithmeticError):
+            return None
 
     def _history(self, extra: tuple[float, float, dict[str, Any] | None] | None = None
                  ) -> list[tuple[float, float, dict[str, Any] | None]]:

@@ -115,7 +115,8 @@ def _periods(logs: Sequence[RecordLog], config: TrendsConfig, params: BlenderPar
         label = f"p{t + 1:02d}"
         try:
             run = run_blender(log, params, seed=seed * 131 + t, carry=carry.records(t))
-            carry.update(t, selected_records(run.head_list, run.release.optin.reused))
+            if config.carry:
+                carry.update(t, selected_records(run.head_list, run.release.optin.reused))
             res = run.result()
         except EmptyHeadListError:  # a released outcome: the period publishes nothing (NDCG 0)
             yield t, ({"users": log.n_users, "ndcg": 0.0, "ndcg_queries_at_10": 0.0, "l1": None,

@@ -44,10 +44,12 @@ class RealTruth:
         if q < 0:
             return False
         for u in range(max(1, t - self.window + 1), min(len(self.shares), t + self.window)):
+            if not (self.shares[u - 1].any() and self.shares[u].any()):  # an empty period says nothing
+                continue
             before, after = float(self.shares[u - 1][q]), float(self.shares[u][q])
-            if way == "rising" and after > 0 and after >= self.boundary * before:
+            if way == "rising" and after > before and after >= self.boundary * before:
                 return True
-            if way == "falling" and before > 0 and after * self.boundary <= before:
+            if way == "falling" and after < before and after * self.boundary <= before:
                 return True
         return False
 
@@ -62,8 +64,9 @@ class RealLog:
     def __init__(self, log: RecordLog, periods: int, seconds: int) -> None:
         cut = split_periods(log, seconds)
         if len(cut) < 2:
-            raise DataError(f"the log spans {len(cut)} period(s) of {seconds // 86400} day(s); trends need at least "
-                            "two: give a log over a longer time, or shorter periods (--period)")
+            length = f"{seconds / 86400:g} day(s)" if seconds >= 86400 else f"{seconds / 3600:g} hour(s)"
+            raise DataError(f"the log spans {len(cut)} period(s) of {length}; trends need at least two: give a log "
+                            "over a longer time, or shorter periods (--period)")
         self.labels = [label for label, _ in cut[:periods]]
         self.logs = [part for _, part in cut[:periods]]
         self.log = log.select(np.isin(_period_of(log, seconds), np.arange(len(self.logs))))
@@ -112,6 +115,8 @@ class RealLog:
         changes: set[tuple[str, int, str]] = set()
         up = 1.0 + truth_change
         for t in range(1, self.n_periods):
+            if not (counts[t - 1].any() and counts[t].any()):  # a period without records: no change to count
+                continue
             before, after = shares[t - 1][head], shares[t][head]
             for name, b, a in zip(names, before.tolist(), after.tolist(), strict=True):
                 if a > 0 and a >= up * b:

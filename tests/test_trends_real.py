@@ -12,6 +12,7 @@ import datetime as dt
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,14 +76,19 @@ def test_an_unchanged_share_is_no_change_even_for_a_test_of_any_change(log_file:
     assert truth.confirms(("alpha", 2, "falling"))  # 40/180 → 40/200
 
 
+def _where(logs: list[Any], label: Any) -> dict[str, set[int]]:
+    """User key → the labels (``label(t)``) of the periods in which the user has records."""
+    out: dict[str, set[int]] = {}
+    for t, part in enumerate(logs):
+        for key in part.user_keys(np.arange(part.n_users)):
+            out.setdefault(key, set()).add(label(t))
+    return out
+
+
 def test_participation_puts_each_user_in_the_periods_of_one_slot(log_file: Path) -> None:
     real = RealLog.load(str(log_file), periods=12, seconds=WEEK)
     logs = real.periods(2, drifting=True, seed=7)
-    seen: dict[str, set[int]] = {}
-    for t, part in enumerate(logs):
-        for key in part.user_keys(np.arange(part.n_users)):
-            seen.setdefault(key, set()).add(t % 2)
-    assert all(len(slots) == 1 for slots in seen.values())
+    assert all(len(slots) == 1 for slots in _where(logs, lambda t: t % 2).values())
     assert 0 < sum(p.n_records for p in logs) < sum(p.n_records for p in real.logs)
     assert real.periods(1, drifting=True, seed=7) == real.logs
 
@@ -90,11 +96,7 @@ def test_participation_puts_each_user_in_the_periods_of_one_slot(log_file: Path)
 def test_without_drift_every_user_sits_in_one_random_period(log_file: Path) -> None:
     real = RealLog.load(str(log_file), periods=12, seconds=WEEK)
     logs = real.periods(1, drifting=False, seed=3)
-    homes: dict[str, set[int]] = {}
-    for t, part in enumerate(logs):
-        for key in part.user_keys(np.arange(part.n_users)):
-            homes.setdefault(key, set()).add(t)
-    assert all(len(h) == 1 for h in homes.values())
+    assert all(len(h) == 1 for h in _where(logs, lambda t: t).values())
     assert sum(p.n_records for p in logs) == real.log.n_records
 
 

@@ -709,7 +709,8 @@ def test_the_lifetime_budget_is_refused_across_rounds(service: Service, tmp_path
     rid3, admin = rounds[2]
     _one_line_refusal(_cli("participate", "--server", service.url, "--round", rid3, "--input", dev, ok=False), rid3,
                       "would spend ε = 6, δ = 1e-05 more and pass this device's lifetime ε = 16, δ = 0.0001",
-                      "spent so far ε = 15, δ = 2e-05", "--no-device-ledger")
+                      "spent so far ε = 15 by basic composition, ε = ", " by PLD accounting, δ = 2e-05",
+                      "--no-device-ledger")
     assert [admin.round(rid)["counts"]["messages"] for rid, _ in rounds] == [1, 1, 0]
 
 

@@ -17,6 +17,12 @@ def period_index(times: np.ndarray, start: int, seconds: int) -> np.ndarray:
     return np.floor_divide(np.asarray(times, dtype=np.int64) - int(start), int(seconds))
 
 
+def first_day(times: np.ndarray) -> int:
+    """Midnight UTC of the earliest time's day: where :func:`split_periods` starts by default."""
+    first = int(np.min(times))
+    return first - first % DAY
+
+
 def split_periods(log: RecordLog, seconds: int = 7 * DAY, start: int | None = None) -> list[tuple[str, RecordLog]]:
     """``(label, log)`` of every period from ``start`` (default: midnight UTC of the first record's day) to the last
     record, each ``seconds`` long; a period without records is an empty log. Labels are the periods' first days."""
@@ -26,8 +32,7 @@ def split_periods(log: RecordLog, seconds: int = 7 * DAY, start: int | None = No
         raise parameter_error("seconds", seconds, "a positive number of seconds (604800: a week)")
     if log.n_records == 0:
         return []
-    first = int(log.times.min())
-    start = first - first % DAY if start is None else int(start)
+    start = first_day(log.times) if start is None else int(start)
     idx = period_index(log.times, start, seconds)
     out = []
     for t in range(max(int(idx.max()) + 1, 0)):

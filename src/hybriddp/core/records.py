@@ -148,6 +148,10 @@ class RecordLog:
         """Number of records of each user."""
         return np.diff(self.user_offsets)
 
+    def record_users(self) -> np.ndarray:
+        """The user (code) of each record."""
+        return np.repeat(np.arange(self.n_users), self.records_per_user())
+
     def one_user_per_record(self) -> RecordLog:
         """The same records with every record its own user (for logs with few users)."""
         return RecordLog(np.arange(self.n_records + 1, dtype=np.int64), self.query, self.url, self.queries,
@@ -185,7 +189,7 @@ class RecordLog:
     def select(self, keep: np.ndarray) -> RecordLog:
         """The records where ``keep`` is True (users left with none are dropped; ids and times follow)."""
         keep = np.asarray(keep, dtype=bool)
-        users = np.repeat(np.arange(self.n_users), np.diff(self.user_offsets))[keep]
+        users = self.record_users()[keep]
         return RecordLog.from_user_sorted(users, self.query[keep], self.url[keep], self.queries, self.urls,
                                           self.has_urls, LoadStats(rows_read=int(keep.sum())),
                                           None if self.user_ids is None else self.user_ids,

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from hybriddp.core.errors import DataError
-from hybriddp.core.periods import split_periods
+from hybriddp.core.periods import first_day, period_index, split_periods
 from hybriddp.core.records import RecordLog
 from hybriddp.core.rng import make_rng
 
@@ -67,9 +66,9 @@ class RealLog:
             length = f"{seconds / 86400:g} day(s)" if seconds >= 86400 else f"{seconds / 3600:g} hour(s)"
             raise DataError(f"the log spans {len(cut)} period(s) of {length}; trends need at least two: give a log "
                             "over a longer time, or shorter periods (--period)")
-        self.labels = [label for label, _ in cut[:periods]]
         self.logs = [part for _, part in cut[:periods]]
-        self.log = log.select(np.isin(_period_of(log, seconds), np.arange(len(self.logs))))
+        assert log.times is not None  # split_periods refused a log without times
+        self.log = log.select(period_index(log.times, first_day(log.times), seconds) < len(self.logs))
 
     @classmethod
     def load(cls, path: str, periods: int, seconds: int) -> RealLog:
@@ -88,9 +87,8 @@ class RealLog:
         if drifting:
             logs = self.logs
         else:
-            home = rng.integers(0, self.n_periods, size=self.log.n_users)
-            user = np.repeat(np.arange(self.log.n_users), np.diff(self.log.user_offsets))
-            logs = [self.log.select(home[user] == t) for t in range(self.n_periods)]
+            home = rng.integers(0, self.n_periods, size=self.log.n_users)[self.log.record_users()]
+            logs = [self.log.select(home == t) for t in range(self.n_periods)]
         if r == 1:
             return logs
         out = []
@@ -99,8 +97,7 @@ class RealLog:
             keys = part.user_keys(np.arange(part.n_users))
             draws = rng.integers(0, r, size=len(keys))
             slots = np.array([slot_of.setdefault(k, int(d)) for k, d in zip(keys, draws.tolist(), strict=True)])
-            user = np.repeat(np.arange(part.n_users), np.diff(part.user_offsets))
-            out.append(part.select(slots[user] == t % r))
+            out.append(part.select(slots[part.record_users()] == t % r))
         return out
 
     def truth(self, head_queries: int, truth_change: float, min_change: float, window: int) -> RealTruth:
@@ -126,15 +123,3 @@ class RealLog:
         vocab = self.log.queries
         return RealTruth(changes, shares, lambda name: int(vocab.encode([name])[0]), window, 1.0 + min_change)
 
-
-def _period_of(log: RecordLog, seconds: int) -> np.ndarray:
-    from hybriddp.core.periods import DAY, period_index
-    assert log.times is not None
-    first = int(log.times.min())
-    return period_index(log.times, first - first % DAY, seconds)
-
-
-def describe(real: RealLog) -> dict[str, Any]:
-    """For the report: the periods and their sizes."""
-    return {"periods": real.labels, "users": [part.n_users for part in real.logs],
-            "records": [part.n_records for part in real.logs]}

@@ -218,6 +218,7 @@ def write_outputs(out_dir: Path, period_rows: Sequence[dict[str, Any]], trend_ro
     write_text(out_dir / "trends.csv", csv_text(trend_rows_))
     write_text(out_dir / "summary.csv", csv_text(summary))
     _plot(out_dir / "trends.png", period_rows, summary, config)
+    n_periods = len({row["period"] for row in period_rows}) or config.periods
     if config.input is None:
         data = (f"Preset {config.preset} at scale {config.scale:g}. "
                 f"Drift: {config.rising} rising and {config.falling} falling head queries "
@@ -225,15 +226,13 @@ def write_outputs(out_dir: Path, period_rows: Sequence[dict[str, Any]], trend_ro
                 f"counted: changes of {config.truth_change:.0%} or more; a detection within {config.window - 1} "
                 "period(s) of one counts). A log without drift (no planted change) counts false discoveries.")
     else:
-        n_periods = len({row["period"] for row in period_rows})
         data = (f"Log {Path(config.input).name}, its first {n_periods} periods of {config.period_seconds / 86400:g} "
                 "day(s) (QueryTime). The truth is the log's own per-period query shares: recall counts the changes "
                 f"of {config.truth_change:.0%} or more among its {config.head_queries} most frequent queries; a "
                 "reported trend is correct when its query's share moved that way by at least the test's boundary "
                 f"within {config.window - 1} period(s). The log without drift is the same log with every user moved, "
                 "whole, to a random period (docs/ALGORITHM.md §13; experiments/trends_real.py).")
-    lines = [f"# BLENDER over {len({row['period'] for row in period_rows})} periods: trends "
-             "(`hybriddp experiment trends`)", "",
+    lines = [f"# BLENDER over {n_periods} periods: trends (`hybriddp experiment trends`)", "",
              f"{data} ε = {params.epsilon:g}, δ = {params.delta:g}, "
              f"M = {params.head_list_size}, opt-in {params.optin_fraction:.1%}, f_O = {params.f_o:g} of them in S, "
              f"the default estimator with the opt-in anchor; a record S selected stays listed for {config.carry} "
@@ -252,7 +251,6 @@ def write_outputs(out_dir: Path, period_rows: Sequence[dict[str, Any]], trend_ro
                      f"{_fmt(s['mean_ndcg'], '.4f')} | {_fmt(s['precision'])} | {_fmt(s['recall'])} | "
                      f"{s['false_discoveries_no_drift']} of {s['tests_no_drift']} tests | {s['rounds_per_user']} | "
                      f"{s['epsilon_basic']:g} | {s['epsilon_pld']:.2f} | {'holds' if v['all'] else 'does not hold'} |")
-    n_periods = len({row["period"] for row in period_rows}) or config.periods
     basic, tight = admitted_rounds(params.epsilon, params.delta, n_periods)
     lines += ["", f"Within (ε, δ) = ({LIFETIME_EPSILON:g}, {LIFETIME_DELTA:g}) a person can take part in {basic} of "
               f"the {n_periods} periods at ε = {params.epsilon:g} each by basic composition, and in {tight} by "

@@ -110,12 +110,13 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
     if flagged not in ON_FLAG:
         raise parameter_error("flagged (--flagged)", flagged, " or ".join(repr(f) for f in ON_FLAG))
     carry = _check_carry(kind, params, carry)
-    if admitted_periods(store, kind, params, 1)[1] < 1:
+    admitted = admitted_document(store, kind, params, periods)
+    if admitted["ledger"] < 1:
         raise parameter_error("epsilon", params["epsilon"], f"within the lifetime budget (epsilon "
                               f"{store.lifetime_epsilon:g}, delta {store.lifetime_delta:g}): this budget admits no "
                               "round of the series", "Give each period a smaller epsilon (and delta).")
     return SeriesPlan(kind, name, params, first, float(period_seconds), float(optin), periods, flagged,
-                      float(retention), carry, admitted_document(store, kind, params, periods))
+                      float(retention), carry, admitted)
 
 
 def _check_carry(kind: str, params: dict[str, Any], carry: int | None) -> int:
@@ -139,9 +140,8 @@ def _check_carry(kind: str, params: dict[str, Any], carry: int | None) -> int:
 
 def _releases_s(params: dict[str, Any]) -> bool:
     from hybriddp.core.estimators import Release
-    from hybriddp.service.rounds import blender_params
 
-    return blender_params(params).estimator_spec.release is Release.REUSE_S
+    return rounds.blender_params(params).estimator_spec.release is Release.REUSE_S
 
 
 def admitted_document(store: Store, kind: str, params: dict[str, Any], periods: int) -> dict[str, Any]:

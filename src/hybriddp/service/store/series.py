@@ -49,7 +49,7 @@ class SeriesInfo:
     state: str
     created: str
     carry: int = 0  # periods a record S selected stays on the next periods' head lists (ALGORITHM.md §13.1)
-    admitted: dict[str, Any] | None = None  # periods per user, computed at creation (:func:`series.admitted_periods`)
+    admitted: dict[str, Any] | None = None  # periods per user, computed at creation (series.admitted_document)
 
     def period_start(self, k: int) -> datetime:
         """When period ``k`` (from 0) starts."""

@@ -197,12 +197,11 @@ def _curate_blender(store: Store, info: RoundInfo, vocabulary: dict[str, list[st
                     extra=carried)
     carry = None
     if carried:
-        q = log.queries.encode([q for q, _ in carried])
-        u = (log.urls.encode([u if u is not None else "" for _, u in carried]) if p["url_level"]
-             else np.full(len(carried), NO_URL))
-        if p["url_level"]:
-            u[[x is None for _, x in carried]] = NO_URL
-        if (q < 0).any() or (p["url_level"] and (u < -1).any()):
+        q = log.queries.encode([name for name, _ in carried])
+        u = np.full(len(carried), NO_URL, dtype=np.int64)  # a record without URL level: no URL
+        has_url = np.array([url is not None for _, url in carried]) & bool(p["url_level"])
+        u[has_url] = log.urls.encode([url for _, url in carried if url is not None and p["url_level"]])
+        if (q < 0).any() or (u[has_url] < 0).any():  # encode gives −1 for a string it does not know
             raise DataError("a carried record is missing from the round's vocabulary (a seeded round with a given "
                             "vocabulary cannot carry records)")
         carry = (q, u)

@@ -36,6 +36,7 @@ from hybriddp.core.rng import SEED_WARNING
 from hybriddp.curator.party import curate
 from hybriddp.curator.release import CuratorRelease, check_headlist_budget, release_from_documents
 from hybriddp.device.ledger import DeviceLedger
+from hybriddp.device.localalg import DeviceHeadList
 from hybriddp.device.party import log_messages
 from hybriddp.io.exchange import read_messages, read_release_files, write_release_files, write_reports
 from hybriddp.io.parquet_reports import is_parquet_reports, read_parquet_messages, write_reports_parquet
@@ -152,8 +153,7 @@ def randomize_cmd(headlist_path: str, input_path: str, fmt: str | None, user_col
     from hybriddp.audit.pld import device_accountant
     ledger = DeviceLedger(device_ledger, lifetime_epsilon=lifetime_epsilon, lifetime_delta=lifetime_delta,
                           accountant=device_accountant()) if device_ledger else None
-    shape = {"kq": [len(q["urls"]) + 1 for q in doc["queries"]] + [1], "f_c": float(doc["f_c"]),
-             "m_c": int(doc["m_c"])}  # the head list's shape, for the ledger's PLD accounting (ALGORITHM.md §15)
+    shape = DeviceHeadList.from_json(doc).shape  # for the ledger's PLD accounting (ALGORITHM.md §15)
     if ledger is not None:
         ledger.check(doc["content_hash"], float(doc["epsilon"]), float(doc["delta"]), shape)
     per_row = row_per_user or (single_device and user_col is None)

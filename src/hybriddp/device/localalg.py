@@ -126,6 +126,12 @@ class DeviceHeadList:
         return int(self.doc["m_c"])
 
     @property
+    def shape(self) -> dict[str, Any]:
+        """What the device ledger keeps of this list for PLD accounting (ALGORITHM.md §15): URLs per query with
+        the wildcards (``kq``), f_C and m_C."""
+        return {"kq": list(self.kq), "f_c": float(self.doc["f_c"]), "m_c": self.m_c}
+
+    @property
     def url_level(self) -> bool:
         """True when records are ⟨query, URL⟩ pairs (the default); False for query-level lists."""
         return bool(self.doc.get("url_level", True))
@@ -220,7 +226,7 @@ def randomize_records(
     key = records_key(records) if ledger is not None and round_id is not None else None
     if key is not None and (again := ledger.memoized(content, round_id)) is not None:  # type: ignore[union-attr,arg-type]
         return {"id": mid, "headlist": content, "reports": again}  # whatever the records now (ALGORITHM.md §15)
-    shape = {"kq": list(hl.kq), "f_c": float(hl.doc["f_c"]), "m_c": hl.m_c}  # for the ledger's PLD accounting
+    shape = hl.shape  # for the ledger's PLD accounting
     if ledger is not None:  # refused before any randomness is drawn; charged below, before the message is returned
         ledger.check(content, float(hl.doc["epsilon"]), float(hl.doc["delta"]), shape)
     m = min(hl.m_c, len(records))

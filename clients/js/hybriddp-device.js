@@ -1078,10 +1078,16 @@ export class DeviceLedger {
    * a check that would refuse the head list as already reported before it asks for anything else.
    */
   canResend(headlistHash, roundId) {
+    return this._resendable(headlistHash, roundId) !== null;
+  }
+
+  /** The kept memo of this head list if it may be sent in service round `roundId`, else null (state reloaded). */
+  _resendable(headlistHash, roundId) {
     this._reload();
     const memo = this.state.memo;
     const got = memo && typeof memo === "object" ? memo[headlistHash] : undefined;
-    return Boolean(got && Array.isArray(got.reports) && Array.isArray(got.sent_in) && !got.sent_in.includes(roundId));
+    return got && Array.isArray(got.reports) && Array.isArray(got.sent_in) && !got.sent_in.includes(roundId)
+      ? got : null;
   }
 
   /**
@@ -1092,12 +1098,8 @@ export class DeviceLedger {
    * message per round).
    */
   memoized(headlistHash, roundId) {
-    this._reload();
-    const memo = this.state.memo;
-    const got = memo && typeof memo === "object" ? memo[headlistHash] : undefined;
-    if (!got || !Array.isArray(got.reports) || !Array.isArray(got.sent_in) || got.sent_in.includes(roundId)) {
-      return null;
-    }
+    const got = this._resendable(headlistHash, roundId);
+    if (got === null) return null;
     got.sent_in.push(roundId);
     try {
       this._save();

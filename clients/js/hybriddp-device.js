@@ -650,6 +650,52 @@ function checkQueries(queries, source) {
   });
 }
 
+/**
+ * The optional fields a service-published head list commits to (spec v2 §1), checked for their types when present
+ * (Python validate_headlist): token_key {key_id: 32 bytes b64url, modulus_bits: int >= 2048, e: 65537}, ohttp_key
+ * (b64url), report_window {opens, closes: "YYYY-MM-DDTHH:MM:SSZ", opens <= closes}.
+ */
+function checkCommitments(doc, source) {
+  const fix = "The server publishes these fields; use its head list as served.";
+  if (doc.has("token_key")) {
+    const tk = doc.get("token_key");
+    if (!(tk instanceof Map)) {
+      throw new DeviceError(`${source}: field 'token_key' = ${show(tk)} is ${kind(tk)}; it must be an object `
+        + `{"key_id", "modulus_bits", "e"}. ${fix}`);
+    }
+    const keyId = tk.get("key_id");
+    if (typeof keyId !== "string" || !/^[A-Za-z0-9_-]{43}=?$/.test(keyId)) {
+      throw new DeviceError(`${source}: field 'token_key.key_id' = ${show(keyId ?? null)} must be 32 bytes in `
+        + `URL-safe base64. ${fix}`);
+    }
+    fromBase64url(keyId, "token_key.key_id", 32);
+    checkNumber(`${source}: field 'token_key.modulus_bits'`, tk.has("modulus_bits") ? tk.get("modulus_bits") : null,
+      `an integer >= ${TOKEN_KEY_BITS}`, (x) => x >= BigInt(TOKEN_KEY_BITS), fix, true);
+    checkNumber(`${source}: field 'token_key.e'`, tk.has("e") ? tk.get("e") : null, `${PUBLIC_EXPONENT}`,
+      (x) => x === BigInt(PUBLIC_EXPONENT), fix, true);
+  }
+  if (doc.has("ohttp_key")) {
+    const ok = doc.get("ohttp_key");
+    if (typeof ok !== "string" || !ok || !/^[A-Za-z0-9_-]+={0,2}$/.test(ok)) {
+      throw new DeviceError(`${source}: field 'ohttp_key' = ${show(ok)} must be a KeyConfig in URL-safe base64. ${fix}`);
+    }
+    fromBase64url(ok, "ohttp_key");
+  }
+  if (doc.has("report_window")) {
+    const win = doc.get("report_window");
+    if (!(win instanceof Map)) {
+      throw new DeviceError(`${source}: field 'report_window' = ${show(win)} is ${kind(win)}; it must be an object `
+        + `{"opens": time, "closes": time}. ${fix}`);
+    }
+    const opens = parseTime(win.get("opens"), "report_window.opens");
+    const closes = parseTime(win.get("closes"), "report_window.closes");
+    if (closes < opens) {
+      throw new DeviceError(`${source}: field 'report_window': closes (${win.get("closes")}) is before opens `
+        + `(${win.get("opens")}). ${fix}`);
+    }
+  }
+}
+
 async function validateTree(doc, source) {
   if (!(doc instanceof Map)) {
     throw new DeviceError(`${source}: expected a JSON object (a head list written by \`hybriddp headlist\`), `
@@ -679,6 +725,7 @@ async function validateTree(doc, source) {
       + REBUILD);
   }
   checkQueries(doc.get("queries"), source);
+  checkCommitments(doc, source);
   const declared = doc.get("content_hash");
   let actual;
   try {
@@ -1142,10 +1189,11 @@ export class DeviceLedger {
 }
 
 // ----- report tokens (docs/TOKENS.md) -----------------------------------------------------------
-// The client side of the anonymous report tokens: Privacy Pass publicly verifiable tokens (RFC 9578 §6,
-// token type 0x0002) bound to one message, issued blind with RSABSSA-SHA384-PSS-Deterministic (RFC 9474).
-// A port of hybriddp.core.tokens (challenge, blender_payload, mean_payload, nonce, token_input,
-// RoundKey.from_dict, TokenRequest): the same bytes from the same message. SHA-256, SHA-384 and the final
+// The client side of the anonymous report tokens (protocol v2, docs/TOKENS.md): Privacy Pass publicly verifiable
+// tokens (RFC 9578 §6, token type 0x0002) with a random nonce, issued blind with RSABSSA-SHA384-PSS-Deterministic
+// (RFC 9474) BEFORE the message exists, and spent by the message whose id the nonce gives. A port of
+// hybriddp.core.tokens (challenge, new_nonce, message_id_for, token_input, Token, report_time, RoundKey.from_dict,
+// check_committed_key, TokenRequest, spend): the same bytes from the same nonce. SHA-256, SHA-384 and the final
 // RSASSA-PSS verification use WebCrypto (crypto.subtle, so a secure context: https or localhost); the RSA
 // arithmetic of blinding is BigInt. All binary fields travel as URL-safe base64 without padding.
 
@@ -1155,10 +1203,16 @@ export const TOKEN_TYPE = 2;
 export const TOKEN_VARIANT = "RSABSSA-SHA384-PSS-Deterministic";
 export const TOKEN_KEY_BITS = 2048;
 const TOKEN_ISSUER = "hybriddp"; // the TokenChallenge's issuer_name
-const NONCE_DOMAIN = "hybriddp report token v1\x00";
+/** A token's nonce: 32 random bytes (RFC 9578 §2.2). */
+export const NONCE_BYTES = 32;
+/** The Token structure (RFC 9578 §2.2): type (2) || nonce (32) || challenge digest (32) || key id (32) || 256. */
+export const TOKEN_BYTES = 2 + 32 + 32 + 32 + 256;
+/** The only RSA public exponent a device accepts (a server choosing its own could tell devices apart by it). */
+export const PUBLIC_EXPONENT = 65537;
+const MESSAGE_ID_DOMAIN = "hybriddp message id v2\x00";
 const PSS_SALT_BYTES = 48; // the variant's salt length (RFC 9474 §5)
 const SHA384_BYTES = 48;
-const NULL_TEXT = 0xffffffff; // the length written for a null query or URL
+const AUTHENTICATOR_BYTES = 256;
 const OID_RSA_ENCRYPTION = "2a864886f70d010101"; // 1.2.840.113549.1.1.1
 const OID_RSASSA_PSS = "2a864886f70d01010a"; // 1.2.840.113549.1.1.10, what the server writes (RFC 9578 §6.5)
 const KEY_FIX = "Fetch the key again from GET /api/v1/rounds/{id}/token-key of the round's server.";
@@ -1304,53 +1358,6 @@ function parseRsaSpki(spki) {
   return [n, e];
 }
 
-/** The BLENDER message's reports as the bytes its token is bound to (Python blender_payload). */
-export function blenderPayload(reports) {
-  if (!Array.isArray(reports)) {
-    throw new DeviceError(`reports = ${show(fromJs(reports), 40)} is not a list of {query, url} objects`);
-  }
-  const parts = [uint32BE(reports.length)];
-  reports.forEach((rep, i) => {
-    for (const field of ["query", "url"]) {
-      const text = rep !== null && typeof rep === "object" ? rep[field] : undefined;
-      if (text === null) {
-        parts.push(uint32BE(NULL_TEXT));
-      } else if (typeof text === "string" && !LONE_SURROGATE.test(text)) {
-        const raw = utf8(text);
-        parts.push(uint32BE(raw.length), raw);
-      } else {
-        throw new DeviceError(`reports[${i}].${field} = ${show(fromJs(text), 40)} must be a string (without lone `
-          + "surrogates) or null");
-      }
-    }
-  });
-  return concatBytes(...parts);
-}
-
-/** A mean message's value as the bytes its token is bound to: "v" and the IEEE-754 double, big-endian. */
-export function meanPayload(value) {
-  if (typeof value !== "number" || !Number.isFinite(value)) {
-    throw new DeviceError(`value = ${show(fromJs(value), 40)} must be a finite number`);
-  }
-  const out = new Uint8Array(9);
-  out[0] = 0x76; // "v"
-  new DataView(out.buffer).setFloat64(1, value, false);
-  return out;
-}
-
-/**
- * The payload a message's token is bound to, as the server computes it from the message this device posts: its
- * mean value if it has one, else its reports. A value of −0 counts as +0: JSON.stringify writes −0 as 0, so
- * that is what the server reads (meanPayload(−0) itself is Python's mean_payload(−0.0)).
- */
-export function messagePayload(message) {
-  if (message === null || typeof message !== "object") {
-    throw new DeviceError(`message = ${show(fromJs(message), 40)} is not an object`);
-  }
-  if (!Object.hasOwn(message, "value")) return blenderPayload(message.reports);
-  return meanPayload(message.value === 0 ? 0 : message.value);
-}
-
 /**
  * The round's TokenChallenge (RFC 9578 §2.1), resolving to its bytes: type 0x0002, issuer name "hybriddp",
  * redemption context SHA-256(round id), empty origin info.
@@ -1362,31 +1369,145 @@ export async function tokenChallenge(roundId) {
     uint16BE(0));
 }
 
+function checkNonce(nonce) {
+  if (!(nonce instanceof Uint8Array) || nonce.length !== NONCE_BYTES) {
+    throw new DeviceError(`a token nonce must be ${NONCE_BYTES} bytes (a Uint8Array), from newNonce()`);
+  }
+  return nonce;
+}
+
 /**
- * token_input = 0x0002 || nonce || SHA-256(TokenChallenge) || key id (RFC 9578 §6.1; 98 bytes), where
- * nonce = SHA-256("hybriddp report token v1" 0x00 || message id || 0x00 || payload). Resolves to the bytes.
- * keyId: the 32-byte key id (parseTokenKey(...).keyId); payload: blenderPayload / meanPayload of the message.
+ * A token's nonce: 32 random bytes from crypto.getRandomValues (Python new_nonce). Drawn before any message
+ * exists; nothing about the device or its records goes into it.
+ * options.getRandomValues: for tests only (as systemSource).
  */
-export async function tokenInput(roundId, keyId, messageId, payload) {
+export function newNonce({ getRandomValues } = {}) {
+  return systemSource({ getRandomValues }).bytes(NONCE_BYTES);
+}
+
+/**
+ * The id of the message that spends the token with this nonce (Python message_id_for): the first 16 bytes of
+ * SHA-256("hybriddp message id v2" 0x00 || nonce) in URL-safe base64 without padding (22 characters). Synchronous
+ * (plain-JS SHA-256). The server refuses a message whose id is not this one, so its table of message ids is the
+ * round's table of spent nonces: the same token counts once, whatever message carries it.
+ */
+export function messageIdFor(nonce) {
+  const hex = sha256Hex(concatBytes(asciiBytes(MESSAGE_ID_DOMAIN, "domain"), checkNonce(nonce)));
+  return base64url(Uint8Array.from({ length: MESSAGE_ID_BYTES }, (_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16)));
+}
+
+/**
+ * token_input = 0x0002 || nonce || SHA-256(TokenChallenge) || key id (RFC 9578 §6.1; 98 bytes), what the
+ * authenticator signs. No message goes into it. Resolves to the bytes.
+ * keyId: the 32-byte key id (parseTokenKey(...).keyId); nonce: 32 bytes (newNonce()).
+ */
+export async function tokenInput(roundId, keyId, nonce) {
   if (!(keyId instanceof Uint8Array) || keyId.length !== 32) {
     throw new DeviceError("tokenInput: keyId must be the 32-byte key id (a Uint8Array), from parseTokenKey");
   }
-  if (!(payload instanceof Uint8Array)) {
-    throw new DeviceError("tokenInput: payload must be a Uint8Array, from blenderPayload or meanPayload");
-  }
-  const nonce = await digest("SHA-256", concatBytes(asciiBytes(NONCE_DOMAIN, "domain"),
-    asciiBytes(messageId, "message id"), Uint8Array.of(0), payload));
+  checkNonce(nonce);
   const challengeHash = await digest("SHA-256", await tokenChallenge(roundId));
   return concatBytes(uint16BE(TOKEN_TYPE), nonce, challengeHash, keyId);
 }
 
+/** The Token structure (RFC 9578 §2.2) of a token input and its 256-byte authenticator, as URL-safe base64. */
+export function encodeToken(input, authenticator) {
+  if (!(input instanceof Uint8Array) || input.length !== TOKEN_BYTES - AUTHENTICATOR_BYTES
+      || input[0] !== 0 || input[1] !== TOKEN_TYPE) {
+    throw new DeviceError("encodeToken: input must be a 98-byte type-2 token input, from tokenInput");
+  }
+  if (!(authenticator instanceof Uint8Array) || authenticator.length !== AUTHENTICATOR_BYTES) {
+    throw new DeviceError(`encodeToken: the authenticator must be ${AUTHENTICATOR_BYTES} bytes`);
+  }
+  return base64url(concatBytes(input, authenticator));
+}
+
 /**
- * Check a round's token key as fetched from GET /api/v1/rounds/{id}/token-key (Python RoundKey.from_dict):
- * token type 2, made for roundId, a 2048-bit RSA SubjectPublicKeyInfo, and key_id = SHA-256(public_key).
- * Resolves to a frozen {roundId, spki, keyId (Uint8Array), n, e (BigInt), modulusBytes, publicKey (CryptoKey
- * for RSA-PSS SHA-384 verification)}; rejects with DeviceError otherwise.
+ * A message's "token" read as the RFC 9578 §2.2 Token structure (Python Token.parse): resolves nothing, returns
+ * a frozen {nonce, challengeDigest, keyId, authenticator, input (the 98 signed bytes), messageId}; DeviceError if it
+ * is not 354 bytes of token type 2. It checks the shape only, not the authenticator.
  */
-export async function parseTokenKey(doc, roundId) {
+export function parseToken(text, field = "token") {
+  const raw = fromBase64url(text, field, TOKEN_BYTES);
+  if (raw[0] !== 0 || raw[1] !== TOKEN_TYPE) {
+    throw new DeviceError(`${field}: token type ${hexOf(raw.subarray(0, 2))} is not 0002 (RFC 9578 §6)`);
+  }
+  const nonce = raw.slice(2, 34);
+  return Object.freeze({ nonce, challengeDigest: raw.slice(34, 66), keyId: raw.slice(66, 98),
+    authenticator: raw.slice(98), input: raw.slice(0, 98), messageId: messageIdFor(nonce) });
+}
+
+// ----- the schedule (spec v2 §3.4) ----------------------------------------------------------------
+
+const TIME_RE = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(\.\d{1,6})?Z$/;
+
+/** Seconds since the epoch of "YYYY-MM-DDTHH:MM:SS[.ffffff]Z" (Python parse_time); DeviceError otherwise. */
+export function parseTime(text, field = "time") {
+  const m = typeof text === "string" ? TIME_RE.exec(text) : null;
+  const ms = m ? Date.UTC(+m[1], +m[2] - 1, +m[3], +m[4], +m[5], +m[6]) : NaN;
+  const d = new Date(ms);
+  if (!m || Number.isNaN(ms) || d.getUTCDate() !== +m[3] || d.getUTCMonth() !== +m[2] - 1 || +m[4] > 23
+      || +m[5] > 59 || +m[6] > 59) {
+    throw new DeviceError(`field '${field}' = ${show(fromJs(text), 44)} must be a UTC time like `
+      + "'2026-11-28T19:00:00Z'");
+  }
+  return ms / 1000 + (m[7] ? Number(`0${m[7]}`) : 0);
+}
+
+/** A head list's report_window as [opens, closes] in epoch seconds, or null when it has none (Python report_window). */
+export function reportWindow(doc) {
+  const win = doc?.report_window;
+  if (win === undefined || win === null) return null;
+  if (typeof win !== "object" || Array.isArray(win)) {
+    throw new DeviceError('field \'report_window\' must be an object {"opens": time, "closes": time}');
+  }
+  const opens = parseTime(win.opens, "report_window.opens");
+  const closes = parseTime(win.closes, "report_window.closes");
+  if (closes < opens) {
+    throw new DeviceError(`field 'report_window': closes (${win.closes}) is before opens (${win.opens})`);
+  }
+  return [opens, closes];
+}
+
+/**
+ * When the device sends its message (spec v2 §3.4, Python report_time), in unix seconds: uniform in the head
+ * list's report window, independent of when the token was got. Before the window opens: U(opens, closes); inside
+ * it: U(now, closes); after it closes, or with no window: now.
+ * doc: the head-list document; nowSeconds: now (default Date.now()/1000); random: a function giving a uniform in
+ * [0, 1) or a source with uniform() (default systemSource(), the OS's randomness).
+ */
+export function reportTime(doc, nowSeconds = Date.now() / 1000, random = undefined) {
+  const window = reportWindow(doc);
+  if (window === null) return nowSeconds;
+  const [opens, closes] = window;
+  const start = Math.max(nowSeconds, opens);
+  if (start >= closes) return nowSeconds;
+  const u = typeof random === "function" ? random() : (random ?? systemSource()).uniform();
+  return start + u * (closes - start);
+}
+
+/**
+ * The outbox entry {message, send_at} (spec v2 §3.3) of a message with its token: send_at = reportTime(doc, ...).
+ * options.reportNow: send_at = now, for tests and simulations ONLY: it gives up unlinkability (the server sees
+ * the issuance and the report together).
+ */
+export function outboxEntry(message, doc, { reportNow = false, nowSeconds = Date.now() / 1000, random } = {}) {
+  const sendAt = reportNow ? nowSeconds : reportTime(doc, nowSeconds, random);
+  return { message, send_at: sendAt };
+}
+
+// ----- the round's committed key -------------------------------------------------------------------
+
+/**
+ * Check a round's token key as fetched from GET /api/v1/rounds/{id}/token-key (Python RoundKey.from_dict with
+ * the head list's commitment): token type 2, made for roundId, a 2048-bit RSA SubjectPublicKeyInfo with public
+ * exponent 65537, key_id = SHA-256(public_key), and (checkCommittedKey) exactly the key the head-list document
+ * `headlistDoc` commits to in its `token_key` (key id, modulus bits, exponent). A head list without `token_key`
+ * is refused ("published before keys were committed"). Resolves to a frozen {roundId, spki, keyId (Uint8Array),
+ * n, e (BigInt), modulusBytes, publicKey (CryptoKey for RSA-PSS SHA-384 verification)}; rejects with DeviceError
+ * naming what differs otherwise.
+ */
+export async function parseTokenKey(doc, roundId, headlistDoc) {
   if (doc === null || typeof doc !== "object" || Array.isArray(doc)) {
     throw new DeviceError('token key: expected a JSON object {"public_key", "key_id", ...}');
   }
@@ -1401,6 +1522,11 @@ export async function parseTokenKey(doc, roundId) {
   if (bitLength(n) !== TOKEN_KEY_BITS || hexOf(given) !== hexOf(keyId)) {
     throw new DeviceError("token key: not a 2048-bit key, or 'key_id' is not SHA-256 of 'public_key'. " + KEY_FIX);
   }
+  if (e !== BigInt(PUBLIC_EXPONENT)) {
+    throw new DeviceError(`token key: public exponent ${e} is not ${PUBLIC_EXPONENT}; a device accepts no other (a `
+      + "server could tell devices apart by their keys' exponents). Nothing was sent");
+  }
+  checkCommittedKey({ keyId, n, e }, headlistDoc?.token_key);
   const modulusBytes = Math.ceil(bitLength(n) / 8);
   const bigB64 = (x) => base64url(bigIntToBytes(x, Math.ceil(bitLength(x) / 8)));
   let publicKey;
@@ -1411,6 +1537,36 @@ export async function parseTokenKey(doc, roundId) {
     throw new DeviceError(`token key: WebCrypto refuses the key (${exc.message ?? exc}). ${KEY_FIX}`);
   }
   return Object.freeze({ roundId, spki, keyId, n, e, modulusBytes, publicKey });
+}
+
+/**
+ * Refuse (DeviceError) a key {keyId, n, e} that is not the one a head list commits to in `committed` (its
+ * `token_key`, Python check_committed_key): SHA-256(SPKI) must be its key_id, both exponents 65537, the modulus
+ * at least 2048 bits and of the committed size. What this guarantees: a server that handed each device its own key
+ * (to tell later which device a token came from) would have to hand each its own head list, whose content hash
+ * differs, which checkMirror exposes.
+ */
+export function checkCommittedKey(key, committed, source = "token key") {
+  if (committed === null || typeof committed !== "object" || Array.isArray(committed)) {
+    throw new DeviceError(`${source}: the head list commits to no token key (field 'token_key'); it was published `
+      + "before round keys were committed, or by a server that does not commit them. Nothing was sent; ask the "
+      + "operator to publish the round again");
+  }
+  const want = fromBase64url(committed.key_id, "token_key.key_id", 32);
+  if (hexOf(want) !== hexOf(key.keyId)) {
+    throw new DeviceError(`${source}: key ${base64url(key.keyId).slice(0, 12)}… is not the key the head list commits `
+      + `to (${base64url(want).slice(0, 12)}…): the server may be telling devices apart by their keys. Nothing was `
+      + "sent");
+  }
+  if (committed.e !== PUBLIC_EXPONENT || key.e !== BigInt(PUBLIC_EXPONENT)) {
+    throw new DeviceError(`${source}: exponent ${show(fromJs(committed.e), 30)} (key: ${key.e}); only `
+      + `${PUBLIC_EXPONENT} is accepted. Nothing was sent`);
+  }
+  const bits = committed.modulus_bits;
+  if (!Number.isInteger(bits) || bits < TOKEN_KEY_BITS || bits !== bitLength(key.n)) {
+    throw new DeviceError(`${source}: modulus of ${bitLength(key.n)} bits, the head list says `
+      + `${show(fromJs(bits), 30)}; at least ${TOKEN_KEY_BITS} bits and the two equal are needed. Nothing was sent`);
+  }
 }
 
 /** MGF1 with SHA-384 (RFC 8017 §B.2.1). */
@@ -1448,20 +1604,24 @@ function randomBelow(n, source) {
 function checkKey(key) {
   if (!key || typeof key.n !== "bigint" || typeof key.e !== "bigint" || !(key.keyId instanceof Uint8Array)
       || !key.publicKey) {
-    throw new DeviceError("the token key must be the object parseTokenKey(doc, roundId) resolves to");
+    throw new DeviceError("the token key must be the object parseTokenKey(doc, roundId, headlist) resolves to");
   }
 }
 
 /**
- * Blind a prepared message (RFC 9474 §4.2, RSABSSA-SHA384-PSS-Deterministic) under a key from parseTokenKey.
- * The lower-level step of requestToken (use that): resolves to {blinded (base64url), finalize}, as requestToken.
+ * Blind a token input (RFC 9474 §4.2, RSABSSA-SHA384-PSS-Deterministic) under a key from parseTokenKey.
+ * The lower-level step of requestToken (use that): resolves to {blinded (base64url), finalize}, where
+ * `await finalize(blindSig)` is the authenticator (base64url RSASSA-PSS signature over the input), verified.
  * options.getRandomValues: for tests only (as systemSource); the default is crypto.getRandomValues.
  */
 export async function blindTokenInput(key, input, { getRandomValues } = {}) {
+  return blindWith(key, input, systemSource({ getRandomValues }));
+}
+
+async function blindWith(key, input, source) {
   checkKey(key);
   const { n, e, modulusBytes: k } = key;
-  const source = systemSource({ getRandomValues }); // draws: the 48-byte salt, then r (as Python)
-  const salt = source.bytes(PSS_SALT_BYTES);
+  const salt = source.bytes(PSS_SALT_BYTES); // draws: the 48-byte salt, then r (as Python)
   const m = bytesToBigInt(await emsaPssEncode(input, bitLength(n) - 1, salt)); // emBits = bit_len(n) − 1
   if (modInverse(m, n) === null) {
     throw new DeviceError("invalid input: the encoded message is not co-prime with n (is the token key valid?)");
@@ -1476,7 +1636,6 @@ export async function blindTokenInput(key, input, { getRandomValues } = {}) {
   r = null;
   return {
     blinded,
-    /** The token (base64url RSASSA-PSS signature over the input) from the issuer's blind signature (base64url). */
     async finalize(blindSig) {
       const z = bytesToBigInt(fromBase64url(blindSig, "blind_sig", k));
       const sig = bigIntToBytes((z * inv) % n, k); // RFC 9474 §4.4: s = z · r⁻¹ mod n
@@ -1492,21 +1651,32 @@ export async function blindTokenInput(key, input, { getRandomValues } = {}) {
 }
 
 /**
- * Start a report token for one message (docs/TOKENS.md steps 3-5): key from parseTokenKey(doc, roundId),
- * the message's id and payload (messagePayload(message)). Resolves to {blinded, tokenInput, finalize}:
- * send `blinded` (base64url) to POST /api/v1/rounds/{id}/tokens; `await finalize(blindSig)` turns the
- * issuer's answer (base64url) into the token (base64url), verifying it, or rejects with DeviceError.
- * The blinding factor never leaves the closure; the issuer sees only m·r^e mod n, independent of the message.
- * options.getRandomValues: for tests only, as systemSource; the default is crypto.getRandomValues.
+ * Start a report token (Python TokenRequest.make), before any message exists: key from
+ * parseTokenKey(doc, roundId, headlist). Draws a fresh nonce (options.nonce: a given one, for tests) and blinds
+ * token_input(nonce). Resolves to {nonce, messageId, tokenInput, blinded, finalize}: send `blinded` (base64url) to
+ * POST /api/v1/rounds/{id}/tokens; `await finalize(blindSig)` turns the issuer's answer into the token, the
+ * base64url Token structure (354 bytes), verifying it, or rejects with DeviceError. The blinding factor never
+ * leaves the closure; the issuer sees only m·r^e mod n, uniformly distributed whatever the nonce.
+ * options.getRandomValues: for tests only, as systemSource (draws: the nonce if not given, the salt, then r).
  */
-export async function requestToken(key, roundId, messageId, payload, { getRandomValues } = {}) {
+export async function requestToken(key, roundId, { nonce, getRandomValues } = {}) {
   checkKey(key);
   if (key.roundId !== roundId) {
     throw new DeviceError(`the token key is round ${show(fromJs(key.roundId), 40)}'s, not ${show(roundId, 40)}'s`);
   }
-  const input = await tokenInput(roundId, key.keyId, messageId, payload);
-  const { blinded, finalize } = await blindTokenInput(key, input, { getRandomValues });
-  return { blinded, tokenInput: input, finalize };
+  const source = systemSource({ getRandomValues });
+  const n = nonce === undefined ? source.bytes(NONCE_BYTES) : checkNonce(nonce);
+  const input = await tokenInput(roundId, key.keyId, n);
+  const blind = await blindWith(key, input, source);
+  return {
+    nonce: n,
+    messageId: messageIdFor(n),
+    tokenInput: input,
+    blinded: blind.blinded,
+    async finalize(blindSig) {
+      return encodeToken(input, fromBase64url(await blind.finalize(blindSig), "authenticator"));
+    },
+  };
 }
 
 /** The JSON answer of a fetch, or DeviceError with the server's message ({"error": {"code", "message"}}). */
@@ -1531,6 +1701,8 @@ async function answerOf(request, what) {
     const exc = new DeviceError(`${what}: refused (HTTP ${resp.status}${code ? ` ${code}` : ""}): ${detail}`);
     exc.status = resp.status;
     exc.code = code;
+    const retry = resp.headers && typeof resp.headers.get === "function" ? resp.headers.get("Retry-After") : null;
+    if (retry !== null && /^\d+$/.test(retry.trim())) exc.retryAfter = Number(retry.trim());
     throw exc;
   }
   if (body === null || typeof body !== "object") {
@@ -1539,35 +1711,42 @@ async function answerOf(request, what) {
   return body;
 }
 
+const apiOf = (baseUrl, roundId) => `${String(baseUrl).replace(/\/+$/, "")}/api/v1/rounds/${encodeURIComponent(roundId)}`;
+// every request of the module: no cookies, no cache, no referrer (nothing of the page that could tie requests)
+const QUIET = { credentials: "omit", cache: "no-store", referrerPolicy: "no-referrer" };
+
 /**
- * Get a report token for a message (docs/TOKENS.md): fetch the round's key, blind the message's token input,
- * have the server sign it with the device credential, unblind and verify. Resolves to a copy of the message
- * with its "token"; post that to /api/v1/rounds/{id}/reports (and keep it, token included, for retries).
- * As the Python device: a message that has a token keeps it (a resent message is not issued another), and a
- * server with open admission (the key's "admission": "open") takes messages without one, so none is got.
- * fetchFn: fetch (or a stand-in); baseUrl: the server ("" for the page's own origin); credential: the device
- * credential (bearer secret). Rejects with DeviceError naming the server's refusal; its `status` and `code`
- * are the HTTP status and error code (e.g. 403 "issuance_limit": this credential's tokens for the round are
- * used up).
+ * Get a report token ahead of the message (spec v2 §3.1-3.3; Python DeviceClient): fetch the round's token key,
+ * refuse it unless it is the key the head-list document `doc` commits to (parseTokenKey), blind a fresh random
+ * nonce, have the server sign it with the device credential, unblind and verify. Resolves to
+ * {token (base64url Token struct), messageId (the id of the message that will spend it), keyId (base64url)}.
+ * A server with open admission (the key document's "admission": "open") takes messages without a token: then
+ * {token: null, messageId: a random id, admission: "open"} and nothing is posted.
+ * Call it when the head list is downloaded, on its own: the token carries nothing of the message made later.
+ * fetchFn: fetch, a stand-in, or ohttpFetch(relayUrl, keyConfig) so the server sees the relay, not the device;
+ * baseUrl: the server ("" for the page's own origin); credential: the device credential (bearer secret).
+ * Rejects with DeviceError naming the refusal; its `status` and `code` are the HTTP status and error code (e.g.
+ * 403 "issuance_limit": this credential's tokens for the round are used up).
+ * options.getRandomValues, options.nonce: for tests only (as requestToken).
  */
-export async function obtainToken(fetchFn, baseUrl, roundId, credential, message, { getRandomValues } = {}) {
-  const messageId = checkMessageId(message?.id);
-  const payload = messagePayload(message);
-  if (Object.hasOwn(message, "round") && message.round !== roundId) {
-    throw new DeviceError(`the message is for round ${show(fromJs(message.round), 40)}, not ${show(roundId, 40)}`);
+export async function fetchToken(fetchFn, baseUrl, roundId, credential, doc, { getRandomValues, nonce } = {}) {
+  if (doc === null || typeof doc !== "object" || Array.isArray(doc)) {
+    throw new DeviceError("fetchToken: give the round's head-list document (its token_key is the committed key)");
   }
-  if (Object.hasOwn(message, "token")) return { ...message };
-  const api = `${String(baseUrl).replace(/\/+$/, "")}/api/v1/rounds/${encodeURIComponent(roundId)}`;
-  const doc = await answerOf(() => fetchFn(`${api}/token-key`, { headers: { Accept: "application/json" } }),
-    `token key of round ${roundId}`);
-  const key = await parseTokenKey(doc, roundId);
-  if (doc.admission === "open") return { ...message };
+  const api = apiOf(baseUrl, roundId);
+  const keyDoc = await answerOf(() => fetchFn(`${api}/token-key`, { ...QUIET,
+    headers: { Accept: "application/json" } }), `token key of round ${roundId}`);
+  if (keyDoc !== null && keyDoc.admission === "open") {
+    return { token: null, messageId: newMessageId(), admission: "open" };
+  }
+  const key = await parseTokenKey(keyDoc, roundId, doc);
   if (typeof credential !== "string" || !credential.trim()) {
     throw new DeviceError(`round ${roundId}: this server takes reports only with a report token, and tokens need a `
       + "device credential (the administrator makes them: `hybriddp credentials create`); see docs/TOKENS.md");
   }
-  const req = await requestToken(key, roundId, messageId, payload, { getRandomValues });
+  const req = await requestToken(key, roundId, { nonce, getRandomValues });
   const answer = await answerOf(() => fetchFn(`${api}/tokens`, {
+    ...QUIET,
     method: "POST",
     headers: { Authorization: `Bearer ${credential.trim()}`, "Content-Type": "application/json",
       Accept: "application/json" },
@@ -1577,5 +1756,67 @@ export async function obtainToken(fetchFn, baseUrl, roundId, credential, message
     throw new DeviceError(`token issuance for round ${roundId}: expected {"blind_sigs": [one signature]}, found `
       + `${show(fromJs(answer.blind_sigs), 40)}`);
   }
-  return { ...message, token: await req.finalize(answer.blind_sigs[0]) };
+  return { token: await req.finalize(answer.blind_sigs[0]), messageId: req.messageId, keyId: base64url(key.keyId) };
+}
+
+/**
+ * The message that spends `token` (Python spend): a copy of `message` with the id derived from the token's nonce
+ * and the token. `token`: what fetchToken resolved to ({token, messageId}; with token null, open admission, only
+ * its messageId is set) or a token string. A message keeps this id and token for every retry (counted once).
+ */
+export function attachToken(message, token) {
+  if (message === null || typeof message !== "object" || Array.isArray(message)) {
+    throw new DeviceError(`message = ${show(fromJs(message), 40)} is not an object`);
+  }
+  if (token !== null && typeof token === "object" && token.token === null) {
+    return { ...message, id: checkMessageId(token.messageId) };
+  }
+  const text = token !== null && typeof token === "object" ? token.token : token;
+  const parsed = parseToken(text);
+  if (token !== null && typeof token === "object" && token.messageId !== undefined
+      && token.messageId !== parsed.messageId) {
+    throw new DeviceError("attachToken: the given messageId is not the one the token's nonce gives");
+  }
+  const { token: _old, ...rest } = message;
+  return { ...rest, id: parsed.messageId, token: text };
+}
+
+/**
+ * POST a message (with its token) to /api/v1/rounds/{id}/reports; resolves to the server's acknowledgement
+ * ({"counted": 1} the first time, 0 for a duplicate). Rejects with DeviceError carrying `status`, `code` and, for
+ * 409 "too_few_tokens" (the round has issued fewer than its min_tokens), `retryAfter` seconds: keep the message
+ * in the outbox and send the same one again later. fetchFn may be ohttpFetch(...).
+ */
+export async function sendReport(fetchFn, baseUrl, roundId, message) {
+  return answerOf(() => fetchFn(`${apiOf(baseUrl, roundId)}/reports`, {
+    ...QUIET,
+    method: "POST",
+    headers: { "Content-Type": "application/json", Accept: "application/json" },
+    body: JSON.stringify(message),
+  }), `report to round ${roundId}`);
+}
+
+/**
+ * Consistency check (spec v2 §3.2): fetch the round's head list from a mirror (`GET {mirrorUrl}/api/v1/rounds/{id}/
+ * headlist`: another party, e.g. the OHTTP relay, which serves one cached copy to all its devices) and refuse
+ * (DeviceError, nothing sent) unless its content hash, recomputed here, equals `contentHash`, the hash of the copy
+ * the device got directly. What this guarantees: a server that gave this device a head list of its own (another
+ * key, another window) is caught unless it also controls the mirror. Resolves to the mirror's content hash.
+ */
+export async function checkMirror(fetchFn, mirrorUrl, roundId, contentHash) {
+  const url = `${apiOf(mirrorUrl, roundId)}/headlist`;
+  const doc = await answerOf(() => fetchFn(url, { ...QUIET, headers: { Accept: "application/json" } }),
+    `mirror head list of round ${roundId}`);
+  let actual;
+  try {
+    actual = await hashTree(fromJsTop(doc));
+  } catch (exc) {
+    throw new DeviceError(`mirror ${mirrorUrl}: its head list cannot be hashed (${exc.message}); not reporting`);
+  }
+  if (doc.content_hash !== actual || actual !== contentHash) {
+    throw new DeviceError(`mirror ${mirrorUrl}: round ${roundId}'s head list there has content hash `
+      + `${String(actual).slice(0, 19)}…, the server gave this device ${String(contentHash).slice(0, 19)}…: the server `
+      + "may be showing devices different head lists (keys); nothing was sent");
+  }
+  return actual;
 }

@@ -1820,3 +1820,348 @@ export async function checkMirror(fetchFn, mirrorUrl, roundId, contentHash) {
   }
   return actual;
 }
+
+// ----- Oblivious HTTP (RFC 9458) with HPKE (RFC 9180) and binary HTTP (RFC 9292), spec v2 §4 ------------------
+// The client side only: HPKE base-mode sender (SetupBaseS, Seal, Export) for the suite DHKEM(P-256, HKDF-SHA256)
+// 0x0010, HKDF-SHA256 0x0001, AES-128-GCM 0x0001; OHTTP request encapsulation (§4.3) and response opening (§4.4);
+// binary HTTP known-length request encoding and response decoding. Everything is WebCrypto: ECDH P-256 (key
+// generation, deriveBits; importKey("raw") validates the gateway's point), AES-GCM, and HMAC-SHA256, from which
+// HKDF Extract and Expand are built (HPKE's labeled forms put their labels where WebCrypto's HKDF has no room,
+// and Extract's output is used on its own). Not done in WebCrypto, so not done: nothing. What the browser does not
+// let a page control: the connection (fetch pools connections; the relay, not a fresh connection, is what hides
+// the device's address), and the ephemeral key's erasure (a CryptoKey is dropped, not zeroed).
+
+export const OHTTP_KEM_ID = 0x0010;
+export const OHTTP_KDF_ID = 0x0001;
+export const OHTTP_AEAD_ID = 0x0001;
+const HPKE_NPK = 65;
+const HPKE_NK = 16;
+const HPKE_NN = 12;
+const HPKE_NH = 32;
+const OHTTP_RESPONSE_NONCE = Math.max(HPKE_NN, HPKE_NK); // 16
+const textBytes = (s) => new TextEncoder().encode(s);
+
+async function hmacSha256(key, data) {
+  const k = await subtleCrypto().importKey("raw", key, { name: "HMAC", hash: "SHA-256" }, false, ["sign"]);
+  return new Uint8Array(await subtleCrypto().sign("HMAC", k, data));
+}
+
+/** HKDF-Extract (RFC 5869 §2.2) with SHA-256: an empty salt is Nh zero bytes. */
+export async function hkdfExtract(salt, ikm) {
+  return hmacSha256(salt.length ? salt : new Uint8Array(HPKE_NH), ikm);
+}
+
+/** HKDF-Expand (RFC 5869 §2.3) with SHA-256: `length` ≤ 255·32 bytes. */
+export async function hkdfExpand(prk, info, length) {
+  if (!Number.isInteger(length) || length < 0 || length > 255 * HPKE_NH) {
+    throw new DeviceError(`HKDF-Expand length ${length} is out of range`);
+  }
+  const blocks = [];
+  let block = new Uint8Array(0);
+  for (let i = 1; blocks.length * HPKE_NH < length; i++) {
+    block = await hmacSha256(prk, concatBytes(block, info, Uint8Array.of(i)));
+    blocks.push(block);
+  }
+  return concatBytes(...blocks).slice(0, length);
+}
+
+const HPKE_VERSION = textBytes("HPKE-v1");
+const KEM_SUITE = concatBytes(textBytes("KEM"), uint16BE(OHTTP_KEM_ID));
+const HPKE_SUITE = concatBytes(textBytes("HPKE"), uint16BE(OHTTP_KEM_ID), uint16BE(OHTTP_KDF_ID),
+  uint16BE(OHTTP_AEAD_ID));
+
+const labeledExtract = (salt, label, ikm, suite = HPKE_SUITE) => hkdfExtract(salt,
+  concatBytes(HPKE_VERSION, suite, textBytes(label), ikm));
+const labeledExpand = (prk, label, info, length, suite = HPKE_SUITE) => hkdfExpand(prk,
+  concatBytes(uint16BE(length), HPKE_VERSION, suite, textBytes(label), info), length);
+
+async function aesGcm(op, key, nonce, aad, data) {
+  const k = await subtleCrypto().importKey("raw", key, "AES-GCM", false, [op]);
+  const params = { name: "AES-GCM", iv: nonce, additionalData: aad, tagLength: 128 };
+  try {
+    return new Uint8Array(await subtleCrypto()[op](params, k, data));
+  } catch (exc) {
+    if (op === "decrypt") throw new DeviceError("OHTTP: the gateway's response does not decrypt (tampered, or not "
+      + "an answer to this request)");
+    throw exc;
+  }
+}
+
+/**
+ * HPKE base-mode sender (RFC 9180 §5.1.1, DHKEM(P-256, HKDF-SHA256), HKDF-SHA256, AES-128-GCM): a fresh
+ * ephemeral key (WebCrypto, never leaves the function) and one ECDH with the recipient's 65-byte uncompressed
+ * public key. Resolves to {enc (65 bytes), seal(aad, pt) → ct (sequence numbers 0, 1, …), export(context, L)}.
+ * options.ephemeral {privateKey: CryptoKey (ECDH P-256), publicKey: 65 bytes}: to replay RFC 9180's test vectors
+ * only (a reused ephemeral key breaks confidentiality).
+ */
+export async function hpkeSetupBaseS(pkR, info, { ephemeral } = {}) {
+  const subtle = subtleCrypto();
+  if (!(pkR instanceof Uint8Array) || pkR.length !== HPKE_NPK || pkR[0] !== 4) {
+    throw new DeviceError("HPKE: the recipient's key must be a 65-byte uncompressed P-256 point");
+  }
+  let pkRKey;
+  try {
+    pkRKey = await subtle.importKey("raw", pkR, { name: "ECDH", namedCurve: "P-256" }, false, []);
+  } catch (exc) {
+    throw new DeviceError(`HPKE: the recipient's key is not a point on P-256 (${exc.message ?? exc})`);
+  }
+  let skE;
+  let enc;
+  if (ephemeral) {
+    skE = ephemeral.privateKey;
+    enc = Uint8Array.from(ephemeral.publicKey);
+  } else {
+    const pair = await subtle.generateKey({ name: "ECDH", namedCurve: "P-256" }, false, ["deriveBits"]);
+    skE = pair.privateKey;
+    enc = new Uint8Array(await subtle.exportKey("raw", pair.publicKey));
+  }
+  const dh = new Uint8Array(await subtle.deriveBits({ name: "ECDH", public: pkRKey }, skE, 256));
+  const eaePrk = await labeledExtract(new Uint8Array(0), "eae_prk", dh, KEM_SUITE);
+  const sharedSecret = await labeledExpand(eaePrk, "shared_secret", concatBytes(enc, pkR), 32, KEM_SUITE);
+  // key schedule, mode base (0x00), no PSK (RFC 9180 §5.1)
+  const empty = new Uint8Array(0);
+  const pskIdHash = await labeledExtract(empty, "psk_id_hash", empty);
+  const infoHash = await labeledExtract(empty, "info_hash", info);
+  const context = concatBytes(Uint8Array.of(0), pskIdHash, infoHash);
+  const secret = await labeledExtract(sharedSecret, "secret", empty);
+  const key = await labeledExpand(secret, "key", context, HPKE_NK);
+  const baseNonce = await labeledExpand(secret, "base_nonce", context, HPKE_NN);
+  const exporterSecret = await labeledExpand(secret, "exp", context, HPKE_NH);
+  let seq = 0;
+  return {
+    enc,
+    async seal(aad, pt) {
+      const nonce = Uint8Array.from(baseNonce);
+      for (let i = 0, s = seq; i < 6; i++, s = Math.floor(s / 256)) nonce[HPKE_NN - 1 - i] ^= s % 256;
+      seq++;
+      return aesGcm("encrypt", key, nonce, aad, pt);
+    },
+    export: (exporterContext, length) => labeledExpand(exporterSecret, "sec", exporterContext, length),
+  };
+}
+
+/**
+ * An RFC 9458 §3.1 KeyConfig (bytes, or its URL-safe base64 as a head list's `ohttp_key`) read and checked:
+ * {keyId, publicKey (65 bytes), bytes}; DeviceError unless its KEM is 0x0010 and it offers HKDF-SHA256 with
+ * AES-128-GCM (the only suite this client speaks).
+ */
+export function parseKeyConfig(config) {
+  const bytes = typeof config === "string" ? fromBase64url(config, "ohttp_key") : config;
+  if (!(bytes instanceof Uint8Array) || bytes.length < 3 + HPKE_NPK + 2) {
+    throw new DeviceError("OHTTP: the key config is not an RFC 9458 KeyConfig (too short)");
+  }
+  const kem = (bytes[1] << 8) | bytes[2];
+  const suitesLen = (bytes[3 + HPKE_NPK] << 8) | bytes[4 + HPKE_NPK];
+  if (kem !== OHTTP_KEM_ID || suitesLen % 4 || suitesLen === 0 || 5 + HPKE_NPK + suitesLen !== bytes.length) {
+    throw new DeviceError(`OHTTP: key config with KEM ${kem} and ${suitesLen} bytes of suites in ${bytes.length}: not `
+      + "an RFC 9458 KeyConfig for DHKEM(P-256, HKDF-SHA256)");
+  }
+  let ok = false;
+  for (let i = 5 + HPKE_NPK; i < bytes.length; i += 4) {
+    if (((bytes[i] << 8) | bytes[i + 1]) === OHTTP_KDF_ID && ((bytes[i + 2] << 8) | bytes[i + 3]) === OHTTP_AEAD_ID) {
+      ok = true;
+    }
+  }
+  if (!ok) throw new DeviceError("OHTTP: the key config offers no HKDF-SHA256 / AES-128-GCM suite");
+  return { keyId: bytes[0], publicKey: bytes.slice(3, 3 + HPKE_NPK), bytes: Uint8Array.from(bytes) };
+}
+
+/** The configs of an application/ohttp-keys body (RFC 9458 §3.2: length (2) || KeyConfig, repeated), parsed. */
+export function parseOhttpKeys(body) {
+  const out = [];
+  for (let at = 0; at < body.length;) {
+    const n = (body[at] << 8) | body[at + 1];
+    if (at + 2 + n > body.length) throw new DeviceError("OHTTP: truncated application/ohttp-keys");
+    try {
+      out.push(parseKeyConfig(body.slice(at + 2, at + 2 + n)));
+    } catch (exc) {
+      if (!(exc instanceof DeviceError)) throw exc; // another suite: skipped
+    }
+    at += 2 + n;
+  }
+  return out;
+}
+
+// QUIC variable-length integers (RFC 9000 §16), as binary HTTP uses them
+function varint(n) {
+  if (n < 64) return Uint8Array.of(n);
+  if (n < 16384) return Uint8Array.of(0x40 | (n >> 8), n & 255);
+  if (n < 2 ** 30) return Uint8Array.of(0x80 | (n >>> 24), (n >>> 16) & 255, (n >>> 8) & 255, n & 255);
+  throw new DeviceError("binary HTTP: a length over 2^30 bytes");
+}
+
+function lengthPrefixed(bytes) {
+  return concatBytes(varint(bytes.length), bytes);
+}
+
+function headerPairs(headers) {
+  if (!headers) return [];
+  if (typeof headers.forEach === "function" && !Array.isArray(headers)) {
+    const out = [];
+    headers.forEach((v, k) => out.push([k, v]));
+    return out;
+  }
+  return Array.isArray(headers) ? headers : Object.entries(headers);
+}
+
+/**
+ * A known-length binary HTTP request (RFC 9292 §3, framing indicator 0): method, scheme, authority, path, the
+ * header fields (names lower-cased), the content and an empty trailer section, without padding.
+ */
+export function encodeBhttpRequest({ method = "GET", scheme, authority, path, headers = [], body = null }) {
+  const fields = headerPairs(headers).map(([k, v]) => concatBytes(lengthPrefixed(textBytes(String(k).toLowerCase())),
+    lengthPrefixed(textBytes(String(v)))));
+  const content = body === null || body === undefined ? new Uint8Array(0)
+    : typeof body === "string" ? textBytes(body) : new Uint8Array(body);
+  return concatBytes(varint(0), lengthPrefixed(textBytes(method)), lengthPrefixed(textBytes(scheme)),
+    lengthPrefixed(textBytes(authority)), lengthPrefixed(textBytes(path)), lengthPrefixed(concatBytes(...fields)),
+    lengthPrefixed(content), varint(0));
+}
+
+/**
+ * A known-length binary HTTP response (RFC 9292 §3, framing indicator 1) decoded: informational responses
+ * skipped; resolves nothing, returns {status, headers: [[name, value], ...], body (Uint8Array)}. A message
+ * truncated after its content (no trailer section) is accepted, as §3.8 allows; padding must be zeros.
+ */
+export function decodeBhttpResponse(data) {
+  let at = 0;
+  const fail = (what) => {
+    throw new DeviceError(`binary HTTP response: ${what}`);
+  };
+  const readVarint = () => {
+    if (at >= data.length) fail("truncated");
+    const first = data[at];
+    const size = 1 << (first >> 6);
+    if (at + size > data.length) fail("truncated");
+    let v = first & 0x3f;
+    for (let i = 1; i < size; i++) v = v * 256 + data[at + i];
+    at += size;
+    return v;
+  };
+  const readBytes = () => {
+    const n = readVarint();
+    if (at + n > data.length) fail("truncated");
+    at += n;
+    return data.subarray(at - n, at);
+  };
+  const decoder = new TextDecoder("utf-8", { fatal: false });
+  const readFields = () => {
+    const section = readBytes();
+    const saved = [data, at];
+    data = section;
+    at = 0;
+    const out = [];
+    while (at < data.length) out.push([decoder.decode(readBytes()), decoder.decode(readBytes())]);
+    [data, at] = saved;
+    return out;
+  };
+  if (readVarint() !== 1) fail("not a known-length response (framing indicator 1)");
+  let status;
+  for (;;) {
+    status = readVarint();
+    if (status < 100 || status > 599) fail(`status ${status}`);
+    const headers = readFields();
+    if (status >= 200) {
+      const body = at < data.length ? Uint8Array.from(readBytes()) : new Uint8Array(0);
+      if (at < data.length) readFields(); // trailers
+      for (; at < data.length; at++) if (data[at] !== 0) fail("padding that is not zeros");
+      return { status, headers, body };
+    }
+  }
+}
+
+/**
+ * Encapsulate a binary HTTP request for a gateway (RFC 9458 §4.3): hdr = key id || kem || kdf || aead; info =
+ * "message/bhttp request" 0x00 hdr; SetupBaseS; enc_request = hdr || enc || Seal("", request). Resolves to
+ * {encRequest, open(encResponse) → the response's bytes (§4.4: secret = Export("message/bhttp response", 16);
+ * prk = Extract(enc || response_nonce, secret); key, nonce = Expand(prk, "key"/"nonce"))}.
+ * options.ephemeral: for test vectors only (hpkeSetupBaseS).
+ */
+export async function ohttpEncapsulate(keyConfig, request, { ephemeral } = {}) {
+  const config = keyConfig && keyConfig.publicKey instanceof Uint8Array ? keyConfig : parseKeyConfig(keyConfig);
+  const hdr = concatBytes(Uint8Array.of(config.keyId), uint16BE(OHTTP_KEM_ID), uint16BE(OHTTP_KDF_ID),
+    uint16BE(OHTTP_AEAD_ID));
+  const ctx = await hpkeSetupBaseS(config.publicKey, concatBytes(textBytes("message/bhttp request"),
+    Uint8Array.of(0), hdr), { ephemeral });
+  const ct = await ctx.seal(new Uint8Array(0), request);
+  const secret = await ctx.export(textBytes("message/bhttp response"), OHTTP_RESPONSE_NONCE);
+  const { enc } = ctx;
+  return {
+    encRequest: concatBytes(hdr, enc, ct),
+    async open(encResponse) {
+      const bytes = new Uint8Array(encResponse);
+      if (bytes.length < OHTTP_RESPONSE_NONCE + 16) throw new DeviceError("OHTTP: the response is too short");
+      const prk = await hkdfExtract(concatBytes(enc, bytes.subarray(0, OHTTP_RESPONSE_NONCE)), secret);
+      const key = await hkdfExpand(prk, textBytes("key"), HPKE_NK);
+      const nonce = await hkdfExpand(prk, textBytes("nonce"), HPKE_NN);
+      return aesGcm("decrypt", key, nonce, new Uint8Array(0), bytes.subarray(OHTTP_RESPONSE_NONCE));
+    },
+  };
+}
+
+const NULL_BODY_STATUS = new Set([101, 103, 204, 205, 304]);
+
+/**
+ * A fetch-compatible function that sends every request through an Oblivious HTTP relay (spec v2 §4): the request
+ * (method, URL, headers, body) is encoded as binary HTTP, encapsulated to the gateway's key config and POSTed to
+ * `relayUrl` (the relay's POST /ohttp endpoint, e.g. "https://relay.example/ohttp"; the service's own "/ohttp" works
+ * too, without hiding anything) as message/ohttp-req; the answer is opened and returned as a Response. The relay
+ * sees the device's address but only ciphertext; the server sees the request but the relay's address. Use it as
+ * the fetchFn of fetchToken, sendReport and for the head list: `fetchFn = ohttpFetch(relay, doc.ohttp_key)`.
+ * keyConfig: the gateway's KeyConfig (bytes, or the head list's `ohttp_key`, b64url); the returned function's
+ * `keyConfig` property is its b64url, for checkOhttpKey. Relative URLs are resolved against the page's location.
+ * options.fetch: the outer fetch (default globalThis.fetch).
+ */
+export function ohttpFetch(relayUrl, keyConfig, { fetch: outerFetch = globalThis.fetch } = {}) {
+  const config = parseKeyConfig(keyConfig);
+  const fn = async (url, init = {}) => {
+    const u = new URL(String(url), globalThis.location?.href);
+    const request = encodeBhttpRequest({ method: (init.method ?? "GET").toUpperCase(), scheme: u.protocol.slice(0, -1),
+      authority: u.host, path: `${u.pathname}${u.search}`, headers: init.headers, body: init.body ?? null });
+    const { encRequest, open } = await ohttpEncapsulate(config, request);
+    const outer = await outerFetch(relayUrl, { method: "POST", headers: { "Content-Type": "message/ohttp-req" },
+      body: encRequest, credentials: "omit", cache: "no-store", referrerPolicy: "no-referrer" });
+    if (!outer.ok) {
+      throw new DeviceError(`OHTTP relay ${relayUrl}: HTTP ${outer.status} (${(await outer.text()).slice(0, 200)})`);
+    }
+    const type = outer.headers.get("Content-Type") ?? "";
+    if (!type.startsWith("message/ohttp-res")) {
+      throw new DeviceError(`OHTTP relay ${relayUrl}: answered ${type || "no content type"}, not message/ohttp-res`);
+    }
+    const inner = decodeBhttpResponse(await open(await outer.arrayBuffer()));
+    const headers = new Headers();
+    for (const [k, v] of inner.headers) headers.append(k, v);
+    return new Response(NULL_BODY_STATUS.has(inner.status) ? null : inner.body, { status: inner.status, headers });
+  };
+  fn.keyConfig = base64url(config.bytes);
+  return fn;
+}
+
+/** The first usable KeyConfig of `GET {base}/ohttp-keys` (a relay's or the service's), as b64url. */
+export async function fetchOhttpKeys(fetchFn, base) {
+  let resp;
+  try {
+    resp = await fetchFn(`${String(base).replace(/\/+$/, "")}/ohttp-keys`, { ...QUIET });
+  } catch (exc) {
+    throw new DeviceError(`OHTTP keys: ${base} cannot be reached (${exc.message ?? exc})`);
+  }
+  if (!resp.ok) throw new DeviceError(`OHTTP keys: ${base}/ohttp-keys answered HTTP ${resp.status}`);
+  const configs = parseOhttpKeys(new Uint8Array(await resp.arrayBuffer()));
+  if (!configs.length) throw new DeviceError(`OHTTP keys: ${base}/ohttp-keys has no DHKEM(P-256) config`);
+  return base64url(configs[0].bytes);
+}
+
+/**
+ * Refuse (DeviceError) a relay path whose key config is not the head list's `ohttp_key` (spec v2 §4): a gateway key
+ * of the server's choosing per device would let it tell devices apart. relayFetch: an ohttpFetch function.
+ */
+export function checkOhttpKey(doc, relayFetch) {
+  const committed = doc?.ohttp_key;
+  if (typeof committed !== "string") {
+    throw new DeviceError("OHTTP: the head list names no gateway key (ohttp_key): this server runs no gateway");
+  }
+  if (committed.replace(/=+$/, "") !== relayFetch.keyConfig) {
+    throw new DeviceError("OHTTP: the relay path's key config is not the one the head list commits to (ohttp_key); "
+      + "nothing was sent");
+  }
+}

@@ -88,6 +88,13 @@ def encode_varint(value: int) -> bytes:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def decode_varint(data: bytes, pos: int = 0) -> tuple[int, int]:
+    """One RFC 9000 §16 integer at ``data[pos:]`` → ``(value, position after it)``; :class:`BHTTPError` if cut."""
+    reader = _Reader(bytes(data))
+    reader.pos = pos
+    return reader.varint("a variable-length integer"), reader.pos
+
+
 class _Reader:
     """A cursor over ``data`` whose every read is bounds-checked and names the part being read."""
 

@@ -96,16 +96,18 @@ def test_js_device_client_and_ts_signer(node: str, key: rsa.RSAPrivateKey) -> No
     round_key = tokens.round_key("rnd-interop", key)
     message = {"id": new_message_id(), "headlist": "sha256:" + "cd" * 32,
                "reports": [{"query": "pâte à crêpes 😀", "url": "https://例え.jp/パス"}, {"query": None, "url": None}]}
-    job = {"key_doc": round_key.to_dict(), "round": "rnd-interop", "pkcs8": _pkcs8(key).hex(),
-           "spki": _spki(key).hex(), "message": message}
+    job = {"key_doc": round_key.to_dict(), "headlist": {"token_key": round_key.committed()}, "round": "rnd-interop",
+           "pkcs8": _pkcs8(key).hex(), "spki": _spki(key).hex()}
     out = subprocess.run([node, str(INTEROP / "device-tokens.mjs")], cwd=INTEROP, input=json.dumps(job),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
-    payload = tokens.message_payload(message)
-    assert bytes.fromhex(res["token_input"]) == tokens.token_input("rnd-interop", round_key.key_id, message["id"],
-                                                                    payload)
+    tok = tokens.Token.parse(res["token"])
+    assert bytes.fromhex(res["token_input"]) == tok.signed_input == tokens.token_input("rnd-interop",
+                                                                                       round_key.key_id, tok.nonce)
+    assert res["message_id"] == tokens.message_id_for(tok.nonce)
     assert res["ts_valid"] is True and res["ts_valid_tampered"] is False
-    tokens.TokenVerifier(round_key).check({**message, "token": res["token"]}, message["id"], payload, "interop")
+    spent = tokens.spend(message, res["token"])
+    tokens.TokenVerifier(round_key).check(spent, spent["id"], "interop")
     assert res["tampered_error"] is not None and res["tampered_error"].startswith("DeviceError: ")
     assert "does not verify" in res["tampered_error"]

@@ -10,8 +10,11 @@ against them (clients/js/test/*.test.js, reading the file named by ``HYBRIDDP_JS
   test samples 10^6 times through ``systemSource`` over seeded bytes (chi-square, p > 1e-6; deterministic);
 * scipy's chi-square tail probabilities, which the JS p-value function must reproduce;
 * mutated head lists with Python's verdict (refused, and which field it names, or accepted);
-* report tokens (tests/tokenhelpers.py, also run alone by tests/test_js_tokens.py): payload and token-input
-  bytes, token-key verdicts, and blinded messages and tokens replayed from given random bytes.
+* report tokens, protocol v2 (tests/jstokenhelpers.py, also run alone by tests/test_js_tokens.py): token inputs and
+  message ids from nonces, token-key verdicts against the head list's commitment, and blinded messages and Tokens
+  replayed from given nonces and random bytes;
+* OHTTP (clients/js/test/ohttp.test.js): this Python (``HYBRIDDP_PYTHON``) runs hybriddp.core.ohttp as the gateway
+  for what the JS module encapsulates.
 
 ``node`` missing is a failure, not a skip: CI must run these tests.
 """
@@ -39,7 +42,7 @@ from hybriddp.core.protocol import DeviceError, max_epsilon, validate_headlist
 from hybriddp.core.records import ArrayVocabulary
 from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
 from hybriddp.device.localalg import DeviceHeadList, UniformReplay, randomize_records
-from tokenhelpers import token_fixtures
+from jstokenhelpers import token_fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 JS_DIR = ROOT / "clients" / "js"
@@ -346,7 +349,7 @@ def test_js_device_matches_python(tmp_path: Path) -> None:
                               "tested. Install Node.js 20 or newer (e.g. `apt-get install nodejs`).")
     fixtures = tmp_path / "js-fixtures.json"
     write_fixtures(fixtures)
-    env = {**os.environ, "HYBRIDDP_JS_FIXTURES": str(fixtures)}
+    env = {**os.environ, "HYBRIDDP_JS_FIXTURES": str(fixtures), "HYBRIDDP_PYTHON": sys.executable}
     start = time.monotonic()
     proc = subprocess.run([node, "--test", "test/"], cwd=JS_DIR, env=env, capture_output=True, text=True,
                           timeout=300, check=False)

@@ -1,13 +1,15 @@
-"""The JavaScript device's report tokens (clients/js/hybriddp-device.js) against :mod:`hybriddp.core.tokens`
-(docs/TOKENS.md).
+"""The JavaScript device's report tokens (clients/js/hybriddp-device.js) against :mod:`hybriddp.core.tokens`, protocol
+v2 (spec-v2 §2, docs/TOKENS.md).
 
-* Fixtures written by Python (tests/tokenhelpers.py), checked by clients/js/test/tokens.test.js under
-  ``node --test``: the same payload, challenge and token-input bytes for the same messages, Python's verdict on
-  token keys, and from the same random bytes the same blinded message and token (RFC 9578's vectors included).
-* Round trips with the JS client's own randomness: tests/js/tokens-driver.mjs runs ``obtainToken`` and this file
-  answers its HTTP requests as the server does (``RoundKey.to_dict``, ``tokens.issue``); the token it returns
-  passes :class:`TokenVerifier` for its message and for no other, and a tampered or refused issuance is a
-  ``DeviceError`` carrying the server's message.
+* Fixtures written by Python (tests/jstokenhelpers.py), checked by clients/js/test/tokens.test.js under
+  ``node --test``: the same token-input bytes and message ids from the same nonces, Python's verdict on token keys
+  and the head list's commitment, and from the same nonce and random bytes the same blinded message and Token
+  (RFC 9578's vectors included).
+* Round trips with the JS client's own randomness: tests/js/tokens-driver.mjs runs ``fetchToken`` (before any
+  message exists) and ``attachToken``, and this file answers its HTTP requests as the server does
+  (``RoundKey.to_dict``, ``tokens.issue``); the message it makes passes :class:`TokenVerifier` with the id derived
+  from its nonce, and no other id; a key other than the committed one, e = 3 and a 1024-bit key are refused before
+  anything is posted; a tampered or refused issuance is a ``DeviceError`` carrying the server's message.
 
 ``node`` missing is a failure, not a skip: CI must run these tests.
 """
@@ -27,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from hybriddp.core import tokens
 from hybriddp.core.protocol import new_message_id
-from tokenhelpers import token_fixtures
+from jstokenhelpers import token_fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 JS_DIR = ROOT / "clients" / "js"
@@ -57,6 +59,7 @@ class Server:
                  refuse: tuple[int, str] | None = None) -> None:
         self.key = key
         self.round_key = tokens.round_key(key_round, key)
+        self.headlist = {"format": "hybriddp-headlist", "token_key": self.round_key.committed()}
         self.tamper = tamper
         self.refuse = refuse
         self.requests: list[dict[str, Any]] = []
@@ -86,15 +89,18 @@ class Server:
         return 404, {"error": {"code": "not_found", "message": f"no route {req['method']} {req['url']}"}}
 
 
-def run_device(node: str, server: Server, message: dict[str, Any], credential: str = CREDENTIAL) -> dict[str, Any]:
-    """obtainToken in node, its requests answered by ``server``; its last line ({"result"} or {"error"})."""
+def run_device(node: str, server: Server, message: dict[str, Any], credential: str = CREDENTIAL,
+               headlist: dict[str, Any] | None = None) -> dict[str, Any]:
+    """fetchToken (with ``server``'s head list, or ``headlist``) then attachToken(message) in node, its requests
+    answered by ``server``; its last line ({"result"} or {"error"})."""
     proc = subprocess.Popen([node, str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, encoding="utf-8")
     watchdog = threading.Timer(60, proc.kill)
     watchdog.start()
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
-        job = {"base_url": BASE, "round": ROUND, "credential": credential, "message": message}
+        job = {"base_url": BASE, "round": ROUND, "credential": credential, "message": message,
+               "headlist": server.headlist if headlist is None else headlist}
         proc.stdin.write(json.dumps(job) + "\n")
         proc.stdin.flush()
         while True:
@@ -119,7 +125,7 @@ def blender_message() -> dict[str, Any]:
 
 
 def verify(server: Server, msg: dict[str, Any]) -> None:
-    tokens.TokenVerifier(server.round_key).check(msg, msg["id"], tokens.message_payload(msg), "test")
+    tokens.TokenVerifier(server.round_key).check(msg, msg["id"], "test")
 
 
 def test_js_token_fixtures(node: str, tmp_path: Path) -> None:
@@ -136,8 +142,7 @@ def test_js_token_fixtures(node: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("message", [
     pytest.param(blender_message, id="blender"),
     pytest.param(lambda: {"id": new_message_id(), "headlist": "sha256:00", "reports": []}, id="no reports"),
-    pytest.param(lambda: {"id": new_message_id(), "round": ROUND, "value": -0.0}, id="mean -0.0"),
-    pytest.param(lambda: {"id": new_message_id(), "round": ROUND, "value": 1e-7}, id="mean 1e-7"),
+    pytest.param(lambda: {"round": ROUND, "value": -0.0}, id="mean -0.0, no id yet"),
     pytest.param(lambda: {"id": new_message_id(), "round": ROUND, "value": 1.5e300}, id="mean large"),
 ])
 def test_token_from_the_js_device_verifies(node: str, key: rsa.RSAPrivateKey, message: Any) -> None:
@@ -146,33 +151,38 @@ def test_token_from_the_js_device_verifies(node: str, key: rsa.RSAPrivateKey, me
     out = run_device(node, server, msg)
     assert "result" in out, out
     result = out["result"]
-    assert {k: v for k, v in result.items() if k != "token"} == msg
-    verify(server, result)
+    tok = tokens.Token.parse(result["token"])
+    assert len(tokens.unb64(result["token"], "token")) == tokens.TOKEN_BYTES == 354
+    assert result["messageId"] == tok.message_id == tokens.message_id_for(tok.nonce)
+    spent = result["spent"]
+    assert spent == tokens.spend(msg, result["token"])  # JS's attachToken is Python's spend
+    assert {k: v for k, v in spent.items() if k not in ("id", "token")} == \
+        {k: v for k, v in msg.items() if k not in ("id", "token")}
+    verify(server, spent)
     assert [r["method"] for r in server.requests] == ["GET", "POST"]
     assert len(tokens.unb64(server.blinded[0], "blinded", 256)) == 256
 
 
-def test_token_is_bound_to_its_message(node: str, key: rsa.RSAPrivateKey) -> None:
+def test_token_is_spent_by_the_id_its_nonce_gives(node: str, key: rsa.RSAPrivateKey) -> None:
     server = Server(key)
-    msg = run_device(node, server, blender_message())["result"]
+    msg = run_device(node, server, blender_message())["result"]["spent"]
     verify(server, msg)
-    other_reports = {**msg, "reports": msg["reports"][:2]}
-    other_id = {**msg, "id": new_message_id()}
-    for other in (other_reports, other_id):
-        with pytest.raises(tokens.TokenError, match="does not verify"):
-            verify(server, other)
-    with pytest.raises(tokens.TokenError, match="does not verify"):  # another round's key
-        tokens.TokenVerifier(tokens.round_key("rnd-other", key)).check(msg, msg["id"], tokens.message_payload(msg), "t")
+    verify(server, {**msg, "reports": msg["reports"][:2]})  # the token is not bound to the content: the id counts
+    with pytest.raises(tokens.TokenError, match="not the one derived from its token's nonce"):
+        verify(server, {**msg, "id": new_message_id()})
+    with pytest.raises(tokens.TokenError, match="another round"):  # another round's key
+        tokens.TokenVerifier(tokens.round_key("rnd-other", key)).check(msg, msg["id"], "t")
 
 
-def test_same_message_blinds_differently(node: str, key: rsa.RSAPrivateKey) -> None:
+def test_each_token_has_its_own_nonce(node: str, key: rsa.RSAPrivateKey) -> None:
     server = Server(key)
     msg = blender_message()
     first, second = (run_device(node, server, msg)["result"] for _ in range(2))
     assert server.blinded[0] != server.blinded[1]
-    assert first["token"] != second["token"]  # PSS with a random salt: both are valid
-    verify(server, first)
-    verify(server, second)
+    assert first["messageId"] != second["messageId"]
+    assert tokens.Token.parse(first["token"]).nonce != tokens.Token.parse(second["token"]).nonce
+    verify(server, first["spent"])
+    verify(server, second["spent"])
 
 
 def test_tampered_blind_signature_is_refused(node: str, key: rsa.RSAPrivateKey) -> None:
@@ -201,3 +211,39 @@ def test_key_of_another_round_is_refused(node: str, key: rsa.RSAPrivateKey) -> N
     assert out["error"]["name"] == "DeviceError"
     assert "token key: made for token type 2 and round 'rnd-other'" in out["error"]["message"]
     assert [r["method"] for r in server.requests] == ["GET"], "nothing is sent for a key of another round"
+
+
+def _committed(private: rsa.RSAPrivateKey) -> dict[str, Any]:
+    return {"format": "hybriddp-headlist", "token_key": tokens.round_key(ROUND, private).committed()}
+
+
+@pytest.mark.parametrize(("headlist", "expected"), [
+    pytest.param(lambda key: {"format": "hybriddp-headlist"}, "published before round keys were committed",
+                 id="no commitment"),
+    pytest.param(lambda key: _committed(tokens.new_private_key()), "is not the key the head list commits to",
+                 id="another key committed"),
+    pytest.param(lambda key: {"token_key": {**_committed(key)["token_key"], "e": 3}}, "only 65537 is accepted",
+                 id="committed e = 3"),
+    pytest.param(lambda key: {"token_key": {**_committed(key)["token_key"], "modulus_bits": 4096}},
+                 "the head list says 4096", id="committed 4096 bits"),
+])
+def test_a_key_the_head_list_does_not_commit_to_is_refused(node: str, key: rsa.RSAPrivateKey, headlist: Any,
+                                                           expected: str) -> None:
+    server = Server(key)
+    out = run_device(node, server, blender_message(), headlist=headlist(key))
+    assert out["error"]["name"] == "DeviceError", out
+    assert expected in out["error"]["message"]
+    assert [r["method"] for r in server.requests] == ["GET"], "nothing is posted for a key not committed to"
+
+
+@pytest.mark.parametrize(("exponent", "bits", "expected"), [
+    (3, 2048, "public exponent 3 is not 65537"),
+    (65537, 1024, "not a 2048-bit key"),
+])
+def test_a_bad_exponent_or_a_small_modulus_is_refused(node: str, exponent: int, bits: int, expected: str) -> None:
+    weak = rsa.generate_private_key(exponent, bits)
+    server = Server(weak)
+    out = run_device(node, server, blender_message())  # committed as it is: the device refuses it anyway
+    assert out["error"]["name"] == "DeviceError", out
+    assert expected in out["error"]["message"]
+    assert [r["method"] for r in server.requests] == ["GET"]

@@ -1,11 +1,12 @@
-// The JS device's obtainToken (clients/js/hybriddp-device.js) with its HTTP requests answered by pytest, for
-// tests/test_js_tokens.py. Lines of JSON: stdin's first line is {base_url, round, credential, message}; each
-// request obtainToken makes is written to stdout as {"request": {url, method, headers, body}} and answered by the
-// next stdin line {"status", "body"}; the last stdout line is {"result": message with its token} or
-// {"error": {name, message, status, code}}. Randomness is the default, crypto.getRandomValues.
+// The JS device's fetchToken (clients/js/hybriddp-device.js, protocol v2) with its HTTP requests answered by pytest,
+// for tests/test_js_tokens.py. Lines of JSON: stdin's first line is {base_url, round, credential, headlist, message};
+// each request fetchToken makes is written to stdout as {"request": {url, method, headers, body}} and answered by
+// the next stdin line {"status", "body"}; the last stdout line is {"result": {token, messageId, spent: the message
+// with the token attached (attachToken)}} or {"error": {name, message, status, code}}. Randomness is the default,
+// crypto.getRandomValues.
 import { createInterface } from "node:readline";
 
-import { obtainToken } from "../../clients/js/hybriddp-device.js";
+import { attachToken, fetchToken } from "../../clients/js/hybriddp-device.js";
 
 const lines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
 const nextLine = async () => {
@@ -23,7 +24,8 @@ const fetchFn = async (url, init = {}) => {
     headers: { "content-type": "application/json" } });
 };
 try {
-  send({ result: await obtainToken(fetchFn, job.base_url, job.round, job.credential, job.message) });
+  const got = await fetchToken(fetchFn, job.base_url, job.round, job.credential, job.headlist);
+  send({ result: { ...got, spent: attachToken(job.message, got) } });
 } catch (exc) {
   send({ error: { name: exc.name, message: exc.message, status: exc.status ?? null, code: exc.code ?? null } });
 }

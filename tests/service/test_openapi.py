@@ -35,6 +35,7 @@ from tokenhelpers import relay_credential, tokened
 ADMIN = "schemathesis-admin-token-0123456789"
 API = "/api/v1"
 EXAMPLES = 15  # per operation and mode: ~15 operations x 2 modes x 2 databases
+schemathesis.serializer.alias("message/ohttp-req", "application/octet-stream")  # POST /ohttp's opaque bytes
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance]
 

@@ -185,6 +185,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     try:
         if recover:  # `serve --workers N` recovers once, before its workers start
             closing.recover(store)
+        store.gateway_key()  # the OHTTP gateway's key pair: made at first start, kept in the database (spec-v2 §4)
     except BaseException:
         store.close()
         raise

@@ -197,6 +197,13 @@ token_issuance = Table(
     PrimaryKeyConstraint("holder", "round_num", name="token_issuance_pk"),
 )
 
+ohttp_keys = Table(
+    "ohttp_keys", metadata,  # the OHTTP gateway's key pairs (RFC 9458 §3; spec-v2 §4), server-wide, made at first start
+    Column("key_id", Integer, primary_key=True, autoincrement=False),  # the KeyConfig's key_id (0-255)
+    Column("private_key", Text, nullable=False),  # base64 of ohttp.GatewayKey.to_bytes()
+    Column("created", String(40), nullable=False),
+)
+
 ledger_meta = Table(
     "ledger_meta", metadata,
     Column("key", String(64), primary_key=True),  # 'salt', 'lifetime_epsilon', 'lifetime_delta'

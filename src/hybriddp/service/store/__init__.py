@@ -10,7 +10,8 @@ transition cannot both win. It is composed of one class per concern:
 * :mod:`.ledger`: the privacy ledger's charges (the budget rule itself is :mod:`hybriddp.privacy.budget`);
 * :mod:`.reports`: the deduplicating report path, SQLite's settling, and the counts per entry;
 * :mod:`.tokens`: report tokens' round keys, device credentials and issuance counts (docs/TOKENS.md);
-* :mod:`.series`: round series and the rounds of their periods (docs/SERIES.md).
+* :mod:`.series`: round series and the rounds of their periods (docs/SERIES.md);
+* :mod:`.gateway`: the OHTTP gateway's key pair (spec-v2 §4, RFC 9458).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from hybriddp.service.store.engine import (
     make_engine,
     migrate,
 )
+from hybriddp.service.store.gateway import GatewayStore
 from hybriddp.service.store.optin import OptinStore, OptinUpload, UploadAck, token_hash
 from hybriddp.service.store.reports import SETTLE_CACHE_KIB, SQLITE_CACHE_KIB, ReportAck, ReportStore
 from hybriddp.service.store.rounds import (
@@ -54,7 +56,7 @@ from hybriddp.service.store.series import SERIES_STATES, SeriesInfo, SeriesStore
 from hybriddp.service.store.tokens import Credential, IssuanceLimitError, TokenStore
 
 
-class Store(OptinStore, ReportStore, TokenStore, SeriesStore):
+class Store(OptinStore, ReportStore, TokenStore, SeriesStore, GatewayStore):
     """Every database operation of the collection service: the concerns' classes composed (module docstring);
     its parameters are those of :class:`~hybriddp.service.store.engine.StoreBase`."""
 

@@ -8,12 +8,14 @@
   after a reload too (its service worker keeps the page's files);
 * with "contribute" on, picking a suggestion stores exactly one report (read from the database), made for
   the head list the demo's collecting round published; off (the default), picking sends nothing;
-* report tokens (docs/TOKENS.md; ``serve --demo`` admits devices with self-enrolment): the page gets this browser a
-  device credential once (kept in localStorage; a self-enrolled one the server no longer knows is replaced), a token
-  bound to the message before sending it, and shows that the report carried one; a report whose POST failed is
-  resent with the same id and token on the next pick, counted once; a server without self-enrolment gets nothing
-  from a browser without a credential (nothing charged); a server with open admission gets reports without tokens
-  and the page warns that it is unsafe;
+* report tokens (docs/TOKENS.md, protocol v2; ``serve --demo`` admits devices with self-enrolment): the page gets
+  this browser a device credential once (kept in localStorage; a self-enrolled one the server no longer knows is
+  replaced) and a token when contributing is switched on, before anything is picked; the message takes the id the
+  token's nonce derives and carries the 354-byte Token, and the page shows that it carried one; a report whose POST
+  failed is resent with the same id and token on the next pick, counted once; a server without self-enrolment gets
+  nothing from a browser without a credential (nothing charged); a server with open admission gets reports without
+  tokens and the page warns that it is unsafe. These tests set the page's test-only flag REPORT_NOW_KEY so that a
+  report goes at once; tests/browser/test_report_schedule.py checks the random send time in a short window;
 * the same pick under the same head list in a later round is sent again as the same randomized reports, uncharged
   (memoization); a second pick in a round is refused;
 * a published URL that is not http(s) ("javascript:...", "data:...") is shown as text, never as a link;
@@ -37,6 +39,7 @@ import sqlalchemy as sa
 from browserhelpers import API, ARTIFACTS, DemoServer, PageErrors, expect_failed_load, screenshot, with_tokens
 from test_reliability import ServerProcess, open_round, stored_messages
 
+from hybriddp.core import tokens
 from hybriddp.core.protocol import new_message_id
 from hybriddp.device.localalg import randomize_records
 from hybriddp.device.mean import randomize_value
@@ -44,7 +47,8 @@ from hybriddp.device.mean import randomize_value
 LATENCY_MS = 100.0
 CREDENTIAL_KEY = "hybriddp-device-credential"  # where the page keeps this browser's device credential
 ADMIN_ONLY = "this server admits only devices with a credential from its administrator"
-TOKEN = re.compile(r"[A-Za-z0-9_-]{342}")  # a report token: 256 bytes, URL-safe base64 without padding
+TOKEN = re.compile(r"[A-Za-z0-9_-]{472}")  # a report token: the 354-byte Token, URL-safe base64 without padding
+REPORT_NOW_KEY = "hybriddp-report-now"  # the page's test-only flag: send a report at once, not in the window
 SEPARATORS = re.compile(r"[\s./_-]+")
 
 # installed in the page before typing: the time of every keydown and of every change of the listbox
@@ -92,11 +96,14 @@ def search_case(server: DemoServer) -> tuple[dict[str, Any], str, list[str]]:
     return doc, prefix, expected_suggestions(doc, prefix)
 
 
-def open_page(page: Any, url: str) -> None:
-    """Load the local-search page and wait until its list and its contribute switch are set up."""
+def open_page(page: Any, url: str, *, report_now: bool = True) -> None:
+    """Load the local-search page and wait until its list and its contribute switch are set up; ``report_now``: set
+    the page's test-only flag that sends a report at once instead of at a random time in the report window."""
     page.goto(url)
     page.wait_for_selector("body[data-loaded][data-contribute-ready]")
     assert page.get_by_role("searchbox").is_enabled()
+    if report_now:
+        page.evaluate("key => localStorage.setItem(key, '1')", REPORT_NOW_KEY)
 
 
 def option_queries(page: Any) -> list[str]:
@@ -289,6 +296,7 @@ def test_contribute_stores_exactly_one_report_for_the_published_head_list(demo: 
     assert sent["headlist"] == published
     assert re.fullmatch(r"[A-Za-z0-9_-]{22}", sent["id"])
     assert TOKEN.fullmatch(sent["token"]), sent["token"]
+    assert sent["id"] == tokens.Token.parse(sent["token"]).message_id  # the id the token's nonce derives
     assert len(sent["reports"]) == headlist["m_c"] == 1
     listed = {q["query"]: q["urls"] for q in headlist["queries"]}
     report = sent["reports"][0]
@@ -296,7 +304,7 @@ def test_contribute_stores_exactly_one_report_for_the_published_head_list(demo: 
     assert report["url"] is None or (report["query"] is not None and report["url"] in listed[report["query"]])
 
     # the credential: got once by self-enrolment, kept in localStorage, the bearer of the one token request, made
-    # before the report was sent
+    # when contributing was switched on, before anything was picked
     kept = kept_credential(page)
     assert kept["self_enrolled"] is True and kept["credential"].startswith("hdc_"), kept
     assert [r.url.rsplit("/", 1)[1] for r in posts] == ["self", "tokens", "reports"], [r.url for r in posts]

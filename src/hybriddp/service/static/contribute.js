@@ -5,12 +5,20 @@
 // "contribute"); the round being searched has published its results and takes no more reports. With
 // none open the switch stays disabled and says so.
 //
-// Admission (docs/TOKENS.md): the server takes a report only with a report token, an anonymous one-use token it
-// blind-signed for an admitted device and that is bound to that one message. This browser's device credential
-// (localStorage, CREDENTIAL_KEY) is the administrator's, or one the server gives its own pages when it runs with
-// self-enrolment (demos); without one nothing is charged or sent. The token is got before the report is sent and
-// kept with it, so a resent report is the same message with the same token (counted once). A server with open
-// admission takes reports without tokens: the page then says that it is unsafe.
+// Admission and timing (docs/TOKENS.md, protocol v2): the server takes a report only with a report token, an anonymous
+// one-use token it blind-signed for an admitted device. This browser's device credential (localStorage,
+// CREDENTIAL_KEY) is the administrator's, or one the server gives its own pages when it runs with self-enrolment
+// (demos); without one nothing is charged or sent. The token is got when the switch is turned on and the round's
+// head list downloaded, on a request of its own, before anything is picked (TOKENS_KEY keeps it until it is spent);
+// its key must be the one the head list commits to. A pick is randomized, charged, given the token and the id the
+// token's nonce derives, and kept in the outbox (OUTBOX_KEY, localStorage) with its send time: uniform in the
+// round's report window (reportTime), so the server cannot match the report to the token request by time. The page
+// sends it then with a timer while it is open; if the page was closed, the next load sends what is due at once (a
+// report past its time goes late rather than never). A report whose POST failed stays in the outbox and goes again,
+// the same message with the same token (counted once), with the next pick or load. A server with open admission
+// takes reports without tokens: the page then says that it is unsafe.
+//
+// For tests only: localStorage REPORT_NOW_KEY = "1" sends at once (reportNow), which gives up unlinkability.
 
 import { fetchJson, h, num } from "./api.js";
 
@@ -21,10 +29,34 @@ export const DEVICE_LIFETIME = { lifetimeEpsilon: 16, lifetimeDelta: 1e-4 };
  * credential string, e.g. one an administrator made and pasted here, is taken too). */
 export const CREDENTIAL_KEY = "hybriddp-device-credential";
 
+/** Report tokens got ahead, not yet spent: {round id: {token, messageId}} as JSON. */
+export const TOKENS_KEY = "hybriddp-report-tokens";
+/** Charged messages not yet acknowledged: {round id: {message, send_at (unix seconds)}} as JSON. */
+export const OUTBOX_KEY = "hybriddp-outbox";
+/** "1": send at once instead of at a random time in the report window. For tests only. */
+export const REPORT_NOW_KEY = "hybriddp-report-now";
+
 const ADMIN_ONLY = "this server admits only devices with a credential from its administrator";
 
-/** Whether a failure to get a token may pass (the server unreachable or busy): the report is then kept. */
-const passing = (err) => !err.status || err.status === 429 || err.status >= 500;
+function readMap(key) {
+  try {
+    const doc = JSON.parse(globalThis.localStorage.getItem(key) ?? "{}");
+    return doc && typeof doc === "object" && !Array.isArray(doc) ? doc : {};
+  } catch {
+    return {};
+  }
+}
+
+/** Set (or with value null delete) one round's entry of a kept map; throws if the browser refuses to keep it. */
+function writeEntry(key, roundId, value) {
+  const doc = readMap(key);
+  if (value === null) delete doc[roundId];
+  else doc[roundId] = value;
+  globalThis.localStorage.setItem(key, JSON.stringify(doc));
+}
+
+const clock = (seconds) => new Date(seconds * 1000).toISOString().slice(11, 19) + " UTC";
+
 
 export class Contribute {
   constructor() {
@@ -39,7 +71,9 @@ export class Contribute {
     this.ledger = null;
     this.target = null;
     this.headList = null;
-    this.pending = null; // a message charged and not yet acknowledged, with its token (resent as is: counted once)
+    this.timers = new Map(); // round id → the timer that sends its outbox entry
+    this.pendingTicket = null; // the token being fetched
+    this.notes = new Map(); // round id → what the page says once its kept message is acknowledged
     this.tokenKey = null; // the round's token-key document: its admission mode and key id
     this.enrolment = null; // false once the server said it gives no credentials (no self-enrolment)
     this.queue = Promise.resolve(); // picks are handled one after the other
@@ -65,6 +99,7 @@ export class Contribute {
       return;
     }
     this.showSpent();
+    if (!offline) this.resumeOutbox();
     if (offline) {
       this.say("Offline: contributing needs the server; reload the page once it is back.", "muted");
       return;
@@ -95,6 +130,12 @@ export class Contribute {
       await this.loadHeadList();
     } catch (err) {
       this.say(err.message, "error");
+      return;
+    }
+    try {
+      await this.ticket(); // the token, got now on its own request, before anything is picked
+    } catch {
+      // asked again when something is picked, which then says what went wrong
     }
   }
 
@@ -170,45 +211,42 @@ export class Contribute {
     return made.credential;
   }
 
-  /** Whether a report can get a token (the server's admission is open, or this browser has a credential);
-   * says why not otherwise. Asked before the ledger is charged. */
-  async admitted() {
-    const key = await this.loadTokenKey();
-    if (key.admission === "open") return true;
-    if (await this.credential()) return true;
-    this.say(`Not sent: ${ADMIN_ONLY}, and this browser has none.`, "error");
-    return false;
+  /** This round's report token got ahead ({token, messageId}, kept in localStorage until spent), fetched now if
+   * there is none; {token: null, messageId} under open admission; null when this browser has no credential. The
+   * token's key is checked against the head list's commitment (fetchToken). */
+  ticket() {
+    if (!this.pendingTicket) this.pendingTicket = this.getTicket().finally(() => { this.pendingTicket = null; });
+    return this.pendingTicket; // one request at a time: switching on and a quick pick share it
   }
 
-  /** ``message`` with its report token, bound to it (obtainToken); as is if it has one or admission is open. */
-  async withToken(message) {
-    if (Object.hasOwn(message, "token")) return message;
+  async getTicket() {
     const roundId = this.target.id;
-    const keyUrl = `/api/v1/rounds/${encodeURIComponent(roundId)}/token-key`;
-    const fetchKeeping = async (url, init) => { // keeps the key document obtainToken used (its id, admission)
-      const response = await fetch(url, init);
-      if (url.endsWith(keyUrl) && response.ok) {
-        const doc = await response.clone().json().catch(() => null);
-        if (doc && typeof doc === "object") this.useTokenKey(doc);
-      }
-      return response;
+    const kept = readMap(TOKENS_KEY)[roundId];
+    if (kept && typeof kept.token === "string") return kept;
+    if ((await this.loadTokenKey()).admission === "open") {
+      return { token: null, messageId: this.device.newMessageId() };
+    }
+    const hl = await this.loadHeadList();
+    const fetchOnce = async () => {
+      const credential = await this.credential();
+      if (!credential) return null;
+      return this.device.fetchToken((url, init) => fetch(url, init), "", roundId, credential, hl);
     };
-    const obtain = async () => {
-      const open = (await this.loadTokenKey()).admission === "open";
-      const credential = open ? null : await this.credential();
-      if (!open && !credential) throw new Error(`${ADMIN_ONLY}, and this browser has none`);
-      return this.device.obtainToken(fetchKeeping, "", roundId, credential, message);
-    };
+    let got;
     try {
-      return await obtain();
+      got = await fetchOnce();
     } catch (err) {
-      const kept = this.keptCredential();
-      if (err.status !== 401 || !kept || !kept.self_enrolled) throw err;
+      const self = this.keptCredential();
+      if (err.status !== 401 || !self || !self.self_enrolled) throw err;
       // the server no longer knows this browser's credential (its database was reset, or it was revoked):
       // a self-enrolled one is replaced once
       globalThis.localStorage.removeItem(CREDENTIAL_KEY);
-      return obtain();
+      got = await fetchOnce();
     }
+    if (got === null) return null;
+    const ticket = { token: got.token, messageId: got.messageId };
+    writeEntry(TOKENS_KEY, roundId, ticket);
+    return ticket;
   }
 
   /** The user picked ``query`` (and ``url``, the URL they chose or the query's top one): report it if on. */
@@ -227,12 +265,14 @@ export class Contribute {
         this.say("This suggestion has no URL, and the round collects (query, URL) pairs: nothing sent.", "muted");
         return null;
       }
-      const earlier = this.pending;
-      if (earlier) {
-        await this.deliver(earlier); // an earlier report first: the ledger has charged it already
+      const roundId = this.target.id;
+      const waiting = readMap(OUTBOX_KEY)[roundId];
+      let earlier = false;
+      if (waiting && waiting.send_at <= Date.now() / 1000) { // due and not acknowledged (its POST failed): again
+        earlier = true;
+        await this.sendKept(roundId);
       }
       const picked = [[query, urlLevel ? url : null]];
-      const roundId = this.target.id;
       // under a head list this browser already reported for, in a later round: the reports sent then go again,
       // uncharged, whatever is picked now (memoization, docs/ALGORITHM.md §15); otherwise a new charge
       const resend = this.ledger.canResend(hl.content_hash, roundId);
@@ -246,7 +286,17 @@ export class Contribute {
         }
         throw err;
       }
-      if (!(await this.admitted())) return null;
+      let ticket;
+      try {
+        ticket = await this.ticket();
+      } catch (err) {
+        this.say(`Not sent, nothing charged: no report token (${err.message}).`, "error");
+        return null;
+      }
+      if (ticket === null) {
+        this.say(`Not sent: ${ADMIN_ONLY}, and this browser has none.`, "error");
+        return null;
+      }
       let message;
       try {
         message = await this.device.randomizeRecords(hl, picked, { ledger: this.ledger, roundId });
@@ -258,50 +308,72 @@ export class Contribute {
         throw err;
       }
       this.showSpent();
-      const sent = await this.deliver(message);
-      if (resend) {
-        this.say("Sent again, uncharged: the randomized report this browser made for this head list in an earlier " +
-          "round (whatever you pick, the same report goes while the head list stays the same).", "");
+      message = this.device.attachToken(message, ticket); // the id the token's nonce gives, and the token
+      const reportNow = globalThis.localStorage.getItem(REPORT_NOW_KEY) === "1";
+      const entry = this.device.outboxEntry(message, hl, { reportNow });
+      writeEntry(OUTBOX_KEY, roundId, entry); // kept before anything is sent; the token is spent by it
+      writeEntry(TOKENS_KEY, roundId, null);
+      const note = resend ? " It is the randomized report this browser made for this head list in an earlier round, " +
+        "sent again uncharged (whatever you pick, the same report goes while the head list stays the same)." : "";
+      if (resend) this.notes.set(roundId, "Sent again, uncharged: the randomized report this browser made for this " +
+        "head list in an earlier round (whatever you pick, the same report goes while the head list stays the same).");
+      if (entry.send_at > Date.now() / 1000) {
+        this.show(message, `waiting: sent at ${clock(entry.send_at)}`);
+        this.say(`Randomized and kept: it is sent at ${clock(entry.send_at)}, a random time in the round's report ` +
+          "window, so the server cannot tell it from the token request by its time. If this page is closed, it " +
+          `is sent when the page is opened again.${note}`, "");
       }
-      return sent;
+      this.schedule(roundId, entry.send_at);
+      return message;
     } catch (err) {
       this.say(`${err.message}`, "error");
       return null;
     }
   }
 
-  /** Get the charged ``message`` its token, keep it with the token (this.pending) and send it; resolves to the
-   * message as sent. */
-  async deliver(message) {
-    let ready;
-    try {
-      ready = await this.withToken(message);
-    } catch (err) {
-      const again = passing(err);
-      this.pending = again ? message : null; // charged either way; kept only if a token may still come
-      this.show(message, again ? "not sent yet: it has no token" : "not sent");
-      throw new Error(again ? `No report token yet: ${err.message}. The report is kept and sent with a token with ` +
-        "your next pick." : `Not sent: ${err.message}`, { cause: err });
+  /** Send every kept message of the outbox when it is due: now for what is overdue (the page was closed). */
+  resumeOutbox() {
+    for (const [roundId, entry] of Object.entries(readMap(OUTBOX_KEY))) {
+      if (entry && entry.message && typeof entry.send_at === "number") this.schedule(roundId, entry.send_at);
     }
-    this.pending = ready;
-    await this.send(ready);
-    return ready;
   }
 
-  async send(message) {
-    const url = `/api/v1/rounds/${encodeURIComponent(this.target.id)}/reports`;
+  schedule(roundId, sendAt) {
+    clearTimeout(this.timers.get(roundId));
+    const delay = Math.max(0, sendAt * 1000 - Date.now());
+    this.timers.set(roundId, setTimeout(() => {
+      this.timers.delete(roundId);
+      this.queue = this.queue.then(() => this.sendKept(roundId)).catch((err) => this.say(err.message, "error"));
+    }, Math.min(delay, 2 ** 31 - 1)));
+  }
+
+  /** POST the outbox's message of ``roundId`` (the same message and token every time: counted once); on an
+   * acknowledgement it leaves the outbox. */
+  async sendKept(roundId) {
+    const entry = readMap(OUTBOX_KEY)[roundId];
+    if (!entry || !entry.message) return null;
+    const { message } = entry;
     this.show(message, "sending…");
     let ack;
     try {
-      ack = await fetchJson(url, { method: "POST", body: message, keepalive: true });
+      ack = await this.device.sendReport((url, init) => fetch(url, { ...init, keepalive: true }), "", roundId,
+        message);
     } catch (err) {
       this.show(message, "not acknowledged yet");
+      if (err.status === 409 && err.code === "too_few_tokens" && err.retryAfter) {
+        this.schedule(roundId, Date.now() / 1000 + err.retryAfter);
+      } else if (err.status && err.status !== 429 && err.status < 500) {
+        writeEntry(OUTBOX_KEY, roundId, null); // refused for good: sending it again cannot help
+        this.say(`Not sent: ${err.message}`, "error");
+        return null;
+      }
       throw new Error(`${err.message}. The report is kept and sent again (same id, same token: counted once) ` +
-        "with your next pick.");
+        "with your next pick or when this page is opened again.");
     }
-    this.pending = null;
+    writeEntry(OUTBOX_KEY, roundId, null);
     this.show(message, ack.counted === 1 ? "acknowledged and counted" : "acknowledged (already counted)");
-    this.say("Sent: the randomized report below, never what you picked.", "");
+    this.say(this.notes.get(roundId) ?? "Sent: the randomized report below, never what you picked.", "");
+    this.notes.delete(roundId);
     return ack;
   }
 

@@ -20,6 +20,7 @@ from hybriddp.cli.files import estimate_cmd, headlist_cmd, randomize_cmd
 from hybriddp.cli.mean import mean_group
 from hybriddp.cli.participate import participate_cmd
 from hybriddp.cli.privacy import privacy_group
+from hybriddp.cli.relay import relay_cmd
 from hybriddp.cli.rounds import round_group
 from hybriddp.cli.run import demo_cmd, run_cmd
 from hybriddp.cli.series import series_group
@@ -96,7 +97,7 @@ import hybriddp.cli.export  # noqa: E402, F401  (registers `round export`)
 
 for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, experiment_cmd,
              audit_cmd, mean_group, tune_cmd, round_group, series_group, credentials_group, participate_cmd, serve_cmd,
-             trends_cmd):
+             relay_cmd, trends_cmd):
     cli.add_command(_cmd)
 
 

@@ -212,12 +212,14 @@ def relay_credential(http: Any, api: str, admin: dict[str, str], tokens_per_roun
 
 
 def tokened(http: Any, api: str, rid: str, credential: str, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages, each with its report token, got with ``credential`` through the API (docs/TOKENS.md)."""
+    """The messages, each with a report token got with ``credential`` through the API and the id its nonce derives
+    (protocol v2, docs/TOKENS.md; the key is checked against the head list's commitment)."""
     r = http.get(f"{api}/rounds/{rid}/token-key")
     assert r.status_code == 200, r.text
-    key = tokens.RoundKey.from_dict(r.json(), rid)
-    reqs = [tokens.TokenRequest.make(key, m["id"], tokens.message_payload(m)) for m in msgs]
+    committed = http.get(f"{api}/rounds/{rid}/headlist").json().get("token_key")
+    key = tokens.RoundKey.from_dict(r.json(), rid, committed)
+    reqs = [tokens.TokenRequest.make(key) for _ in msgs]
     r = http.post(f"{api}/rounds/{rid}/tokens", headers={"Authorization": f"Bearer {credential}"},
                   json={"blinded_msgs": [q.blinded for q in reqs]})
     assert r.status_code == 200, r.text
-    return [{**m, "token": q.finalize(sig)} for m, q, sig in zip(msgs, reqs, r.json()["blind_sigs"], strict=True)]
+    return [tokens.spend(m, q.finalize(sig)) for m, q, sig in zip(msgs, reqs, r.json()["blind_sigs"], strict=True)]

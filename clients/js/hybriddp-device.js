@@ -19,8 +19,34 @@
 // A report is {query, url} with null for the wildcard *; a message is
 // {id, headlist: <content hash>, reports: [...]}, the body of POST /api/v1/rounds/{id}/reports.
 //
-// Report tokens (docs/TOKENS.md, the section at the end): a server that admits only credentialed devices takes a
-// message only with a "token", a blind-signed Privacy Pass token bound to it; obtainToken gets one.
+// Report protocol v2 (docs/TOKENS.md, spec-v2): what each device function guarantees.
+//
+// * validateHeadList / DeviceHeadList.fromJSON: the document is a head list whose content hash matches its content,
+//   with the optional committed fields (token_key, ohttp_key, report_window) of the right types when present; so
+//   every message's `headlist` hash commits to the round's key and schedule too.
+// * fetchToken(fetchFn, baseUrl, roundId, credential, doc): a token got BEFORE the message exists, on a request of
+//   its own: the round's key is refused (nothing posted) unless SHA-256(SPKI) is the head list's token_key.key_id,
+//   e = 65537 and the modulus is the committed size, at least 2048 bits (parseTokenKey, checkCommittedKey); the
+//   nonce is 32 bytes from crypto.getRandomValues (newNonce), blinded (RFC 9474), so the issuer sees nothing it can
+//   match to the token later. Resolves to {token: the 354-byte RFC 9578 Token, base64url; messageId}.
+// * messageIdFor(nonce) / attachToken(message, token): the message takes the id derived from the token's nonce; the
+//   server refuses any other id, so one token counts once whatever message carries it, and a retry (same message,
+//   same token) is acknowledged and not counted again. The token is not bound to the reports.
+// * reportTime(doc, now, random) / outboxEntry(..., {reportNow}): the send time is uniform in the report window
+//   (before it opens: over the whole window; inside: over what is left; after: now), independent of when the token
+//   was got. reportNow sends at once: for tests and simulations only; it gives up unlinkability.
+// * sendReport: POSTs the kept message; 409 too_few_tokens carries retryAfter: keep the message and retry it as is.
+// * checkMirror(fetchFn, mirrorUrl, roundId, contentHash): refuses unless a mirror (e.g. the relay) serves a head
+//   list with the same content hash: a server showing this device its own head list (its own key) is caught.
+// * ohttpFetch(relayUrl, keyConfig): a fetch stand-in sending every request through an Oblivious HTTP relay
+//   (RFC 9458, HPKE RFC 9180 P-256/HKDF-SHA256/AES-128-GCM, binary HTTP RFC 9292), all in WebCrypto: the relay
+//   sees the device's address and ciphertext, the server the request and the relay's address. checkOhttpKey
+//   refuses a key config other than the head list's ohttp_key.
+// What the browser does not allow: a page cannot ask fetch for a fresh connection (HTTP connections are pooled and
+// may carry the token request and the report alike); requests go with no cookies, no cache and no referrer, and
+// the relay, not the connection, is what separates them. WebCrypto cannot erase keys (a CryptoKey is dropped, not
+// zeroed), and the RSA blinding is BigInt arithmetic, not constant time (it handles only the device's own blinding
+// factor). crypto.subtle exists only in secure contexts (https or localhost): tokens and OHTTP need one.
 
 export const HEADLIST_FORMAT = "hybriddp-headlist";
 export const HEADLIST_VERSION = 1;

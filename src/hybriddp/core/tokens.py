@@ -1,33 +1,36 @@
-"""Anonymous one-message report tokens: Privacy Pass publicly verifiable tokens (RFC 9578 §6) bound to a report.
+"""Anonymous one-message report tokens: Privacy Pass publicly verifiable tokens (RFC 9578 §6, type 2).
 
-A device admitted to a round (docs/TOKENS.md) obtains one token per message it sends:
+A device admitted to a round (docs/TOKENS.md) obtains one token per message it will send, *before* the message
+exists, and spends it later:
 
-1. It makes its message first (the randomized report and a fresh random message id), then derives the
-   token's ``nonce`` from it: ``nonce = SHA-256("hybriddp report token v1" 0x00 || message id 0x00 ||
-   payload)``, the payload being the reports' (query, url) pairs or the mean value (:func:`blender_payload`,
-   :func:`mean_payload`).
-2. It blinds ``token_input = 0x0002 || nonce || SHA-256(TokenChallenge) || token_key_id`` (RFC 9578 §6.1,
-   the challenge naming the round: :func:`challenge`) under the round's public key and sends only the
-   blinded message to the issuance endpoint with its device credential (:class:`TokenRequest`).
-3. The server signs it blind (:func:`issue`, RFC 9474 §4.3); the device unblinds the answer into the
-   token's ``authenticator``, a standard RSASSA-PSS signature, and sends it in the message's ``"token"``.
-4. The reports endpoint recomputes ``token_input`` from the message and verifies the authenticator
-   (:class:`TokenVerifier`).
+1. The round's key is committed: the head list the device randomizes over names its key id, modulus size and
+   exponent (``token_key``, inside the document's content hash); :func:`check_committed_key` refuses any other
+   key, an exponent other than 65537 and a modulus of other than 2048 bits. A server that hands devices
+   different keys must hand them different head lists, which a consistency check (a mirror) exposes.
+2. The device draws a random 32-byte ``nonce`` (:func:`new_nonce`) and blinds ``token_input = 0x0002 || nonce ||
+   SHA-256(TokenChallenge) || token_key_id`` (RFC 9578 §6.1, the challenge naming the round: :func:`challenge`)
+   under the round's key; the issuer signs it blind (:func:`issue`, RFC 9474 §4.3) for an admitted credential.
+3. The device finalizes the token (:class:`TokenRequest`), the RFC 9578 §2.2 ``Token`` structure (354 bytes), and
+   keeps it. Its message, made later, takes the id derived from the nonce (:func:`message_id_for`) and the token
+   in ``"token"``.
+4. The reports endpoint checks the token and that the id is the derived one (:class:`TokenVerifier`).
 
-Guarantees. The issuer sees only a blinded message, uniformly distributed whatever the token, so no
-record of the issuance can be matched to the report it later signs (RFC 9474 §7.3). The token is bound to
-the message: a retry of the same message (same id, same reports) re-sends the same token and is
-deduplicated by its id; the token verifies for no other message, so it is spent by exactly one message.
+Guarantees. The issuer sees only a blinded message, uniformly distributed whatever the nonce, so no record of
+the issuance can be matched to the token it later finalizes into (RFC 9474 §7.3). Because the id is a function
+of the nonce, the service's deduplication by message id is the round's table of spent nonces: a retry of a
+message with its token counts once, and any other message carrying the same token has the same id and is not
+counted again. The token is not bound to the message's content: a device chooses its reports anyway.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import functools
 import hashlib
+import secrets
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +45,16 @@ TOKEN_TYPE = 0x0002
 KEY_BITS = 2048
 ISSUER_NAME = b"hybriddp"
 """The TokenChallenge's issuer_name."""
-NONCE_DOMAIN = b"hybriddp report token v1\x00"
+NONCE_BYTES = 32
+MESSAGE_ID_DOMAIN = b"hybriddp message id v2\x00"
+PUBLIC_EXPONENT = 65537
+"""The only RSA public exponent a device accepts (a server choosing its own could tag devices by it)."""
 VARIANT = blindrsa.TOKEN_TYPE_2_VARIANT
 AUTHENTICATOR_BYTES = KEY_BITS // 8
+TOKEN_INPUT_BYTES = 2 + NONCE_BYTES + 32 + 32
+"""``token_type || nonce || challenge_digest || token_key_id`` (RFC 9578 §2.2 without the authenticator)."""
+TOKEN_BYTES = TOKEN_INPUT_BYTES + AUTHENTICATOR_BYTES
+"""A whole ``Token`` structure (RFC 9578 §2.2): 354 bytes."""
 _NULL_URL = 0xFFFFFFFF
 
 
@@ -84,34 +94,103 @@ def challenge(round_id: str) -> bytes:
             + struct.pack(">H", 0))
 
 
-def blender_payload(reports: Sequence[Any]) -> bytes:
-    """The reports of a BLENDER message as bytes: per report, the query and the URL as a 4-byte big-endian
-    length and UTF-8 (a URL of null as length 0xFFFFFFFF)."""
-    out = bytearray(struct.pack(">I", len(reports)))
-    for rep in reports:
-        for text in (rep["query"], rep["url"]):
-            if text is None:
-                out += struct.pack(">I", _NULL_URL)
-            else:
-                raw = text.encode("utf-8")
-                out += struct.pack(">I", len(raw)) + raw
-    return bytes(out)
+def new_nonce() -> bytes:
+    """A token's nonce: 32 bytes from the OS (RFC 9578 §2.2), drawn before the message exists."""
+    return secrets.token_bytes(NONCE_BYTES)
 
 
-def mean_payload(value: float) -> bytes:
-    """A mean message's value as its IEEE-754 double, big-endian."""
-    return b"v" + struct.pack(">d", float(value))
+def message_id_for(nonce: bytes) -> str:
+    """The id of the message that spends the token with this nonce: the first 16 bytes of SHA-256("hybriddp message
+    id v2" 0x00 || nonce) in URL-safe base64 without padding (22 characters, like every message id)."""
+    return base64.urlsafe_b64encode(hashlib.sha256(MESSAGE_ID_DOMAIN + nonce).digest()[:16])[:22].decode("ascii")
 
 
-def nonce(message_id: str, payload: bytes) -> bytes:
-    """The token nonce of a message: SHA-256 of the domain, the message id and the payload."""
-    return hashlib.sha256(NONCE_DOMAIN + message_id.encode("ascii") + b"\x00" + payload).digest()
-
-
-def token_input(round_id: str, key_id: bytes, message_id: str, payload: bytes) -> bytes:
+def token_input(round_id: str, key_id: bytes, nonce: bytes) -> bytes:
     """``0x0002 || nonce || SHA-256(challenge) || token_key_id`` (RFC 9578 §6.1), what the authenticator signs."""
-    return (struct.pack(">H", TOKEN_TYPE) + nonce(message_id, payload) + hashlib.sha256(challenge(round_id)).digest()
-            + key_id)
+    if len(nonce) != NONCE_BYTES or len(key_id) != 32:
+        raise DataError(f"token input: the nonce must hold {NONCE_BYTES} bytes and the key id 32, found "
+                        f"{len(nonce)} and {len(key_id)}")
+    return struct.pack(">H", TOKEN_TYPE) + nonce + hashlib.sha256(challenge(round_id)).digest() + key_id
+
+
+@dataclass(frozen=True)
+class Token:
+    """A parsed ``Token`` (RFC 9578 §2.2): the signed input's fields and the authenticator."""
+
+    nonce: bytes
+    challenge_digest: bytes
+    key_id: bytes
+    authenticator: bytes
+
+    @property
+    def signed_input(self) -> bytes:
+        return struct.pack(">H", TOKEN_TYPE) + self.nonce + self.challenge_digest + self.key_id
+
+    @property
+    def message_id(self) -> str:
+        return message_id_for(self.nonce)
+
+    def encode(self) -> str:
+        """The token as it travels in a message's ``"token"`` field: URL-safe base64 of the 354 bytes."""
+        return b64(self.signed_input + self.authenticator)
+
+    @classmethod
+    def parse(cls, text: Any, field: str = "token") -> Token:
+        """The token of a message's field (a :class:`TokenError` naming the field if it is not a type-2 token)."""
+        try:
+            raw = unb64(text, field, TOKEN_BYTES)
+        except DataError as exc:
+            raise TokenError(f"{exc} (a Privacy Pass type-2 Token, RFC 9578 §2.2: docs/TOKENS.md)") from None
+        if struct.unpack(">H", raw[:2])[0] != TOKEN_TYPE:
+            raise TokenError(f"{field}: token type {raw[:2].hex()} is not 0002 (publicly verifiable, RFC 9578 §6)")
+        n = 2 + NONCE_BYTES
+        return cls(raw[2:n], raw[n:n + 32], raw[n + 32:n + 64], raw[TOKEN_INPUT_BYTES:])
+
+
+# ----- the schedule ---------------------------------------------------------------------------
+def parse_time(text: Any, field: str) -> float:
+    """Seconds since the epoch of an ISO-8601 UTC time ``YYYY-MM-DDTHH:MM:SS[.ffffff]Z`` (DataError otherwise)."""
+    if not isinstance(text, str) or not text.endswith("Z") or len(text) > 40:
+        raise DataError(f"field {field!r} = {str(text)[:40]!r} must be a UTC time like '2026-11-28T19:00:00Z'")
+    try:
+        stamp = datetime.datetime.fromisoformat(text[:-1]).replace(tzinfo=datetime.timezone.utc)
+    except ValueError:
+        raise DataError(f"field {field!r} = {text!r} is not an ISO-8601 UTC time like '2026-11-28T19:00:00Z'") from None
+    return stamp.timestamp()
+
+
+def format_time(seconds: float) -> str:
+    """``YYYY-MM-DDTHH:MM:SSZ`` (whole seconds, UTC), as :func:`parse_time` reads it."""
+    return datetime.datetime.fromtimestamp(int(seconds), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def report_window(doc: dict[str, Any]) -> tuple[float, float] | None:
+    """A head list's ``report_window`` as (opens, closes) in epoch seconds; None when it has none."""
+    win = doc.get("report_window")
+    if win is None:
+        return None
+    if not isinstance(win, dict):
+        raise DataError("field 'report_window' must be an object {\"opens\": time, \"closes\": time}")
+    opens = parse_time(win.get("opens"), "report_window.opens")
+    closes = parse_time(win.get("closes"), "report_window.closes")
+    if closes < opens:
+        raise DataError(f"field 'report_window': closes ({win.get('closes')}) is before opens ({win.get('opens')})")
+    return opens, closes
+
+
+def report_time(window: tuple[float, float] | None, now: float, uniform: Any = None) -> float:
+    """When a device sends its message (docs/TOKENS.md "When a device reports"): uniformly at random in the round's
+    report window, independent of when it got its token. Before the window opens: uniform over the whole window;
+    inside it: uniform over what is left; after it (or with no window): now. ``uniform(a, b)`` draws the time
+    (default: the OS's randomness)."""
+    if window is None:
+        return now
+    opens, closes = window
+    start = max(now, opens)
+    if start >= closes:
+        return now
+    draw = uniform or secrets.SystemRandom().uniform
+    return float(draw(start, closes))
 
 
 # ----- keys -------------------------------------------------------------------------------------
@@ -137,9 +216,16 @@ class RoundKey:
         return {"token_type": TOKEN_TYPE, "variant": VARIANT.rfc_name, "round": self.round_id,
                 "public_key": b64(self.spki), "key_id": b64(self.key_id), "challenge": b64(challenge(self.round_id))}
 
+    def committed(self) -> dict[str, Any]:
+        """What a head list commits to about this key (its ``token_key`` field): key id, modulus size, exponent."""
+        nums = self.public_key.public_numbers()
+        return {"key_id": b64(self.key_id), "modulus_bits": nums.n.bit_length(), "e": nums.e}
+
     @classmethod
-    def from_dict(cls, doc: Any, round_id: str) -> RoundKey:
-        """The key a device fetched, checked: its round, token type, and that ``key_id`` is SHA-256 of the key."""
+    def from_dict(cls, doc: Any, round_id: str, committed: Any = None) -> RoundKey:
+        """The key a device fetched, checked: its round, token type, that ``key_id`` is SHA-256 of the key, a
+        2048-bit modulus and e = 65537; with ``committed`` (the head list's ``token_key``), that it is exactly the
+        key the head list commits to (:func:`check_committed_key`)."""
         if not isinstance(doc, dict):
             raise DataError("token key: expected a JSON object {\"public_key\", \"key_id\", ...}")
         if doc.get("token_type") != TOKEN_TYPE or doc.get("round") != round_id:
@@ -152,7 +238,37 @@ class RoundKey:
             raise DataError("token key: field 'public_key' is not an RSA SubjectPublicKeyInfo") from None
         if pub.key_size != KEY_BITS or unb64(doc.get("key_id"), "key_id", 32) != key.key_id:
             raise DataError("token key: not a 2048-bit key, or 'key_id' is not SHA-256 of 'public_key'")
+        if pub.public_numbers().e != PUBLIC_EXPONENT:
+            raise DataError(f"token key: public exponent {pub.public_numbers().e} is not {PUBLIC_EXPONENT}; a device "
+                            "accepts no other (a server could tell devices apart by their keys' exponents)")
+        if committed is not None:
+            check_committed_key(key, committed)
         return key
+
+
+def check_committed_key(key: RoundKey, committed: Any, source: str = "token key") -> None:
+    """Refuse (:class:`DataError`) a token key that is not the one a head list commits to in ``token_key``.
+
+    This is what makes a round's key the same for every device: a server that handed each device its own key
+    (to tell later which device a token came from) would have to hand each its own head list, whose content hash
+    differs, which a consistency check against a mirror exposes (docs/TOKENS.md)."""
+    if not isinstance(committed, dict):
+        raise DataError(f"{source}: the head list commits to no token key (field 'token_key'); it was published "
+                        "before round keys were committed, or by a server that does not commit them. Nothing was "
+                        "sent; ask the operator to publish the round again")
+    want = unb64(committed.get("key_id"), "token_key.key_id", 32)
+    nums = key.public_key.public_numbers()
+    if want != key.key_id:
+        raise DataError(f"{source}: key {b64(key.key_id)[:12]}… is not the key the head list commits to "
+                        f"({b64(want)[:12]}…): the server may be telling devices apart by their keys. Nothing was "
+                        "sent")
+    bits = committed.get("modulus_bits")
+    if committed.get("e") != PUBLIC_EXPONENT or nums.e != PUBLIC_EXPONENT:
+        raise DataError(f"{source}: exponent {committed.get('e')!r} (key: {nums.e}); only {PUBLIC_EXPONENT} is "
+                        "accepted. Nothing was sent")
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits < KEY_BITS or bits != nums.n.bit_length():
+        raise DataError(f"{source}: modulus of {nums.n.bit_length()} bits, the head list says {bits!r}; at least "
+                        f"{KEY_BITS} bits and the two equal are needed. Nothing was sent")
 
 
 def new_private_key() -> rsa.RSAPrivateKey:
@@ -207,32 +323,44 @@ def issue(key: rsa.RSAPrivateKey, blinded_msg: Any, field: str = "blinded_msg") 
 # ----- the device's side ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TokenRequest:
-    """A device's pending token for one message: ``blinded`` goes to the issuer; ``finalize`` the answer."""
+    """A device's pending token: ``blinded`` goes to the issuer; :meth:`finalize` turns the answer into the token.
+
+    The nonce is drawn here, before any message exists, so a device can get its token when it downloads the
+    head list and spend it at a random later time (docs/TOKENS.md)."""
 
     key: RoundKey
+    nonce: bytes
     token_input: bytes
     blinded: str
     inv: int
 
     @classmethod
-    def make(cls, key: RoundKey, message_id: str, payload: bytes) -> TokenRequest:
-        msg = token_input(key.round_id, key.key_id, message_id, payload)
+    def make(cls, key: RoundKey, nonce: bytes | None = None) -> TokenRequest:
+        nonce = new_nonce() if nonce is None else nonce
+        msg = token_input(key.round_id, key.key_id, nonce)
         blinded, inv = blindrsa.blind(key.public_key, msg, variant=VARIANT)
-        return cls(key, msg, b64(blinded), inv)
+        return cls(key, nonce, msg, b64(blinded), inv)
+
+    @property
+    def message_id(self) -> str:
+        """The id of the message that will spend this token."""
+        return message_id_for(self.nonce)
 
     def finalize(self, blind_sig: Any) -> str:
-        """The token (base64 authenticator) from the issuer's answer; a :class:`DataError` if it does not verify."""
+        """The token (URL-safe base64 of the 354-byte ``Token``) from the issuer's answer; a :class:`DataError` if
+        it does not verify."""
         raw = unb64(blind_sig, "blind_sig", AUTHENTICATOR_BYTES)
         try:
-            return b64(blindrsa.finalize(self.key.public_key, self.token_input, raw, self.inv, variant=VARIANT))
+            auth = blindrsa.finalize(self.key.public_key, self.token_input, raw, self.inv, variant=VARIANT)
         except blindrsa.BlindRSAError as exc:
             raise DataError(f"the issuer's answer is not a valid blind signature under key "
                             f"{b64(self.key.key_id)[:12]}…: {exc}") from None
+        return b64(self.token_input + auth)
 
 
-def message_payload(msg: dict[str, Any]) -> bytes:
-    """The payload a message's token is bound to: its reports, or its mean value."""
-    return mean_payload(msg["value"]) if "value" in msg else blender_payload(msg["reports"])
+def spend(message: dict[str, Any], token: str) -> dict[str, Any]:
+    """``message`` with ``token`` and the id derived from the token's nonce (the message that spends it)."""
+    return {**message, "id": Token.parse(token).message_id, "token": token}
 
 
 # ----- the server's side ------------------------------------------------------------------------
@@ -242,21 +370,24 @@ class TokenVerifier:
     def __init__(self, key: RoundKey) -> None:
         self.key = key
         self._pub = key.public_key
-        self._prefix_tail = hashlib.sha256(challenge(key.round_id)).digest() + key.key_id
+        self._challenge_digest = hashlib.sha256(challenge(key.round_id)).digest()
 
-    def check(self, msg: dict[str, Any], message_id: str, payload: bytes, source: str) -> None:
-        """Raise :class:`DataError` unless ``msg["token"]`` is a valid token of this round for this message."""
+    def check(self, msg: dict[str, Any], message_id: str, source: str) -> None:
+        """Raise :class:`TokenError` unless ``msg["token"]`` is a valid token of this round whose nonce gives
+        ``message_id``."""
         tok = msg.get("token")
         if tok is None:
             raise TokenError(f"{source}: field 'token' is missing; this server admits only reports that carry a "
                             "report token (docs/TOKENS.md: a device gets one with POST "
                             "/api/v1/rounds/{id}/tokens and its device credential)", "token_required")
-        try:
-            sig = unb64(tok, f"{source}: token", AUTHENTICATOR_BYTES)
-        except DataError as exc:
-            raise TokenError(str(exc)) from None
-        msg_input = struct.pack(">H", TOKEN_TYPE) + nonce(message_id, payload) + self._prefix_tail
-        if not blindrsa.verify(self._pub, msg_input, sig, variant=VARIANT):
-            raise TokenError(f"{source}: the token does not verify for message {message_id}: it was issued for "
-                            "another message or round (a token is spent by exactly one message), or not by "
-                            "this server")
+        token = Token.parse(tok, f"{source}: token")
+        if token.challenge_digest != self._challenge_digest or token.key_id != self.key.key_id:
+            raise TokenError(f"{source}: the token was issued for another round or under another key than this "
+                            f"round's ({b64(self.key.key_id)[:12]}…)")
+        if not blindrsa.verify(self._pub, token.signed_input, token.authenticator, variant=VARIANT):
+            raise TokenError(f"{source}: the token's authenticator does not verify: it was not issued by this "
+                            "server for this round")
+        if token.message_id != message_id:
+            raise TokenError(f"{source}: message id {message_id} is not the one derived from its token's nonce "
+                            f"({token.message_id}); a token is spent by the message whose id it gives "
+                            "(docs/TOKENS.md)")

@@ -35,6 +35,13 @@ class ConflictError(ServiceError):
     code = "conflict"
 
 
+class TooFewTokensError(ConflictError):
+    """The round takes reports only once ``min_tokens`` report tokens were issued (its smallest anonymity set)."""
+
+    code = "too_few_tokens"
+    retry_after = 60
+
+
 class UnauthorizedError(ServiceError):
     """A missing or wrong bearer token."""
 
@@ -133,6 +140,8 @@ def error_payload(exc: HybridDPError) -> tuple[int, dict[str, dict[str, str]], d
     """(status, JSON body, headers) of the API's one error shape for ``exc``."""
     status, code = classify(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "5"} if status == 503 else {}
+    if isinstance(exc, TooFewTokensError):
+        headers = {"Retry-After": str(exc.retry_after)}
     return status, {"error": {"code": code, "message": cut_message(str(exc))}}, headers
 
 

@@ -69,6 +69,14 @@ class BlenderParamsIn(_Strict):
     anchor_kappa: float = anchor_kappa(DEFAULT_KAPPA)
     anchor_kappa_query: float = Field(DEFAULT_KAPPA_QUERY, ge=0, le=1e6, description="The bound for queries, which "
                                       "rank the suggestions (ALGORITHM.md §7.2).")
+    issuance_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds after the head list's "
+                                    "publication during which devices get their report tokens (the issuance window; "
+                                    "docs/TOKENS.md).")
+    report_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds of the report window that "
+                                  "follows: every device sends at a uniformly random time in it, so report times say "
+                                  "nothing about token issuance (0 and 0: at once, linkable).")
+    min_tokens: int = Field(0, ge=0, le=10**9, description="Reports are refused (409 too_few_tokens) until this many "
+                            "report tokens were issued in the round: the smallest anonymity set it accepts.")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 
@@ -86,6 +94,14 @@ class MeanParamsIn(_Strict):
     defense: Literal[DEFENSES] = DEFENSE  # type: ignore[valid-type]  # the server's choices
     anchor_alpha: float = ANCHOR_ALPHA
     anchor_kappa: float = anchor_kappa(MEAN_DEFAULT_KAPPA)
+    issuance_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds after the head list's "
+                                    "publication during which devices get their report tokens (the issuance window; "
+                                    "docs/TOKENS.md).")
+    report_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds of the report window that "
+                                  "follows: every device sends at a uniformly random time in it, so report times say "
+                                  "nothing about token issuance (0 and 0: at once, linkable).")
+    min_tokens: int = Field(0, ge=0, le=10**9, description="Reports are refused (409 too_few_tokens) until this many "
+                            "report tokens were issued in the round: the smallest anonymity set it accepts.")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 

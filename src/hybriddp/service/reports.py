@@ -30,7 +30,7 @@ from hybriddp.core.protocol import ID_PATTERN
 from hybriddp.service import rounds
 from hybriddp.service.bodies import check_content_length, read_body
 from hybriddp.service.checkpool import CheckPool, check_here
-from hybriddp.service.errors import error_payload
+from hybriddp.service.errors import TooFewTokensError, error_payload
 from hybriddp.service.metrics import Metrics
 from hybriddp.service.store import Store
 from hybriddp.service.writer import ReportWriter
@@ -64,6 +64,8 @@ async def accept_reports(store: Store, writer: ReportWriter, pool: CheckPool | N
         info = target[0]
         items = await (asyncio.to_thread(check_here, target[1], body, content_type, metrics) if pool is None
                        else pool.check(target[1], body, content_type, metrics))
+    if with_tokens:
+        await _enough_tokens(store, info)
     try:
         ack = await writer.submit(info, items)
     except HybridDPError:
@@ -71,6 +73,22 @@ async def accept_reports(store: Store, writer: ReportWriter, pool: CheckPool | N
         raise
     metrics.count_reports(accepted=ack.counted, duplicate=ack.duplicates)
     return {"acknowledged": ack.acknowledged, "counted": ack.counted, "duplicates": ack.duplicates}
+
+
+_ENOUGH: set[tuple[str, int]] = set()
+"""(store, round) pairs whose ``min_tokens`` were reached: the count only grows, so it is read until then only."""
+
+
+async def _enough_tokens(store: Store, info: Any) -> None:
+    """:class:`TooFewTokensError` while fewer than the round's ``min_tokens`` report tokens were issued."""
+    need = rounds.schedule(info.params)["min_tokens"]
+    if need <= 0 or (store.url, info.num) in _ENOUGH:
+        return
+    have = await asyncio.to_thread(store.tokens_issued, info.num)
+    if have < need:
+        raise TooFewTokensError(f"round {info.id} takes reports once {need} report tokens were issued (its smallest "
+                                f"anonymity set), and {have} were; keep the message and send it again later")
+    _ENOUGH.add((store.url, info.num))
 
 
 class ReportsEndpoint:

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import fields
@@ -61,8 +62,14 @@ KINDS = ("blender", "mean")
 
 _BLENDER_FIELDS = [f.name for f in fields(BlenderParams)]
 DEFENSE_KEYS = ("defense", "anchor_alpha", "anchor_kappa")
-BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", *DEFENSE_KEYS, "anchor_kappa_query", "seed")
-MEAN_KEYS = ("epsilon", "lower", "upper", "sigma2", "variance_share", *DEFENSE_KEYS, "seed")
+SCHEDULE_KEYS = ("issuance_seconds", "report_seconds", "min_tokens")
+BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", *DEFENSE_KEYS, "anchor_kappa_query", "seed", *SCHEDULE_KEYS)
+MEAN_KEYS = ("epsilon", "lower", "upper", "sigma2", "variance_share", *DEFENSE_KEYS, "seed", *SCHEDULE_KEYS)
+SCHEDULE_DEFAULTS = {"issuance_seconds": 3600.0, "report_seconds": 3600.0, "min_tokens": 0}
+"""When devices report (docs/TOKENS.md "When a device reports"): the issuance window after the head list's
+publication, then the report window in which every device sends at a uniformly random time; reports are refused
+until ``min_tokens`` tokens were issued in the round. A round stored before these keys existed has the defaults."""
+MAX_WINDOW_SECONDS = 90 * 86400.0
 DEFENSE_DEFAULTS = {"defense": "anchor", "anchor_alpha": DEFAULT_ALPHA, "anchor_kappa": DEFAULT_KAPPA}
 """A new round's defense (ALGORITHM.md §7.2); a round stored before these keys existed has none (:func:`defense`)."""
 
@@ -94,7 +101,7 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         noise_factory(out["noise"])
         check_seed(out["seed"])
         blender_params(out)  # every range check of the library
-        return out
+        return check_schedule(out)
     if kind == "mean":
         _check_keys(kind, params, MEAN_KEYS)
         for name in ("epsilon", "lower", "upper"):
@@ -112,8 +119,29 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         from hybriddp.curator.mean import integer_scale
         for eps in [out["epsilon"]] if rho is None else [rho * out["epsilon"], (1.0 - rho) * out["epsilon"]]:
             integer_scale(1, eps, "epsilon")  # the curator's exact noise can run: refused now, not after the charge
-        return out
+        return check_schedule(out)
     raise parameter_error("kind", kind, " or ".join(repr(k) for k in KINDS))
+
+
+def check_schedule(params: dict[str, Any]) -> dict[str, Any]:
+    """The round's schedule keys (:data:`SCHEDULE_DEFAULTS`), checked; ``params`` completed with them."""
+    out = {**SCHEDULE_DEFAULTS, **params}
+    for name, flag in (("issuance_seconds", "--issuance-window"), ("report_seconds", "--report-window")):
+        v = out[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_WINDOW_SECONDS:
+            raise parameter_error(f"{name} ({flag})", v, f"a number of seconds in [0, {MAX_WINDOW_SECONDS:g}]",
+                                  "0 makes devices send at once, which lets the operator link reports to tokens")
+        out[name] = float(v)
+    v = out["min_tokens"]
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 10**9:
+        raise parameter_error("min_tokens (--min-tokens)", v, "an integer from 0 to 1e9 (tokens issued before the "
+                              "round takes reports)")
+    return out
+
+
+def schedule(params: dict[str, Any]) -> dict[str, Any]:
+    """The round's schedule (older rounds: the defaults)."""
+    return {k: params.get(k, SCHEDULE_DEFAULTS[k]) for k in SCHEDULE_KEYS}
 
 
 def defense(params: dict[str, Any]) -> AnchorPolicy | None:
@@ -183,7 +211,54 @@ def publish_headlist(store: Store, round_id: str, vocabulary: dict[str, list[str
     if info.non_private:  # the seed stays with the round's private parameters, never in a public document
         estimates = {**{k: v for k, v in estimates.items() if k != "content_hash"}, "seed": None}
         estimates["content_hash"] = content_hash(estimates)
-    return store.finish_build(info, "headlist-published", headlist, estimates)
+    private = tokens.new_private_key()
+    headlist, estimates = commit_keys(store, info, headlist, estimates, tokens.round_key(info.id, private))
+    return store.finish_build(info, "headlist-published", headlist, estimates, round_key=private)
+
+
+REPORT_SLACK = 0.1
+"""The share of a period's time after its opt-in window that is left between the devices' report window and the
+period's close (docs/TOKENS.md "When a device reports"): a device sending at the window's end still arrives."""
+
+
+def report_window_end(store: Store, series_id: str, period: int) -> float:
+    """When the report window of period ``period`` (from 0) of a series closes at the latest, in epoch seconds."""
+    series = store.series(series_id)
+    close = series.period_start(period + 1).timestamp()
+    built = series.period_start(period).timestamp() + series.optin_seconds
+    return close - REPORT_SLACK * max(0.0, close - built)
+
+
+def commit_keys(store: Store, info: RoundInfo, headlist: dict[str, Any], estimates: dict[str, Any],
+                key: tokens.RoundKey, now: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The head list with what every device must see the same of (docs/TOKENS.md "One key per round"): the round's
+    token key (``token_key``: key id, modulus size, exponent), the gateway's OHTTP key config (``ohttp_key``) and
+    the report window (``report_window``), inside its content hash; the estimates document bound to the new hash.
+
+    The window opens ``issuance_seconds`` after now and lasts ``report_seconds``; a period of a series ends its
+    window before the period's close (:func:`report_window_end`)."""
+    sched = schedule(info.params)
+    start = time.time() if now is None else now
+    opens = start + sched["issuance_seconds"]
+    closes = opens + sched["report_seconds"]
+    if info.series is not None and info.period is not None:
+        end = report_window_end(store, info.series, info.period)
+        if closes > end:  # the period closes first: both windows shrink in proportion
+            span = max(0.0, end - start)
+            total = sched["issuance_seconds"] + sched["report_seconds"]
+            opens = start + (span * sched["issuance_seconds"] / total if total > 0 else 0.0)
+            closes = max(opens, start + span)
+    doc = {k: v for k, v in headlist.items() if k != "content_hash"}
+    doc["token_key"] = key.committed()
+    gateway = store.gateway_config() if hasattr(store, "gateway_config") else None
+    if gateway is not None:
+        doc["ohttp_key"] = tokens.b64(gateway)
+    doc["report_window"] = {"opens": tokens.format_time(opens), "closes": tokens.format_time(closes)}
+    doc["content_hash"] = content_hash(doc)
+    if estimates.get("headlist") == headlist.get("content_hash"):
+        estimates = {**{k: v for k, v in estimates.items() if k != "content_hash"}, "headlist": doc["content_hash"]}
+        estimates["content_hash"] = content_hash(estimates)
+    return doc, estimates
 
 
 def _curate_blender(store: Store, info: RoundInfo, vocabulary: dict[str, list[str]] | None,
@@ -308,7 +383,7 @@ class BlenderReports:
         ``verifier``, its report token is checked too (docs/TOKENS.md)."""
         mid, entries = self._counter.entries(msg, f"message {index}")
         if self.verifier is not None:
-            self.verifier.check(msg, mid, tokens.blender_payload(msg["reports"]), f"message {index}")
+            self.verifier.check(msg, mid, f"message {index}")
         return mid, entries
 
 
@@ -356,7 +431,7 @@ class MeanReports:
                             f"{self.high:.6g} (the device's randomized value, hybriddp.device.mean.randomize_value: "
                             "the range plus the noise an honest device exceeds with probability 1e-9)")
         if self.verifier is not None:
-            self.verifier.check(msg, mid, tokens.mean_payload(v), source)
+            self.verifier.check(msg, mid, source)
         return mid, float(v)
 
 

@@ -249,10 +249,19 @@ class RoundStore(StoreBase):
         return info
 
     def finish_build(self, info: RoundInfo, outcome: str, headlist: dict[str, Any] | None = None,
-                     estimates: dict[str, Any] | None = None, results: dict[str, Any] | None = None) -> RoundInfo:
+                     estimates: dict[str, Any] | None = None, results: dict[str, Any] | None = None,
+                     round_key: Any = None) -> RoundInfo:
         """building-headlist → ``outcome`` (headlist-published, headlist-empty or aborted), storing the
-        documents, and deleting the raw opt-in data in the same transaction (then scrubbed from the files)."""
+        documents — and ``round_key``, the report-token key the head list commits to (an RSA private key) — and
+        deleting the raw opt-in data in the same transaction (then scrubbed from the files)."""
         def run(conn: Connection) -> RoundInfo:
+            if round_key is not None:
+                from hybriddp.core import tokens
+                spki = tokens.round_key(info.id, round_key).spki
+                conn.execute(self._insert(s.round_keys).values(
+                    round_num=info.num, public_key=base64.b64encode(spki).decode(),
+                    private_key=base64.b64encode(tokens.private_der(round_key)).decode()
+                ).on_conflict_do_nothing(index_elements=["round_num"]))
             values: dict[str, Any] = {}
             if headlist is not None:
                 values.update(headlist=_json(headlist), headlist_hash=headlist["content_hash"])

@@ -1,7 +1,7 @@
 """Report tokens in the store (docs/TOKENS.md): each round's token key, device credentials, issuance counts.
 
-* A round's RSA key is made the first time it is asked for while the round takes reports (two racing
-  requests: the first insert wins, both use its key); its private half is set to NULL by
+* A round's RSA key is made when its head list is published, which commits to it (stored by
+  :meth:`RoundStore.finish_build` in the publishing transaction); its private half is set to NULL by
   :meth:`RoundStore._transition` when the round leaves the report states, and scrubbed from the files.
 * Device credentials are random bearer secrets, shown once and stored as their SHA-256.
 * ``token_issuance`` holds one count per (holder, round), raised by one conditional upsert: two concurrent
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import rsa
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from hybriddp.core import tokens
@@ -62,23 +62,15 @@ class TokenStore(RoundStore):
     # ----- round keys ---------------------------------------------------------------------------
     def round_key(self, round_id: str, *, private: bool = False
                   ) -> tuple[RoundInfo, tokens.RoundKey, rsa.RSAPrivateKey | None]:
-        """The round's token key (made now if it has none), and its private key when ``private``.
+        """The round's token key, the one its head list commits to (made when the head list was published), and
+        its private key when ``private``.
 
-        :class:`ConflictError` unless the round takes reports (its head list is published and it is not closed).
-        """
-        key = self._read(lambda conn: self._key_row(conn, round_id))
-        if key[1] is None:
-            fresh = tokens.new_private_key()
-            pub = base64.b64encode(tokens.round_key(round_id, fresh).spki).decode()
-
-            def run(conn: Connection) -> Any:
-                info = self._taking_reports(conn, round_id)
-                conn.execute(self._insert(s.round_keys).values(
-                    round_num=info.num, public_key=pub, private_key=base64.b64encode(tokens.private_der(fresh)).decode()
-                ).on_conflict_do_nothing(index_elements=["round_num"]))
-                return self._key_row(conn, round_id)
-            key = self._write(run)
-        info, pub_b64, priv_b64 = key
+        :class:`ConflictError` unless the round takes reports (its head list is published and it is not closed),
+        or when it was published before keys were committed (it has none: publish a new round)."""
+        info, pub_b64, priv_b64 = self._read(lambda conn: self._key_row(conn, round_id))
+        if pub_b64 is None:
+            raise ConflictError(f"round {round_id} was published before report-token keys were committed to its head "
+                                "list (docs/TOKENS.md); it cannot issue tokens. Close it and run a new round")
         rk = tokens.RoundKey(info.id, base64.b64decode(pub_b64))
         if not private:
             return info, rk, None
@@ -122,6 +114,12 @@ class TokenStore(RoundStore):
                                          "re-sends it with the same token when it retries)")
             return limit - int(got[0])
         return self._write(run)
+
+    def tokens_issued(self, round_num: int) -> int:
+        """Report tokens issued in the round so far, over every holder."""
+        t = s.token_issuance.c
+        return int(self._read(lambda conn: conn.execute(select(func.coalesce(func.sum(t.n_issued), 0))
+                                                        .where(t.round_num == round_num)).scalar()) or 0)
 
     # ----- device credentials -------------------------------------------------------------------
     def create_credentials(self, count: int, tokens_per_round: int, label: str | None

@@ -3,16 +3,20 @@ randomize on the device after charging its ledger, submit, and keep an outbox un
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import httpx
+
 from hybriddp.core.errors import HybridDPError, parameter_error
 from hybriddp.core.protocol import check_message_id, validate_headlist
-from hybriddp.core.tokens import RoundKey, TokenRequest, message_payload
+from hybriddp.core.tokens import RoundKey, TokenRequest, report_time, report_window, spend, unb64
 from hybriddp.device.ledger import DeviceLedger, DeviceLedgerRefusal, default_device_ledger_path, open_device_ledger
 from hybriddp.device.localalg import randomize_records
 from hybriddp.sdk.http import (
@@ -54,6 +58,8 @@ class Acknowledgement:
     counted: int = 0
     duplicates: int = 0
     skipped: bool = False  # the device's participation policy sat this round out: nothing was sent or charged
+    pending: bool = False  # randomized and kept in the outbox, to be sent at ``send_at`` (:meth:`send_due`)
+    send_at: float | None = None  # when the message is (or was) sent, epoch seconds
 
     def __iadd__(self, other: Acknowledgement) -> Acknowledgement:
         self.acknowledged += other.acknowledged
@@ -113,7 +119,21 @@ class DeviceClient(ServiceHttp):
     credential : the device credential (``hdc_…``) with which it gets report tokens (docs/TOKENS.md); needed
         unless the server runs with ``--open-admission``. A token is bound to its message and kept in the outbox
         with it, so a resent message carries the same token.
+    report_now : send at once instead of at a random time in the round's report window. TESTS AND SIMULATIONS
+        ONLY: the server then sees the token's issuance and the report together and can link them.
+    mirror : a second path to the round's documents (a consistency mirror, e.g. a relay's ``/api/v1/...``): the
+        head list is fetched there too and the device refuses (nothing sent) unless both have one content hash,
+        so a server that tags devices with their own keys must show them different head lists and is caught.
+        Default: the relay, when there is one.
+    relay : an Oblivious HTTP relay (``hybriddp relay``, run by another party): every request of the device
+        (head list, token key, tokens, reports) goes through it encapsulated (RFC 9458), so the server never sees
+        the device's address or connection; the gateway key must be the one the head list commits to.
     retry, timeout : see :class:`RetryPolicy` (device submissions are retried: they are idempotent).
+
+    When it reports (docs/TOKENS.md "When a device reports"): :meth:`participate` gets the device's report token
+    on a connection of its own as soon as it has the head list, randomizes, keeps the message in the outbox and
+    sends it, on another connection, at a uniformly random time in the round's report window (``wait=False``:
+    returns ``pending`` and :meth:`send_due` sends it later).
 
     :meth:`submit` and :meth:`submit_batch` send messages as they are (a relay, or simulated devices) and
     charge no ledger: whoever randomized them charged theirs; :meth:`with_tokens` gets tokens for such messages
@@ -125,7 +145,8 @@ class DeviceClient(ServiceHttp):
     def __init__(self, base_url: str, round_id: str,
                  device_ledger: DeviceLedger | str | os.PathLike[str] | _Sentinel | None = None, *,
                  outbox: str | os.PathLike[str] | _Sentinel | None = _NEXT_TO_LEDGER, credential: str | None = None,
-                 participation: int | None = None, **kw: Any) -> None:
+                 participation: int | None = None, report_now: bool = False, mirror: str | None = None,
+                 relay: str | None = None, clock: Callable[[], float] = time.time, **kw: Any) -> None:
         if not (device_ledger is None or device_ledger is NO_LEDGER
                 or isinstance(device_ledger, (DeviceLedger, str, os.PathLike))):
             raise parameter_error("device_ledger", device_ledger, "None (the per-user device ledger), a path, a "
@@ -141,8 +162,23 @@ class DeviceClient(ServiceHttp):
         self.participation = participation
         if credential is not None and (not isinstance(credential, str) or not credential.strip()):
             raise parameter_error("credential", "<hidden>", "a device credential string (hdc_…), or None")
+        if not isinstance(report_now, bool):
+            raise parameter_error("report_now (--report-now)", report_now, "true or false")
         kw.setdefault("timeout", 60.0)
+        self._relay_transport: Any = None
+        if relay is not None:
+            from hybriddp.sdk.http import check_base_url
+            from hybriddp.sdk.relay import OhttpTransport
+            relay = check_base_url(relay)
+            self._relay_transport = OhttpTransport(relay)
+            limit = httpx.Timeout(kw["timeout"], connect=min(10.0, kw["timeout"]))
+            kw.setdefault("client", httpx.Client(transport=self._relay_transport, timeout=limit))
         super().__init__(base_url, **kw)
+        if relay is not None:
+            self._own = True  # the client made above for the relay is this object's to close
+        self.report_now = report_now
+        self.mirror = mirror if mirror is not None else relay
+        self._clock = clock
         self.round_id = round_id
         self._no_ledger = device_ledger is NO_LEDGER
         self._ledger: DeviceLedger | None = device_ledger if isinstance(device_ledger, DeviceLedger) else None
@@ -212,26 +248,69 @@ class DeviceClient(ServiceHttp):
         return self._headlist
 
     # -- participating --
-    def participate(self, records: Sequence[tuple[str, str | None]]) -> Acknowledgement:
-        """Randomize this device's records over the round's head list and submit the message.
+    def participate(self, records: Sequence[tuple[str, str | None]], *, wait: bool = True) -> Acknowledgement:
+        """Randomize this device's records over the round's head list and send the message at its time.
 
         The device ledger is charged before the message leaves, and refuses
         (:class:`~hybriddp.device.ledger.DeviceLedgerRefusal`, nothing sent) a second report for this head list or
-        one past the lifetime budget; a message the server did not acknowledge raises
-        :class:`ServiceUnavailableError` with ``pending`` set (and stays in the outbox, from which the next
-        call resends it uncharged).
+        one past the lifetime budget. The report token is got now, on a connection of its own; the message is
+        kept in the outbox and sent at a uniformly random time in the round's report window (at once with
+        ``report_now``): this call sleeps until then, or with ``wait=False`` returns ``pending`` (send it with
+        :meth:`send_due`). A message the server did not acknowledge raises :class:`ServiceUnavailableError` with
+        ``pending`` set (and stays in the outbox, from which the next call resends it uncharged).
         """
         doc = self.fetch_headlist()
-        msg = self._outbox_message(doc["content_hash"])
-        if msg is None:
+        entry = self._outbox_entry(doc["content_hash"])
+        if entry is None:
             if self._sits_out():
                 return Acknowledgement(skipped=True)
+            token = self._token_for(doc)
             msg = self._charge(lambda: randomize_records(doc, records, ledger=self.ledger, round_id=self.round_id))
-            self._write_outbox(msg)
-        msg = self._tokened(msg)
-        ack = self.submit(msg)
+            entry = self._keep(doc, msg, token)
+        return self._send_when_due(entry, wait)
+
+    def _keep(self, doc: dict[str, Any], msg: dict[str, Any], token: str | None) -> dict[str, Any]:
+        """The outbox entry of a new message: with its token (and the id the token gives) and its send time."""
+        if token is not None:
+            msg = spend(msg, token)
+        now = self._clock()
+        entry = {"message": msg, "send_at": now if self.report_now else report_time(report_window(doc), now)}
+        self._write_outbox(entry)
+        return entry
+
+    def _send_when_due(self, entry: dict[str, Any], wait: bool) -> Acknowledgement:
+        send_at = float(entry.get("send_at") or 0.0)
+        while (left := send_at - self._clock()) > 0:
+            if not wait:
+                return Acknowledgement(pending=True, send_at=send_at)
+            time.sleep(min(left, 30.0))
+        msg = self._tokened(entry["message"])
+        with self._own_connection():
+            ack = self.submit({k: v for k, v in msg.items() if k != "headlist"} if "value" in msg else msg)
         self._clear_outbox()
+        ack.send_at = send_at
         return ack
+
+    def send_due(self, *, wait: bool = False) -> Acknowledgement | None:
+        """Send the outbox's message if its time has come (``wait``: sleep until it has); None when the outbox is
+        empty, ``pending`` when it is not due yet."""
+        entry = self._outbox_entry(None)
+        return None if entry is None else self._send_when_due(entry, wait)
+
+    @contextlib.contextmanager
+    def _own_connection(self) -> Iterator[None]:
+        """Requests inside use a new connection, closed after, so that the server cannot tie them to the device's
+        other requests by the connection (through a relay, every request is on the relay's connections anyway)."""
+        if self._relay_transport is not None:
+            yield
+            return
+        shared = self.http
+        self.http = httpx.Client(timeout=shared.timeout)
+        try:
+            yield
+        finally:
+            self.http.close()
+            self.http = shared
 
     def _sits_out(self) -> bool:
         """Whether the participation policy sits this round out: a period of a series whose slot in its block is
@@ -292,7 +371,7 @@ class DeviceClient(ServiceHttp):
         return Acknowledgement(int(got["acknowledged"]), int(got["counted"]), int(got["duplicates"]))
 
     # -- mean rounds --
-    def participate_value(self, value: float) -> Acknowledgement:
+    def participate_value(self, value: float, *, wait: bool = True) -> Acknowledgement:
         """Mean rounds: clamp and randomize one value on the device (ALGORITHM.md §11) and submit it.
 
         The round's document (bounds, ε, content hash) comes from the head-list endpoint; the device
@@ -306,86 +385,147 @@ class DeviceClient(ServiceHttp):
         if doc.get("format") != MEAN_ROUND_FORMAT:
             raise ServiceRequestError(f"round {self.round_id} is a BLENDER round, not a mean round; a device takes "
                                       "part with its records (participate(records), `hybriddp participate --input`)")
-        msg = self._outbox_message(doc["content_hash"])
-        if msg is None:
+        entry = self._outbox_entry(doc["content_hash"])
+        if entry is None:
             randomizer = NumericRandomizer(lower=doc["lower"], upper=doc["upper"], epsilon=doc["epsilon"])
             report = randomizer.randomize(value)  # checks the value before the ledger is charged
+            token = self._token_for(doc)
             ledger = self.ledger
             if ledger is not None:
                 self._charge(lambda: ledger.record(doc["content_hash"], float(doc["epsilon"]), 0.0))
             msg = {"id": new_message_id(), "round": self.round_id, "value": report, "headlist": doc["content_hash"]}
-            self._write_outbox(msg)
-        msg = self._tokened(msg)
-        ack = self.submit({k: v for k, v in msg.items() if k != "headlist"})
-        self._clear_outbox()
-        return ack
+            entry = self._keep(doc, msg, token)
+        return self._send_when_due(entry, wait)
 
     # -- report tokens (docs/TOKENS.md) --
-    def token_key(self) -> tuple[RoundKey, bool]:
-        """The round's token key, checked, and whether the server needs tokens (False: ``--open-admission``)."""
+    def token_key(self, headlist: dict[str, Any] | None = None) -> tuple[RoundKey, bool]:
+        """The round's token key, checked against what the head list commits to (``token_key``: key id, 2048-bit
+        modulus, e = 65537), and whether the server needs tokens (False: ``--open-admission``).
+
+        A key that is not the committed one is refused before anything is sent (:class:`ServiceRequestError`):
+        a server handing out per-device keys could tell later which device a token came from."""
         if self._token_key is None:
+            doc = self.fetch_headlist() if headlist is None else headlist
+            self._check_consistent(doc)
             what = f"report-token key of round {self.round_id}"
-            doc = self.request_json("GET", round_path(self.round_id, "/token-key"), what=what, idempotent=True)
+            got = self.request_json("GET", round_path(self.round_id, "/token-key"), what=what, idempotent=True)
+            needed = not (isinstance(got, dict) and got.get("admission") == "open")
             try:
-                key = RoundKey.from_dict(doc, self.round_id)
+                key = RoundKey.from_dict(got, self.round_id, committed=doc.get("token_key") if needed else None)
             except HybridDPError as exc:
                 raise ServiceRequestError(f"{what} from {self.base_url}: {exc}") from None
-            self._token_key = (key, doc.get("admission") != "open")
+            self._token_key = (key, needed)
         return self._token_key
 
-    def with_tokens(self, messages: Sequence[dict[str, Any]], *, chunk: int = 1000) -> list[dict[str, Any]]:
-        """The messages, each with a report token for it (messages that have one keep it), got with this
-        client's credential in requests of at most ``chunk`` tokens. Unchanged when the server needs none."""
-        key, needed = self.token_key()
-        todo = [i for i, m in enumerate(messages) if "token" not in m]
-        if not needed or not todo:
-            return list(messages)
+    def _check_consistent(self, doc: dict[str, Any]) -> None:
+        """Refuse (nothing sent) a head list that differs from the mirror's copy, or, through a relay, one that
+        does not commit to the gateway key the relay path uses (docs/TOKENS.md "One key per round")."""
+        if self._relay_transport is not None:
+            committed = doc.get("ohttp_key")
+            have = self._relay_transport.key_config
+            if committed is None or unb64(committed, "ohttp_key") != have:
+                raise ServiceRequestError(f"round {self.round_id}: the relay's gateway key is not the one the head "
+                                          "list commits to (field 'ohttp_key'); nothing was sent")
+        if self.mirror is None:
+            return
+        what = f"head list of round {self.round_id} from the mirror {self.mirror}"
+        with httpx.Client(timeout=self.http.timeout) as plain:
+            try:
+                resp = plain.get(self.mirror.rstrip("/") + round_path(self.round_id, "/headlist"),
+                                 headers={"Accept": "application/json"})
+                other = resp.json() if resp.status_code == 200 else None
+            except (httpx.HTTPError, ValueError) as exc:
+                raise ServiceUnavailableError(f"{what}: {exc or type(exc).__name__}; nothing was sent") from None
+        if not isinstance(other, dict) or other.get("content_hash") != doc["content_hash"]:
+            theirs = other.get("content_hash") if isinstance(other, dict) else f"HTTP {resp.status_code}"
+            raise ServiceRequestError(f"round {self.round_id}: the server gave this device head list "
+                                      f"{doc['content_hash'][:19]}…, the mirror sees {str(theirs)[:19]}…: the server "
+                                      "may be telling devices apart (by keys committed in their head lists). Nothing "
+                                      "was sent")
+
+    def _token_for(self, doc: dict[str, Any]) -> str | None:
+        """The device's report token for the round, got now on a connection of its own; None without a credential
+        or when the server needs no tokens."""
+        if self._credential is None:
+            self._check_consistent(doc)
+            return None
+        key, needed = self.token_key(doc)
+        if not needed:
+            return None
+        with self._own_connection():
+            return self._issue(key, 1)[0]
+
+    def _issue(self, key: RoundKey, n: int) -> list[str]:
+        """``n`` report tokens with fresh random nonces, in one request with this client's credential."""
         if self._credential is None:
             raise ServiceRequestError(f"round {self.round_id}: this server takes reports only with a report token, "
                                       "and tokens need a device credential (DeviceClient(..., credential=...), "
                                       "`hybriddp participate --credential-file`); the administrator makes them with "
                                       "`hybriddp credentials create`")
+        reqs = [TokenRequest.make(key) for _ in range(n)]
+        what = f"get {n:,} report token{'s' * (n != 1)} for round {self.round_id}"
+        # not retried: a lost answer would use up tokens; the caller tries again (a fresh blinding)
+        got = self.request_json("POST", round_path(self.round_id, "/tokens"), what=what, idempotent=False,
+                                json_body={"blinded_msgs": [r.blinded for r in reqs]},
+                                headers={"Authorization": f"Bearer {self._credential}"})
+        sigs = got.get("blind_sigs") if isinstance(got, dict) else None
+        if not isinstance(sigs, list) or len(sigs) != n:
+            raise ServiceRequestError(f"{what}: the answer has no list of {n} blind_sigs")
+        try:
+            return [req.finalize(sig) for req, sig in zip(reqs, sigs, strict=True)]
+        except HybridDPError as exc:
+            raise ServiceRequestError(f"{what}: {exc}") from None
+
+    def with_tokens(self, messages: Sequence[dict[str, Any]], *, chunk: int = 1000) -> list[dict[str, Any]]:
+        """The messages, each with a report token (messages that have one keep it) and the id its nonce gives, got
+        with this client's credential in requests of at most ``chunk`` tokens. Unchanged when the server needs
+        none. For relays and simulations: the tokens are got and spent at once, which lets the server link them."""
+        key, needed = self.token_key()
+        todo = [i for i, m in enumerate(messages) if "token" not in m]
+        if not needed or not todo:
+            return list(messages)
         out = list(messages)
-        auth = {"Authorization": f"Bearer {self._credential}"}
         for part in chunked(todo, chunk):
-            reqs = [TokenRequest.make(key, out[i]["id"], message_payload(out[i])) for i in part]
-            what = f"get {len(part):,} report token{'s' * (len(part) != 1)} for round {self.round_id}"
-            # not retried: a lost answer would use up tokens; the caller tries again (a fresh blinding)
-            got = self.request_json("POST", round_path(self.round_id, "/tokens"), what=what, idempotent=False,
-                                    json_body={"blinded_msgs": [r.blinded for r in reqs]}, headers=auth)
-            sigs = got.get("blind_sigs") if isinstance(got, dict) else None
-            if not isinstance(sigs, list) or len(sigs) != len(part):
-                raise ServiceRequestError(f"{what}: the answer has no list of {len(part)} blind_sigs")
-            for i, req, sig in zip(part, reqs, sigs, strict=True):
-                try:
-                    out[i] = {**out[i], "token": req.finalize(sig)}
-                except HybridDPError as exc:
-                    raise ServiceRequestError(f"{what}: {exc}") from None
+            for i, tok in zip(part, self._issue(key, len(part)), strict=True):
+                out[i] = spend(out[i], tok)
         return out
 
     def _tokened(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """``msg`` with its token (got now if it has none and this device has a credential), kept in the outbox
-        with it. Without a credential the message goes as it is: a server that needs tokens refuses it (403)."""
+        """``msg`` with its token (got now if it has none — its first try failed — and this device has a
+        credential), kept in the outbox with it. Without a credential the message goes as it is: a server that
+        needs tokens refuses it (403)."""
         if "token" in msg or self._credential is None:
             return msg
-        (out,) = self.with_tokens([msg], chunk=1)
-        if out is not msg:
-            self._write_outbox(out)
+        key, needed = self.token_key()
+        if not needed:
+            return msg
+        with self._own_connection():
+            out = spend(msg, self._issue(key, 1)[0])
+        self._rewrite_outbox(out)
         return out
 
     # -- the outbox --
-    def _outbox_message(self, headlist_hash: str) -> dict[str, Any] | None:
+    def _outbox_entry(self, headlist_hash: str | None) -> dict[str, Any] | None:
+        """The outbox's entry ``{"message", "send_at"}`` if it holds a message for this head list (any, with None)."""
         outbox = self.outbox
         if outbox is None or not os.path.exists(outbox):
             return None
         try:
             with open(outbox, encoding="utf-8") as fh:
-                msg = json.load(fh)
-            check_message_id(msg.get("id"))
-        except (OSError, ValueError, AttributeError, HybridDPError) as exc:
+                entry = json.load(fh)
+            if "message" not in entry:  # an outbox written before send times: the message alone, sent now
+                entry = {"message": entry, "send_at": 0.0}
+            check_message_id(entry["message"].get("id"))
+        except (OSError, ValueError, AttributeError, KeyError, TypeError, HybridDPError) as exc:
             raise ServiceRequestError(f"outbox {outbox} cannot be read ({exc}); it should hold one device "
                                       "message. Move it away to participate again") from None
-        return msg if msg.get("headlist") == headlist_hash else None
+        if headlist_hash is not None and entry["message"].get("headlist") != headlist_hash:
+            return None
+        return entry
+
+    def _rewrite_outbox(self, msg: dict[str, Any]) -> None:
+        entry = self._outbox_entry(None)
+        self._write_outbox({"message": msg, "send_at": 0.0 if entry is None else entry.get("send_at", 0.0)})
 
     def _write_outbox(self, msg: dict[str, Any]) -> None:
         outbox = self.outbox

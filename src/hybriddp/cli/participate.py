@@ -29,6 +29,17 @@ def _device_records(input_path: str, fmt: str | None, user_col: str | None, quer
 
 
 
+def _when(seconds: float | None) -> str:
+    from hybriddp.core.tokens import format_time
+    return format_time(seconds or 0.0)
+
+
+def _announce(round_id: str, send_at: float | None) -> None:
+    """Say on stderr when the waiting device will send (a random time in the report window)."""
+    render.err.print(f"round {round_id}: token got; the message will be sent at {_when(send_at)} (a uniformly random "
+                     "time in the round's report window; --no-wait to exit and send later, --report-now for tests)")
+
+
 @click.command("upload")
 @click.argument("round_id")
 @server_option
@@ -100,6 +111,22 @@ def upload_cmd(round_id: str, server: str, token_file: str | None, input_path: s
               help="Rounds of a series (docs/SERIES.md): report in one period out of R, drawn on this device for "
                    "each block of R periods and kept in its ledger; other periods are sat out (nothing sent or "
                    "charged). Default: every round.")
+@click.option("--report-now", is_flag=True,
+              help="TESTS AND SIMULATIONS ONLY: send at once instead of at a uniformly random time in the round's "
+                   "report window. The server then sees this device's token issuance and its report together and "
+                   "can link them (docs/TOKENS.md).")
+@click.option("--no-wait", is_flag=True,
+              help="Get the token, randomize and keep the message in the outbox, then exit; run `hybriddp "
+                   "participate` again (same --round and --outbox) once its send time has come to send it. Default: "
+                   "wait until the send time (a time uniformly random in the round's report window).")
+@click.option("--mirror", default=None, metavar="URL",
+              help="A second path to the round's documents (e.g. a relay run by another party): the head list is "
+                   "fetched there too, and nothing is sent unless both copies are the same (a server cannot hand "
+                   "this device its own key unnoticed). Default: the relay, if --relay is given; else none.")
+@click.option("--relay", default=None, metavar="URL",
+              help="An Oblivious HTTP relay (`hybriddp relay`, run by someone other than the server's operator): "
+                   "every request of this device goes through it encapsulated (RFC 9458), so the server never sees "
+                   "this device's address or connection. Default: none (direct).")
 @click.option("--retries", type=int, default=5, show_default=True,
               help="Retries after the first try on connection errors, timeouts, HTTP 429 and 5xx (exponential "
                    "backoff from 0.2 s to 10 s, with jitter); 0 = no retry.")
@@ -108,13 +135,18 @@ def participate_cmd(server: str, round_id: str, input_path: str | None, fmt: str
                     query_col: str, url_col: str | None, row_per_user: bool, skip_bad_rows: bool, value: float | None,
                     device_ledger: str | None, no_device_ledger: bool, lifetime_epsilon: float | None,
                     lifetime_delta: float | None, outbox: str | None, credential_file: str | None,
-                    one_in: int | None, retries: int, as_json: bool) -> None:
+                    one_in: int | None, report_now: bool, no_wait: bool, mirror: str | None, relay: str | None,
+                    retries: int, as_json: bool) -> None:
     """One device takes part in a round: fetch and verify the head list, randomize its records on the device
     (LocalAlg, ALGORITHM.md §5; every row of --input is this device's) and submit the message.
 
     The device ledger (by default the per-user one) is charged before the message leaves: a second report in
     the same round, or one past the lifetime budget, is refused with nothing sent (exit status 2); a message
-    resent from the outbox is the same report and is not charged again."""
+    resent from the outbox is the same report and is not charged again.
+
+    The device gets its report token at once (on a connection of its own) and sends the message at a uniformly
+    random time in the round's report window, so that the server cannot pair reports with token issuances
+    (docs/TOKENS.md); the command waits until then unless --no-wait (or --report-now, for tests)."""
     from hybriddp.device.ledger import DeviceLedgerRefusal, open_device_ledger
     from hybriddp.sdk import DeviceClient, RetryPolicy
     if (input_path is None) == (value is None):
@@ -142,13 +174,25 @@ def participate_cmd(server: str, round_id: str, input_path: str | None, fmt: str
                   if credential_file is not None or os.environ.get("HYBRIDDP_DEVICE_CREDENTIAL", "").strip() else None)
     try:
         with DeviceClient(server, round_id, ledger, retry=RetryPolicy(attempts=retries + 1), credential=credential,
-                          participation=one_in, **where) as dev:
-            ack = dev.participate_value(value) if records is None else dev.participate(records)
+                          participation=one_in, report_now=report_now, mirror=mirror, relay=relay, **where) as dev:
+            if report_now:
+                render.err.print("[yellow]warning: --report-now: the server sees this device's token and report "
+                                 "together and can link them (tests and simulations only)[/yellow]")
+            ack = (dev.participate_value(value, wait=False) if records is None
+                   else dev.participate(records, wait=False))  # or the message an earlier --no-wait run kept
+            if ack.pending and not no_wait:
+                _announce(round_id, ack.send_at)
+                ack = dev.send_due(wait=True) or ack
     except DeviceLedgerRefusal as exc:
         raise exc.explained("pass --no-device-ledger only for tests and simulations") from None
     if as_json:
         render.print_json({"round": round_id, "acknowledged": ack.acknowledged, "counted": ack.counted,
-                           "duplicates": ack.duplicates, "skipped": ack.skipped})
+                           "duplicates": ack.duplicates, "skipped": ack.skipped, "pending": ack.pending,
+                           "send_at": None if ack.send_at is None else _when(ack.send_at)})
+        return
+    if ack.pending:
+        render.out.print(f"round {round_id}: token got and message kept in the outbox; run this command again after "
+                         f"{_when(ack.send_at)} to send it")
         return
     if ack.skipped:
         render.out.print(f"round {round_id}: not this device's period (one in {one_in}); nothing sent or charged")

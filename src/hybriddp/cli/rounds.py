@@ -91,15 +91,30 @@ def round_params(kind: str, noise: str, no_project: bool, estimator: str | None,
 @click.option("--retention-hours", type=float, default=None,
               help="Hours after creation at which the round's raw opt-in data are purged at the latest, whatever its "
                    "state (a round still collecting opt-in data is then aborted). Default: the server's, 168 (a week).")
+@click.option("--issuance-window", type=float, default=None, metavar="SECONDS",
+              help="Seconds after the head list's publication in which devices get their report tokens; the report "
+                   "window starts after it (docs/TOKENS.md). Default: 3600.")
+@click.option("--report-window", type=float, default=None, metavar="SECONDS",
+              help="Seconds of the report window: every device sends at a uniformly random time in it, so report "
+                   "times say nothing about token issuance. 0 (with --issuance-window 0): devices send at once, "
+                   "which lets the operator link reports to credentials. Default: 3600.")
+@click.option("--min-tokens", type=int, default=None,
+              help="Reports are refused (and kept by devices to send again) until this many report tokens were "
+                   "issued in the round: the smallest anonymity set it accepts. Default: 0.")
 @seed_option(help="EXPERIMENTS ONLY: the server's curator uses this seed, so the round has NO privacy; refused unless "
                   "the server runs with --insecure-testing-seeds.")
 @json_option
 def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str | None, noise: str, no_project: bool,
                estimator: str | None, lower: float | None, upper: float | None, sigma2: float | None,
-               retention_hours: float | None, seed: int | None, as_json: bool, **knobs: Any) -> None:
+               retention_hours: float | None, issuance_window: float | None, report_window: float | None,
+               min_tokens: int | None, seed: int | None, as_json: bool, **knobs: Any) -> None:
     """Create a round (state collecting-optin) with all BLENDER parameters (ALGORITHM.md §2), or a mean round
     (--kind mean --epsilon --lower --upper; ALGORITHM.md §11). Prints the round and its id."""
     params = round_params(kind, noise, no_project, estimator, lower, upper, sigma2, **knobs)
+    for key, v in (("issuance_seconds", issuance_window), ("report_seconds", report_window),
+                   ("min_tokens", min_tokens)):
+        if v is not None:
+            params[key] = v
     with admin_client(server, admin_token_file) as admin:
         rnd = admin.create_round(kind, params, name=name, seed=seed, retention_hours=retention_hours)
     if as_json:

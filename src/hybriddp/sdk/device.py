@@ -280,7 +280,7 @@ class DeviceClient(ServiceHttp):
 
     def _send_when_due(self, entry: dict[str, Any], wait: bool) -> Acknowledgement:
         send_at = float(entry.get("send_at") or 0.0)
-        while (left := send_at - self._clock()) > 0:
+        while not self.report_now and (left := send_at - self._clock()) > 0:
             if not wait:
                 return Acknowledgement(pending=True, send_at=send_at)
             time.sleep(min(left, 30.0))

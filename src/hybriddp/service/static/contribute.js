@@ -109,6 +109,13 @@ export class Contribute {
       return;
     }
     this.target = target;
+    try {
+      for (const roundId of Object.keys(readMap(TOKENS_KEY))) { // tokens of rounds no longer taking reports: unusable
+        if (roundId !== target.id) writeEntry(TOKENS_KEY, roundId, null);
+      }
+    } catch {
+      // the browser keeps nothing: nothing to drop
+    }
     this.button.disabled = false;
     this.say(`Reports go to round “${target.name || target.id}”, which is collecting them.`, "muted");
     try {

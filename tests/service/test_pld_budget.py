@@ -2,7 +2,7 @@
 ALGORITHM.md §14), on both databases.
 
 An opt-in user charged in rounds of ε = 1 against a lifetime budget of ε = 11, δ = 1e-4: basic composition stops
-them after 11 rounds; privacy-loss-distribution accounting of the exact per-round mechanisms admits more. How many
+them after 10 rounds (δ = 1e-5 a round: Σδ reaches 1e-4 first); privacy-loss-distribution accounting of the exact per-round mechanisms admits more. How many
 is computed here by the accountant itself (:func:`hybriddp.audit.pld.history_epsilon`; tests/test_pld.py checks it
 against the exact audit and against dp-accounting), and the store must admit exactly those: at the build's charge
 and at enrolment. A round accounted by its (ε, δ) alone (a mean round) gains nothing.
@@ -43,7 +43,7 @@ def new_round(store: Store, kind: str = "blender", params: dict | None = None) -
 
 def test_pld_admits_more_rounds_than_basic_composition_and_no_more_than_it_says(store: Store) -> None:
     k_pld = admitted_by_pld()
-    assert k_pld > 11  # basic: 11 × ε 1 = the lifetime 11
+    assert k_pld > 11  # basic: 10 (10 × δ 1e-5 = the lifetime δ); even ε alone would stop at 11
     pair = [store.pseudonym("alice"), store.pseudonym("bob")]  # the ledger charges pseudonyms
     for _ in range(k_pld):
         store.charge(new_round(store), [Charge("optin", pair, 1.0, 1e-5)])

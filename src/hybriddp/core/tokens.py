@@ -187,8 +187,10 @@ def report_time(window: tuple[float, float] | None, now: float, uniform: Any = N
         return now
     opens, closes = window
     start = max(now, opens)
-    if start >= closes:
+    if now >= closes:
         return now
+    if start >= closes:  # a window of no length not yet reached: its one instant, not now
+        return start
     draw = uniform or secrets.SystemRandom().uniform
     return float(draw(start, closes))
 

@@ -58,6 +58,7 @@ def finish_close(store: Store, info: RoundInfo, flagged: str = "hold") -> RoundI
             doc.update(non_private=True, warning=SEED_WARNING)
     else:
         doc, counts = mean_results(store, info, json.loads(docs.estimates)), None
+    doc["headlist"] = info.headlist_hash  # the content hash devices randomized over: it commits to the round's keys
     raised = bool(doc.get("anchor_check") and _raised(doc["anchor_check"]))
     if raised and flagged == "remove":
         doc = withhold_flagged(doc)

@@ -76,8 +76,11 @@ function renderSummary(info) {
     h("dd", {}, v === null ? "none" : typeof v === "boolean" ? (v ? "yes" : "no") : num(v)),
   ]));
   if (info.headlist_hash) {
-    $("params").append(h("dt", {}, info.kind === "blender" ? "head list" : "round document"),
-      h("dd", { class: "mono small", title: info.headlist_hash }, `${info.headlist_hash.slice(0, 19)}…`));
+    // the whole content hash, which commits to the round's token key: compare it with what devices and mirrors
+    // see (docs/TOKENS.md "Consistency")
+    $("params").append(h("dt", {}, info.kind === "blender" ? "head list (content hash)" : "round document"),
+      h("dd", { class: "mono small hash", title: "compare with the hash your device and the relay's mirror see" },
+        info.headlist_hash));
   }
   show("params-panel");
 }

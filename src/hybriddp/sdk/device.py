@@ -16,7 +16,15 @@ import httpx
 
 from hybriddp.core.errors import HybridDPError, parameter_error
 from hybriddp.core.protocol import check_message_id, validate_headlist
-from hybriddp.core.tokens import RoundKey, TokenRequest, report_time, report_window, spend, unb64
+from hybriddp.core.tokens import (
+    RoundKey,
+    TokenRequest,
+    check_committed_key,
+    report_time,
+    report_window,
+    spend,
+    unb64,
+)
 from hybriddp.device.ledger import DeviceLedger, DeviceLedgerRefusal, default_device_ledger_path, open_device_ledger
 from hybriddp.device.localalg import randomize_records
 from hybriddp.sdk.http import (
@@ -411,7 +419,9 @@ class DeviceClient(ServiceHttp):
             got = self.request_json("GET", round_path(self.round_id, "/token-key"), what=what, idempotent=True)
             needed = not (isinstance(got, dict) and got.get("admission") == "open")
             try:
-                key = RoundKey.from_dict(got, self.round_id, committed=doc.get("token_key") if needed else None)
+                key = RoundKey.from_dict(got, self.round_id)
+                if needed:  # a head list without the field is refused too (from_dict takes None as "no check")
+                    check_committed_key(key, doc.get("token_key"))
             except HybridDPError as exc:
                 raise ServiceRequestError(f"{what} from {self.base_url}: {exc}") from None
             self._token_key = (key, needed)

@@ -54,7 +54,7 @@ def credentials(client: TestClient, count: int = 1, per_round: int = 1) -> list[
 def key_of(client: TestClient, rid: str) -> tokens.RoundKey:
     resp = client.get(f"{API}/rounds/{rid}/token-key")
     assert resp.status_code == 200 and resp.json()["admission"] == "tokens", resp.text
-    return tokens.RoundKey.from_dict(resp.json(), rid)
+    return tokens.RoundKey.from_dict(resp.json(), rid, client.get(f"{API}/rounds/{rid}/headlist").json()["token_key"])
 
 
 def issue(client: TestClient, rid: str, credential: str, reqs: list[tokens.TokenRequest]) -> Any:
@@ -75,23 +75,26 @@ def counted(client: TestClient, rid: str) -> int:
 
 
 # ----- redemption ---------------------------------------------------------------------------------
-def test_a_report_needs_a_valid_token_for_itself(client: TestClient, store_url: str) -> None:
+def test_a_report_needs_a_valid_token_and_spends_it(client: TestClient, store_url: str) -> None:
     (cred,) = credentials(client, per_round=3)
     rid, hl = blender_round(client)
     other_rid, _ = blender_round(client)
     m1, m2, m3 = device_messages(hl, 3, seed=1)
     error_of(post(client, rid, m1), 403, "token_required", "field 'token' is missing", "/tokens")
     error_of(post(client, rid, {**m1, "token": "not base64!"}), 403, "token_invalid")
-    error_of(post(client, rid, {**m1, "token": tokens.b64(os.urandom(256))}), 403, "token_invalid", "does not verify")
+    error_of(post(client, rid, {**m1, "token": tokens.b64(os.urandom(256))}), 403, "token_invalid", "354 bytes")
     t1 = with_token(client, rid, cred, m1)
-    # the token of m1 does not verify for another message: another id, other reports under the same id, or m1 sent
-    # to another round (its challenge names its round)
-    error_of(post(client, rid, {**m2, "token": t1["token"]}), 403, "token_invalid")
-    other_reports = next(m for m in (m2, m3) if m["reports"] != m1["reports"])
-    error_of(post(client, rid, {**t1, "reports": other_reports["reports"]}), 403, "token_invalid")
+    assert len(tokens.unb64(t1["token"], "token")) == tokens.TOKEN_BYTES == 354
+    parsed = tokens.Token.parse(t1["token"])
+    assert t1["id"] == parsed.message_id != m1["id"]
+    forged = tokens.Token(parsed.nonce, parsed.challenge_digest, parsed.key_id, os.urandom(256)).encode()
+    error_of(post(client, rid, {**t1, "token": forged}), 403, "token_invalid", "does not verify")
+    # the token is spent by the message whose id its nonce derives: any other id is refused
+    error_of(post(client, rid, {**m2, "token": t1["token"]}), 403, "token_invalid", "derived")
+    # m1 sent to another round: its token's challenge names its round
     (cred2,) = credentials(client)
     error_of(post(client, other_rid, {**t1, "headlist": client.get(f"{API}/rounds/{other_rid}/headlist").json()[
-        "content_hash"]}), 403)
+        "content_hash"]}), 403, "token_invalid", "another round")
     # a batch with one bad message is refused whole: nothing of it is stored
     t2 = with_token(client, rid, cred, m2)
     error_of(post(client, rid, [t2, m3]), 403, "token_required", "message 2")
@@ -100,6 +103,10 @@ def test_a_report_needs_a_valid_token_for_itself(client: TestClient, store_url: 
     # the valid ones are counted; a retried message (same id, same token) once
     assert post(client, rid, [t1, t2]).json() == {"acknowledged": 2, "counted": 2, "duplicates": 0}
     assert post(client, rid, t1).json() == {"acknowledged": 1, "counted": 0, "duplicates": 1}
+    # another message with the same token (other reports) has the same id: acknowledged as a duplicate, not counted
+    other_reports = next(m for m in (m2, m3) if m["reports"] != m1["reports"])
+    assert post(client, rid, {**t1, "reports": other_reports["reports"]}).json() == {
+        "acknowledged": 1, "counted": 0, "duplicates": 1}
     assert counted(client, rid) == 2
     assert cred2  # a second credential exists and was never used: its tokens are untouched
 
@@ -116,8 +123,11 @@ def test_mean_round_reports_need_tokens_too(client: TestClient) -> None:
     msg = {"id": new_message_id(), "round": rid, "value": randomize_value(3.0, lower=0.0, upper=10.0, epsilon=2.0)}
     error_of(post(client, rid, msg), 403, "token_required")
     good = with_token(client, rid, cred, msg)
-    error_of(post(client, rid, {**good, "value": good["value"] + 1.0}), 403, "token_invalid")
+    error_of(post(client, rid, {**good, "id": new_message_id()}), 403, "token_invalid", "derived")
     assert post(client, rid, good).json()["counted"] == 1
+    # another value under the same token: the same id, a duplicate
+    assert post(client, rid, {**good, "value": good["value"] + 1.0}).json() == {
+        "acknowledged": 1, "counted": 0, "duplicates": 1}
 
 
 # ----- issuance -----------------------------------------------------------------------------------
@@ -126,7 +136,7 @@ def test_issuance_only_to_admitted_credentials_within_their_limit(client: TestCl
     rid, hl = blender_round(client)
     key = key_of(client, rid)
     msgs = device_messages(hl, 4, seed=2)
-    reqs = [tokens.TokenRequest.make(key, m["id"], tokens.message_payload(m)) for m in msgs]
+    reqs = [tokens.TokenRequest.make(key) for _ in msgs]
     for bad in ({}, {"Authorization": "Bearer "}, {"Authorization": "Bearer hdc_not-a-credential"},
                 {"Authorization": f"Bearer {ADMIN}"}):
         resp = client.post(f"{API}/rounds/{rid}/tokens", json={"blinded_msgs": [reqs[0].blinded]}, headers=bad)
@@ -156,7 +166,7 @@ def test_concurrent_requests_cannot_pass_the_limit(store_url: str) -> None:
         rid, hl = blender_round(c)
         key = key_of(c, rid)
         msgs = device_messages(hl, 16, seed=3)
-        reqs = [tokens.TokenRequest.make(key, m["id"], tokens.message_payload(m)) for m in msgs]
+        reqs = [tokens.TokenRequest.make(key) for _ in msgs]
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             statuses = list(pool.map(lambda r: issue(c, rid, cred, [r]).status_code, reqs))
     assert sorted(statuses) == [200] * 5 + [403] * 11
@@ -182,7 +192,7 @@ def test_bad_issuance_requests_get_a_clear_4xx(client: TestClient) -> None:
     error_of(client.post(url, content=b"{", headers={**auth, "Content-Type": "application/json"}), 400)
     error_of(client.post(f"{API}/rounds/{'A' * 22}/tokens", json={"blinded_msgs": ["A"]}, headers=auth), 404)
     # nothing was counted by the refusals: the credential still has its 10
-    req = tokens.TokenRequest.make(key_of(client, rid), "x" * 22, b"")
+    req = tokens.TokenRequest.make(key_of(client, rid))
     assert issue(client, rid, cred, [req]).json()["remaining"] == 9
     for body in ({"count": 0}, {"count": 10_001}, {"tokens_per_round": 0}, {"count": "many"}, {"label": "a\x00b"},
                  {"other": 1}):
@@ -238,9 +248,9 @@ def test_issuance_cannot_be_linked_to_reports(client: TestClient, store_url: str
     rid, hl = blender_round(client)
     key = key_of(client, rid)
     msgs = device_messages(hl, 2, seed=6)
-    reqs = [tokens.TokenRequest.make(key, m["id"], tokens.message_payload(m)) for m in msgs]
+    reqs = [tokens.TokenRequest.make(key) for _ in msgs]
     sigs = [issue(client, rid, cred, [r]).json()["blind_sigs"][0] for cred, r in zip((a, b), reqs, strict=True)]
-    sent = [{**m, "token": r.finalize(s)} for m, r, s in zip(msgs, reqs, sigs, strict=True)]
+    sent = [tokens.spend(m, r.finalize(s)) for m, r, s in zip(msgs, reqs, sigs, strict=True)]
     assert post(client, rid, sent[::-1]).json()["counted"] == 2
     # 1. what is stored about issuance is a count per credential and round, nothing else
     dump = _dump(store_url)
@@ -269,7 +279,7 @@ def test_issuance_cannot_be_linked_to_reports(client: TestClient, store_url: str
             assert em * pow(r, 65537, pub.public_numbers().n) % pub.public_numbers().n == int.from_bytes(
                 tokens.unb64(req.blinded, "b"), "big"), (i, m["id"])
     # the control: without blinding (r = 1) the pairing is plain to see, so the check above is not vacuous
-    raw_input = tokens.token_input(rid, key.key_id, msgs[0]["id"], tokens.message_payload(msgs[0]))
+    raw_input = tokens.token_input(rid, key.key_id, tokens.new_nonce())
     unblinded, _ = blindrsa.blind(pub, raw_input, variant=pss, r=1)
     assert _implied_blinding(pub, private, unblinded, blindrsa.blind_sign(private, unblinded)) == 1
 
@@ -310,24 +320,26 @@ def test_devices_report_through_the_sdk_with_tokens(store_url: str, tmp_path: Pa
             rid, _ = blender_round(c)
         records = [("weather", "https://w.example/a")]
         ledger = DeviceLedger(tmp_path / "ledger.json", lifetime_epsilon=20.0, lifetime_delta=1e-3)
-        assert DeviceClient(url, rid, ledger, credential=creds[0]).participate(records).counted == 1
+        # report_now=True: a test, not about when devices report (tests/service/test_unlinkable.py is)
+        assert DeviceClient(url, rid, ledger, credential=creds[0], report_now=True).participate(records).counted == 1
         # without a credential: refused by the server, with the way out
         with pytest.raises(ServiceRequestError, match="token"):
-            DeviceClient(url, rid, DeviceClient.NO_LEDGER).participate(records)
+            DeviceClient(url, rid, DeviceClient.NO_LEDGER, report_now=True).participate(records)
         # the server fails after the token was issued: the outbox keeps message and token; the next run resends
         # both (the credential's one token was spent on it: asking again would be refused)
         outbox = tmp_path / "outbox.json"
         dev = DeviceClient(url, rid, DeviceLedger(tmp_path / "l2.json", lifetime_epsilon=20.0, lifetime_delta=1e-3),
-                           outbox=outbox, credential=creds[1])
+                           outbox=outbox, credential=creds[1], report_now=True)
 
         def down(*_a: Any, **_k: Any) -> Any:
             raise ServiceUnavailableError("the server is down", status=503)
         dev._post_messages = down  # type: ignore[method-assign]
         with pytest.raises(ServiceUnavailableError):
             dev.participate(records)
-        pending = json.loads(outbox.read_text())
-        assert "token" in pending
-        again = DeviceClient(url, rid, DeviceLedger(tmp_path / "l2.json"), outbox=outbox, credential=creds[1])
+        pending = json.loads(outbox.read_text())["message"]
+        assert pending["id"] == tokens.Token.parse(pending["token"]).message_id
+        again = DeviceClient(url, rid, DeviceLedger(tmp_path / "l2.json"), outbox=outbox, credential=creds[1],
+                             report_now=True)
         assert again.participate(records).counted == 1 and not outbox.exists()
         # a relay with many tokens per round submits prepared messages; resubmitting is acknowledged, not counted
         (relay,) = admin.create_credentials(1, tokens_per_round=100, label="relay")
@@ -362,12 +374,12 @@ def test_credentials_and_participate_commands(store_url: str, tmp_path: Path) ->
         device = _csv(tmp_path / "device.csv", [("weather", "https://w.example/a")])
         mine = tmp_path / "mine.txt"
         mine.write_text(lines[0] + "\n")
-        base = ("participate", "--round", rid, "--input", device, "--json")
+        base = ("participate", "--round", rid, "--input", device, "--json", "--report-now")  # a test: at once
         # no credential: the server refuses (one line); the charged message waits in the outbox and goes, with a
         # token, on the next run
         no = _cli(*base, "--device-ledger", tmp_path / "l.json", env=env, ok=False)
         _clean_error(no, "token")
-        got = json.loads(_cli(*base, "--device-ledger", tmp_path / "l.json", "--credential-file", mine, env=env).output)
+        got = json.loads(_cli(*base, "--device-ledger", tmp_path / "l.json", "--credential-file", mine, env=env).stdout)
         assert got["counted"] == 1
         _clean_error(_cli(*base, "--no-device-ledger", "--credential-file", tmp_path / "missing", env=env, ok=False),
                      "--credential-file", "no such file")

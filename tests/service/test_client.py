@@ -310,13 +310,14 @@ def test_a_round_through_the_sdk(service: Service, tmp_path: Any) -> None:
     with httpx.Client() as http:
         for i, records in enumerate(devices):  # every device on its own, with its own ledger
             ledger = DeviceLedger(tmp_path / f"device-{i}.json", lifetime_epsilon=20.0, lifetime_delta=1e-3)
-            ack = DeviceClient(service.url, rid, ledger, client=http).participate(records)
+            # report_now=True: a test of the SDK's round trip, not of when devices report (test_unlinkable.py is)
+            ack = DeviceClient(service.url, rid, ledger, client=http, report_now=True).participate(records)
             assert (ack.acknowledged, ack.counted, ack.duplicates) == (1, 1, 0)
             assert ledger.spent() == (8.0, 1e-5)
             total += min(2, len(records))  # m_C = 2 reports per device
         with pytest.raises(DeviceError, match="already reported"):  # the ledger allows one report per round
-            DeviceClient(service.url, rid, DeviceLedger(tmp_path / "device-0.json"), client=http).participate(
-                devices[0])
+            DeviceClient(service.url, rid, DeviceLedger(tmp_path / "device-0.json"), client=http,
+                         report_now=True).participate(devices[0])
     rnd = admin.round(rid)
     assert rnd["state"] == "collecting-reports" and rnd["counts"]["messages"] == 40
     assert rnd["counts"]["reports"] == total
@@ -336,7 +337,7 @@ def test_a_round_through_the_sdk(service: Service, tmp_path: Any) -> None:
     assert admin.results(rid, "csv").decode().splitlines()[0].startswith('"query","url"')
     assert rid in {r["id"] for r in admin.rounds()}
     with pytest.raises(ConflictError, match=r"closed|results-published"):  # reports after close: 409, not retried
-        DeviceClient(service.url, rid, client=None, sleep=Sleeps()).participate(devices[1])
+        DeviceClient(service.url, rid, client=None, sleep=Sleeps(), report_now=True).participate(devices[1])
 
 
 def test_a_relay_uploads_many_users_in_bodies_of_bounded_size(service: Service) -> None:
@@ -413,11 +414,12 @@ def test_an_unacknowledged_message_is_resent_from_the_outbox(service: Service, t
         ledger = DeviceLedger(ledger_path, lifetime_epsilon=20.0, lifetime_delta=1e-3)
         with pytest.raises(ServiceUnavailableError) as info:
             DeviceClient(down_url, rid, ledger, outbox=outbox, retry=RetryPolicy(attempts=3),
-                         sleep=Sleeps()).participate(POOL[:2])
+                         sleep=Sleeps(), report_now=True).participate(POOL[:2])  # report_now: a test
     pending = info.value.pending
-    assert pending is not None and json.loads(outbox.read_text()) == pending
+    assert pending is not None and json.loads(outbox.read_text())["message"] == pending
     assert ledger.spent()[0] == 8.0  # charged before the message left
-    again = DeviceClient(service.url, rid, DeviceLedger(ledger_path), outbox=outbox).participate(POOL[:2])
+    again = DeviceClient(service.url, rid, DeviceLedger(ledger_path), outbox=outbox,
+                         report_now=True).participate(POOL[:2])
     assert again.counted == 1 and not outbox.exists()
     assert admin.round(rid)["counts"]["messages"] == 1
     assert all(json.loads(body)["id"] == pending["id"] for m, _, _, body in down.seen if m == "POST")
@@ -432,7 +434,7 @@ def test_a_mean_round_through_the_sdk(service: Service) -> None:
     admin.publish_headlist(rid)
     with httpx.Client() as http:
         for i in range(60):  # 60 simulated devices from one process: no device ledger (one would refuse the 2nd)
-            dev = DeviceClient(service.url, rid, DeviceClient.NO_LEDGER, client=http)
+            dev = DeviceClient(service.url, rid, DeviceClient.NO_LEDGER, client=http, report_now=True)  # a test
             assert dev.participate_value(float(i % 10)).counted == 1
         with pytest.raises(HybridDPError, match="not a mean round"):
             brid, _ = published_round(service.url)
@@ -496,8 +498,10 @@ def test_round_commands_end_to_end(service: Service, tmp_path: Any) -> None:
         dev = _csv(tmp_path / f"device-{i}.csv", [POOL[i % len(POOL)], POOL[(i + 1) % len(POOL)]])
         flags = ("--device-ledger", ledger, "--lifetime-epsilon", 20, "--lifetime-delta", 1e-3) if i == 0 else ()
         got = json.loads(_cli("participate", "--server", url, "--round", rid, "--input", dev, *flags, "--json",
+                              "--report-now",  # a test: at once
                               env={"HYBRIDDP_DATA_HOME": str(tmp_path / f"home-{i}")}).stdout)
-        assert got == {"round": rid, "acknowledged": 1, "counted": 1, "duplicates": 0, "skipped": False}
+        assert {k: v for k, v in got.items() if k != "send_at"} == {
+            "round": rid, "acknowledged": 1, "counted": 1, "duplicates": 0, "skipped": False, "pending": False}
     _clean_error(_cli("participate", "--server", url, "--round", rid, "--input", tmp_path / "device-0.csv",
                       "--device-ledger", ledger, ok=False), "already reported")
     status = json.loads(_cli("round", "status", rid, "--server", url, "--json").stdout)
@@ -517,7 +521,7 @@ def test_round_commands_end_to_end(service: Service, tmp_path: Any) -> None:
     _cli("round", "results", rid, "--server", url, "--output", tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text()) == res
     _clean_error(_cli("participate", "--server", url, "--round", rid, "--input", tmp_path / "device-1.csv",
-                      ok=False), "HTTP 409")  # reports after close
+                      "--report-now", ok=False), "HTTP 409")  # reports after close
 
 
 def test_round_commands_refuse_cleanly(service: Service, tmp_path: Any) -> None:
@@ -635,12 +639,14 @@ def test_a_mean_round_with_the_cli(service: Service, tmp_path: Any) -> None:
     _cli("round", "publish", rid, env=env)
     ledger = tmp_path / "ledger.json"
     first = json.loads(_cli("participate", "--round", rid, "--value", 7, "--device-ledger", ledger,
-                            "--lifetime-epsilon", 5, "--lifetime-delta", 1e-6, "--json", env=env).stdout)
+                            "--lifetime-epsilon", 5, "--lifetime-delta", 1e-6, "--json", "--report-now",
+                            env=env).stdout)  # --report-now: a test
     assert first["counted"] == 1 and json.loads(ledger.read_text())["rounds"]  # charged under the round's hash
     _clean_error(_cli("participate", "--round", rid, "--value", 7, "--device-ledger", ledger, env=env, ok=False),
                  "already reported")
     for v in (1, 2, 9):  # three more devices, each with the default ledger of its own data home
-        _cli("participate", "--round", rid, "--value", v, env={**env, "HYBRIDDP_DATA_HOME": str(tmp_path / str(v))})
+        _cli("participate", "--round", rid, "--value", v, "--report-now",
+             env={**env, "HYBRIDDP_DATA_HOME": str(tmp_path / str(v))})
     _cli("round", "close", rid, "--flagged", "publish", env=env)
     table = _cli("round", "results", rid, env=env).stdout
     assert "mean estimates" in table and all(name in table for name in ("optin", "client", "hybrid"))
@@ -667,7 +673,7 @@ def test_participate_three_times_in_one_round_counts_once(service: Service, tmp_
     rid, admin = published_round(service.url)
     dev = _csv(tmp_path / "device.csv", POOL[:2])
     run = ("participate", "--server", service.url, "--round", rid, "--input", dev)
-    assert json.loads(_cli(*run, "--json").stdout)["counted"] == 1
+    assert json.loads(_cli(*run, "--json", "--report-now").stdout)["counted"] == 1  # --report-now: a test
     for _ in range(2):
         line = _one_line_refusal(_cli(*run, ok=False), rid, "already reported", "would spend ε = 8 again",
                                  "lifetime ε = 16, δ = 0.0001", "--no-device-ledger")
@@ -688,7 +694,9 @@ def test_device_client_participates_once_per_round_by_default(service: Service) 
     from hybriddp.device.ledger import DeviceLedgerRefusal
     rid, admin = published_round(service.url)
     with httpx.Client() as http:
-        first, second = DeviceClient(service.url, rid, client=http), DeviceClient(service.url, rid, client=http)
+        # report_now=True: a test of the ledger, not of when devices report
+        first = DeviceClient(service.url, rid, client=http, report_now=True)
+        second = DeviceClient(service.url, rid, client=http, report_now=True)
         assert first.participate(POOL[:2]).counted == 1
         for dev in (first, second, DeviceClient(service.url, rid, client=http)):  # the same device, three objects
             with pytest.raises(DeviceLedgerRefusal) as info:
@@ -705,7 +713,7 @@ def test_the_lifetime_budget_is_refused_across_rounds(service: Service, tmp_path
     rounds = [published_round(service.url, {**PARAMS, "epsilon": eps}, users=f"round-{eps}") for eps in (8, 7, 6)]
     dev = _csv(tmp_path / "device.csv", POOL[:2])
     for rid, _ in rounds[:2]:
-        _cli("participate", "--server", service.url, "--round", rid, "--input", dev)
+        _cli("participate", "--server", service.url, "--round", rid, "--input", dev, "--report-now")  # a test
     rid3, admin = rounds[2]
     _one_line_refusal(_cli("participate", "--server", service.url, "--round", rid3, "--input", dev, ok=False), rid3,
                       "would spend ε = 6, δ = 1e-05 more and pass this device's lifetime ε = 16, δ = 0.0001",
@@ -720,9 +728,9 @@ def test_a_mean_round_is_charged_once_by_default(service: Service) -> None:
     rid = admin.create_round("mean", {"epsilon": 2.0, "lower": 0.0, "upper": 10.0, "sigma2": 4.0})["id"]
     OptinUploader(service.url, rid, admin.enrol(rid, "u")).upload_values([1.0, 2.0])
     admin.publish_headlist(rid)
-    assert DeviceClient(service.url, rid).participate_value(3.0).counted == 1
+    assert DeviceClient(service.url, rid, report_now=True).participate_value(3.0).counted == 1  # a test: at once
     with pytest.raises(DeviceLedgerRefusal, match=f"already reported in round {rid} .* spend ε = 2 again"):
-        DeviceClient(service.url, rid).participate_value(3.0)
+        DeviceClient(service.url, rid, report_now=True).participate_value(3.0)
     assert admin.round(rid)["counts"]["messages"] == 1
 
 
@@ -733,10 +741,11 @@ def test_the_explicit_opt_out_allows_repeated_reports(service: Service, tmp_path
     dev = _csv(tmp_path / "device.csv", POOL[:2])
     run = ("participate", "--server", service.url, "--round", rid, "--input", dev)
     for _ in range(2):
-        out = _cli(*run, "--no-device-ledger")
+        out = _cli(*run, "--no-device-ledger", "--report-now")  # --report-now: a test
         assert "warning: --no-device-ledger" in out.stderr and "counted" in out.stdout
     for _ in range(2):
-        assert DeviceClient(service.url, rid, DeviceClient.NO_LEDGER).participate(POOL[:1]).counted == 1
+        assert DeviceClient(service.url, rid, DeviceClient.NO_LEDGER, report_now=True).participate(
+            POOL[:1]).counted == 1
     assert admin.round(rid)["counts"]["messages"] == 4
     assert not Path(os.environ["HYBRIDDP_DATA_HOME"]).exists()  # no ledger, no outbox: nothing written
     _clean_error(_cli(*run, "--no-device-ledger", "--device-ledger", tmp_path / "l.json", ok=False),
@@ -758,7 +767,7 @@ def test_an_unacknowledged_message_is_resent_from_the_default_outbox(service: Se
     with local_server(Scripted([(200, doc, {"ETag": f'"{doc["content_hash"]}"'}),
                                 _error(503, "database_unavailable", "the database is locked")])) as down_url:
         _clean_error(_cli("participate", "--server", down_url, "--round", rid, "--input", dev, "--retries", 1,
-                          ok=False), "gave up")
+                          "--report-now", ok=False), "gave up")  # --report-now: a test
     home = Path(os.environ["HYBRIDDP_DATA_HOME"])
     pending = json.loads((home / f"device-ledger.json.outbox-{rid}.json").read_text())
     again = json.loads(_cli("participate", "--server", service.url, "--round", rid, "--input", dev,

@@ -1498,7 +1498,7 @@ export function reportWindow(doc) {
 /**
  * When the device sends its message (spec v2 §3.4, Python report_time), in unix seconds: uniform in the head
  * list's report window, independent of when the token was got. Before the window opens: U(opens, closes); inside
- * it: U(now, closes); after it closes, or with no window: now.
+ * it: U(now, closes); after it closes, or with no window: now; a window of no length not yet reached: its instant.
  * doc: the head-list document; nowSeconds: now (default Date.now()/1000); random: a function giving a uniform in
  * [0, 1) or a source with uniform() (default systemSource(), the OS's randomness).
  */
@@ -1507,7 +1507,8 @@ export function reportTime(doc, nowSeconds = Date.now() / 1000, random = undefin
   if (window === null) return nowSeconds;
   const [opens, closes] = window;
   const start = Math.max(nowSeconds, opens);
-  if (start >= closes) return nowSeconds;
+  if (nowSeconds >= closes) return nowSeconds;
+  if (start >= closes) return start; // a window of no length not yet reached: its one instant, not now
   const u = typeof random === "function" ? random() : (random ?? systemSource()).uniform();
   return start + u * (closes - start);
 }

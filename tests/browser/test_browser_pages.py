@@ -651,6 +651,8 @@ def test_api_docs_render_from_the_server_alone(demo: DemoServer, page: Any) -> N
 
 
 # ----- memoization on the page (docs/ALGORITHM.md §15) -----------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="protocol v2: each service head list commits to its own round's token key and "
+                   "report window, so no two rounds publish the same head list and nothing is memoized across them")
 def test_the_same_pick_under_the_same_head_list_in_a_later_round_is_resent_uncharged(tmp_path: Any,
                                                                                      page: Any) -> None:
     """Two rounds publish the same head list (the same opt-in data, far above the threshold): picking the same

@@ -337,6 +337,9 @@ test("reportTime: uniform in the window before it opens, in what is left inside 
   assert.equal(reportTime(doc, closes + 5, () => 0.5), closes + 5);
   assert.equal(reportTime(doc, closes, () => 0.5), closes);
   assert.equal(reportTime({}, 1234.5), 1234.5);
+  const instant = { report_window: { opens: doc.report_window.opens, closes: doc.report_window.opens } };
+  assert.equal(reportTime(instant, opens - 100, () => 0.5), opens, "a window of no length: its one instant");
+  assert.equal(reportTime(instant, opens + 1, () => 0.5), opens + 1);
   const draws = Array.from({ length: 2000 }, () => reportTime(doc, opens - 10));
   assert.ok(draws.every((t) => t >= opens && t < closes));
   const mean = draws.reduce((s, t) => s + t, 0) / draws.length;

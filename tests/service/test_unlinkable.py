@@ -99,7 +99,7 @@ def test_the_head_list_commits_to_the_round_key_and_its_report_window(client: Te
     assert hl2["token_key"]["key_id"] != hl["token_key"]["key_id"]  # one key per round
 
 
-def test_a_mean_round_document_commits_too(client: TestClient) -> None:
+def test_a_mean_round_document_commits_too(client: TestClient, store_url: str) -> None:
     rid = create(client, "mean", {"epsilon": 2.0, "lower": 0.0, "upper": 10.0, "report_seconds": 60})
     toks = client.post(f"{API}/rounds/{rid}/optin/enrol", json={"users": [f"u{i}" for i in range(30)]},
                        headers=AUTH).json()["tokens"]
@@ -112,6 +112,9 @@ def test_a_mean_round_document_commits_too(client: TestClient) -> None:
     assert doc["token_key"] == key.committed() and doc["content_hash"] == content_hash(doc)
     opens, closes = tokens.report_window(doc)
     assert closes - opens == pytest.approx(60, abs=1)
+    with open_store(store_url) as store:
+        estimates = json.loads(store.documents(rid).estimates)
+    assert estimates["headlist"] == doc["content_hash"] and estimates["content_hash"] == content_hash(estimates)
 
 
 def test_a_series_period_report_window_ends_before_the_period_closes(store_url: str) -> None:

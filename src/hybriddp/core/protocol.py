@@ -203,6 +203,57 @@ def _check_queries(queries: Any, source: str) -> None:
             url_seen[u] = j
 
 
+ROUND_COMMITMENTS = ("token_key", "ohttp_key", "report_window")
+"""The fields a service-published head list adds for its round (docs/TOKENS.md "One key per round"): the round's
+token key, the gateway's OHTTP key config and the report window. They are inside the content hash (every message
+commits to them) but not part of the lists devices randomize over (:func:`lists_hash`)."""
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z")
+_B64URL = re.compile(r"[A-Za-z0-9_-]*")
+
+
+def lists_hash(doc: dict[str, Any]) -> str:
+    """The content hash of what a device randomizes over: the document without its round's commitments
+    (:data:`ROUND_COMMITMENTS`). Two rounds that publish the same lists have the same lists hash (and different
+    content hashes); the device ledger keys its charges and memoized reports by it (ALGORITHM.md §15). A document
+    without commitments (the file workflow's) has its content hash as lists hash."""
+    if not any(k in doc for k in ROUND_COMMITMENTS):
+        return str(doc["content_hash"])
+    return content_hash({k: v for k, v in doc.items() if k not in ROUND_COMMITMENTS})
+
+
+def _b64_bytes(value: Any) -> int | None:
+    """The number of bytes a URL-safe base64 string (no padding) holds; None if it is not one."""
+    if not isinstance(value, str) or len(value) > 8192 or not _B64URL.fullmatch(value) or len(value) % 4 == 1:
+        return None
+    try:
+        return len(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+    except ValueError:
+        return None
+
+
+def check_round_commitments(doc: dict[str, Any], source: str) -> None:
+    """The optional round commitments of a head list (or mean-round document), type-checked when present:
+    ``token_key`` {key_id: 32 bytes base64url, modulus_bits: integer >= 2048, e: 65537}, ``ohttp_key`` (a
+    base64url key config), ``report_window`` {opens, closes: UTC times "YYYY-MM-DDTHH:MM:SSZ", opens <= closes}."""
+    fix = "Fetch the round's head list again from its server."
+    if "token_key" in doc:
+        tk = doc["token_key"]
+        bits = tk.get("modulus_bits") if isinstance(tk, dict) else None
+        if (not isinstance(tk, dict) or _b64_bytes(tk.get("key_id")) != 32 or isinstance(bits, bool)
+                or not isinstance(bits, int) or bits < 2048 or tk.get("e") != 65537 or isinstance(tk.get("e"), bool)):
+            raise DeviceError(f"{source}: field 'token_key' = {_show(tk)} must be {{\"key_id\": 32 bytes in base64url, "
+                              f"\"modulus_bits\": an integer >= 2048, \"e\": 65537}}. {fix}")
+    if "ohttp_key" in doc and not 5 <= (_b64_bytes(doc["ohttp_key"]) or 0) <= 1024:
+        raise DeviceError(f"{source}: field 'ohttp_key' = {_show(doc['ohttp_key'])} must be an OHTTP key config in "
+                          f"base64url (RFC 9458 §3.1). {fix}")
+    if "report_window" in doc:
+        win = doc["report_window"]
+        times = [win.get(k) for k in ("opens", "closes")] if isinstance(win, dict) else [None, None]
+        if not all(isinstance(x, str) and _TIME.fullmatch(x) for x in times) or times[0] > times[1]:
+            raise DeviceError(f"{source}: field 'report_window' = {_show(win)} must be {{\"opens\": time, \"closes\": "
+                              f"time}} in UTC like '2026-11-28T19:00:00Z', opens no later than closes. {fix}")
+
+
 def validate_headlist(doc: Any, source: str = "head list") -> dict[str, Any]:
     """Check a head-list document; raise :class:`DeviceError` naming the field, its value and the fix.
 
@@ -235,6 +286,7 @@ def validate_headlist(doc: Any, source: str = "head list") -> dict[str, Any]:
         raise DeviceError(f"{source}: field 'url_level' = {_show(doc['url_level'])} is {_kind(doc['url_level'])}; "
                           f"it must be true or false. {_REBUILD}")
     _check_queries(doc["queries"], source)
+    check_round_commitments(doc, source)
     declared = doc["content_hash"]
     try:
         actual = content_hash(doc)

@@ -32,6 +32,7 @@ from hybriddp.core.protocol import (  # the protocol LocalAlg runs on (re-export
     DeviceError,
     _show,
     check_message_id,
+    lists_hash,
     new_message_id,
     thresholds,
     validate_headlist,
@@ -199,7 +200,8 @@ def randomize_records(
     """One device's message: sample ≤ m_C records without replacement, randomize each.
 
     With a ``ledger`` and the service's ``round_id`` (memoization), a device that already reported for this very
-    head list (same content hash) in another round, with the same records, sends the same reports again under a
+    head list (the same lists: :func:`~hybriddp.core.protocol.lists_hash`, whatever keys its round commits to) in
+    another round, with the same records, sends the same reports again under a
     fresh message id and is not charged again: post-processing of its earlier randomized reports (ALGORITHM.md
     §15). In the same round, or with other records, it is refused: one report per head list. Without
     ``round_id`` there is no memoization.
@@ -223,12 +225,13 @@ def randomize_records(
     records = list(records)
     check_records(hl, records)  # before the ledger is charged
     content = hl.doc["content_hash"]
+    lists = lists_hash(hl.doc)  # the ledger's key: the same lists in another round are the same head list (§15)
     key = records_key(records) if ledger is not None and round_id is not None else None
-    if key is not None and (again := ledger.memoized(content, round_id)) is not None:  # type: ignore[union-attr,arg-type]
+    if key is not None and (again := ledger.memoized(lists, round_id)) is not None:  # type: ignore[union-attr,arg-type]
         return {"id": mid, "headlist": content, "reports": again}  # whatever the records now (ALGORITHM.md §15)
     shape = hl.shape  # for the ledger's PLD accounting
     if ledger is not None:  # refused before any randomness is drawn; charged below, before the message is returned
-        ledger.check(content, float(hl.doc["epsilon"]), float(hl.doc["delta"]), shape)
+        ledger.check(lists, float(hl.doc["epsilon"]), float(hl.doc["delta"]), shape)
     m = min(hl.m_c, len(records))
     chosen: list[int] = []
     pool = list(range(len(records)))
@@ -236,6 +239,6 @@ def randomize_records(
         chosen.append(pool.pop(src.below(len(pool))))
     reports = [hl.decode(*local_alg(*hl.encode(*records[i]), hl, src)) for i in chosen]
     if ledger is not None:  # the charge and the memo, in one write
-        ledger.record(content, float(hl.doc["epsilon"]), float(hl.doc["delta"]),
+        ledger.record(lists, float(hl.doc["epsilon"]), float(hl.doc["delta"]),
                       None if key is None or round_id is None else (key, reports, round_id), shape)
     return {"id": mid, "headlist": content, "reports": reports}

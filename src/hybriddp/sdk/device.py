@@ -46,13 +46,14 @@ MEAN_ROUND_FORMAT = "hybriddp-mean-round"
 
 def _check_mean_document(doc: dict[str, Any], source: str) -> None:
     """A mean round's device document: finite bounds lower < upper, ε > 0, and its content hash."""
-    from hybriddp.core.protocol import DeviceError, content_hash
+    from hybriddp.core.protocol import DeviceError, check_round_commitments, content_hash
     from hybriddp.device.mean import NumericRandomizer
 
     try:
         NumericRandomizer(lower=doc["lower"], upper=doc["upper"], epsilon=doc["epsilon"])
     except (KeyError, TypeError, HybridDPError) as exc:
         raise DeviceError(f"{source}: the mean round's document is not usable ({exc})") from None
+    check_round_commitments(doc, source)
     if doc.get("content_hash") != content_hash(doc):
         raise DeviceError(f"{source}: field 'content_hash' = {str(doc.get('content_hash'))[:30]!r} does not match "
                           "the content: the document was altered on the way. Retry later.")

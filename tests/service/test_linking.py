@@ -9,7 +9,7 @@ brief names:
 
 * **connection**: a report request on the same client address and port as a credential's token request;
 * **timing**: the k-th token request (in time) with the k-th report request (in time);
-* **database order**: the k-th row of ``token_issuance`` in storage order (SQLite rowid, PostgreSQL ctid) with
+* **database order**: the k-th row of ``token_issuance`` in storage order (SQLite: key order, PostgreSQL ctid) with
   the k-th stored message in storage order (``messages_recent`` by seq, then ``messages``; ``messages`` by ctid).
 
 Under the promise (docs/TOKENS.md "What the operator can link") report order is a uniformly random permutation of
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from scipy import stats
 
 from hybriddp.sdk.client import AdminClient, DeviceClient, OptinRelay
@@ -112,8 +113,8 @@ def stored_orders(store_url: str, copy: Path, rid_num: int) -> tuple[list[str], 
     """(token holders in storage order, message ids in storage order) of a copy of the database."""
     if store_url.startswith("sqlite"):
         with contextlib.closing(sqlite3.connect(copy)) as db:
-            holders = [r[0] for r in db.execute("SELECT holder FROM token_issuance WHERE round_num = ? ORDER BY "
-                                                "rowid", (rid_num,))]
+            holders = [r[0] for r in db.execute("SELECT holder FROM token_issuance WHERE round_num = ?",
+                                                (rid_num,))]  # storage order (WITHOUT ROWID: key order)
             ids = [r[0] for r in db.execute("SELECT message_id FROM messages_recent WHERE round_num = ? ORDER BY seq",
                                             (rid_num,))]
             ids += [r[0] for r in db.execute("SELECT message_id FROM messages WHERE round_num = ?", (rid_num,))]
@@ -235,3 +236,24 @@ def _round_num(store_url: str, rid: str) -> int:
         return store.round(rid).num
     finally:
         store.close()
+
+
+def test_sqlite_keeps_issuance_counts_in_key_order_not_in_the_order_of_issuance(tmp_path: Path) -> None:
+    """``token_issuance`` is a WITHOUT ROWID table on SQLite (migration 0010): a copy of the file lists the holders
+    in key order, whatever order they asked in, and has no rowid to sort by."""
+    from hybriddp.service.store import Store
+    from storehelpers import published_round
+    path = tmp_path / "order.db"
+    store = Store(f"sqlite:///{path}")
+    try:
+        info = published_round(store)
+        asked = [f"credential:{i}" for i in (7, 3, 9, 1, 5)]
+        for holder in asked:
+            store.charge_tokens(holder, 1, info, 1)
+    finally:
+        store.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        stored = [r[0] for r in db.execute("SELECT holder FROM token_issuance")]
+        assert stored == sorted(asked) != asked
+        with pytest.raises(sqlite3.OperationalError, match="rowid"):
+            db.execute("SELECT rowid FROM token_issuance")

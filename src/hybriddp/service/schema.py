@@ -195,6 +195,7 @@ token_issuance = Table(
     Column("round_num", Key, nullable=False),
     Column("n_issued", BigInteger, nullable=False),
     PrimaryKeyConstraint("holder", "round_num", name="token_issuance_pk"),
+    sqlite_with_rowid=False,  # rows in key order, not in the order credentials first asked (migration 0010)
 )
 
 ohttp_keys = Table(

@@ -10,6 +10,9 @@ against them (clients/js/test/*.test.js, reading the file named by ``HYBRIDDP_JS
   test samples 10^6 times through ``systemSource`` over seeded bytes (chi-square, p > 1e-6; deterministic);
 * scipy's chi-square tail probabilities, which the JS p-value function must reproduce;
 * mutated head lists with Python's verdict (refused, and which field it names, or accepted);
+* lists hashes (protocol v2): head lists with and without round commitments (token_key, ohttp_key, report_window),
+  with Python's ``lists_hash``, and the keys Python's device ledger holds after a message made with a ledger in one
+  round and memoized in the next (same lists, another key and window);
 * report tokens, protocol v2 (tests/jstokenhelpers.py, also run alone by tests/test_js_tokens.py): token inputs and
   message ids from nonces, token-key verdicts against the head list's commitment, and blinded messages and Tokens
   replayed from given nonces and random bytes;
@@ -21,6 +24,7 @@ against them (clients/js/test/*.test.js, reading the file named by ``HYBRIDDP_JS
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
@@ -29,6 +33,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,9 +43,17 @@ from scipy import stats
 
 from headlisthelpers import KAT_CANONICAL, KAT_HASH, kat_doc
 from hybriddp.core.headlist import HeadList
-from hybriddp.core.protocol import DeviceError, max_epsilon, validate_headlist
+from hybriddp.core.protocol import (
+    ROUND_COMMITMENTS,
+    DeviceError,
+    content_hash,
+    lists_hash,
+    max_epsilon,
+    validate_headlist,
+)
 from hybriddp.core.records import ArrayVocabulary
 from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
+from hybriddp.device.ledger import DeviceLedger
 from hybriddp.device.localalg import DeviceHeadList, UniformReplay, randomize_records
 from jstokenhelpers import token_fixtures
 
@@ -312,6 +325,60 @@ def _variants(base: dict) -> list[dict[str, Any]]:
     return out
 
 
+def _commitments(n: int) -> dict[str, Any]:
+    """Round ``n``'s commitments (token key, OHTTP key config, report window), of the types Python checks."""
+    digest = hashlib.sha256(f"round {n}".encode()).digest()
+    def b64(b: bytes) -> str:
+        return base64.urlsafe_b64encode(b).decode().rstrip("=")
+    return {"token_key": {"key_id": b64(digest), "modulus_bits": 2048, "e": 65537},
+            "ohttp_key": b64(bytes([n]) + digest),
+            "report_window": {"opens": f"2031-01-0{n}T00:00:00Z", "closes": f"2031-01-0{n}T06:30:00Z"}}
+
+
+def _lists_hashes(base: dict) -> dict[str, Any]:
+    """Head lists with and without round commitments, Python's lists hash of each, and a memo across two rounds
+    that publish the same lists under their own commitments: the keys Python's ledger holds, and its messages."""
+    def hashed(doc: dict) -> dict:
+        doc = {k: v for k, v in doc.items() if k != "content_hash"}
+        doc["content_hash"] = content_hash(doc)
+        validate_headlist(json.loads(json.dumps(doc)))
+        return doc
+
+    plain = hashed(base)
+    docs = {"no commitments (the file workflow)": plain,
+            "round 1: token key, OHTTP key, report window": hashed({**base, **_commitments(1)}),
+            "round 2: the same lists, another key and window": hashed({**base, **_commitments(2)}),
+            "report window only": hashed({**base, "report_window": _commitments(3)["report_window"]}),
+            "commitments and an extra field": hashed({**base, **_commitments(4), "note": ["é", 1e-05]})}
+    cases = []
+    for name, doc in docs.items():
+        lh = lists_hash(doc)
+        assert (lh == doc["content_hash"]) == (not any(k in doc for k in ROUND_COMMITMENTS)), name
+        cases.append({"name": name, "text": json.dumps(doc, ensure_ascii=False), "content_hash": doc["content_hash"],
+                      "lists_hash": lh})
+    assert cases[1]["lists_hash"] == cases[2]["lists_hash"] == cases[3]["lists_hash"] == plain["content_hash"]
+    assert cases[1]["content_hash"] != cases[2]["content_hash"]
+    round1, round2 = docs["round 1: token key, OHTTP key, report window"], docs[
+        "round 2: the same lists, another key and window"]
+    records = _record_pool(base)[:3]
+    uniforms = np.random.default_rng(15).random(12).tolist()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ledger.json"
+        ledger = DeviceLedger(path, lifetime_epsilon=100.0, lifetime_delta=0.5)
+        first = randomize_records(round1, records, source=UniformReplay(uniforms), ledger=ledger,
+                                  message_id="A" * 22, round_id="rnd-one")
+        second = randomize_records(round2, records, source=UniformReplay([]), ledger=ledger,
+                                   message_id="B" * 22, round_id="rnd-two")
+        state = json.loads(path.read_text(encoding="utf-8"))
+    assert first["headlist"] == round1["content_hash"] and second["headlist"] == round2["content_hash"]
+    assert second["reports"] == first["reports"] and list(state["rounds"]) == [lists_hash(round1)]
+    return {"cases": cases, "memo": {"rounds": [1, 2], "round_ids": ["rnd-one", "rnd-two"], "records": records,
+                                     "uniforms": uniforms, "message_ids": ["A" * 22, "B" * 22],
+                                     "messages": [first, second], "ledger_rounds": sorted(state["rounds"]),
+                                     "ledger_memo": sorted(state["memo"]),
+                                     "sent_in": state["memo"][lists_hash(round1)]["sent_in"]}}
+
+
 def _float_reprs() -> list[list[Any]]:
     """[float, Python's json.dumps of it] for edge values and random doubles of every magnitude."""
     rng = np.random.default_rng(7)
@@ -335,7 +402,7 @@ def build_fixtures() -> dict[str, Any]:
             # the pinned wire-format answer of tests/headlisthelpers.py (hand-written text, hash and an unsorted doc)
             "known_answer": {"canonical": KAT_CANONICAL, "hash": KAT_HASH,
                              "doc_text": json.dumps(kat_doc(), ensure_ascii=False)},
-            "tokens": token_fixtures()}
+            "tokens": token_fixtures(), "lists_hashes": _lists_hashes(base)}
 
 
 def write_fixtures(path: Path) -> None:

@@ -24,6 +24,10 @@
 // * validateHeadList / DeviceHeadList.fromJSON: the document is a head list whose content hash matches its content,
 //   with the optional committed fields (token_key, ohttp_key, report_window) of the right types when present; so
 //   every message's `headlist` hash commits to the round's key and schedule too.
+// * listsHash(doc) / DeviceHeadList#listsHash: the content hash of the document without those round commitments
+//   (ROUND_COMMITMENTS; Python's lists_hash), the content hash itself when it has none. Two rounds publishing the
+//   same lists share it; randomizeRecords keys the device ledger (charges and memoized reports, ALGORITHM.md §15)
+//   by it, while the message's `headlist` stays the full content hash.
 // * fetchToken(fetchFn, baseUrl, roundId, credential, doc): a token got BEFORE the message exists, on a request of
 //   its own: the round's key is refused (nothing posted) unless SHA-256(SPKI) is the head list's token_key.key_id,
 //   e = 65537 and the modulus is the committed size, at least 2048 bits (parseTokenKey, checkCommittedKey); the
@@ -54,6 +58,11 @@ export const HEADLIST_VERSION = 1;
 export const LN_FLOAT_MAX = Math.log(Number.MAX_VALUE);
 /** The largest m_C a head list may carry (a 64-bit integer), as a BigInt. */
 export const M_C_MAX = 2n ** 63n - 1n;
+/**
+ * The fields a service-published head list adds for its round (docs/TOKENS.md "One key per round"): inside the
+ * content hash, outside the lists hash (listsHash). As Python's ROUND_COMMITMENTS.
+ */
+export const ROUND_COMMITMENTS = Object.freeze(["token_key", "ohttp_key", "report_window"]);
 /** The storage key of the device ledger. */
 export const LEDGER_KEY = "hybriddp-device-ledger";
 const MESSAGE_ID_BYTES = 16;
@@ -556,6 +565,26 @@ export async function contentHash(docOrText) {
   return hashTree(tree);
 }
 
+async function listsHashOfTree(tree) {
+  if (!ROUND_COMMITMENTS.some((k) => tree.has(k))) {
+    if (!tree.has("content_hash")) throw new DeviceError("listsHash: the document has no content_hash");
+    return String(tree.get("content_hash"));
+  }
+  return hashTree(new Map([...tree].filter(([k]) => !ROUND_COMMITMENTS.includes(k))));
+}
+
+/**
+ * The content hash of what a device randomizes over: the document without its round's commitments
+ * (ROUND_COMMITMENTS), or its declared content_hash when it has none (Python lists_hash). Two rounds that publish
+ * the same lists have the same lists hash and different content hashes; the device ledger is keyed by it
+ * (ALGORITHM.md §15).
+ */
+export async function listsHash(docOrText) {
+  const tree = typeof docOrText === "string" ? parsePython(docOrText) : fromJsTop(docOrText);
+  if (!(tree instanceof Map)) throw new DeviceError("listsHash: the document is not a JSON object");
+  return listsHashOfTree(tree);
+}
+
 // ----- validation (Python validate_headlist) ----------------------------------------------------
 
 const REBUILD = "Use the head list exactly as `hybriddp headlist` wrote it, or rebuild it.";
@@ -806,7 +835,7 @@ export async function validateHeadList(docOrText, source = "head list") {
  * Build it with `await DeviceHeadList.fromJSON(docOrText)`.
  */
 export class DeviceHeadList {
-  constructor(doc, tree, token) {
+  constructor(doc, tree, token, listsHashValue) {
     if (token !== BUILD_TOKEN) throw new DeviceError("use `await DeviceHeadList.fromJSON(doc)`: it validates");
     this.doc = doc;
     const queries = doc.queries;
@@ -819,6 +848,8 @@ export class DeviceHeadList {
     this.mC = asFloat(tree.get("m_c"));
     this.urlLevel = tree.has("url_level") ? tree.get("url_level") : true;
     this.contentHash = tree.get("content_hash");
+    /** The ledger's key: the content hash without the round's commitments (listsHash). */
+    this.listsHash = listsHashValue;
     const [t, tq] = thresholds(this.kq.length, this.kq, this.epsilon, this.delta, this.fC, this.mC);
     this.t = t;
     this.tq = tq;
@@ -831,7 +862,8 @@ export class DeviceHeadList {
   static async fromJSON(docOrText, source = "head list") {
     const tree = readTree(docOrText, source);
     await validateTree(tree, source);
-    return new DeviceHeadList(typeof docOrText === "string" ? toJs(tree) : docOrText, tree, BUILD_TOKEN);
+    return new DeviceHeadList(typeof docOrText === "string" ? toJs(tree) : docOrText, tree, BUILD_TOKEN,
+      await listsHashOfTree(tree));
   }
 
   get k() {
@@ -905,7 +937,7 @@ export function checkRecords(hl, records) {
  * One device's message: sample ≤ m_C records without replacement, randomize each.
  * headList: the head-list document (object or JSON text) or a DeviceHeadList; records: [[query, url|null], ...];
  * options.source: randomness (default systemSource()); options.ledger: a DeviceLedger, charged (ε, δ) for this
- * head list before anything is reported; options.messageId: default a fresh random one.
+ * head list (keyed by its lists hash) before anything is reported; options.messageId: default a fresh random one.
  * Resolves to {id, headlist: content hash, reports: [{query, url}, ...]}.
  */
 export async function randomizeRecords(headList, records, { source, ledger, messageId, roundId } = {}) {
@@ -915,19 +947,20 @@ export async function randomizeRecords(headList, records, { source, ledger, mess
   checkRecords(hl, records);
   const recs = [...records];
   // memoization (ALGORITHM.md §15): the same head list in another service round → the same reports, whatever the
-  // records now (a choice that depended on them would tell whether they changed)
+  // records now (a choice that depended on them would tell whether they changed); the ledger's key is the lists
+  // hash: the same lists under another round's key and window are the same head list
   const key = ledger && roundId !== undefined && roundId !== null ? recordsKey(recs) : null;
   if (key !== null) {
-    const again = ledger.memoized(hl.contentHash, String(roundId));
+    const again = ledger.memoized(hl.listsHash, String(roundId));
     if (again !== null) return { id, headlist: hl.contentHash, reports: again };
   }
-  if (ledger) ledger.check(hl.contentHash, hl.epsilon, hl.delta); // refused before any randomness is drawn
+  if (ledger) ledger.check(hl.listsHash, hl.epsilon, hl.delta); // refused before any randomness is drawn
   const m = Math.min(hl.mC, recs.length);
   const pool = recs.map((_, i) => i);
   const chosen = [];
   for (let n = 0; n < m; n++) chosen.push(pool.splice(src.below(pool.length), 1)[0]); // without replacement
   const reports = chosen.map((i) => hl.decode(...localAlg(...hl.encode(recs[i][0], recs[i][1]), hl, src)));
-  if (ledger) ledger.record(hl.contentHash, hl.epsilon, hl.delta, key === null ? null : [key, reports, String(roundId)]);
+  if (ledger) ledger.record(hl.listsHash, hl.epsilon, hl.delta, key === null ? null : [key, reports, String(roundId)]);
   return { id, headlist: hl.contentHash, reports };
 }
 

@@ -40,7 +40,7 @@ from browserhelpers import API, ARTIFACTS, DemoServer, PageErrors, expect_failed
 from test_reliability import ServerProcess, open_round, stored_messages
 
 from hybriddp.core import tokens
-from hybriddp.core.protocol import new_message_id
+from hybriddp.core.protocol import lists_hash, new_message_id
 from hybriddp.device.localalg import randomize_records
 from hybriddp.device.mean import randomize_value
 
@@ -651,13 +651,13 @@ def test_api_docs_render_from_the_server_alone(demo: DemoServer, page: Any) -> N
 
 
 # ----- memoization on the page (docs/ALGORITHM.md §15) -----------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="protocol v2: each service head list commits to its own round's token key and "
-                   "report window, so no two rounds publish the same head list and nothing is memoized across them")
 def test_the_same_pick_under_the_same_head_list_in_a_later_round_is_resent_uncharged(tmp_path: Any,
                                                                                      page: Any) -> None:
-    """Two rounds publish the same head list (the same opt-in data, far above the threshold): picking the same
-    suggestion in the second sends the first round's randomized reports again under a new message id, and the
-    device's spend shown on the page does not move; a second pick in that round is refused."""
+    """Two rounds publish the same head list (the same opt-in data, far above the threshold; under protocol v2 each
+    commits to its own round's key and window, so the content hashes differ and the lists hashes agree): picking the
+    same suggestion in the second sends the first round's randomized reports again under a new message id (naming
+    the second round's head list), and the device's spend shown on the page does not move; a second pick in that
+    round is refused."""
     srv = ServerProcess(f"sqlite:///{tmp_path / 'memo.db'}", tmp_path,
                         extra_args=("--open-admission", "--log-level", "warning"))
     srv.start(timeout=60)
@@ -680,7 +680,8 @@ def test_the_same_pick_under_the_same_head_list_in_a_later_round_is_resent_uncha
         assert spent.startswith("ε = 4 of")
 
         rid_b, doc_b = open_round(srv, 240, records=same)
-        assert doc_b["content_hash"] == doc_a["content_hash"] == sent_a["headlist"]
+        assert sent_a["headlist"] == doc_a["content_hash"] != doc_b["content_hash"]  # each round's key and window
+        assert lists_hash(doc_b) == lists_hash(doc_a)  # the same lists: the ledger's key (ALGORITHM.md §15)
         open_page(page, srv.base_url + "/")  # the newest collecting round, b, now takes the reports
         page.get_by_role("switch", name="Contribute").click()
         pick_top(page, "ale", ["alert me"])
@@ -688,6 +689,7 @@ def test_the_same_pick_under_the_same_head_list_in_a_later_round_is_resent_uncha
                                "'acknowledged and counted'")
         (sent_b,) = [json.loads(r.post_data) for r in posted(posts, f"/rounds/{rid_b}/reports")]
         assert sent_b["reports"] == sent_a["reports"] and sent_b["id"] != sent_a["id"]
+        assert sent_b["headlist"] == doc_b["content_hash"]
         assert page.locator("#spent-value").inner_text() == spent  # no new charge
         assert message_count(srv, rid_a) == message_count(srv, rid_b) == 1
 

@@ -3,9 +3,10 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  canonicalJson, contentHash, DeviceHeadList, maxEpsilon, pyFloatRepr, randomizeRecords, replaySource,
+  canonicalJson, contentHash, DeviceHeadList, DeviceLedger, LEDGER_KEY, listsHash, maxEpsilon, pyFloatRepr,
+  randomizeRecords, replaySource, ROUND_COMMITMENTS,
 } from "../hybriddp-device.js";
-import { loadFixtures, needsFixtures } from "./support.js";
+import { loadFixtures, memoryStorage, needsFixtures } from "./support.js";
 
 const fx = loadFixtures();
 
@@ -88,3 +89,45 @@ test("a head list given as an object, as text or as a DeviceHeadList gives the s
       }
     }
   });
+
+test("lists hash (protocol v2): Python's lists_hash, with and without round commitments", needsFixtures(fx),
+  async () => {
+    assert.deepEqual([...ROUND_COMMITMENTS], ["token_key", "ohttp_key", "report_window"]);
+    const { cases } = fx.lists_hashes;
+    assert.ok(cases.some((c) => c.lists_hash === c.content_hash) && cases.some((c) => c.lists_hash !== c.content_hash));
+    for (const c of cases) {
+      const obj = JSON.parse(c.text);
+      assert.equal(await listsHash(obj), c.lists_hash, c.name);
+      assert.equal(await listsHash(c.text), c.lists_hash, c.name);
+      for (const input of [c.text, obj]) {
+        const hl = await DeviceHeadList.fromJSON(input);
+        assert.equal(hl.contentHash, c.content_hash, c.name);
+        assert.equal(hl.listsHash, c.lists_hash, c.name);
+      }
+    }
+  });
+
+test("a message made with a ledger: the ledger is keyed by the lists hash, the message names the content hash; "
+  + "the same lists in the next round are memoized as Python memoizes them", needsFixtures(fx), async () => {
+  const m = fx.lists_hashes.memo;
+  const storage = memoryStorage();
+  const ledger = new DeviceLedger(storage, { lifetimeEpsilon: 100, lifetimeDelta: 0.5 });
+  const docs = m.rounds.map((i) => fx.lists_hashes.cases[i]);
+  const first = await randomizeRecords(docs[0].text, m.records, {
+    source: replaySource(m.uniforms), ledger, messageId: m.message_ids[0], roundId: m.round_ids[0],
+  });
+  assert.deepEqual(first, m.messages[0]);
+  assert.equal(first.headlist, docs[0].content_hash);
+  const spent = ledger.spent();
+  const second = await randomizeRecords(docs[1].text, m.records, {
+    source: replaySource([]), ledger, messageId: m.message_ids[1], roundId: m.round_ids[1],
+  });
+  assert.deepEqual(second, m.messages[1]);
+  assert.equal(second.headlist, docs[1].content_hash);
+  assert.deepEqual(ledger.spent(), spent, "the memoized message is not charged again");
+  const state = JSON.parse(storage.map.get(LEDGER_KEY));
+  assert.deepEqual(Object.keys(state.rounds).sort(), m.ledger_rounds);
+  assert.deepEqual(Object.keys(state.memo).sort(), m.ledger_memo);
+  assert.deepEqual(m.ledger_rounds, [docs[0].lists_hash]);
+  assert.deepEqual(state.memo[docs[0].lists_hash].sent_in, m.sent_in);
+});

@@ -281,10 +281,12 @@ export class Contribute {
       }
       const picked = [[query, urlLevel ? url : null]];
       // under a head list this browser already reported for, in a later round: the reports sent then go again,
-      // uncharged, whatever is picked now (memoization, docs/ALGORITHM.md §15); otherwise a new charge
-      const resend = this.ledger.canResend(hl.content_hash, roundId);
+      // uncharged, whatever is picked now (memoization, docs/ALGORITHM.md §15); otherwise a new charge. The ledger
+      // is keyed by the lists hash (the head list without its round's key and window), as randomizeRecords keys it
+      const lists = await this.device.listsHash(hl);
+      const resend = this.ledger.canResend(lists, roundId);
       try {
-        if (!resend) this.ledger.check(hl.content_hash, Number(hl.epsilon), Number(hl.delta)); // before asking
+        if (!resend) this.ledger.check(lists, Number(hl.epsilon), Number(hl.delta)); // before asking
       } catch (err) {
         if (err instanceof this.device.DeviceError) {
           this.say(earlier ? "Sent the report kept from your earlier pick (below); this pick is not sent: " +

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from hybriddp.core.errors import HybridDPError
-from hybriddp.core.protocol import DeviceError, content_hash, new_message_id
+from hybriddp.core.protocol import DeviceError, content_hash, lists_hash, new_message_id
 from hybriddp.sdk.client import (
     AdminClient,
     ConflictError,
@@ -683,9 +683,9 @@ def test_participate_three_times_in_one_round_counts_once(service: Service, tmp_
     ledger = home / "device-ledger.json"
     hl = httpx.get(f"{service.url}/api/v1/rounds/{rid}/headlist").json()  # its shape, for PLD accounting
     shape = {"kq": [len(q["urls"]) + 1 for q in hl["queries"]] + [1], "f_c": hl["f_c"], "m_c": hl["m_c"]}
-    assert json.loads(ledger.read_text())["rounds"] == {admin.round(rid)["headlist_hash"]: {"epsilon": 8.0,
-                                                                                            "delta": 1e-5,
-                                                                                            "shape": shape}}
+    # keyed by the lists the device randomized over (the head list without its round's commitments)
+    assert json.loads(ledger.read_text())["rounds"] == {lists_hash(hl): {"epsilon": 8.0, "delta": 1e-5,
+                                                                         "shape": shape}}
     assert stat.S_IMODE(ledger.stat().st_mode) == 0o600 and stat.S_IMODE(home.stat().st_mode) == 0o700
     assert sorted(p.name for p in home.iterdir()) == ["device-ledger.json"]  # the outbox went with the ack
 
@@ -773,7 +773,7 @@ def test_an_unacknowledged_message_is_resent_from_the_default_outbox(service: Se
     again = json.loads(_cli("participate", "--server", service.url, "--round", rid, "--input", dev,
                             "--json").stdout)
     assert again["counted"] == 1 and not (home / f"device-ledger.json.outbox-{rid}.json").exists()
-    assert json.loads((home / "device-ledger.json").read_text())["rounds"][doc["content_hash"]]["epsilon"] == 8.0
+    assert json.loads((home / "device-ledger.json").read_text())["rounds"][lists_hash(doc)]["epsilon"] == 8.0
     _one_line_refusal(_cli("participate", "--server", service.url, "--round", rid, "--input", dev, ok=False), rid,
                       "already reported")
     assert admin.round(rid)["counts"]["messages"] == 1

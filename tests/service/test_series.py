@@ -267,9 +267,6 @@ def test_a_device_reporting_one_period_in_six_reports_in_exactly_two_of_twelve(s
     # every period's head list is the same document (same records, same list), and so are the device's records:
     # the second report re-sends the memoized one (ALGORITHM.md §15), so the two periods cost one round's ε
     ledger = DeviceLedger(ledger_path)
-    if len(ledger.state["rounds"]) == 2:  # the participation promise above holds; the memo one does not under v2
-        from test_memo import V2_MEMO
-        pytest.xfail(V2_MEMO)
     assert len(ledger.state["rounds"]) == 1 and ledger.spent() == pytest.approx((8.0, 1e-5))
     (memo,) = ledger.state["memo"].values()
     assert len(memo["sent_in"]) == 2

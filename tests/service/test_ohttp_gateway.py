@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 from test_api import ADMIN, API, blender_round, device_messages
@@ -282,3 +283,52 @@ def test_racing_stores_make_one_gateway_key(store_url: str) -> None:
     finally:
         for s in stores:
             s.close()
+
+
+def test_the_fast_path_and_the_declared_route_answer_alike(store_url: str) -> None:
+    """``ServiceApp`` serves ``POST /ohttp`` ahead of FastAPI (``GatewayEndpoint``); with that diversion off the
+    declared route answers. Both give the same statuses, error bodies, headers (the guard's included) and inner
+    answers, and the guard refuses a cross-site outer request on both."""
+    app = create_app(store_url, ADMIN, max_body_bytes=65536, open_admission=True, check_workers=0)
+    with TestClient(app) as client:
+        rid, hl = blender_round(client)
+        config = ohttp.parse_key_configs(client.get("/ohttp-keys").content)[0]
+        json_ct = (("content-type", "application/json"),)
+
+        def outcomes(seed: int) -> list[Any]:
+            msgs = device_messages(hl, 2, seed=seed)  # new message ids at every call
+            out: list[Any] = []
+            for method, path, content, headers in [
+                    ("POST", f"{API}/rounds/{rid}/reports", orjson.dumps(msgs), json_ct),
+                    ("POST", f"{API}/rounds/{rid}/reports", orjson.dumps(msgs[:1]), json_ct),
+                    ("POST", f"{API}/rounds/{rid}/reports", b"{", json_ct),
+                    ("GET", f"{API}/rounds/{rid}/headlist", b"", ()), ("GET", "/health", b"", ()),
+                    ("POST", f"{API}/rounds/{rid}/reports", b"x" * 70_000, json_ct)]:
+                outer, inner = _through(client, config, method, path, content, headers)
+                out.append((outer.status_code, _kept(outer.headers), None if inner is None else
+                            (inner.status, inner.header("content-type"), inner.content)))
+            enc, _ = ohttp.encapsulate_request(config, bhttp.encode_request("GET", "http", "t", "/health", [], b""))
+            for body, headers in [(enc[:-1] + bytes([enc[-1] ^ 1]), {"content-type": "message/ohttp-req"}),
+                                  (enc, {"content-type": "text/plain"}), (enc, {}),
+                                  (b"x" * 70_000, {"content-type": "message/ohttp-req"}),
+                                  (enc, {"content-type": "message/ohttp-req", "content-length": "x"}),
+                                  (enc, {"content-type": "message/ohttp-req", "origin": "https://evil.example"}),
+                                  (enc, {"content-type": "message/ohttp-req", "sec-fetch-site": "cross-site"})]:
+                r = client.post("/ohttp", content=body, headers=headers)
+                out.append((r.status_code, _kept(r.headers), r.content))
+            return out
+
+        fast = outcomes(1)
+        assert app.divert_ohttp  # type: ignore[attr-defined]
+        app.divert_ohttp = False  # type: ignore[attr-defined]
+        declared = outcomes(2)
+        assert declared == fast
+        assert [o[0] for o in fast] == [200] * 5 + [413, 400, 415, 415, 413, 400, 403, 403]
+        assert [o[2][0] for o in fast[:5]] == [200, 200, 400, 200, 404]
+        assert fast[0][2][2] == b'{"acknowledged":2,"counted":2,"duplicates":0}'
+        assert client.get(f"{API}/rounds/{rid}").json()["counts"]["messages"] == 4
+
+
+def _kept(headers: httpx.Headers) -> list[tuple[str, str]]:
+    """The response header fields that must not depend on the path that answered (not ``date``, ``server``)."""
+    return sorted((k, v) for k, v in headers.items() if k not in ("date", "server"))

@@ -38,6 +38,7 @@ from hybriddp.service.metrics import LatencyMiddleware, Metrics
 from hybriddp.service.reports import ReportsEndpoint
 from hybriddp.service.routers import ROUTERS
 from hybriddp.service.routers.common import ServiceContext
+from hybriddp.service.routers.ohttp import GatewayEndpoint
 from hybriddp.service.series import DEFAULT_TICK_SECONDS, advance_all
 from hybriddp.service.store import DEFAULT_OPTIN_MAX_BYTES, DEFAULT_OPTIN_MAX_RECORDS, Store
 from hybriddp.service.writer import ReportWriter
@@ -113,28 +114,35 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 
 # ----- the app ----------------------------------------------------------------------------------
 class ServiceApp(FastAPI):
-    """The FastAPI app, with device reports (the hot path) served ahead of FastAPI's machinery.
+    """The FastAPI app, with the hot paths served ahead of FastAPI's machinery (behind the guard, as every request).
 
     ``POST /api/v1/rounds/{id}/reports`` goes to :class:`~hybriddp.service.reports.ReportsEndpoint` while
-    :attr:`divert_reports` is True (always, in a running service); turned off, the request reaches the declared
-    route of :mod:`hybriddp.service.routers.devices`, which answers through the same code.
+    :attr:`divert_reports` is True, and ``POST /ohttp`` (the OHTTP gateway, a relay's every request) to
+    :class:`~hybriddp.service.routers.ohttp.GatewayEndpoint` while :attr:`divert_ohttp` is True (both always, in a
+    running service); turned off, the request reaches the declared route of
+    :mod:`hybriddp.service.routers.devices` or :mod:`hybriddp.service.routers.ohttp`, which answers through the
+    same code.
     """
 
-    def __init__(self, reports: ReportsEndpoint, guard: Guard, **kwargs: Any) -> None:
+    def __init__(self, reports: ReportsEndpoint, gateway: GatewayEndpoint, guard: Guard, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.reports = reports
+        self.gateway = gateway
         self.guard = guard
         self.divert_reports = True
+        self.divert_ohttp = True
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await self.guard(self._serve, scope, receive, send)  # cross-site refusals, CORS, security headers
 
     async def _serve(self, scope: Any, receive: Any, send: Any) -> None:
         round_id = self.reports.round_of(scope) if self.divert_reports else None
-        if round_id is None:
-            await super().__call__(scope, receive, send)
-        else:
+        if round_id is not None:
             await self.reports(round_id, scope, receive, send)
+        elif self.divert_ohttp and self.gateway.matches(scope):
+            await self.gateway(self, scope, receive, send)  # its inner request comes back in through __call__
+        else:
+            await super().__call__(scope, receive, send)
 
 
 def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -196,7 +204,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                              private_round_details, None if open_admission else admission or CredentialAdmission(),
                              self_enrolment)
     app = ServiceApp(ReportsEndpoint(store, service.writer, service.pool, metrics, max_body_bytes,
-                                     service.admission is not None), guard,
+                                     service.admission is not None), GatewayEndpoint(store, metrics, max_body_bytes),
+                     guard,
                      title="hybriddp collection service", version=__version__,
                      lifespan=_lifespan(service, warm_check_workers, series_tick),
                      docs_url=None, redoc_url=None,  # /docs is served from local files (pages.mount_api_docs)

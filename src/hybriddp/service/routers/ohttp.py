@@ -12,6 +12,14 @@ nesting), is answered with an encapsulated 404. An inner body obeys the service'
 Once the outer request is decapsulated the answer is always 200 with the inner response (status, headers, body)
 encapsulated in it; an outer request that is not ``message/ohttp-req`` gets 415, one that is malformed, names
 another key or does not decrypt gets 400 (RFC 9458 §5.2), in the API's JSON error shape, unencrypted.
+
+``POST /ohttp`` is a hot path (every report of a device behind a relay): :class:`GatewayEndpoint` serves it as a
+plain ASGI handler, which :class:`hybriddp.service.app.ServiceApp` hands such requests to ahead of FastAPI's
+middleware, routing and dependencies (as it does direct reports, :mod:`hybriddp.service.reports`), after the guard
+(:mod:`hybriddp.service.guard`: cross-site refusals and security headers apply to the outer request as to any
+other). The FastAPI route declared here states the endpoint in the OpenAPI document and answers only when the app's
+``divert_ohttp`` is off, through the same :func:`answer`, so both give the same answers. The inner request is
+dispatched to the app's own entry, guard included, whose fast path serves an inner ``POST .../reports``.
 """
 
 from __future__ import annotations
@@ -19,20 +27,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Any
 from urllib.parse import unquote
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from hybriddp.core import bhttp, ohttp
-from hybriddp.core.errors import DataError
+from hybriddp.core.errors import DataError, HybridDPError
 from hybriddp.core.ohttp import KEYS_MEDIA_TYPE, REQUEST_MEDIA_TYPE, RESPONSE_MEDIA_TYPE
 from hybriddp.core.protocol import ID_PATTERN
-from hybriddp.service.bodies import body_too_large, media_type, read_body
-from hybriddp.service.errors import ServiceError, UnsupportedMediaTypeError, cut_message
+from hybriddp.service.bodies import body_too_large, check_content_length, media_type, read_body
+from hybriddp.service.errors import ServiceError, UnsupportedMediaTypeError, cut_message, error_payload
+from hybriddp.service.metrics import Metrics
 from hybriddp.service.routers.common import Service, StoreDep, errors
+from hybriddp.service.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +114,32 @@ def get_ohttp_keys(store: StoreDep) -> Response:
 @router.post("/ohttp", response_class=Response, responses=_OHTTP_RESPONSES, openapi_extra=_OHTTP_BODY)
 async def post_ohttp(request: Request, service: Service) -> Response:
     """Decapsulate, serve the inner request in process (no client address; spec-v2 §4's routes only) and
-    encapsulate its response (RFC 9458 §4.3-§4.4, module docstring)."""
-    media = media_type(request.headers.get("content-type"))
+    encapsulate its response (RFC 9458 §4.3-§4.4, module docstring).
+
+    Documents :class:`GatewayEndpoint`'s endpoint; reached only when ``ServiceApp.divert_ohttp`` is off."""
+    check_media(request.headers.get("content-type"))
+    body = await read_body(request.receive, service.max_body_bytes)
+    sealed = await answer(request.app, request.scope, service.store, body, service.max_body_bytes)
+    return Response(sealed, media_type=RESPONSE_MEDIA_TYPE, headers={"Cache-Control": "no-store"})
+
+
+def check_media(content_type: str | None) -> None:
+    """:class:`UnsupportedMediaTypeError` (415) unless ``content_type`` is ``message/ohttp-req`` (parameters aside)."""
+    media = media_type(content_type)
     if media != REQUEST_MEDIA_TYPE:
         raise UnsupportedMediaTypeError(f"Content-Type {media[:60]!r} is not taken; send an encapsulated request as "
                                         f"{REQUEST_MEDIA_TYPE} (RFC 9458 §4.3)")
-    body = await read_body(request.receive, service.max_body_bytes)
+
+
+async def answer(app: Any, outer: dict[str, Any], store: Store, body: bytes, limit: int) -> bytes:
+    """The encapsulated response (RFC 9458 §4.4) to the encapsulated request ``body``, its inner request served by
+    ``app`` (:func:`dispatch`; ``outer``: the outer request's ASGI scope, ``limit``: the inner body limit).
+
+    :class:`OhttpKeyError` / :class:`OhttpRequestError` (400, unencrypted) when ``body`` is not for the gateway's
+    key or does not decrypt; once it does, every outcome (an inner message that is not binary HTTP included) is an
+    encapsulated inner response."""
     try:
-        inner, context = ohttp.decapsulate_request(service.store.gateway_key(), body)
+        inner, context = ohttp.decapsulate_request(store.gateway_key(), body)
     except ohttp.UnknownKeyError as exc:
         raise OhttpKeyError(f"{exc}: fetch /ohttp-keys again") from None
     except DataError as exc:
@@ -121,9 +151,56 @@ async def post_ohttp(request: Request, service: Service) -> Response:
         status, headers, content = _error(400, "bad_request", f"the inner request is not binary HTTP (RFC 9292 "
                                                               f"§3, known-length): {exc}")
     else:
-        status, headers, content = await dispatch(request.app, request.scope, req, service.max_body_bytes)
-    sealed = context.seal_response(bhttp.encode_response(status, headers, content))
-    return Response(sealed, media_type=RESPONSE_MEDIA_TYPE, headers={"Cache-Control": "no-store"})
+        status, headers, content = await dispatch(app, outer, req, limit)
+    return context.seal_response(bhttp.encode_response(status, headers, content))
+
+
+ROUTE = "/ohttp"
+"""The gateway's path (and its latency metric's route label, as FastAPI names it)."""
+_SEALED_HEADERS = ((b"content-type", RESPONSE_MEDIA_TYPE.encode()), (b"cache-control", b"no-store"))
+
+
+class GatewayEndpoint:
+    """Serves ``POST /ohttp`` ahead of FastAPI (module docstring): the answers of :func:`post_ohttp`, status for
+    status and body for body (413 for an announced or streamed body over the limit, 400 for a Content-Length
+    that is not a number, 415, 400 for what does not decapsulate, 408/503 of :func:`read_body`, 503 with an
+    unusable database, 500 for a bug), at a fraction of its per-request cost."""
+
+    def __init__(self, store: Store, metrics: Metrics, limit: int) -> None:
+        self.store, self.metrics, self.limit = store, metrics, limit
+
+    @staticmethod
+    def matches(scope: Any) -> bool:
+        """Whether ``scope`` is a ``POST /ohttp`` request."""
+        return scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == ROUTE
+
+    async def __call__(self, app: Any, scope: Any, receive: Any, send: Any) -> None:
+        """Serve the outer request ``scope``; its inner request goes to ``app`` (the service's own entry)."""
+        start = time.perf_counter()
+        try:
+            raw = scope["headers"]
+            check_content_length(raw, self.limit)  # first, as the BodyLimit middleware does on FastAPI's path
+            check_media(next((v.decode("latin-1") for k, v in raw if k == b"content-type"), None))
+            body = await read_body(receive, self.limit)
+            status, payload = 200, await answer(app, scope, self.store, body, self.limit)
+            headers = list(_SEALED_HEADERS)
+        except ClientDisconnect:  # gone before its body arrived: FastAPI's path answers an empty 400 to no one
+            status, payload, headers = 400, b"", []
+        except HybridDPError as exc:
+            status, out, extra = error_payload(exc)
+            payload = orjson.dumps(out)
+            headers = [(b"content-type", b"application/json")] + [(k.lower().encode(), v.encode())
+                                                                  for k, v in extra.items()]
+        except Exception as exc:  # a bug: logged, and the API's 500 shape
+            logger.exception("unexpected error", exc_info=exc)
+            status, payload = 500, orjson.dumps({"error": {"code": "internal_error", "message": "an unexpected "
+                                                                                               "server error; it was "
+                                                                                               "logged"}})
+            headers = [(b"content-type", b"application/json")]
+        headers.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+        self.metrics.observe("POST", ROUTE, time.perf_counter() - start)
 
 
 def _error(status: int, code: str, message: str) -> Answer:

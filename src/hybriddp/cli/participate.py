@@ -159,6 +159,9 @@ def participate_cmd(server: str, round_id: str, input_path: str | None, fmt: str
     if no_device_ledger and given:
         raise click.BadParameter(f"{given[0]} and --no-device-ledger contradict each other; give one of them",
                                  param_hint="--no-device-ledger")
+    if no_wait and no_device_ledger and outbox is None:
+        raise click.BadParameter("--no-wait keeps the message in the outbox until a later run sends it, and "
+                                 "--no-device-ledger has none: give --outbox FILE", param_hint="--no-wait")
     if no_device_ledger:
         render.err.print("[yellow]warning: --no-device-ledger: this report is charged to no device ledger, so "
                          "nothing stops a second report in this round or one past the lifetime budget (tests and "

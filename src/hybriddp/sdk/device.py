@@ -119,7 +119,8 @@ class DeviceClient(ServiceHttp):
         The ledger is opened at the first participation (reading the round or submitting prepared
         messages never touches it).
     outbox : file holding the one message not yet acknowledged; default beside the device ledger
-        (:func:`outbox_path`), none with ``NO_LEDGER``; None for none. :meth:`participate` writes it
+        (:func:`outbox_path`), none with ``NO_LEDGER``; None for none (the message is then held by this object
+        only, until it is sent, and lost with it). :meth:`participate` writes it
         (atomically) before sending and removes it once the server acknowledged; a later call for the
         same head list resends it unchanged (same id: counted once) instead of randomizing again.
     participation : report in one period out of this many of a round series (docs/SERIES.md): the device draws
@@ -199,6 +200,7 @@ class DeviceClient(ServiceHttp):
         self._headlist: dict[str, Any] | None = None
         self._credential = None if credential is None else credential.strip()
         self._token_key: tuple[RoundKey, bool] | None = None
+        self._held: dict[str, Any] | None = None  # the outbox entry, also without an outbox file
 
     @property
     def ledger(self) -> DeviceLedger | None:
@@ -519,7 +521,12 @@ class DeviceClient(ServiceHttp):
     def _outbox_entry(self, headlist_hash: str | None) -> dict[str, Any] | None:
         """The outbox's entry ``{"message", "send_at"}`` if it holds a message for this head list (any, with None)."""
         outbox = self.outbox
-        if outbox is None or not os.path.exists(outbox):
+        if outbox is None:  # no file: the entry this object holds in memory (lost if the process ends)
+            held = self._held
+            if held is None or (headlist_hash is not None and held["message"].get("headlist") != headlist_hash):
+                return None
+            return held
+        if not os.path.exists(outbox):
             return None
         try:
             with open(outbox, encoding="utf-8") as fh:
@@ -539,12 +546,14 @@ class DeviceClient(ServiceHttp):
         self._write_outbox({"message": msg, "send_at": 0.0 if entry is None else entry.get("send_at", 0.0)})
 
     def _write_outbox(self, msg: dict[str, Any]) -> None:
+        self._held = msg
         outbox = self.outbox
         if outbox is not None:
             from hybriddp.core.atomic import write_text
             write_text(outbox, json.dumps(msg))
 
     def _clear_outbox(self) -> None:
+        self._held = None
         outbox = self.outbox
         if outbox is not None:
             try:

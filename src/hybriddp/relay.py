@@ -16,8 +16,14 @@ Guarantees (:func:`create_relay_app`):
   target's document (status, body, ``ETag``, ``Content-Type``), fetched by the relay itself and kept
   ``mirror_ttl`` seconds, so every device behind the relay sees the same copy; concurrent misses share one fetch.
   ``GET /ohttp-keys`` is the target's key configurations, kept the same way.
-* Nothing is stored or logged per request (run it with uvicorn's access log off, as ``hybriddp relay`` does);
-  one pooled :class:`httpx.AsyncClient` talks to the target.
+* Nothing is stored or logged per request (run it with uvicorn's access log off, as ``hybriddp relay`` does).
+* The target is reached over at most :data:`~hybriddp.forwarder.DEFAULT_CONNECTIONS` kept-alive HTTP/1.1
+  connections (:class:`~hybriddp.forwarder.Forwarder`: a few tens of microseconds a forwarded request; TLS to an
+  ``https`` target); ``timeout`` seconds bound each forward (else 502). The mirror's rare GETs use one
+  :class:`httpx.AsyncClient`.
+
+``POST /ohttp`` is served as a plain ASGI handler ahead of the Starlette routes (:class:`RelayApp`): the relay's
+per-request cost is that of reading the body and forwarding it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -41,6 +48,7 @@ from starlette.routing import Route
 from hybriddp.core.errors import parameter_error
 from hybriddp.core.ohttp import REQUEST_MEDIA_TYPE
 from hybriddp.core.protocol import ID_PATTERN
+from hybriddp.forwarder import Answer, Forwarder, TargetError
 
 DEFAULT_PORT = 8081
 DEFAULT_MIRROR_TTL_S = 60.0
@@ -77,7 +85,7 @@ class _Held:
     """One request held for a batch: its body, and where its answer goes."""
 
     body: bytes
-    answer: asyncio.Future[httpx.Response] = field(repr=False)
+    answer: asyncio.Future[Answer] = field(repr=False)
 
 
 @dataclass
@@ -91,9 +99,11 @@ class _Kept:
 
 
 class Relay:
-    """The relay's state: the pooled client to the target, the batch being held, the mirror (module docstring).
+    """The relay's state: the forwarder and the client to the target, the batch being held, the mirror (module
+    docstring).
 
-    ``transport``: an :class:`httpx.AsyncBaseTransport` to reach the target with (tests); default: the network.
+    ``transport``: an :class:`httpx.AsyncBaseTransport` to reach the target with, for the forwarded requests too
+    (tests); default: the network, the forwarded requests through :class:`~hybriddp.forwarder.Forwarder`.
     """
 
     def __init__(self, target: str, *, batch_ms: float = 0.0, mirror_ttl: float = DEFAULT_MIRROR_TTL_S,
@@ -112,6 +122,7 @@ class Relay:
         self.timeout = float(timeout)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._forwarder = None if transport is not None else Forwarder(f"{self.target}/ohttp", timeout=self.timeout)
         self._held: list[_Held] = []
         self._flush: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -124,8 +135,9 @@ class Relay:
     # ----- the client to the target -----
     @property
     def client(self) -> httpx.AsyncClient:
-        """The one pooled client to the target, made on first use in the running event loop. Its only default
-        header is ``Connection`` (hop-by-hop): no ``User-Agent``, ``Accept`` or ``Accept-Encoding``."""
+        """The pooled client to the target for the mirror (and, with a test ``transport``, the forwards), made on
+        first use in the running event loop. Its only default header is ``Connection`` (hop-by-hop): no
+        ``User-Agent``, ``Accept`` or ``Accept-Encoding``."""
         if self._client is None:
             client = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(self.timeout),
                                        follow_redirects=False, trust_env=False)
@@ -135,16 +147,19 @@ class Relay:
         return self._client
 
     async def aclose(self) -> None:
-        """Close the client (the app's shutdown)."""
+        """Close the forwarder's and the client's connections (the app's shutdown)."""
         if self._flush is not None:
             self._flush.cancel()
+        if self._forwarder is not None:
+            await self._forwarder.aclose()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
 
     # ----- POST /ohttp -----
-    async def forward(self, body: bytes) -> httpx.Response:
-        """The gateway's answer to ``body``, sent alone (batched and shuffled when ``batch_ms`` > 0)."""
+    async def forward(self, body: bytes) -> Answer:
+        """The gateway's answer to ``body``, sent alone (batched and shuffled when ``batch_ms`` > 0);
+        :class:`~hybriddp.forwarder.TargetError` or :class:`httpx.HTTPError` when there is none."""
         if self.batch_s <= 0:
             return await self._post(body)
         held = _Held(body, asyncio.get_running_loop().create_future())
@@ -173,9 +188,12 @@ class Relay:
             if not held.answer.done():
                 held.answer.set_result(resp)
 
-    async def _post(self, body: bytes) -> httpx.Response:
-        return await self.client.post(f"{self.target}/ohttp", content=body,
+    async def _post(self, body: bytes) -> Answer:
+        if self._forwarder is not None:
+            return await self._forwarder.post(body, REQUEST_MEDIA_TYPE)
+        resp = await self.client.post(f"{self.target}/ohttp", content=body,
                                       headers={"content-type": REQUEST_MEDIA_TYPE})
+        return Answer(resp.status_code, resp.headers.get("content-type"), resp.content)
 
     # ----- the mirror -----
     async def mirrored(self, path: str) -> _Kept:
@@ -208,23 +226,101 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
                         headers={"Cache-Control": "no-store"})
 
 
-async def _read_body(request: Request, limit: int) -> bytes | None:
-    """The body, or None once it passes ``limit`` bytes (announced or streamed)."""
-    length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit):
-        return None
+_NO_STORE = (b"cache-control", b"no-store")
+
+
+class OhttpForwarding:
+    """``POST /ohttp`` as a plain ASGI handler (module docstring): 415 unless the body is ``message/ohttp-req``, 413
+    over the relay's limit (announced or streamed), an empty 400 when the device goes away first, 502 when the
+    target cannot be reached; else the target's status, ``Content-Type`` and body, with ``Cache-Control:
+    no-store``."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        ctype = length = None
+        for k, v in scope["headers"]:
+            if k == b"content-type":
+                ctype = v.decode("latin-1")
+            elif k == b"content-length":
+                length = v
+        limit = self.relay.max_body_bytes
+        if (ctype or "").split(";")[0].strip().lower() != REQUEST_MEDIA_TYPE:
+            await _send_error(send, 415, "unsupported_media_type", f"send an encapsulated request as "
+                                                                  f"{REQUEST_MEDIA_TYPE} (RFC 9458 §4.3)")
+            return
+        try:
+            body = None if length is not None and (not length.isdigit() or int(length) > limit) else \
+                await _read_body(receive, limit)
+        except ClientDisconnect:
+            await _send(send, 400, [], b"")
+            return
+        if body is None:
+            await _send_error(send, 413, "body_too_large", f"request body over the relay's limit of {limit:,} bytes")
+            return
+        try:
+            answer = await self.relay.forward(body)
+        except (TargetError, httpx.HTTPError) as exc:
+            reason = exc.reason if isinstance(exc, TargetError) else type(exc).__name__
+            await _send_error(send, 502, "gateway_unreachable", f"the relay could not reach the gateway ({reason}); "
+                                                                "retry later")
+            return
+        headers = [_NO_STORE]
+        if answer.content_type is not None:
+            headers.append((b"content-type", answer.content_type.encode("latin-1")))
+        await _send(send, answer.status, headers, answer.body)
+
+
+async def _read_body(receive: Any, limit: int) -> bytes | None:
+    """The body from the ASGI channel; None once it passes ``limit`` bytes, :class:`ClientDisconnect` if the device
+    went away first."""
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            raise ClientDisconnect
+        chunk = msg.get("body", b"")
         size += len(chunk)
         if size > limit:
             return None
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not msg.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _send(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_error(send: Any, status: int, code: str, message: str) -> None:
+    await _send(send, status, [(b"content-type", b"application/json"), _NO_STORE],
+                orjson.dumps({"error": {"code": code, "message": message}}))
+
+
+class RelayApp:
+    """The relay's ASGI app: ``POST /ohttp`` goes to :class:`OhttpForwarding` directly, everything else (the
+    mirror, ``/healthz``, the lifespan, 404s and 405s) to the Starlette app ``routes``; ``state`` is its state."""
+
+    def __init__(self, forwarding: OhttpForwarding, routes: Starlette) -> None:
+        self.forwarding, self.routes = forwarding, routes
+
+    @property
+    def state(self) -> Any:
+        return self.routes.state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/ohttp":
+            await self.forwarding(scope, receive, send)
+        else:
+            await self.routes(scope, receive, send)
 
 
 def create_relay_app(target: str, *, batch_ms: float = 0.0, mirror_ttl: float = DEFAULT_MIRROR_TTL_S,
                      max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout: float = DEFAULT_TIMEOUT_S,
-                     transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+                     transport: httpx.AsyncBaseTransport | None = None) -> RelayApp:
     """The relay as an ASGI app (module docstring for what it guarantees); ``app.state.relay`` is its
     :class:`Relay`. ``target``: the service's URL (its gateway is ``{target}/ohttp``); ``batch_ms``: milliseconds
     requests are held to be shuffled (0: forwarded at once); ``mirror_ttl``: seconds a mirrored document is kept;
@@ -232,26 +328,7 @@ def create_relay_app(target: str, *, batch_ms: float = 0.0, mirror_ttl: float = 
     A bad value is a :class:`~hybriddp.core.errors.ParameterError` naming it."""
     relay = Relay(target, batch_ms=batch_ms, mirror_ttl=mirror_ttl, max_body_bytes=max_body_bytes, timeout=timeout,
                   transport=transport)
-
-    async def post_ohttp(request: Request) -> Response:
-        media = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
-        if media != REQUEST_MEDIA_TYPE:
-            return _error(415, "unsupported_media_type", f"send an encapsulated request as {REQUEST_MEDIA_TYPE} "
-                                                         "(RFC 9458 §4.3)")
-        try:
-            body = await _read_body(request, relay.max_body_bytes)
-        except ClientDisconnect:
-            return Response(status_code=400)
-        if body is None:
-            return _error(413, "body_too_large", f"request body over the relay's limit of {relay.max_body_bytes:,} "
-                                                 "bytes")
-        try:
-            resp = await relay.forward(body)
-        except httpx.HTTPError as exc:
-            return _error(502, "gateway_unreachable", f"the relay could not reach the gateway ({type(exc).__name__}); "
-                                                      "retry later")
-        return Response(resp.content, status_code=resp.status_code, headers={"Cache-Control": "no-store"},
-                        media_type=resp.headers.get("content-type"))
+    forwarding = OhttpForwarding(relay)
 
     async def get_mirrored(request: Request) -> Response:
         path = request.url.path
@@ -280,10 +357,10 @@ def create_relay_app(target: str, *, batch_ms: float = 0.0, mirror_ttl: float = 
         yield
         await relay.aclose()
 
-    app = Starlette(routes=[Route("/ohttp", post_ohttp, methods=["POST"]),
+    app = Starlette(routes=[Route("/ohttp", forwarding, methods=["POST"]),  # reached for its 405 only
                             Route("/ohttp-keys", get_mirrored, methods=["GET"]),
                             Route("/api/v1/rounds/{round_id}/{doc}", get_mirrored, methods=["GET"]),
                             Route("/healthz", healthz, methods=["GET"])],
                     lifespan=lifespan)
     app.state.relay = relay
-    return app
+    return RelayApp(forwarding, app)

@@ -16,7 +16,8 @@ they carry nothing the gateway or the device uses.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from hybriddp.core.errors import DataError
@@ -30,7 +31,13 @@ MAX_SIZE = 64 << 20
 
 Fields = list[tuple[str, str]]
 
-_TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")  # RFC 9110 §5.6.2, lower case
+_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+")
+"""A field name (fullmatch): one or more token characters (RFC 9110 §5.6.2), lower case."""
+_BAD_IN_VALUE = re.compile(rb"[\x00\n\r]")
+_BAD_IN_CONTROL = re.compile(rb"[\x00-\x20\x7f]")
+
+What = str | Callable[[], str]
+"""What a read is for, in an error message: the text, or a function making it (only called on an error)."""
 
 
 class BHTTPError(DataError):
@@ -78,6 +85,10 @@ def _first(fields: Fields, name: str) -> str | None:
 
 def encode_varint(value: int) -> bytes:
     """The shortest RFC 9000 §16 encoding of ``value`` (0 ≤ value < 2^62): 1, 2, 4 or 8 bytes."""
+    if 0 <= value < 0x40:  # the common cases first: a length or status in 1 or 2 bytes
+        return bytes((value,))
+    if 0 <= value < 0x4000:
+        return (value | 0x4000).to_bytes(2, "big")
     if value < 0 or value > MAX_VARINT:
         raise BHTTPError(f"{value} cannot be a variable-length integer: it must be 0..2^62-1")
     for size, prefix in ((1, 0x00), (2, 0x40), (4, 0x80), (8, 0xC0)):
@@ -105,28 +116,36 @@ class _Reader:
     def at_end(self) -> bool:
         return self.pos >= len(self.data)
 
-    def varint(self, what: str) -> int:
+    def varint(self, what: What) -> int:
         """One RFC 9000 §16 integer (non-shortest encodings are accepted, as §16 allows)."""
         if self.at_end():
-            raise BHTTPError(f"binary HTTP message truncated at byte {self.pos}: {what} is missing")
-        size = 1 << (self.data[self.pos] >> 6)
+            raise BHTTPError(f"binary HTTP message truncated at byte {self.pos}: {_text(what)} is missing")
+        first = self.data[self.pos]
+        if first < 0x40:
+            self.pos += 1
+            return first
+        size = 1 << (first >> 6)
         if self.pos + size > len(self.data):
-            raise BHTTPError(f"binary HTTP message truncated at byte {self.pos}: {what} needs {size} bytes")
+            raise BHTTPError(f"binary HTTP message truncated at byte {self.pos}: {_text(what)} needs {size} bytes")
         raw = bytearray(self.data[self.pos:self.pos + size])
         raw[0] &= 0x3F
         self.pos += size
         return int.from_bytes(raw, "big")
 
-    def take(self, n: int, what: str) -> bytes:
+    def take(self, n: int, what: What) -> bytes:
         if n > len(self.data) - self.pos:
-            raise BHTTPError(f"binary HTTP {what} length {n} at byte {self.pos} runs past the end of the "
+            raise BHTTPError(f"binary HTTP {_text(what)} length {n} at byte {self.pos} runs past the end of the "
                              f"{len(self.data)}-byte message")
         out = self.data[self.pos:self.pos + n]
         self.pos += n
         return out
 
-    def prefixed(self, what: str) -> bytes:
-        return self.take(self.varint(f"the length of {what}"), what)
+    def prefixed(self, what: What) -> bytes:
+        return self.take(self.varint(lambda: f"the length of {_text(what)}"), what)
+
+
+def _text(what: What) -> str:
+    return what if isinstance(what, str) else what()
 
 
 # ----- encoding ------------------------------------------------------------------------------------------
@@ -141,18 +160,18 @@ def _ascii(value: str, what: str, *, empty: bool = True) -> bytes:
         raw = value.encode("ascii")
     except UnicodeEncodeError:
         raise BHTTPError(f"the request {what} {value!r} is not ASCII") from None
-    if (not raw and not empty) or any(b <= 0x20 or b == 0x7F for b in raw):
+    if (not raw and not empty) or _BAD_IN_CONTROL.search(raw):
         raise BHTTPError(f"the request {what} {value!r} is empty or holds a space or control character")
     return raw
 
 
 def _check_name(name: bytes) -> None:
-    if not name or not all(b in _TCHAR for b in name):
+    if not _NAME.fullmatch(name):
         raise BHTTPError(f"field name {name!r} is not a lower-case HTTP token (RFC 9292 §3.6, RFC 9113 §8.2.1)")
 
 
 def _check_value(name: bytes, value: bytes) -> None:
-    if any(b in (0, 0x0A, 0x0D) for b in value) or value[:1] in (b" ", b"\t") or value[-1:] in (b" ", b"\t"):
+    if _BAD_IN_VALUE.search(value) or value[:1] in (b" ", b"\t") or value[-1:] in (b" ", b"\t"):
         raise BHTTPError(f"the value of field {name.decode()!r} holds NUL, CR or LF or starts or ends with "
                          f"whitespace (RFC 9292 §3.6, RFC 9113 §8.2.1)")
 
@@ -216,8 +235,8 @@ def _read_fields(reader: _Reader, what: str) -> Fields:
     section = _Reader(reader.prefixed(what))
     fields: Fields = []
     while not section.at_end():
-        name = section.prefixed(f"a field name in the {what}")
-        value = section.prefixed(f"the value of field {name[:64]!r} in the {what}")
+        name = section.prefixed(lambda: f"a field name in the {what}")
+        value = section.prefixed(lambda name=name: f"the value of field {name[:64]!r} in the {what}")
         if name.startswith(b":"):
             raise BHTTPError(f"pseudo-field {name.decode('latin-1')!r} in the {what} (RFC 9292 §4 makes it invalid)")
         _check_name(name)

@@ -18,9 +18,8 @@ Guarantees (:func:`create_relay_app`):
   ``GET /ohttp-keys`` is the target's key configurations, kept the same way.
 * Nothing is stored or logged per request (run it with uvicorn's access log off, as ``hybriddp relay`` does).
 * The target is reached over at most :data:`~hybriddp.forwarder.DEFAULT_CONNECTIONS` kept-alive HTTP/1.1
-  connections (:class:`~hybriddp.forwarder.Forwarder`: a few tens of microseconds a forwarded request; TLS to an
-  ``https`` target); ``timeout`` seconds bound each forward (else 502). The mirror's rare GETs use one
-  :class:`httpx.AsyncClient`.
+  connections (:class:`~hybriddp.forwarder.Forwarder`; TLS to an ``https`` target); ``timeout`` seconds bound each
+  forward (else 502). The mirror's rare GETs use one :class:`httpx.AsyncClient`.
 
 ``POST /ohttp`` is served as a plain ASGI handler ahead of the Starlette routes (:class:`RelayApp`): the relay's
 per-request cost is that of reading the body and forwarding it.

@@ -2,10 +2,11 @@
 ALGORITHM.md §14), on both databases.
 
 An opt-in user charged in rounds of ε = 1 against a lifetime budget of ε = 11, δ = 1e-4: basic composition stops
-them after 10 rounds (δ = 1e-5 a round: Σδ reaches 1e-4 first); privacy-loss-distribution accounting of the exact per-round mechanisms admits more. How many
-is computed here by the accountant itself (:func:`hybriddp.audit.pld.history_epsilon`; tests/test_pld.py checks it
-against the exact audit and against dp-accounting), and the store must admit exactly those: at the build's charge
-and at enrolment. A round accounted by its (ε, δ) alone (a mean round) gains nothing.
+them after 10 rounds (δ = 1e-5 a round: Σδ reaches 1e-4 first); privacy-loss-distribution accounting of the
+exact per-round mechanisms admits more. How many is computed here by the accountant itself
+(:func:`hybriddp.audit.pld.history_epsilon`; tests/test_pld.py checks it against the exact audit and against
+dp-accounting), and the store must admit exactly those: at the build's charge and at enrolment. A round accounted
+by its (ε, δ) alone (a mean round) gains nothing.
 """
 
 from __future__ import annotations

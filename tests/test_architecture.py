@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "mean": 3,
     "curator": 4, "device": 4, "server": 4,
     "simulation": 5, "datasets": 5, "spark": 5, "sdk": 5, "audit": 5, "tune": 5,
-    "service": 6, "relay": 6,
+    "service": 6, "relay": 6, "forwarder": 6,
     "experiments": 7,
     "cli": 8,
     "__init__": 9, "__main__": 9, "parties": 9, "client": 9, "pipeline": 9,  # the face and deprecated aliases

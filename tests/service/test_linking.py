@@ -104,7 +104,7 @@ def assert_chance(what: str, order_a: list[int], order_b: list[int], found: dict
     n = len(set(order_a) & set(order_b))
     rho, pairs = spearman(order_a, order_b), right_pairs(order_a, order_b)
     found[what] = {"devices": n, "rho": round(rho, 3), "right_pairs": pairs}
-    assert n >= N_DEVICES // 2, (what, found)
+    assert n >= 0.3 * N_DEVICES, (what, found)  # mid-round: about half reported (Binomial(N, 1/2) < 0.3 N: ~1e-8)
     assert pairs <= MAX_PAIRS, f"{what}: the operator paired {pairs} of {n} devices right (chance: about 1); {found}"
     assert abs(rho) <= Z_RHO / (n - 1) ** 0.5, f"{what}: rank correlation {rho:.3f} over {n} devices; {found}"
 

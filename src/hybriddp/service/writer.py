@@ -10,6 +10,13 @@ durable, and a crash loses only requests that were never acknowledged. After ans
 thread settles SQLite's recent messages when they are due (:meth:`hybriddp.service.store.Store.settle_if_due`):
 new requests queue meanwhile and go into the next group.
 
+A group commit costs about a millisecond of CPU whatever its size, so small groups are expensive per
+request. When requests arrive concurrently (the previous group held more than one) but the queue runs
+dry while the group is still small (fewer than :data:`LINGER_GROUP_REQUESTS` requests), the thread
+waits up to :data:`LINGER_SECONDS` for more before committing. An isolated request (the previous
+group held one) never waits; :meth:`ReportWriter.close` still stores what is queued and stops
+promptly (the stop marker ends a wait at once).
+
 Requests wait on plain asyncio futures of their event loop. The thread answers a whole group with
 one ``call_soon_threadsafe`` per loop (one wake-up of the loop, not one per request, and no
 ``concurrent.futures`` bridge per request: together about a sixth of a single report's cost on
@@ -35,6 +42,18 @@ logger = logging.getLogger(__name__)
 MAX_GROUP_MESSAGES = 250_000
 """Most messages stored by one transaction (bounds the latency a big group adds)."""
 
+LINGER_SECONDS = 0.002
+"""Longest wait for more requests when the group is small but requests arrive concurrently.
+
+Without it, requests that each hold the event loop long (an OHTTP-relayed single: ~250 µs of
+decapsulation and dispatch) reach the writer a few at a time, groups shrink to 2-10 requests and the
+commit's fixed cost dominates their CPU. Device reports are sent at random times in the report window
+anyway, so a few milliseconds more before the acknowledgement costs nobody; an isolated request (the
+previous group held one) never waits. 0 turns lingering off."""
+
+LINGER_GROUP_REQUESTS = 32
+"""A group with fewer requests than this is "small": the writer may linger for more (see :data:`LINGER_SECONDS`)."""
+
 _STOP = object()
 
 
@@ -42,10 +61,11 @@ class ReportWriter:
     """Queues report requests and stores them in groups, one transaction per group."""
 
     def __init__(self, store: Store, max_group_messages: int = MAX_GROUP_MESSAGES,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, linger_seconds: float = LINGER_SECONDS) -> None:
         self.store = store
         self.metrics = metrics  # group commits observed (requests per group, seconds), if given
         self.max_group = max_group_messages
+        self.linger = linger_seconds
         self._queue: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -75,22 +95,37 @@ class ReportWriter:
 
     def _run(self) -> None:
         stop = False
+        last_group = 1  # requests in the previous group: more than one means they arrive concurrently
         while not stop:
             first = self._queue.get()
             if first is _STOP:
                 return
             group = [first]
             size = len(first[1])
+            deadline: float | None = None
             while size < self.max_group:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
-                    break
+                    # The queue is dry: linger for a fuller group only if requests are arriving
+                    # concurrently and the group is still small; an isolated request never waits.
+                    if self.linger <= 0 or last_group <= 1 or len(group) >= LINGER_GROUP_REQUESTS:
+                        break
+                    if deadline is None:
+                        deadline = time.monotonic() + self.linger
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    try:
+                        nxt = self._queue.get(timeout=remaining)
+                    except queue.Empty:
+                        break
                 if nxt is _STOP:
                     stop = True
                     break
                 group.append(nxt)
                 size += len(nxt[1])
+            last_group = len(group)
             self._store(group)
 
     def _store(self, group: list[tuple[RoundInfo, Sequence[tuple[str, Any]], asyncio.Future[Any]]]) -> None:

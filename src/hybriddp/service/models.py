@@ -46,7 +46,20 @@ def anchor_kappa(default: float) -> Any:
                  "estimate) lies more than this many standard deviations from its opt-in estimate.")
 
 
-class BlenderParamsIn(_Strict):
+class _Schedule(_Strict):
+    """When devices report (docs/TOKENS.md "When a device reports"): every round kind's schedule."""
+
+    issuance_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds after the head list's "
+                                    "publication during which devices get their report tokens (the issuance window; "
+                                    "docs/TOKENS.md).")
+    report_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds of the report window that "
+                                  "follows: every device sends at a uniformly random time in it, so report times say "
+                                  "nothing about token issuance (0 and 0: at once, linkable).")
+    min_tokens: int = Field(0, ge=0, le=10**9, description="Reports are refused (409 too_few_tokens) until this many "
+                            "report tokens were issued in the round: the smallest anonymity set it accepts.")
+
+
+class BlenderParamsIn(_Schedule):
     """BLENDER's parameters (ALGORITHM.md §2); every one has the library's default."""
 
     epsilon: float = Field(_D.epsilon, gt=LN2, le=MAX_EPSILON_HEAD_LIST,
@@ -69,19 +82,11 @@ class BlenderParamsIn(_Strict):
     anchor_kappa: float = anchor_kappa(DEFAULT_KAPPA)
     anchor_kappa_query: float = Field(DEFAULT_KAPPA_QUERY, ge=0, le=1e6, description="The bound for queries, which "
                                       "rank the suggestions (ALGORITHM.md §7.2).")
-    issuance_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds after the head list's "
-                                    "publication during which devices get their report tokens (the issuance window; "
-                                    "docs/TOKENS.md).")
-    report_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds of the report window that "
-                                  "follows: every device sends at a uniformly random time in it, so report times say "
-                                  "nothing about token issuance (0 and 0: at once, linkable).")
-    min_tokens: int = Field(0, ge=0, le=10**9, description="Reports are refused (409 too_few_tokens) until this many "
-                            "report tokens were issued in the round: the smallest anonymity set it accepts.")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 
 
-class MeanParamsIn(_Strict):
+class MeanParamsIn(_Schedule):
     """A mean round's parameters (ALGORITHM.md §11)."""
 
     epsilon: float = Field(gt=0, description="ε of every user.")
@@ -94,14 +99,6 @@ class MeanParamsIn(_Strict):
     defense: Literal[DEFENSES] = DEFENSE  # type: ignore[valid-type]  # the server's choices
     anchor_alpha: float = ANCHOR_ALPHA
     anchor_kappa: float = anchor_kappa(MEAN_DEFAULT_KAPPA)
-    issuance_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds after the head list's "
-                                    "publication during which devices get their report tokens (the issuance window; "
-                                    "docs/TOKENS.md).")
-    report_seconds: float = Field(3600.0, ge=0, le=90 * 86400, description="Seconds of the report window that "
-                                  "follows: every device sends at a uniformly random time in it, so report times say "
-                                  "nothing about token issuance (0 and 0: at once, linkable).")
-    min_tokens: int = Field(0, ge=0, le=10**9, description="Reports are refused (409 too_few_tokens) until this many "
-                            "report tokens were issued in the round: the smallest anonymity set it accepts.")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,23 +22,14 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from hybriddp.core import blindrsa, tokens
 from hybriddp.core.blindrsa import Variant
 from hybriddp.core.protocol import new_message_id
+from interophelpers import INTEROP, node_with
 
-INTEROP = Path(__file__).with_name("interop")
 SCRIPT = INTEROP / "blindrsa.mjs"
-PACKAGE = INTEROP / "node_modules" / "@cloudflare" / "blindrsa-ts"
 
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    exe = shutil.which("node")
-    missing = None if exe else "`node` is not on PATH (install Node.js 20)"
-    if missing is None and not PACKAGE.is_dir():
-        missing = f"{PACKAGE} is missing: run `npm ci --prefix {INTEROP}`"
-    if missing is not None:
-        if os.environ.get("CI"):
-            pytest.fail(missing, pytrace=False)
-        pytest.skip(missing)
-    return exe  # type: ignore[return-value]
+    return node_with("@cloudflare/blindrsa-ts")
 
 
 @pytest.fixture(scope="module")

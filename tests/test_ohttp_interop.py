@@ -11,31 +11,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hybriddp.core import bhttp, hpke, ohttp
+from interophelpers import INTEROP, node_with
 
-INTEROP = Path(__file__).with_name("interop")
 SCRIPT = INTEROP / "ohttp.mjs"
-PACKAGE = INTEROP / "node_modules" / "@hpke" / "core"
 
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    exe = shutil.which("node")
-    missing = None if exe else "`node` is not on PATH (install Node.js 20)"
-    if missing is None and not PACKAGE.is_dir():
-        missing = f"{PACKAGE} is missing: run `npm ci --prefix {INTEROP}`"
-    if missing is not None:
-        if os.environ.get("CI"):
-            pytest.fail(missing, pytrace=False)
-        pytest.skip(missing)
-    return exe  # type: ignore[return-value]
+    return node_with("@hpke/core")
 
 
 def _js(node: str, *jobs: dict[str, Any]) -> list[dict[str, Any]]:

@@ -651,6 +651,18 @@ def test_api_docs_render_from_the_server_alone(demo: DemoServer, page: Any) -> N
 
 
 # ----- memoization on the page (docs/ALGORITHM.md §15) -----------------------------------------------------------
+def suggestions_round(srv: Any) -> Any:
+    """A closed round listing "alert me" (the suggestions the page offers; 240 opt-in users and 240 reports), and
+    the records function that gives its opt-in users' data, for a later round with the same lists."""
+    same = lambda i: [{"query": "alert me", "url": SAFE_URL}]  # noqa: E731
+    rid0, doc0 = open_round(srv, 240, records=same)
+    with httpx.Client(base_url=srv.base_url + API, timeout=60) as http:
+        msgs = [randomize_records(doc0, [("alert me", SAFE_URL)]) for _ in range(240)]
+        assert http.post(f"/rounds/{rid0}/reports", json=msgs).status_code == 200
+        assert http.post(f"/rounds/{rid0}/close", headers=srv.admin, json={"flagged": "publish"}).status_code == 200
+    return same
+
+
 def test_the_same_pick_under_the_same_head_list_in_a_later_round_is_resent_uncharged(tmp_path: Any,
                                                                                      page: Any) -> None:
     """Two rounds publish the same head list (the same opt-in data, far above the threshold; under protocol v2 each
@@ -662,12 +674,7 @@ def test_the_same_pick_under_the_same_head_list_in_a_later_round_is_resent_uncha
                         extra_args=("--open-admission", "--log-level", "warning"))
     srv.start(timeout=60)
     try:
-        same = lambda i: [{"query": "alert me", "url": SAFE_URL}]  # noqa: E731
-        rid0, doc0 = open_round(srv, 240, records=same)  # the suggestions: a closed round listing "alert me"
-        with httpx.Client(base_url=srv.base_url + API, timeout=60) as http:
-            msgs = [randomize_records(doc0, [("alert me", SAFE_URL)]) for _ in range(240)]
-            assert http.post(f"/rounds/{rid0}/reports", json=msgs).status_code == 200
-            assert http.post(f"/rounds/{rid0}/close", headers=srv.admin, json={"flagged": "publish"}).status_code == 200
+        same = suggestions_round(srv)
         rid_a, doc_a = open_round(srv, 240, records=same)
         posts = watch_posts(page)
         open_page(page, srv.base_url + "/")

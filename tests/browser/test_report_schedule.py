@@ -13,11 +13,19 @@ from typing import Any
 
 import httpx
 from browserhelpers import API
-from test_browser_pages import SAFE_URL, message_count, open_page, pick_top, posted, wait_status, watch_posts
-from test_reliability import ServerProcess, open_round
+from test_browser_pages import (
+    SAFE_URL,
+    message_count,
+    open_page,
+    pick_top,
+    posted,
+    suggestions_round,
+    wait_status,
+    watch_posts,
+)
+from test_reliability import ServerProcess
 
 from hybriddp.core import tokens
-from hybriddp.device.localalg import randomize_records
 
 OUTBOX_KEY = "hybriddp-outbox"
 
@@ -51,12 +59,7 @@ def test_a_report_is_sent_at_a_random_time_in_the_window_and_after_a_reload(tmp_
                         extra_args=("--open-admission", "--log-level", "warning"))
     srv.start(timeout=60)
     try:
-        same = lambda i: [{"query": "alert me", "url": SAFE_URL}]  # noqa: E731
-        rid0, doc0 = open_round(srv, 240, records=same)  # the suggestions: a closed round listing "alert me"
-        with httpx.Client(base_url=srv.base_url + API, timeout=60) as http:
-            msgs = [randomize_records(doc0, [("alert me", SAFE_URL)]) for _ in range(240)]
-            assert http.post(f"/rounds/{rid0}/reports", json=msgs).status_code == 200
-            assert http.post(f"/rounds/{rid0}/close", headers=srv.admin, json={"flagged": "publish"}).status_code == 200
+        suggestions_round(srv)
 
         # open page: the timer sends the report at its time, inside the window
         rid_a, doc_a = windowed_round(srv, 0, 6)

@@ -89,7 +89,6 @@ import multiprocessing as mp
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -99,7 +98,7 @@ from typing import Any
 
 import numpy as np
 
-from hybriddp.service.process import ServeProcess, free_port
+from hybriddp.service.process import RelayProcess, ServeProcess
 
 TARGETS = {"single_reports_per_s": (">=", 3000.0), "batch_reports_per_s": (">=", 100_000.0),
            "close_seconds": ("<=", 15.0), "lost_after_kill9": ("==", 0), "double_counted": ("==", 0),
@@ -635,43 +634,6 @@ def stored_counts(db_url: str, rid: str, prefix: bytes, n: int, ordered: bool = 
                 "foreign": foreign, "entry_counts_total": int(counted)}
     finally:
         engine.dispose()
-
-
-class RelayProcess:
-    """``python -m hybriddp relay --target URL`` at a free local port, its output in ``workdir/relay.log``."""
-
-    def __init__(self, target: str, workdir: Path) -> None:
-        self.target, self.port, self.log = target, free_port(), workdir / "relay.log"
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 60.0) -> None:
-        import httpx
-
-        t0 = time.monotonic()
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "hybriddp", "relay", "--target", self.target,
-                                          "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the relay exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
-            try:
-                if httpx.get(self.base_url + "/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"the relay did not answer /healthz within {timeout} s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 # ----- main -------------------------------------------------------------------------------------

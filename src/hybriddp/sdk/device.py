@@ -177,10 +177,9 @@ class DeviceClient(ServiceHttp):
         kw.setdefault("timeout", 60.0)
         self._relay_transport: Any = None
         if relay is not None:
-            from hybriddp.sdk.http import check_base_url
             from hybriddp.sdk.relay import OhttpTransport
-            relay = check_base_url(relay)
-            self._relay_transport = OhttpTransport(relay)
+            self._relay_transport = OhttpTransport(relay)  # checks the URL (naming --relay)
+            relay = self._relay_transport.relay_url
             limit = httpx.Timeout(kw["timeout"], connect=min(10.0, kw["timeout"]))
             kw.setdefault("client", httpx.Client(transport=self._relay_transport, timeout=limit))
         super().__init__(base_url, **kw)

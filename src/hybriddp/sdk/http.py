@@ -138,15 +138,16 @@ def _retry_after(resp: httpx.Response) -> float | None:
 
 
 # ----- the HTTP core ----------------------------------------------------------------------------
-def check_base_url(base_url: Any) -> str:
-    """``http(s)://host[:port][/prefix]`` without a trailing slash, else a ParameterError."""
+def check_base_url(base_url: Any, field: str = "server URL (--server)",
+                   allowed: str = "an http:// or https:// URL such as http://127.0.0.1:8000 (where `hybriddp serve` "
+                                  "listens)") -> str:
+    """``http(s)://host[:port][/prefix]`` without a trailing slash, else a ParameterError naming ``field``."""
     ok = isinstance(base_url, str)
     if ok:
         parts = urlsplit(base_url.strip())
         ok = parts.scheme in ("http", "https") and bool(parts.netloc) and not parts.query and not parts.fragment
     if not ok:
-        raise parameter_error("server URL (--server)", base_url, "an http:// or https:// URL such as "
-                              "http://127.0.0.1:8000 (where `hybriddp serve` listens)")
+        raise parameter_error(field, base_url, allowed)
     return base_url.strip().rstrip("/")
 
 

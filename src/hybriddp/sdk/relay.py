@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import threading
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from hybriddp.core import bhttp, ohttp
 from hybriddp.core.errors import DataError, parameter_error
-from hybriddp.sdk.http import ServiceRequestError, ServiceUnavailableError
+from hybriddp.sdk.http import ServiceRequestError, ServiceUnavailableError, check_base_url
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
                         "upgrade", "proxy-authenticate", "proxy-authorization", "host", "content-length"})
@@ -34,14 +33,8 @@ DEFAULT_TIMEOUT_S = 60.0
 
 def check_relay_url(relay_url: Any) -> str:
     """``http(s)://host[:port][/prefix]`` without a trailing slash; a ParameterError naming ``--relay`` otherwise."""
-    ok = isinstance(relay_url, str)
-    if ok:
-        parts = urlsplit(relay_url.strip())
-        ok = parts.scheme in ("http", "https") and bool(parts.netloc) and not parts.query and not parts.fragment
-    if not ok:
-        raise parameter_error("relay URL (--relay)", relay_url, "the http:// or https:// URL of an OHTTP relay "
-                              "(`hybriddp relay`), such as http://127.0.0.1:8081")
-    return str(relay_url).strip().rstrip("/")
+    return check_base_url(relay_url, "relay URL (--relay)", "the http:// or https:// URL of an OHTTP relay "
+                                                             "(`hybriddp relay`), such as http://127.0.0.1:8081")
 
 
 def _client(timeout: float, transport: httpx.BaseTransport | None = None) -> httpx.Client:

@@ -177,13 +177,16 @@ class DeviceClient(ServiceHttp):
         kw.setdefault("timeout", 60.0)
         self._relay_transport: Any = None
         if relay is not None:
+            if kw.get("client") is not None:
+                raise parameter_error("client", "<given>", "left out with relay=: the device's requests go through "
+                                      "a client of its own, made on the relay's transport")
             from hybriddp.sdk.relay import OhttpTransport
             self._relay_transport = OhttpTransport(relay)  # checks the URL (naming --relay)
             relay = self._relay_transport.relay_url
             limit = httpx.Timeout(kw["timeout"], connect=min(10.0, kw["timeout"]))
-            kw.setdefault("client", httpx.Client(transport=self._relay_transport, timeout=limit))
+            kw["client"] = httpx.Client(transport=self._relay_transport, timeout=limit)
         super().__init__(base_url, **kw)
-        if relay is not None:
+        if self._relay_transport is not None:
             self._own = True  # the client made above for the relay is this object's to close
         self.report_now = report_now
         self.mirror = mirror if mirror is not None else relay

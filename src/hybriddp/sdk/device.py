@@ -33,6 +33,7 @@ from hybriddp.sdk.http import (
     ServiceHttp,
     ServiceRequestError,
     ServiceUnavailableError,
+    check_base_url,
     chunked,
     fetch_local_search,
     fetch_results,
@@ -189,6 +190,9 @@ class DeviceClient(ServiceHttp):
         if self._relay_transport is not None:
             self._own = True  # the client made above for the relay is this object's to close
         self.report_now = report_now
+        if mirror is not None:
+            mirror = check_base_url(mirror, "mirror URL (--mirror)", "the http:// or https:// URL of a second path "
+                                    "to the round's documents, such as a relay's (http://127.0.0.1:8081)")
         self.mirror = mirror if mirror is not None else relay
         self._clock = clock
         self.round_id = round_id
@@ -446,7 +450,7 @@ class DeviceClient(ServiceHttp):
         what = f"head list of round {self.round_id} from the mirror {self.mirror}"
         with httpx.Client(timeout=self.http.timeout) as plain:
             try:
-                resp = plain.get(self.mirror.rstrip("/") + round_path(self.round_id, "/headlist"),
+                resp = plain.get(self.mirror + round_path(self.round_id, "/headlist"),
                                  headers={"Accept": "application/json"})
                 other = resp.json() if resp.status_code == 200 else None
             except (httpx.HTTPError, ValueError) as exc:
@@ -511,11 +515,10 @@ class DeviceClient(ServiceHttp):
         needs tokens refuses it (403)."""
         if "token" in msg or self._credential is None:
             return msg
-        key, needed = self.token_key()
-        if not needed:
+        token = self._token_for(self._headlist or self.fetch_headlist())
+        if token is None:
             return msg
-        with self._own_connection():
-            out = spend(msg, self._issue(key, 1)[0])
+        out = spend(msg, token)
         self._rewrite_outbox(out)
         return out
 

@@ -230,7 +230,7 @@ def report_window_end(store: Store, series_id: str, period: int) -> float:
 
 
 def commit_keys(store: Store, info: RoundInfo, headlist: dict[str, Any], estimates: dict[str, Any],
-                key: tokens.RoundKey, now: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                key: tokens.RoundKey) -> tuple[dict[str, Any], dict[str, Any]]:
     """The head list with what every device must see the same of (docs/TOKENS.md "One key per round"): the round's
     token key (``token_key``: key id, modulus size, exponent), the gateway's OHTTP key config (``ohttp_key``) and
     the report window (``report_window``), inside its content hash; the estimates document bound to the new hash.
@@ -238,7 +238,7 @@ def commit_keys(store: Store, info: RoundInfo, headlist: dict[str, Any], estimat
     The window opens ``issuance_seconds`` after now and lasts ``report_seconds``; a period of a series ends its
     window before the period's close (:func:`report_window_end`)."""
     sched = schedule(info.params)
-    start = time.time() if now is None else now
+    start = time.time()
     opens = start + sched["issuance_seconds"]
     closes = opens + sched["report_seconds"]
     if info.series is not None and info.period is not None:
@@ -250,9 +250,7 @@ def commit_keys(store: Store, info: RoundInfo, headlist: dict[str, Any], estimat
             closes = max(opens, start + span)
     doc = {k: v for k, v in headlist.items() if k != "content_hash"}
     doc["token_key"] = key.committed()
-    gateway = store.gateway_config() if hasattr(store, "gateway_config") else None
-    if gateway is not None:
-        doc["ohttp_key"] = tokens.b64(gateway)
+    doc["ohttp_key"] = tokens.b64(store.gateway_config())
     doc["report_window"] = {"opens": tokens.format_time(opens), "closes": tokens.format_time(closes)}
     doc["content_hash"] = content_hash(doc)
     if estimates.get("headlist") == headlist.get("content_hash"):

@@ -111,15 +111,22 @@ def test_a_report_needs_a_valid_token_and_spends_it(client: TestClient, store_ur
     assert cred2  # a second credential exists and was never used: its tokens are untouched
 
 
-def test_mean_round_reports_need_tokens_too(client: TestClient) -> None:
-    (cred,) = credentials(client)
-    rid = create(client, "mean", {"epsilon": 2.0, "lower": 0.0, "upper": 10.0})
+def published_mean_round(client: TestClient, **params: Any) -> str:
+    """A mean round (ε 2 on [0, 10], and ``params``) whose 30 opt-in users uploaded 0..9 and whose document is
+    published; its id."""
+    rid = create(client, "mean", {"epsilon": 2.0, "lower": 0.0, "upper": 10.0, **params})
     tok = client.post(f"{API}/rounds/{rid}/optin/enrol", json={"users": [f"u{i}" for i in range(30)]},
                       headers=AUTH).json()["tokens"]
     for i, t in enumerate(tok):
         client.post(f"{API}/rounds/{rid}/optin/records", json={"values": [float(i % 10)]},
                     headers={"Authorization": f"Bearer {t}"})
     assert client.post(f"{API}/rounds/{rid}/headlist", headers=AUTH).status_code == 200
+    return rid
+
+
+def test_mean_round_reports_need_tokens_too(client: TestClient) -> None:
+    (cred,) = credentials(client)
+    rid = published_mean_round(client)
     msg = {"id": new_message_id(), "round": rid, "value": randomize_value(3.0, lower=0.0, upper=10.0, epsilon=2.0)}
     error_of(post(client, rid, msg), 403, "token_required")
     good = with_token(client, rid, cred, msg)

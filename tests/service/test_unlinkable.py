@@ -33,7 +33,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi.testclient import TestClient
 from test_api import ADMIN, API, AUTH, PARAMS, blender_round, create, device_messages, error_of, optin_all
-from test_tokens import counted, credentials, post, with_token
+from test_tokens import counted, credentials, post, published_mean_round, with_token
 
 from hybriddp.core import blindrsa, tokens
 from hybriddp.core.errors import DataError, HybridDPError
@@ -100,13 +100,7 @@ def test_the_head_list_commits_to_the_round_key_and_its_report_window(client: Te
 
 
 def test_a_mean_round_document_commits_too(client: TestClient, store_url: str) -> None:
-    rid = create(client, "mean", {"epsilon": 2.0, "lower": 0.0, "upper": 10.0, "report_seconds": 60})
-    toks = client.post(f"{API}/rounds/{rid}/optin/enrol", json={"users": [f"u{i}" for i in range(30)]},
-                       headers=AUTH).json()["tokens"]
-    for i, t in enumerate(toks):
-        client.post(f"{API}/rounds/{rid}/optin/records", json={"values": [float(i % 10)]},
-                    headers={"Authorization": f"Bearer {t}"})
-    assert client.post(f"{API}/rounds/{rid}/headlist", headers=AUTH).status_code == 200
+    rid = published_mean_round(client, report_seconds=60)
     doc = client.get(f"{API}/rounds/{rid}/headlist").json()
     key = tokens.RoundKey.from_dict(client.get(f"{API}/rounds/{rid}/token-key").json(), rid, doc["token_key"])
     assert doc["token_key"] == key.committed() and doc["content_hash"] == content_hash(doc)

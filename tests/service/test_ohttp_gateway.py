@@ -61,6 +61,21 @@ class GuardRecorder(Recorder):
         self.record(scope)
         await self.guard(app, scope, receive, send)
 
+    def __getattr__(self, name: str) -> Any:  # refusal, cors_headers: the gateway's inner reports ask the guard
+        return getattr(self.guard, name)
+
+
+class AnswerRecorder:
+    """Wraps ``ReportsEndpoint.answer``, through which the gateway serves an inner report without an ASGI request:
+    records every argument it gets (all that the reports code can know of the sender)."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer, self.seen = answer, []
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.seen.append((args, kwargs))
+        return await self.answer(*args, **kwargs)
+
 
 class AppRecorder(Recorder):
     """Records in front of a whole ASGI app (the relay: the addresses of the devices that reach it)."""
@@ -79,6 +94,7 @@ class Stack:
     server: str
     relay: str
     service: GuardRecorder
+    reports: AnswerRecorder
     devices: AppRecorder
     relay_app: Any
     rid: str
@@ -98,13 +114,15 @@ def stack(store_url: str) -> Iterator[Stack]:
     app = create_app(store_url, ADMIN, check_workers=0)
     recorder = GuardRecorder(app.guard)
     app.guard = recorder  # type: ignore[attr-defined]
+    reports = AnswerRecorder(app.reports.answer)
+    app.reports.answer = reports  # type: ignore[method-assign]
     with served(app) as server:
         with httpx.Client(base_url=server, timeout=30) as admin:
             rid, headlist = blender_round(admin)  # type: ignore[arg-type]
         relay_app = create_relay_app(server, mirror_ttl=60)
         devices = AppRecorder(relay_app)
         with served(devices) as relay:
-            yield Stack(server, relay, recorder, devices, relay_app, rid, headlist)
+            yield Stack(server, relay, recorder, reports, devices, relay_app, rid, headlist)
 
 
 def _same(a: httpx.Response, b: httpx.Response) -> None:
@@ -153,9 +171,12 @@ def test_the_service_never_sees_a_device_address(stack: Stack) -> None:
         assert relayed.post(f"{API}/rounds/{rid}/reports", json=[]).status_code == 400
     device_ports = {c[1] for _, path, c, _ in stack.devices.seen if path == "/ohttp"}
     assert len(device_ports) >= 1
-    inner = stack.service.of(f"{API}/rounds/{rid}/token-key") + stack.service.of(f"{API}/rounds/{rid}/reports")
-    assert len(inner) == 4 and all(client is None for _, _, client, _ in inner)
+    inner = stack.service.of(f"{API}/rounds/{rid}/token-key")
+    assert len(inner) == 3 and all(client is None for _, _, client, _ in inner)
     assert all("x-forwarded-for" not in names and "forwarded" not in names for *_, names in inner)
+    # the inner report skips the ASGI round trip: the reports code gets the round, the body and its type, no more
+    assert stack.service.of(f"{API}/rounds/{rid}/reports") == []
+    assert stack.reports.seen == [((rid, b"[]", "application/json"), {})]
     outer = stack.service.of("/ohttp")
     assert len(outer) == 4
     for _, _, client, names in outer:  # the relay's own connection, with nothing of the device's request
@@ -332,3 +353,46 @@ def test_the_fast_path_and_the_declared_route_answer_alike(store_url: str) -> No
 def _kept(headers: httpx.Headers) -> list[tuple[str, str]]:
     """The response header fields that must not depend on the path that answered (not ``date``, ``server``)."""
     return sorted((k, v) for k, v in headers.items() if k not in ("date", "server"))
+
+
+def test_an_inner_report_is_answered_as_the_app_entry_answers_it(store_url: str) -> None:
+    """The gateway answers an inner ``POST .../reports`` without an ASGI request (``ReportsEndpoint.answer`` with
+    the guard's checks); through the app's own entry (``divert_reports`` off: guard, then the declared route) the
+    inner answers are the same, status, header fields and body, refusals of the guard included: an inner request
+    that says it comes from another site is refused, one from a listed origin gets its CORS header."""
+    listed = "https://pages.example.org"
+    app = create_app(store_url, ADMIN, max_body_bytes=65536, check_workers=0, cors_origins=[listed])
+    with TestClient(app) as client:
+        rid, hl = blender_round(client)
+        config = ohttp.parse_key_configs(client.get("/ohttp-keys").content)[0]
+        credential = relay_credential(client, API, AUTH, 8)
+
+        def outcomes(seed: int) -> list[Any]:
+            ct = ("content-type", "application/json")
+            good = orjson.dumps(tokened(client, API, rid, credential, device_messages(hl, 1, seed=seed)))
+            out = []
+            for path, content, headers in [
+                    (f"{API}/rounds/{rid}/reports", good, (ct,)),  # stored
+                    (f"{API}/rounds/{rid}/reports", good, (ct,)),  # a retry: a duplicate
+                    (f"{API}/rounds/{rid}/reports", good, (ct, ("origin", "https://evil.example"))),
+                    (f"{API}/rounds/{rid}/reports", good, (ct, ("sec-fetch-site", "cross-site"))),
+                    (f"{API}/rounds/{rid}/reports", good, (ct, ("origin", listed))),
+                    (f"{API}/rounds/{rid}/reports", orjson.dumps(device_messages(hl, 1, seed=seed + 50)), (ct,)),
+                    (f"{API}/rounds/{rid}/reports", b"[", (ct,)),
+                    (f"{API}/rounds/{rid}/reports", good, (("content-type", "text/plain"),)),
+                    (f"{API}/rounds/{'A' * 22}/reports", good, (ct,))]:
+                outer, inner = _through(client, config, "POST", path, content, headers)
+                assert outer.status_code == 200 and inner is not None
+                out.append((inner.status, sorted(inner.headers), inner.content))
+            return out
+
+        fast = outcomes(1)
+        app.divert_reports = False  # type: ignore[attr-defined]
+        entry = outcomes(2)  # new tokens, so new message ids: stored again
+        app.divert_reports = True  # type: ignore[attr-defined]
+    assert [o[0] for o in fast] == [200, 200, 403, 403, 200, 403, 400, 415, 404]
+    assert fast[0][2] == b'{"acknowledged":1,"counted":1,"duplicates":0}'
+    assert fast[1][2] == fast[4][2] == b'{"acknowledged":1,"counted":0,"duplicates":1}'
+    assert ("access-control-allow-origin", listed) in fast[4][1] and ("access-control-allow-origin", listed) not in \
+        fast[0][1]
+    assert fast == entry

@@ -16,6 +16,7 @@ they carry nothing the gateway or the device uses.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -176,7 +177,21 @@ def _check_value(name: bytes, value: bytes) -> None:
                          f"whitespace (RFC 9292 §3.6, RFC 9113 §8.2.1)")
 
 
-def _field_section(fields: Iterable[tuple[str, str]]) -> bytes:
+def _field_section(fields: Iterable[tuple[str, str]], memo: bool = False) -> bytes:
+    """The field section of ``fields``; ``memo``: from :func:`_section`'s cache (a response's headers only: a
+    request's may carry a credential, which no cache should keep)."""
+    section = tuple(fields)
+    return _section(section) if memo and len(section) <= _MEMO_FIELDS else _section.__wrapped__(section)
+
+
+_MEMO_FIELDS = 16
+"""Response field sections of at most this many fields are memoized (:func:`_section`)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _section(fields: tuple[tuple[str, str], ...]) -> bytes:
+    """The encoded, checked field section of ``fields``; memoized, since a server's answers repeat a few header
+    sets (an OHTTP gateway encodes one per relayed report)."""
     out = bytearray()
     for name, value in fields:
         try:
@@ -207,7 +222,7 @@ def encode_response(status: int, headers: Iterable[tuple[str, str]], content: by
     """A known-length final response (RFC 9292 §3.1, framing 1), status 200..599, no informational responses."""
     if not isinstance(status, int) or not 200 <= status <= 599:
         raise BHTTPError(f"a final response status must be 200..599 (RFC 9292 §3.5), got {status!r}")
-    return (encode_varint(FRAMING_KNOWN_RESPONSE) + encode_varint(status) + _field_section(headers)
+    return (encode_varint(FRAMING_KNOWN_RESPONSE) + encode_varint(status) + _field_section(headers, memo=True)
             + _prefixed(bytes(content)) + _field_section(trailers))
 
 

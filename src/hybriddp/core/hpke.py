@@ -17,6 +17,7 @@ Every public key read is checked to be a point on P-256 (partial validation, §7
 
 from __future__ import annotations
 
+import functools
 import hmac
 from dataclasses import dataclass, field
 
@@ -257,13 +258,20 @@ class RecipientContext(Context):
 
 def key_schedule(shared_secret: bytes, info: bytes) -> tuple[bytes, bytes, bytes]:
     """``KeySchedule`` for mode_base (RFC 9180 §5.1) with empty psk/psk_id → ``(key, base_nonce, exporter_secret)``."""
-    psk_id_hash = labeled_extract(b"", b"psk_id_hash", b"")
-    info_hash = labeled_extract(b"", b"info_hash", bytes(info))
-    ks_context = bytes([MODE_BASE]) + psk_id_hash + info_hash
+    ks_context = _ks_context(bytes(info))
     secret = labeled_extract(shared_secret, b"secret", b"")
     return (labeled_expand(secret, b"key", ks_context, N_K),
             labeled_expand(secret, b"base_nonce", ks_context, N_N),
             labeled_expand(secret, b"exp", ks_context, N_H))
+
+
+@functools.lru_cache(maxsize=64)
+def _ks_context(info: bytes) -> bytes:
+    """``key_schedule_context`` of mode_base (RFC 9180 §5.1): it depends on ``info`` alone (the psk is empty), and a
+    gateway's is the same for every request, so it is memoized."""
+    psk_id_hash = labeled_extract(b"", b"psk_id_hash", b"")
+    info_hash = labeled_extract(b"", b"info_hash", info)
+    return bytes([MODE_BASE]) + psk_id_hash + info_hash
 
 
 def setup_base_s(pk_r_bytes: bytes, info: bytes, *,

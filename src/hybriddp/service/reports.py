@@ -108,28 +108,46 @@ class ReportsEndpoint:
 
     async def __call__(self, round_id: str, scope: Any, receive: Any, send: Any) -> None:
         start = time.perf_counter()
-        headers: dict[str, str] = {}
         try:
-            tok = self.with_tokens
-            rounds.report_target(self.store, round_id, with_tokens=tok, cached_only=True) or await asyncio.to_thread(
-                lambda: rounds.report_target(self.store, round_id, with_tokens=tok))  # 404/409 before the body
+            await self._known(round_id)  # 404/409 before the body
             body, content_type = await self._body(scope, receive)
-            status, out = 200, await accept_reports(self.store, self.writer, self.pool, self.metrics, round_id,
-                                                    body, content_type, tok)
         except ClientDisconnect:  # gone before its body arrived: nothing stored, nothing to answer
             return
         except HybridDPError as exc:
             status, out, headers = error_payload(exc)
         except Exception as exc:  # a bug: logged, and the API's 500 shape
-            logger.exception("unexpected error", exc_info=exc)
-            status, out = 500, {"error": {"code": "internal_error", "message": "an unexpected server error; it was "
-                                                                              "logged"}}
+            status, out, headers = _internal(exc)
+        else:
+            status, out, headers = await self.answer(round_id, body, content_type, checked=True)
         payload = orjson.dumps(out)
         raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
         self.metrics.observe("POST", ROUTE, time.perf_counter() - start)
+
+    async def answer(self, round_id: str, body: bytes, content_type: str | None,
+                     checked: bool = False) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """(status, JSON body, extra headers) of the reports request for ``round_id`` with the whole ``body``.
+
+        The OHTTP gateway serves an inner ``POST .../reports`` through this (no ASGI round trip); ``checked``: the
+        round was already found (:meth:`_known`)."""
+        try:
+            if not checked:
+                await self._known(round_id)
+            ack = await accept_reports(self.store, self.writer, self.pool, self.metrics, round_id, body, content_type,
+                                       self.with_tokens)
+            return 200, ack, {}
+        except HybridDPError as exc:
+            return error_payload(exc)
+        except Exception as exc:  # a bug: logged, and the API's 500 shape
+            return _internal(exc)
+
+    async def _known(self, round_id: str) -> None:
+        """404/409 (:class:`HybridDPError`) unless ``round_id`` is a round that takes reports now."""
+        tok = self.with_tokens
+        rounds.report_target(self.store, round_id, with_tokens=tok, cached_only=True) or await asyncio.to_thread(
+            lambda: rounds.report_target(self.store, round_id, with_tokens=tok))
 
     async def _body(self, scope: Any, receive: Any) -> tuple[bytes, str | None]:
         """The whole body (413 as soon as it passes the limit) and the Content-Type header, read from
@@ -140,3 +158,9 @@ class ReportsEndpoint:
         body = await read_body(receive, self.limit)
         content_type = next((v.decode("latin-1") for k, v in headers if k == b"content-type"), None)
         return body, content_type
+
+
+def _internal(exc: Exception) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Log a bug; the API's 500 answer."""
+    logger.exception("unexpected error", exc_info=exc)
+    return 500, {"error": {"code": "internal_error", "message": "an unexpected server error; it was logged"}}, {}

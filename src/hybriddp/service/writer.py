@@ -66,7 +66,7 @@ class ReportWriter:
         self.metrics = metrics  # group commits observed (requests per group, seconds), if given
         self.max_group = max_group_messages
         self.linger = linger_seconds
-        self._queue: queue.Queue[Any] = queue.Queue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False

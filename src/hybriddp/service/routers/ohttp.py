@@ -18,8 +18,11 @@ plain ASGI handler, which :class:`hybriddp.service.app.ServiceApp` hands such re
 middleware, routing and dependencies (as it does direct reports, :mod:`hybriddp.service.reports`), after the guard
 (:mod:`hybriddp.service.guard`: cross-site refusals and security headers apply to the outer request as to any
 other). The FastAPI route declared here states the endpoint in the OpenAPI document and answers only when the app's
-``divert_ohttp`` is off, through the same :func:`answer`, so both give the same answers. The inner request is
-dispatched to the app's own entry, guard included, whose fast path serves an inner ``POST .../reports``.
+``divert_ohttp`` is off, through the same :func:`answer`, so both give the same answers. An inner
+``POST .../reports`` (nearly every inner request) is answered by
+:meth:`hybriddp.service.reports.ReportsEndpoint.answer` with the guard's refusal and headers, without an ASGI
+request built for it: what the reports code gets is the round id, the body and its Content-Type. Every other inner
+request is dispatched to the app's own entry, guard included.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from hybriddp.core.ohttp import KEYS_MEDIA_TYPE, REQUEST_MEDIA_TYPE, RESPONSE_ME
 from hybriddp.core.protocol import ID_PATTERN
 from hybriddp.service.bodies import body_too_large, check_content_length, media_type, read_body
 from hybriddp.service.errors import ServiceError, UnsupportedMediaTypeError, cut_message, error_payload
+from hybriddp.service.guard import with_security_headers
 from hybriddp.service.metrics import Metrics
 from hybriddp.service.routers.common import Service, StoreDep, errors
 from hybriddp.service.store import Store
@@ -238,6 +242,10 @@ async def dispatch(app: Any, outer: dict[str, Any], req: bhttp.Request, limit: i
         headers.append((b"host", host.encode("latin-1")))
     except UnicodeEncodeError:
         return _error(400, "bad_request", "an inner header or the authority is not ISO-8859-1 text (RFC 9110 §5.5)")
+    reports = getattr(app, "reports", None) if getattr(app, "divert_reports", False) else None
+    round_id = reports.round_of({"type": "http", "method": method, "path": path}) if reports is not None else None
+    if round_id is not None:  # a report, the gateway's every request: served without an ASGI round trip
+        return await _report(app, reports, round_id, headers, content)
     if content or method == "POST":
         headers.append((b"content-length", str(len(content)).encode()))
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
@@ -247,6 +255,24 @@ async def dispatch(app: Any, outer: dict[str, Any], req: bhttp.Request, limit: i
              "client": None,  # never the outer connection's address (spec-v2 §4)
              "server": outer.get("server"), "state": dict(outer.get("state") or {}), "extensions": {}}
     return await _serve(app, scope, content)
+
+
+async def _report(app: Any, reports: Any, round_id: str, raw: list[tuple[bytes, bytes]], content: bytes) -> Answer:
+    """The inner ``POST .../reports`` answered as the app's own entry answers it (the guard's refusal and headers,
+    :meth:`hybriddp.service.reports.ReportsEndpoint.answer`), without building an ASGI request for it."""
+    headers: dict[str, str] = {}
+    for k, v in raw:
+        headers.setdefault(k.decode("latin-1"), v.decode("latin-1"))
+    refused = app.guard.refusal("POST", headers)
+    if refused is not None:
+        status, out, extra = refused[0], {"error": {"code": refused[1], "message": refused[2]}}, {}
+        cors: list[tuple[bytes, bytes]] = []
+    else:
+        status, out, extra = await reports.answer(round_id, content, headers.get("content-type"))
+        cors = app.guard.cors_headers(headers.get("origin"))
+    raw_out = [(b"content-type", b"application/json"), *((k.lower().encode(), v.encode()) for k, v in extra.items())]
+    return status, [(bytes(k).decode("latin-1"), bytes(v).decode("latin-1"))
+                    for k, v in with_security_headers(raw_out, cors)], orjson.dumps(out)
 
 
 async def _serve(app: Any, scope: dict[str, Any], content: bytes) -> Answer:

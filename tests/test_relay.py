@@ -73,6 +73,34 @@ def test_the_relay_forwards_the_body_alone_and_returns_the_answer() -> None:
     assert len(target.posts) == 1  # neither refusal reached the target
 
 
+def test_a_trickled_body_is_cut_off_at_the_deadline() -> None:
+    """A client that announces a body and sends it a byte at a time (always within any per-read timeout) gets 408
+    once the whole-body deadline passes, and nothing reaches the target; a prompt client meanwhile is served."""
+    target = Target()
+    with served(create_relay_app("http://service.invalid", transport=target, body_seconds=1.0)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /ohttp HTTP/1.1\r\nHost: r\r\nContent-Type: message/ohttp-req\r\n"
+                         b"Content-Length: 1000\r\n\r\n")
+            start = time.monotonic()
+            answer = b""
+            sock.settimeout(0.3)
+            while time.monotonic() - start < 8 and b"\r\n\r\n" not in answer:
+                try:
+                    sock.sendall(b"x")
+                    answer += sock.recv(4096)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+            with httpx.Client(base_url=url) as c:
+                assert _post(c, b"prompt").status_code == 200
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b"body_timeout" in answer or b"\r\n\r\n" in answer
+        assert 0.9 <= time.monotonic() - start < 8
+    assert target.posts == [b"prompt"]
+
+
 def test_an_unreachable_gateway_is_a_502() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused

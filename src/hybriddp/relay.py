@@ -53,6 +53,9 @@ DEFAULT_PORT = 8081
 DEFAULT_MIRROR_TTL_S = 60.0
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_BODY_SECONDS = 30.0
+"""Seconds a device has to send a whole request body (408 beyond): a client that trickles a body cannot hold a
+connection and its buffered bytes for longer."""
 MIRROR_ENTRIES = 4096
 """Documents the mirror keeps at most (the oldest fetched is dropped first)."""
 
@@ -107,10 +110,11 @@ class Relay:
 
     def __init__(self, target: str, *, batch_ms: float = 0.0, mirror_ttl: float = DEFAULT_MIRROR_TTL_S,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout: float = DEFAULT_TIMEOUT_S,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 body_seconds: float = DEFAULT_BODY_SECONDS, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.target = check_target(target)
         for name, value, low in (("batch_ms (--batch-ms)", batch_ms, 0.0), ("mirror_ttl (--mirror-ttl)", mirror_ttl,
-                                                                           0.0), ("timeout", timeout, 0.001)):
+                                                                           0.0), ("timeout", timeout, 0.001),
+                                 ("body_seconds (--body-timeout)", body_seconds, 0.001)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < float("inf"):
                 raise parameter_error(name, value, f"a finite number >= {low:g}")
         if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
@@ -119,6 +123,7 @@ class Relay:
         self.mirror_ttl = float(mirror_ttl)
         self.max_body_bytes = max_body_bytes
         self.timeout = float(timeout)
+        self.body_seconds = float(body_seconds)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._forwarder = None if transport is not None else Forwarder(f"{self.target}/ohttp", timeout=self.timeout)
@@ -250,10 +255,15 @@ class OhttpForwarding:
                                                                   f"{REQUEST_MEDIA_TYPE} (RFC 9458 §4.3)")
             return
         try:
-            body = None if length is not None and (not length.isdigit() or int(length) > limit) else \
-                await _read_body(receive, limit)
+            async with asyncio.timeout(self.relay.body_seconds):
+                body = None if length is not None and (not length.isdigit() or int(length) > limit) else \
+                    await _read_body(receive, limit)
         except ClientDisconnect:
             await _send(send, 400, [], b"")
+            return
+        except TimeoutError:
+            await _send_error(send, 408, "body_timeout", f"the request body did not arrive within "
+                                                         f"{self.relay.body_seconds:g} s; send it at once")
             return
         if body is None:
             await _send_error(send, 413, "body_too_large", f"request body over the relay's limit of {limit:,} bytes")
@@ -319,14 +329,16 @@ class RelayApp:
 
 def create_relay_app(target: str, *, batch_ms: float = 0.0, mirror_ttl: float = DEFAULT_MIRROR_TTL_S,
                      max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout: float = DEFAULT_TIMEOUT_S,
+                     body_seconds: float = DEFAULT_BODY_SECONDS,
                      transport: httpx.AsyncBaseTransport | None = None) -> RelayApp:
     """The relay as an ASGI app (module docstring for what it guarantees); ``app.state.relay`` is its
     :class:`Relay`. ``target``: the service's URL (its gateway is ``{target}/ohttp``); ``batch_ms``: milliseconds
     requests are held to be shuffled (0: forwarded at once); ``mirror_ttl``: seconds a mirrored document is kept;
-    ``max_body_bytes``: the largest encapsulated request taken (413 beyond); ``timeout``: seconds for the target.
-    A bad value is a :class:`~hybriddp.core.errors.ParameterError` naming it."""
+    ``max_body_bytes``: the largest encapsulated request taken (413 beyond); ``timeout``: seconds for the target;
+    ``body_seconds``: seconds a device has to send a whole request body (408 beyond). A bad value is a
+    :class:`~hybriddp.core.errors.ParameterError` naming it."""
     relay = Relay(target, batch_ms=batch_ms, mirror_ttl=mirror_ttl, max_body_bytes=max_body_bytes, timeout=timeout,
-                  transport=transport)
+                  body_seconds=body_seconds, transport=transport)
     forwarding = OhttpForwarding(relay)
 
     async def get_mirrored(request: Request) -> Response:

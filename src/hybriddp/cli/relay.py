@@ -7,7 +7,13 @@ from typing import Any
 
 import click
 
-from hybriddp.relay import DEFAULT_MAX_BODY_BYTES, DEFAULT_MIRROR_TTL_S, DEFAULT_PORT, check_target
+from hybriddp.relay import (
+    DEFAULT_BODY_SECONDS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MIRROR_TTL_S,
+    DEFAULT_PORT,
+    check_target,
+)
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
           "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
@@ -44,10 +50,13 @@ class ByteSize(click.ParamType):
 @click.option("--max-body-bytes", type=ByteSize(), default=DEFAULT_MAX_BODY_BYTES,
               help="Largest encapsulated request taken, in bytes; suffixes KiB, MiB (1024-based) and KB, MB are "
                    "understood. A larger one is refused with 413. Default: 16MiB (the service's own limit).")
+@click.option("--body-timeout", type=click.FloatRange(0.001, 3600), default=DEFAULT_BODY_SECONDS, show_default=True,
+              help="Seconds a device has to send its whole request body, from the request's start; a slower one "
+                   "gets 408, so clients that trickle a body cannot hold the relay's connections and memory.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="Uvicorn's log level. Access logs (with client addresses) are never written.")
 def relay_cmd(target: str, host: str, port: int, batch_ms: float, mirror_ttl: float, max_body_bytes: int,
-              log_level: str) -> None:
+              body_timeout: float, log_level: str) -> None:
     """Run an Oblivious HTTP relay (RFC 9458) for a hybriddp service's devices.
 
     Meant to be run by a party other than the service's operator: the relay sees a device's address but not
@@ -65,7 +74,8 @@ def relay_cmd(target: str, host: str, port: int, batch_ms: float, mirror_ttl: fl
     if max_body_bytes < 1024:
         raise parameter_error("--max-body-bytes", max_body_bytes, "at least 1024 bytes")
     target = check_target(target)
-    app = create_relay_app(target, batch_ms=batch_ms, mirror_ttl=mirror_ttl, max_body_bytes=max_body_bytes)
+    app = create_relay_app(target, batch_ms=batch_ms, mirror_ttl=mirror_ttl, max_body_bytes=max_body_bytes,
+                           body_seconds=body_timeout)
     click.echo(f"relaying http://{host}:{port}/ohttp to {target}/ohttp (batch {batch_ms:g} ms, mirror kept "
                f"{mirror_ttl:g} s); Ctrl-C stops")
     # no access log, no proxy headers read: the relay keeps nothing about its clients

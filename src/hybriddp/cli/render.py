@@ -137,6 +137,59 @@ def print_check(res: Result) -> None:
     out.print(line)
 
 
+def _pct(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3%}"
+
+
+def print_held(check: dict[str, Any]) -> None:
+    """What an administrator judges held results by (the ``anchor_check`` of a held result, ALGORITHM.md §7.2,
+    "Judging held results"): per flagged entry the opt-in and device estimates, the test, the estimated fake reports
+    and what ``publish-results --flagged keep`` / ``remove`` would publish; for a mean round the same for the mean.
+    Results stored before the view existed show the summary line only."""
+    if "optin_mean" in check:  # a mean round
+        t = Table(title="flagged mean (docs/ALGORITHM.md §7.2)", title_justify="left", show_header=False)
+        t.add_column("what")
+        t.add_column("value", justify="right")
+        kept = check.get("published_if_kept")
+        for what, value in (
+                ("opt-in mean", f"{check['optin_mean']:.6g}"),
+                ("device mean", "–" if check.get("client_mean") is None else f"{check['client_mean']:.6g}"),
+                ("z (critical)", f"{check['z']:.2f} ({check['critical_z']:.2f})" if check.get("z") is not None
+                 else "–"),
+                (f"extreme values at {check['extreme_value']:.6g} that explain the gap",
+                 "–" if check.get("estimated_fake_values") is None else f"{check['estimated_fake_values']:,.1f}"),
+                ("keep publishes the hybrid mean", "–" if kept is None else f"{kept:.6g}"),
+                ("remove publishes", "no hybrid mean")):
+            t.add_row(what, value)
+        out.print(t)
+        return
+    entries = check.get("flagged_entries")
+    if entries is None:
+        return
+    t = Table(title=f"flagged entries (docs/ALGORITHM.md §7.2; critical |z| {check['critical_z']:.2f})",
+              title_justify="left")
+    t.add_column("entry", overflow="fold", max_width=40)
+    for col in ("opt-in", "devices", "test", "fake reports", "keep", "remove"):
+        t.add_column(col, justify="right")
+    for e in entries:
+        label = f"query {e['query']}" if e["level"] == "query" else f"{e['query']}\n{e['url']}"
+        test = "–" if e.get("z") is None else f"z {e['z']:.2f}"
+        if e.get("p_value") is not None and e.get("p_threshold") is not None:
+            test += f"\np {e['p_value']:.0e}\n≤ {e['p_threshold']:.0e}"
+        fakes = "–" if e.get("estimated_fake_reports") is None else f"{e['estimated_fake_reports']:,.0f}"
+        left = e.get("records_left_out_if_removed", 1)
+        t.add_row(label, _pct(e["p_optin"]), _pct(e["p_client"]), test, fakes, _pct(e["published_if_kept"]),
+                  "left out" if e["level"] == "record" else f"left out\n({left} records)")
+    out.print(t)
+    out.print("opt-in, devices: the two groups' estimates; test: their gap z in standard deviations, flagged at p ≤ "
+              "the Holm level; fake reports: how many reports of the entry alone would explain the gap; keep / remove: "
+              "what `round publish-results --flagged keep|remove` publishes for the entry")
+    kept, removed = check.get("published_if_kept"), check.get("published_if_removed")
+    if kept and removed:
+        out.print(f"keep publishes {kept['records']} records and {kept['queries']} queries (flagged entries with their "
+                  f"opt-in estimates); remove publishes {removed['records']} records and {removed['queries']} queries")
+
+
 def print_algorithm(alg: Result, top: int = 10) -> None:
     """A baseline's result: top queries with its estimate, metrics, guarantee."""
     rows = alg.figure9(top)

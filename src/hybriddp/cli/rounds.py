@@ -248,16 +248,24 @@ def delete_cmd(round_id: str, server: str, admin_token_file: str | None, yes: bo
                    "(flagged entries carry their opt-in estimates), or publish them without the flagged entries.")
 def close_cmd(round_id: str, server: str, admin_token_file: str | None, as_json: bool, flagged: str) -> None:
     """Close the round (reports are refused from now on), compute the results and check them against the opt-in
-    group (ALGORITHM.md §6, §7, §7.2)."""
+    group (ALGORITHM.md §6, §7, §7.2). Held results are shown for judging: each flagged entry with its opt-in and
+    device estimates, the test, the fake reports that would explain the gap and what keeping or removing it
+    publishes (with --json, as the round's ``anchor_check``)."""
     with admin_client(server, admin_token_file) as admin:
         rnd = admin.close(round_id, flagged)
         check = admin.results(round_id).get("anchor_check") if rnd["state"] == "results-held" else None
+    if as_json:
+        render.print_json({**rnd, "anchor_check": check} if check else rnd)
+        return
     show_round(rnd, as_json)
-    if check and not as_json:
-        render.err.print(f"[red]the results are held: {check['verdict']}; at least "
-                         f"{check.get('excess_reports', 0):,.0f} fake reports. Publish them with `hybriddp round "
-                         f"publish-results {round_id}` (--flagged remove leaves the flagged entries out), or delete "
-                         "the round[/red]")
+    if check:
+        render.print_held(check)
+        fakes = check.get("estimated_fake_values")
+        evidence = (f"at least {check.get('excess_reports', 0):,.0f} fake reports" if "optin_mean" not in check
+                    else "" if fakes is None else f"about {fakes:,.1f} extreme values")
+        render.err.print(f"[red]the results are held: {check['verdict']}; {evidence}. Publish them with "
+                         f"`hybriddp round publish-results {round_id}` (--flagged remove leaves the flagged entries "
+                         "out), or delete the round[/red]")
 
 
 @round_group.command("publish-results")

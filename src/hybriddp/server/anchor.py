@@ -13,7 +13,9 @@ against its opt-in estimate, and the client side's influence is bounded whatever
   fixed weights (s_i ≤ σ_O,i). No fraction of fake reports moves an entry further from its opt-in estimate than
   κ·s_i (ALGORITHM.md §7.2 proves it and what it means for ranks).
 * **Evidence.** The reports on flagged entries beyond what the population the opt-in estimates describe would
-  send, n·r̂_i − n·r_i(a), summed: a lower estimate of the number of fake reports.
+  send, n·r̂_i − n·r_i(a), summed: a lower estimate of the number of fake reports. Per entry, the fake reports
+  that would explain its gap, F̂_i = n(r̂_i − r_i(a))/(1 − r_i(a)) (:attr:`Side.fakes`), and the z, p-value and
+  Holm level that flagged it, so an operator can tell an attack from noise.
 
 Everything here is a function of two DP releases (the opt-in estimates and the clients' report counts) and of
 public sizes: post-processing, no privacy cost (ALGORITHM.md §7.2).
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
@@ -96,12 +98,16 @@ def policy_named(defense: str, alpha: float = DEFAULT_ALPHA, kappa: float = DEFA
 class Side:
     """The check of one level (records or queries): per entry z, flag, bound and what was published."""
 
-    z: np.ndarray
+    z: np.ndarray  # a flagged entry's z is the one that flagged it (reports as received, or the pass it was flagged)
     flagged: np.ndarray
     bound: np.ndarray  # κ·s_i: the largest distance allowed from the opt-in estimate
     clamped: np.ndarray  # unflagged entries the bound moved
     undefended: np.ndarray  # the blend of §7 before the defense
     defended: Blended
+    p_value: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the test's p-value (of z above)
+    level: np.ndarray = field(default_factory=lambda: np.zeros(0))  # Holm's level a flagged p-value met (NaN: not)
+    reports: np.ndarray = field(default_factory=lambda: np.zeros(0))  # reports received on the entry (query)
+    fakes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # F̂ = n(r̂ − r(a))/(1 − r(a)), ALGORITHM.md §7.2
 
 
 @dataclass
@@ -148,6 +154,16 @@ class AnchorCheck:
 def _max_abs(z: np.ndarray) -> float:
     a = np.abs(z[np.isfinite(z)])
     return float(a.max(initial=0.0))
+
+
+def holm_levels(p_values: np.ndarray, alpha: float) -> np.ndarray:
+    """Holm's level of each p-value: α/(m − j + 1) for the j-th smallest (j from 1; NaN sorts last), the level it
+    is compared with (:func:`holm`)."""
+    p = np.where(np.isnan(p_values), 1.0, p_values)
+    m = p.size
+    out = np.empty(m)
+    out[np.argsort(p, kind="stable")] = alpha / (m - np.arange(m))
+    return out
 
 
 def holm(p_values: np.ndarray, alpha: float) -> np.ndarray:
@@ -233,6 +249,7 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     received = np.asarray(counts, dtype=np.float64)
     n_r = hl.n_entries
     flags = np.zeros(n_r + hl.k, dtype=bool)
+    z_at, p_at, level_at = np.full(n_r + hl.k, np.nan), np.full(n_r + hl.k, np.nan), np.full(n_r + hl.k, np.nan)
     cleaned = received
     first: BlendOutput | None = None
     received_client: ClientEstimates | None = None
@@ -250,7 +267,11 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
         raw = (_zs(optin.p_record, client.p_record, to_r, tc_r), _zs(optin.p_query, client.p_query, to_q, tc_q))
         with np.errstate(invalid="ignore", divide="ignore"):
             share = noise / np.concatenate([to_r + tc_r, to_q + tc_q])
-        new = flags | holm(normal_laplace_p(np.concatenate(raw), np.nan_to_num(share)), policy.alpha)
+        p_values = normal_laplace_p(np.concatenate(raw), np.nan_to_num(share))
+        new = flags | holm(p_values, policy.alpha)
+        fresh = new & ~flags  # flagged in this pass: keep the z, p-value and level that flagged them
+        z_at[fresh], p_at[fresh] = np.concatenate(raw)[fresh], p_values[fresh]
+        level_at[fresh] = holm_levels(p_values, policy.alpha)[fresh]
         done = bool((new == flags).all())
         flags = new
         if done or not flags.any():
@@ -260,10 +281,16 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     critical = NormalDist().inv_cdf(1.0 - policy.alpha / (2.0 * m)) if m else math.inf
     assert first is not None
     vc_r, vc_q = client_variances(a_r, a_q, hl, lp, client.n)  # the bound's: at the anchor alone
-    rec = _side(optin.p_record, optin.var_record, blended.records, raw[0], flags[:n_r], vo_r, vc_r, policy.kappa,
+    z = np.where(flags, z_at, np.concatenate(raw))
+    p_final = np.where(flags, p_at, p_values)
+    rec = _side(optin.p_record, optin.var_record, blended.records, z[:n_r], flags[:n_r], vo_r, vc_r, policy.kappa,
                 first.records.p)
-    qry = _side(optin.p_query, optin.var_query, blended.queries, raw[1], flags[n_r:], vo_q, vc_q,
+    qry = _side(optin.p_query, optin.var_query, blended.queries, z[n_r:], flags[n_r:], vo_q, vc_q,
                 policy.kappa_query, first.queries.p)
+    c_q = np.bincount(hl.entry_query, weights=received, minlength=hl.k)
+    f_r, f_q = fake_reports(hl, lp, a_r, a_q, received, c_q)
+    rec = replace(rec, p_value=p_final[:n_r], level=level_at[:n_r], reports=received, fakes=f_r)
+    qry = replace(qry, p_value=p_final[n_r:], level=level_at[n_r:], reports=c_q, fakes=f_q)
     excess = float((received - cleaned).sum())
     p_rec = np.clip(rec.defended.p, 0.0, 1.0)
     projected = project_to_simplex(rec.defended.p) if project else None
@@ -293,6 +320,21 @@ def _side(p_o: np.ndarray, var_o_own: np.ndarray, blend: Blended, z: np.ndarray,
     var = np.where(flagged, var_o_own, blend.var)
     w = np.where(flagged, 1.0, blend.weight_optin)
     return Side(z, flagged, bound, clamped, np.asarray(undefended, dtype=np.float64).copy(), Blended(p, var, w))
+
+
+def fake_reports(hl: Any, lp: LocalAlgParams, a_r: np.ndarray, a_q: np.ndarray, counts: np.ndarray,
+                 counts_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per entry and per query, the fake reports that would explain its count alone (ALGORITHM.md §7.2): with the
+    honest reports at the frequencies r(a) the opt-in estimates imply and F fakes all reporting it,
+    count = (n − F)·r(a) + F, so F̂ = (count − n·r(a))/(1 − r(a)) = n(r̂ − r(a))/(1 − r(a)). Negative: fewer
+    reports than the opt-in group implies (fakes elsewhere dilute every entry)."""
+    if lp.k == 1:  # one query, ⟨*,*⟩: every report lands on it and no count can tell fakes apart
+        return np.zeros_like(counts, dtype=np.float64), np.zeros_like(counts_q, dtype=np.float64)
+    r_rec, r_q = _Geometry(hl, lp).frequencies(a_r, a_q)
+    n = float(np.sum(counts))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return ((counts - n * r_rec) / np.maximum(1.0 - r_rec, 1e-12),
+                (counts_q - n * r_q) / np.maximum(1.0 - r_q, 1e-12))
 
 
 def _excess(hl: Any, lp: LocalAlgParams, a_r: np.ndarray, a_q: np.ndarray, counts: np.ndarray,

@@ -4,7 +4,8 @@ against the opt-in group, hold or publish them, and serve them (JSON, tables, th
 * **Close** (:func:`close_round`): reports per entry from the database →
   :func:`hybriddp.server.party.serve_estimates` with the round's defense (ALGORITHM.md §7.2); a mean round blends
   the opt-in and client means with the Hybrid weighting of :mod:`hybriddp.mean` and the same check. Results the
-  check flags are held (``results-held``) for an administrator unless the close says otherwise.
+  check flags are held (``results-held``) for an administrator unless the close says otherwise; the check's
+  summary carries what the administrator judges them by (:mod:`hybriddp.service.heldview`).
 * **Publish held results** (:func:`publish_held`): as computed, or without the flagged entries
   (:func:`withhold_flagged`).
 * **Start-up** (:func:`recover`): what a stopped server left mid-step.
@@ -27,7 +28,8 @@ from hybriddp.server.anchor import anchor_mean
 from hybriddp.server.party import ReportCounts, serve_estimates
 from hybriddp.server.result import Result
 from hybriddp.service.errors import ConflictError
-from hybriddp.service.rounds import _results, defense, mean_mechanism
+from hybriddp.service.heldview import blender_view, mean_view
+from hybriddp.service.rounds import MeanReports, _results, defense, mean_mechanism
 from hybriddp.service.store import RoundInfo, Store
 
 logger = logging.getLogger(__name__)
@@ -53,7 +55,11 @@ def finish_close(store: Store, info: RoundInfo, flagged: str = "hold") -> RoundI
     if info.kind == "blender":
         release = release_from_documents(json.loads(docs.headlist), json.loads(docs.estimates))
         counts = store.entry_counts(info.num, release.head_list.n_entries)
-        doc = blender_result(release, counts, info).to_json()
+        result = blender_result(release, counts, info)
+        doc = result.to_json()
+        check = result.parts.check if result.parts is not None else None
+        if check is not None and check.flagged_any:  # what an administrator judges (§7.2)
+            doc["anchor_check"].update(blender_view(doc, check, withhold_flagged(doc)))
         if info.non_private:
             doc.update(non_private=True, warning=SEED_WARNING)
     else:
@@ -88,7 +94,10 @@ def withhold_flagged(doc: dict[str, Any]) -> dict[str, Any]:
     records) and flagged records from every table; a flagged mean round publishes no hybrid mean."""
     out = dict(doc)
     out["anchor_check"] = {**doc["anchor_check"], "withheld": True}
+    out["anchor_check"].pop("flagged_entries", None)  # it names the entries left out, with their estimates
     if doc.get("algorithm") == "hybrid-mean":
+        if "client_mean" in out["anchor_check"]:
+            out["anchor_check"]["client_mean"] = None  # as the client estimate below
         for key in ("hybrid", "client"):
             out[key] = {**doc[key], "estimate": None}
         out["estimates"] = [out["optin"], out["client"], out["hybrid"]]
@@ -128,6 +137,9 @@ def mean_results(store: Store, info: RoundInfo, estimates: dict[str, Any]) -> di
         rows[2]["estimate"], check = anchor_mean(mu_t, rows[0]["variance"], mu_l, rows[1]["variance"],
                                                  rows[2]["estimate"], policy)
     rows[2]["estimate"] = min(max(rows[2]["estimate"], float(p["lower"])), float(p["upper"]))  # a published mean
+    if check is not None and check["flagged"]:  # what an administrator judges (§7.2)
+        window = MeanReports(info.id, p)
+        check.update(mean_view(mu_t, mu_l, n_l, window.low, window.high, rows[2]["estimate"]))
     out: dict[str, Any] = {
         "algorithm": "hybrid-mean", "round": info.id, "params": {k: v for k, v in p.items() if k != "seed"},
         "guarantee": mech.guarantee,

@@ -149,6 +149,72 @@ function renderCheck(results) {
   show("check-panel");
 }
 
+/** GET JSON with the administrator token (held results, docs/ALGORITHM.md §7.2); the token goes to this server
+ * only, in the Authorization header, and is kept nowhere. */
+async function fetchAdmin(url, token) {
+  let response;
+  try {
+    response = await fetch(url, { headers: { Accept: "application/json", Authorization: `Bearer ${token}` },
+      cache: "no-store" });
+  } catch (err) {
+    throw new Error(`GET ${url}: the server cannot be reached (${err.message})`);
+  }
+  const doc = await response.json().catch(() => null);
+  if (!response.ok) {
+    throw new Error(`GET ${url}: HTTP ${response.status}: ${doc && doc.error ? doc.error.message : response.statusText}`);
+  }
+  return doc;
+}
+
+/** What an administrator judges flagged results by (anchor_check, docs/ALGORITHM.md §7.2 "Judging held results"):
+ * each flagged entry's opt-in and device estimates, the test, the estimated fake reports that would explain the gap,
+ * and what keep / remove would publish; for a mean round the same for the mean. */
+function renderHeld(results) {
+  const c = results.anchor_check || {};
+  const box = $("held");
+  if (results.algorithm === "hybrid-mean") {
+    if (c.optin_mean === undefined || !c.flagged) return false; // nothing to judge
+    const facts = [["opt-in mean", num(c.optin_mean)], ["device mean", c.client_mean === null ? "–" : num(c.client_mean)],
+      ["z (critical ±" + num(c.critical_z) + ")", c.z === null ? "–" : num(c.z)],
+      [`extreme values at ${num(c.extreme_value)} that explain the gap`,
+        c.estimated_fake_values === null ? "–" : count(c.estimated_fake_values)],
+      ["keep publishes the hybrid mean", c.published_if_kept === null ? "–" : num(c.published_if_kept)],
+      ["remove publishes", "no hybrid mean"]];
+    box.replaceChildren(h("dl", { class: "facts", id: "held-facts" },
+      facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])));
+    return true;
+  }
+  const entries = c.flagged_entries;
+  if (!entries || !entries.length) return false;
+  const head = ["entry", "opt-in", "devices", "z", "p-value (≤ Holm level)", "fake reports (estimated)",
+    "keep publishes", "remove publishes", "undefended blend"];
+  const rows = entries.map((e) => h("tr", {},
+    h("td", {}, e.level === "query" ? `query ${e.query}` : [e.query, h("br"), h("span", { class: "url" }, e.url)]),
+    h("td", { class: "num" }, percent(e.p_optin, 3)), h("td", { class: "num" }, percent(e.p_client, 3)),
+    h("td", { class: "num" }, e.z === null ? "–" : e.z.toFixed(2)),
+    h("td", { class: "num" }, e.p_value === null ? "–" : `${num(e.p_value)} (≤ ${num(e.p_threshold)})`),
+    h("td", { class: "num" }, e.estimated_fake_reports === null ? "–" : count(e.estimated_fake_reports)),
+    h("td", { class: "num" }, percent(e.published_if_kept, 3)),
+    h("td", { class: "num" }, e.published_if_removed === null
+      ? (e.level === "query" ? `left out (${e.records_left_out_if_removed} records)` : "left out")
+      : percent(e.published_if_removed, 3)),
+    h("td", { class: "num" }, percent(e.undefended, 3))));
+  const kept = c.published_if_kept;
+  const removed = c.published_if_removed;
+  box.replaceChildren(
+    h("div", { class: "table-wrap" }, h("table", { class: "results", id: "held-table" },
+      h("caption", { class: "visually-hidden" }, "Flagged entries and what each choice publishes"),
+      h("thead", {}, h("tr", {}, head.map((t, i) => h("th", { scope: "col", class: i ? "num" : "" }, t)))),
+      h("tbody", {}, rows))),
+    kept && removed ? h("p", { class: "small" }, `keep publishes ${kept.records} records and ${kept.queries} queries `
+      + `(flagged entries with their opt-in estimates); remove publishes ${removed.records} records and `
+      + `${removed.queries} queries.`) : "",
+    h("p", { class: "small muted" }, "z: the gap between the devices' and the opt-in estimate in standard "
+      + "deviations, flagged at p ≤ its Holm level. Fake reports: how many reports of that entry alone would explain "
+      + "the gap, if the opt-in estimate were exact — far more than the noise of z allows points at an attack."));
+  return true;
+}
+
 function legend(series) {
   $("legend").replaceChildren(...series.map((s) => h("span", { class: s.className }, s.name)));
 }
@@ -254,9 +320,29 @@ async function start() {
       else renderMean(info, results);
       status.textContent = "";
       status.hidden = true;
+      if (renderHeld(results)) {
+        $("held-intro").textContent = "The check against the opt-in group flagged these entries (docs/ALGORITHM.md "
+          + "§7.2).";
+        $("admin-form").hidden = true;
+        show("held-panel");
+      }
     } else if (info.state === "results-held") {
       status.textContent = "The check against the opt-in group flagged this round's results: an administrator "
         + "decides whether to publish them, with or without the flagged entries (docs/ALGORITHM.md §7.2).";
+      show("held-panel");
+      $("admin-form").addEventListener("submit", async (event) => {
+        event.preventDefault();
+        const input = $("admin-token");
+        try {
+          const held = await fetchAdmin(`${api}/results`, input.value.trim());
+          input.value = "";
+          renderHeld(held);
+          renderCheck(held);
+          document.body.dataset.held = "shown";
+        } catch (err) {
+          $("held").replaceChildren(h("p", { class: "error" }, err.message));
+        }
+      });
     } else if (ENDED[info.state]) {
       status.textContent = ENDED[info.state];
     } else {

@@ -561,7 +561,7 @@ def test_migrations_create_exactly_the_schema(store_url: str) -> None:
     try:
         with store.engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0010"
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == "0011"
     finally:
         store.close()
 

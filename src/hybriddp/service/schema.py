@@ -106,6 +106,7 @@ optin_tokens = Table(
     Column("n_records", BigInteger, nullable=False, server_default="0"),  # uploaded so far (quota)
     Column("n_bytes", BigInteger, nullable=False, server_default="0"),  # request bytes uploaded so far (quota)
     UniqueConstraint("round_num", "user_pseudonym", name="optin_tokens_one_per_user"),
+    Index("optin_tokens_round_seq", "round_num", "seq", unique=True),  # a user's token by code (migration 0011)
 )
 
 optin_records = Table(

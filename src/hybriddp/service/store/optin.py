@@ -5,6 +5,26 @@ ALGORITHM.md §3.4).
 A token is stored only as its SHA-256 (:func:`token_hash`); a user only as their ledger pseudonym. An
 upload's idempotency key is keyed with the database's salt (:meth:`OptinStore.upload_key`), so a stored
 key says nothing about the records it covered.
+
+**Cost and transactions** (issue 39). Every lookup of a request is by an index of its whole key (token hash; round
+and user code, migration 0011; round and pseudonym; the upload keys), read or written for many users at once (an
+``IN`` list, a multi-row insert, an executemany update), so a request costs O(1) per user. A request of at most
+:attr:`OptinStore.optin_chunk` users (:data:`OPTIN_CHUNK`) is one transaction; small upload requests (a user's own
+upload) arriving together share one (a group commit, each request in a savepoint of its own). A larger request is
+stored in transactions of that many users, so no request holds the write lock (SQLite) or the round's row lock
+(PostgreSQL) for long, and purges, reports and other uploads get in between. What that keeps:
+
+* **Refusals store nothing.** A large request is checked whole before its first chunk: the round takes uploads
+  (enrolments), every token within its quota (records and bytes, counting the uploads stored before), every user
+  not yet enrolled and within the lifetime budget.
+* **Quotas** (``optin_max_records``, ``optin_max_bytes`` per token) hold always: each chunk checks its tokens again
+  under the round's row lock, so a race refuses that chunk rather than exceeding a quota.
+* **Idempotency.** An upload key stored before is a duplicate, acknowledged and not stored again, in any chunk.
+* **A failure mid-way** (a race that refuses a chunk, a database failure, a crash): an upload request keeps the
+  chunks stored before it, and its error says how many; sending the whole request again stores exactly the rest
+  (the stored uploads come back as duplicates). An enrolment deletes the tokens its earlier chunks stored (nobody
+  has seen them), so a refused enrolment enrolled nobody; only a crash of the server mid-way leaves users of the
+  earlier chunks enrolled with tokens nobody received (enrolling them again is refused as a conflict).
 """
 
 from __future__ import annotations
@@ -12,15 +32,16 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from hybriddp.core.errors import DataError
+from hybriddp.core.errors import DataError, HybridDPError
 from hybriddp.privacy.budget import LifetimeBudget
 from hybriddp.privacy.ledger import BudgetExceededError
 from hybriddp.privacy.pseudonyms import keyed_digest
@@ -28,7 +49,15 @@ from hybriddp.service import schema as s
 from hybriddp.service.errors import ConflictError, QuotaError, StoreError
 from hybriddp.service.store.engine import IN_CHUNK
 from hybriddp.service.store.ledger import LedgerStore
-from hybriddp.service.store.rounds import RoundInfo, RoundStore
+from hybriddp.service.store.rounds import RoundInfo, RoundStore, refuse_past_deadline, takes_optin
+
+OPTIN_CHUNK = 2_000
+"""Opt-in users one transaction of an upload or enrolment request stores at most (:attr:`OptinStore.optin_chunk`):
+on SQLite with 1-5 records a user such a transaction holds the write lock for well under 0.1 s (benchmarks/
+bench_optin.py), so purges, reports and other uploads get in between the chunks of a large request."""
+GROUP_UPLOADS = 64
+"""Upload requests of at most this many users (a user's own JSON upload has one) are stored by a group commit with
+the others arriving meanwhile: one transaction and one fsync for many requests, each answered after the commit."""
 
 
 def token_hash(token: str) -> str:
@@ -58,6 +87,15 @@ class UploadAck:
 class OptinStore(RoundStore, LedgerStore):
     """Enrolment, opt-in uploads and their reading by the curator; the build's charge."""
 
+    optin_chunk: int = OPTIN_CHUNK
+    """Users per transaction of an enrolment or upload request (:data:`OPTIN_CHUNK`; tests make it small)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self._pending: list[_Pending] = []
+        self._pending_lock = threading.Lock()
+        self._committing = False
+        super().__init__(*args, **kw)
+
     # ----- enrolment ----------------------------------------------------------------------------
     def enrol(self, round_id: str, user: str) -> str:
         """A new opt-in token for ``user`` in this round (only its hash is stored)."""
@@ -66,7 +104,10 @@ class OptinStore(RoundStore, LedgerStore):
     def enrol_many(self, round_id: str, users: Sequence[str]) -> list[str]:
         """New opt-in tokens for ``users``, in order (their order is the curator's user order).
 
-        All or nothing: a user enrolled before (or twice in the list) refuses the whole request.
+        All or nothing: a user enrolled before (or twice in the list), or one over the lifetime budget, refuses
+        the whole request. A list longer than :attr:`optin_chunk` is checked whole first, then stored in
+        transactions of :attr:`optin_chunk` users; if one of them fails (a race), those stored before are
+        deleted again (module docstring).
         """
         pseuds = [self.pseudonym(u) for u in users]
         seen: set[str] = set()
@@ -75,21 +116,51 @@ class OptinStore(RoundStore, LedgerStore):
                 raise DataError(f"user {user[:60]!r} appears twice in the request; a user gets one token per round")
             seen.add(p)
         tokens = [secrets.token_urlsafe(32) for _ in users]
+        n, step = len(users), self.optin_chunk
+        if n > step:
+            self._read(lambda conn: self._enrol_checks(conn, self._get(conn, round_id), users, pseuds))
+        done = 0
+        try:
+            for i in range(0, n, step):
+                self._enrol_chunk(round_id, users[i:i + step], pseuds[i:i + step], tokens[i:i + step])
+                done = min(n, i + step)
+        except BaseException:
+            if done:
+                self._unenrol(round_id, tokens[:done])
+            raise
+        return tokens
+
+    def _enrol_chunk(self, round_id: str, users: Sequence[str], pseuds: Sequence[str], tokens: Sequence[str]) -> None:
+        """One transaction of :meth:`enrol_many`; a lost race with another request is a :class:`ConflictError`."""
         try:
             self._write(lambda conn: self._enrol_rows(conn, round_id, users, pseuds, tokens))
         except StoreError:
             if any(self._enrolled(round_id, p) for p in pseuds[:IN_CHUNK]):  # lost a race with another request
-                raise ConflictError(f"a user of this request is already enrolled in round {round_id}") from None
+                raise ConflictError(f"a user of this request is already enrolled in round {round_id}; nobody in "
+                                    "this request was enrolled") from None
             raise
-        return tokens
 
-    def _enrol_rows(self, conn: Connection, round_id: str, users: Sequence[str], pseuds: Sequence[str],
-                    tokens: Sequence[str]) -> None:
-        """Store the tokens of ``users`` (pseudonyms ``pseuds``), numbered in order after those enrolled before."""
+    def _unenrol(self, round_id: str, tokens: Sequence[str]) -> None:
+        """Delete the tokens a failed :meth:`enrol_many` stored (nobody has seen them), a transaction per chunk."""
         ot = s.optin_tokens.c
-        info = self._get(conn, round_id)
+        hashes = [token_hash(t) for t in tokens]
+
+        def run(conn: Connection, part: Sequence[str]) -> None:
+            num = self._get(conn, round_id).num
+            gone = sum(conn.execute(delete(s.optin_tokens).where(ot.round_num == num, ot.token_hash.in_(
+                part[j:j + IN_CHUNK]))).rowcount for j in range(0, len(part), IN_CHUNK))
+            conn.execute(update(s.rounds).where(s.rounds.c.num == num)
+                         .values(optin_users=s.rounds.c.optin_users - gone))
+        for i in range(0, len(hashes), self.optin_chunk):
+            self._write(lambda conn, part=hashes[i:i + self.optin_chunk]: run(conn, part))  # type: ignore[misc]
+
+    def _enrol_checks(self, conn: Connection, info: RoundInfo, users: Sequence[str], pseuds: Sequence[str]) -> None:
+        """Refuse (nothing stored) when the round is not collecting opt-in users, a user already holds a token
+        of it (:class:`ConflictError`) or would go over the lifetime budget (:class:`BudgetExceededError`)."""
+        ot = s.optin_tokens.c
+        refuse_past_deadline(info, "enrol")
         if info.state != "collecting-optin":
-            raise ConflictError(f"cannot enrol: round {round_id} is {info.state!r}; opt-in users enrol while it "
+            raise ConflictError(f"cannot enrol: round {info.id} is {info.state!r}; opt-in users enrol while it "
                                 "is 'collecting-optin'")
         self._refuse_spent(conn, info, users, pseuds)
         for i in range(0, len(pseuds), IN_CHUNK):
@@ -97,13 +168,24 @@ class OptinStore(RoundStore, LedgerStore):
                 ot.round_num == info.num, ot.user_pseudonym.in_(pseuds[i:i + IN_CHUNK]))).scalars().first()
             if taken is not None:
                 user = users[pseuds.index(taken)]
-                raise ConflictError(f"user {user[:60]!r} is already enrolled in round {round_id}; a user gets one "
+                raise ConflictError(f"user {user[:60]!r} is already enrolled in round {info.id}; a user gets one "
                                     "token per round (use the token issued before); nobody in this request was "
                                     "enrolled")
-        last = conn.execute(update(s.rounds).where(s.rounds.c.num == info.num, s.rounds.c.state == "collecting-optin")
-                            .values(optin_users=s.rounds.c.optin_users + len(users))
-                            .returning(s.rounds.c.optin_users)).scalar_one()
-        first = last - len(users) + 1
+
+    def _enrol_rows(self, conn: Connection, round_id: str, users: Sequence[str], pseuds: Sequence[str],
+                    tokens: Sequence[str]) -> None:
+        """Store the tokens of ``users`` (pseudonyms ``pseuds``), numbered in order after those enrolled before."""
+        ot = s.optin_tokens.c
+        info = self._get(conn, round_id)
+        self._enrol_checks(conn, info, users, pseuds)
+        res = conn.execute(update(s.rounds).where(s.rounds.c.num == info.num, takes_optin())
+                           .values(optin_users=s.rounds.c.optin_users + len(users)))  # takes the round's row lock
+        if res.rowcount != 1:  # a purge or build ended collecting-optin meanwhile, or the deadline passed
+            current = self._get(conn, info.id)
+            refuse_past_deadline(current, "enrol")
+            raise ConflictError(f"cannot enrol: round {info.id} is {current.state!r}; opt-in users enrol while it "
+                                "is 'collecting-optin'")
+        first = (conn.execute(select(func.max(ot.seq)).where(ot.round_num == info.num)).scalar() or 0) + 1
         conn.execute(insert(s.optin_tokens), [
             {"token_hash": token_hash(tok), "round_num": info.num, "user_pseudonym": p, "seq": first + i}
             for i, (tok, p) in enumerate(zip(tokens, pseuds, strict=True))])
@@ -144,8 +226,9 @@ class OptinStore(RoundStore, LedgerStore):
             found: dict[str, int] = {}
             unique = sorted(set(hashes))
             for i in range(0, len(unique), IN_CHUNK):
-                found.update({h: int(q) for h, q in conn.execute(select(ot.token_hash, ot.seq).where(
-                    ot.round_num == info.num, ot.token_hash.in_(unique[i:i + IN_CHUNK]))).all()})
+                found.update({h: int(q) for h, q, num in conn.execute(  # by the primary key alone: with the
+                    select(ot.token_hash, ot.seq, ot.round_num).where(  # round too, SQLite reads the round's tokens
+                        ot.token_hash.in_(unique[i:i + IN_CHUNK]))).all() if num == info.num})
             return info, [found.get(h) for h in hashes]
         return self._read(run)
 
@@ -157,56 +240,175 @@ class OptinStore(RoundStore, LedgerStore):
                             else "batch:" + json.dumps(list(items)))
 
     def add_optin_batch(self, info: RoundInfo, uploads: Sequence[OptinUpload]) -> UploadAck:
-        """Store several opt-in users' uploads in one transaction, or none of them.
+        """Store several opt-in users' uploads: all of them, or (refused) none, but for a failure mid-way.
 
-        An upload whose key the same token stored before is acknowledged and not stored again; an
-        upload that would take its token past :attr:`optin_max_records` or :attr:`optin_max_bytes`
-        refuses the whole request (:class:`QuotaError`).
+        An upload whose key the same token stored before (or an earlier line of the request gave) is
+        acknowledged as a duplicate and not stored again; uploads that would take a token past
+        :attr:`optin_max_records` or :attr:`optin_max_bytes` refuse the whole request (:class:`QuotaError`).
+        Up to :attr:`optin_chunk` uploads are one transaction. A longer request is checked whole first (round,
+        quotas against the stored counts), then stored in transactions of :attr:`optin_chunk` uploads; a chunk
+        that fails (a race with another request, a database failure) leaves the chunks before it stored, and
+        its error says how many uploads were stored and that sending the whole request again stores exactly the
+        rest (module docstring).
         """
-        def run(conn: Connection) -> UploadAck:
-            res = conn.execute(update(s.rounds).where(s.rounds.c.num == info.num,
-                                                      s.rounds.c.state == "collecting-optin")
-                               .values(optin_records=s.rounds.c.optin_records))  # takes the row lock, checks state
-            if res.rowcount != 1:
-                state = self._get(conn, info.id).state
-                raise ConflictError(f"cannot upload opt-in data: round {info.id} is {state!r}; uploads are taken "
-                                    "while it is 'collecting-optin' (raw data are deleted when the head list is "
-                                    "published, the round is aborted or deleted, or its retention deadline passes)")
-            accepted = duplicates = 0
-            rows: list[dict[str, Any]] = []
-            for up in uploads:
-                if self._take_upload(conn, info, up):
-                    accepted += len(up.items)
-                    rows += _item_rows(info, up)
-                else:
-                    duplicates += len(up.items)
-            if rows:
-                conn.execute(insert(s.optin_values if info.kind == "mean" else s.optin_records), rows)
-                conn.execute(update(s.rounds).where(s.rounds.c.num == info.num)
-                             .values(optin_records=s.rounds.c.optin_records + len(rows)))
-            return UploadAck(accepted, duplicates)
-        return self._write(run)
+        step = self.optin_chunk
+        if len(uploads) <= min(GROUP_UPLOADS, step):
+            return self._grouped(_Pending(info, uploads))
+        if len(uploads) > step:
+            self._read(lambda conn: self._check_quotas(conn, info, uploads))
+        accepted = duplicates = 0
+        for i in range(0, len(uploads), step):
+            try:
+                ack = self._write(lambda conn, part=uploads[i:i + step]: _ack(part, self._store_uploads(conn, info,
+                                                                                                  part)))
+            except (QuotaError, ConflictError, StoreError) as exc:
+                if i == 0:
+                    raise
+                raise type(exc)(f"{str(exc).rstrip('.')}. The first {i:,} uploads of this request (lines 1 to {i:,} "
+                                "of an NDJSON body) were stored before this failure; send the whole request again "
+                                "once the cause is fixed: those are acknowledged as duplicates and exactly the rest "
+                                "is stored") from None
+            accepted += ack.accepted
+            duplicates += ack.duplicates
+        return UploadAck(accepted, duplicates)
 
-    def _take_upload(self, conn: Connection, info: RoundInfo, up: OptinUpload) -> bool:
-        """Record ``up``'s key and charge it to its token's quota; False if its key was stored before (a repeat).
-        :class:`QuotaError` if it would take the token past the quota."""
-        new = conn.execute(self._insert(s.optin_uploads).values(
-            round_num=info.num, user_seq=up.user, upload_key=up.key, n_records=len(up.items))
-            .on_conflict_do_nothing().returning(s.optin_uploads.c.user_seq)).first()
-        if new is None:
-            return False
+    def _grouped(self, mine: _Pending) -> UploadAck:
+        """Group commit of small upload requests: a thread that finds no commit under way stores the requests
+        queued first (its own among them, or before it), up to :attr:`optin_chunk` uploads a transaction, each in
+        a savepoint of its own (one refused request does not refuse the others), answers them after the commit
+        and wakes the next waiting thread to store the next group."""
+        with self._pending_lock:
+            self._pending.append(mine)
+        while True:
+            with self._pending_lock:
+                if mine.finished:
+                    break
+                group: list[_Pending] = []
+                if not self._committing:
+                    self._committing = True
+                    while self._pending and (not group or sum(len(p.uploads) for p in group)
+                                             + len(self._pending[0].uploads) <= self.optin_chunk):
+                        group.append(self._pending.pop(0))
+            if not group:
+                mine.wake.wait()
+                mine.wake.clear()
+                continue
+            try:
+                outcomes = self._write(lambda conn, g=group: self._store_group(conn, g))
+            except BaseException as exc:  # the transaction failed: every request of the group with it
+                outcomes = [exc] * len(group)
+            with self._pending_lock:
+                for p, outcome in zip(group, outcomes, strict=True):
+                    p.outcome, p.finished = outcome, True
+                    p.wake.set()
+                self._committing = False
+                if self._pending:
+                    self._pending[0].wake.set()
+        if isinstance(mine.outcome, BaseException):
+            raise mine.outcome
+        assert mine.outcome is not None
+        return mine.outcome
+
+    def _store_group(self, conn: Connection, group: Sequence[_Pending]) -> list[UploadAck | BaseException]:
+        """The requests of ``group`` stored together (one set of statements per round); if that is refused, each
+        in a savepoint of its own, so that only the refused requests are refused."""
+        try:
+            with conn.begin_nested():
+                by_round: dict[int, list[_Pending]] = {}
+                for p in group:
+                    by_round.setdefault(p.info.num, []).append(p)
+                acks: dict[int, UploadAck | BaseException] = {}
+                for ps in by_round.values():
+                    new = self._store_uploads(conn, ps[0].info, [u for p in ps for u in p.uploads])
+                    for p in ps:
+                        acks[id(p)] = _ack(p.uploads, new)
+                return [acks[id(p)] for p in group]
+        except HybridDPError:
+            return [self._savepoint(conn, p) for p in group]
+
+    def _savepoint(self, conn: Connection, p: _Pending) -> UploadAck | BaseException:
+        """``p`` stored in a savepoint of the group's transaction; its refusal (rolled back) if refused."""
+        nested = conn.begin_nested()
+        try:
+            ack = _ack(p.uploads, self._store_uploads(conn, p.info, p.uploads))
+        except HybridDPError as exc:  # a refusal of this request alone (ServiceError, DataError ...)
+            nested.rollback()
+            return exc
+        nested.commit()
+        return ack
+
+    def _store_uploads(self, conn: Connection, info: RoundInfo, uploads: Sequence[OptinUpload]) -> set[tuple[int, str]]:
+        """One transaction of :meth:`add_optin_batch`: the round's row lock, the new upload keys inserted at once,
+        the quotas of their tokens read with one ``IN`` query per :data:`IN_CHUNK` users and checked, the
+        counters and the records written in bulk. Returns the (user, key) of the uploads stored (:func:`_ack`)."""
+        res = conn.execute(update(s.rounds).where(s.rounds.c.num == info.num, takes_optin())
+                           .values(optin_records=s.rounds.c.optin_records))  # row lock; state and deadline checked
+        if res.rowcount != 1:
+            current = self._get(conn, info.id)
+            refuse_past_deadline(current, "upload opt-in data")
+            _refuse_state(current)
+        fresh = _fresh(uploads)
+        ou = s.optin_uploads.c
+        new: set[tuple[int, str]] = set()
+        if fresh:
+            new = {(int(q), k) for q, k in conn.execute(
+                self._insert(s.optin_uploads).on_conflict_do_nothing().returning(ou.user_seq, ou.upload_key),
+                [{"round_num": info.num, "user_seq": up.user, "upload_key": up.key, "n_records": len(up.items)}
+                 for up in fresh]).all()}
+        taken = [up for up in fresh if (up.user, up.key) in new]
+        adds = _totals(taken)
+        self._refuse_over(info, adds, self._counts(conn, info, list(adds)), "nothing of this request was stored")
+        rows = [row for up in taken for row in _item_rows(info, up)]
+        if adds:
+            ot = s.optin_tokens.c
+            conn.execute(update(s.optin_tokens).where(ot.round_num == bindparam("r"), ot.seq == bindparam("q"))
+                         .values(n_records=ot.n_records + bindparam("dr"), n_bytes=ot.n_bytes + bindparam("db")),
+                         [{"r": info.num, "q": q, "dr": r, "db": b} for q, (r, b) in adds.items()])
+        if rows:
+            conn.execute(insert(s.optin_values if info.kind == "mean" else s.optin_records), rows)
+            conn.execute(update(s.rounds).where(s.rounds.c.num == info.num)
+                         .values(optin_records=s.rounds.c.optin_records + len(rows)))
+        return new
+
+    def _check_quotas(self, conn: Connection, info: RoundInfo, uploads: Sequence[OptinUpload]) -> None:
+        """Before a request of several chunks stores anything: the round takes uploads, and its uploads not
+        stored before keep every token within its quota (:class:`QuotaError` otherwise)."""
+        current = self._get(conn, info.id)
+        refuse_past_deadline(current, "upload opt-in data")
+        if current.state != "collecting-optin":
+            _refuse_state(current)
+        fresh = _fresh(uploads)
+        users = sorted({up.user for up in fresh})
+        ou = s.optin_uploads.c
+        stored: set[tuple[int, str]] = set()
+        for i in range(0, len(users), IN_CHUNK):
+            stored.update((int(q), k) for q, k in conn.execute(select(ou.user_seq, ou.upload_key).where(
+                ou.round_num == info.num, ou.user_seq.in_(users[i:i + IN_CHUNK]))).all())
+        adds = _totals([up for up in fresh if (up.user, up.key) not in stored])
+        self._refuse_over(info, adds, self._counts(conn, info, list(adds)), "nothing of this request was stored")
+
+    @staticmethod
+    def _counts(conn: Connection, info: RoundInfo, users: Sequence[int]) -> dict[int, tuple[int, int]]:
+        """(records, bytes) uploaded so far by each of the tokens ``users`` (codes), by the (round, seq) index."""
         ot = s.optin_tokens.c
-        have, nbytes = conn.execute(select(ot.n_records, ot.n_bytes).where(
-            ot.round_num == info.num, ot.seq == up.user)).one()
-        if have + len(up.items) > self.optin_max_records or nbytes + up.nbytes > self.optin_max_bytes:
-            raise QuotaError(
-                f"opt-in upload refused: it would take a token of round {info.id} to "
-                f"{have + len(up.items):,} records and {nbytes + up.nbytes:,} bytes, over this server's quota "
-                f"of {self.optin_max_records:,} records and {self.optin_max_bytes:,} bytes per token "
-                "(hybriddp serve --optin-max-records/--optin-max-bytes); nothing of this request was stored")
-        conn.execute(update(s.optin_tokens).where(ot.round_num == info.num, ot.seq == up.user).values(
-            n_records=ot.n_records + len(up.items), n_bytes=ot.n_bytes + up.nbytes))
-        return True
+        have: dict[int, tuple[int, int]] = {}
+        for i in range(0, len(users), IN_CHUNK):
+            have.update({int(q): (int(r), int(b)) for q, r, b in conn.execute(
+                select(ot.seq, ot.n_records, ot.n_bytes).where(
+                    ot.round_num == info.num, ot.seq.in_(users[i:i + IN_CHUNK]))).all()})
+        return have
+
+    def _refuse_over(self, info: RoundInfo, adds: dict[int, tuple[int, int]], have: dict[int, tuple[int, int]],
+                     kept: str) -> None:
+        """:class:`QuotaError` if ``adds`` (records, bytes per token) take a token past this server's quota."""
+        for user, (r, b) in adds.items():
+            n, nbytes = have.get(user, (0, 0))
+            if n + r > self.optin_max_records or nbytes + b > self.optin_max_bytes:
+                raise QuotaError(
+                    f"opt-in upload refused: it would take a token of round {info.id} to {n + r:,} records and "
+                    f"{nbytes + b:,} bytes, over this server's quota of {self.optin_max_records:,} records and "
+                    f"{self.optin_max_bytes:,} bytes per token (hybriddp serve --optin-max-records/"
+                    f"--optin-max-bytes); {kept}")
 
     # ----- the curator's side -------------------------------------------------------------------
     def start_build(self, round_id: str, epsilon: float, delta: float, *, private: bool) -> RoundInfo:
@@ -222,6 +424,7 @@ class OptinStore(RoundStore, LedgerStore):
         and count against no budget).
         """
         def run(conn: Connection) -> RoundInfo:
+            refuse_past_deadline(self._get(conn, round_id), "build the head list")
             info = self._transition(conn, round_id, ["collecting-optin"], "building-headlist",
                                     "publish the head list")
             table = s.optin_values if info.kind == "mean" else s.optin_records
@@ -260,6 +463,56 @@ class OptinStore(RoundStore, LedgerStore):
     def _pseudonyms(self, conn: Connection, round_num: int) -> dict[int, str]:
         return {int(q): p for q, p in conn.execute(select(s.optin_tokens.c.seq, s.optin_tokens.c.user_pseudonym)
                                                    .where(s.optin_tokens.c.round_num == round_num)).all()}
+
+
+@dataclass
+class _Pending:
+    """A small upload request waiting for the group commit (:meth:`OptinStore._grouped`)."""
+
+    info: RoundInfo
+    uploads: Sequence[OptinUpload]
+    wake: threading.Event = field(default_factory=threading.Event)
+    outcome: UploadAck | BaseException | None = None
+    finished: bool = False
+
+
+def _refuse_state(info: RoundInfo) -> None:
+    """The :class:`ConflictError` of an upload to a round that no longer takes them."""
+    raise ConflictError(f"cannot upload opt-in data: round {info.id} is {info.state!r}; uploads are taken while it is "
+                        "'collecting-optin' (raw data are deleted when the head list is published, the round is "
+                        "aborted or deleted, or its retention deadline passes)")
+
+
+def _fresh(uploads: Sequence[OptinUpload]) -> list[OptinUpload]:
+    """``uploads`` without the repeats of an earlier one (same token, same key)."""
+    seen: set[tuple[int, str]] = set()
+    out = []
+    for up in uploads:
+        if (up.user, up.key) not in seen:
+            seen.add((up.user, up.key))
+            out.append(up)
+    return out
+
+
+def _ack(uploads: Sequence[OptinUpload], new: set[tuple[int, str]]) -> UploadAck:
+    """What storing ``uploads`` did, ``new`` the (user, key) stored (each claimed by its first upload, in order, of
+    ``uploads`` and of the requests stored with them): records accepted, and repeats (stored before)."""
+    accepted = total = 0
+    for up in uploads:
+        total += len(up.items)
+        if (up.user, up.key) in new:
+            new.discard((up.user, up.key))
+            accepted += len(up.items)
+    return UploadAck(accepted, total - accepted)
+
+
+def _totals(uploads: Sequence[OptinUpload]) -> dict[int, tuple[int, int]]:
+    """(records, bytes) of ``uploads`` per token."""
+    adds: dict[int, tuple[int, int]] = {}
+    for up in uploads:
+        r, b = adds.get(up.user, (0, 0))
+        adds[up.user] = (r + len(up.items), b + up.nbytes)
+    return adds
 
 
 def _item_rows(info: RoundInfo, up: OptinUpload) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -605,8 +606,13 @@ def test_serve_demo_serves_a_finished_round_and_one_collecting_reports(tmp_path:
             served.update(collecting=other.round(), collecting_headlist=other.fetch_headlist(),
                           page_rounds=httpx.get(f"{url}/api/v1/local-search/rounds").json())
 
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: fake_run(app))
-    out = _cli("serve", "--demo", "--data-dir", tmp_path / "data", "--port", 8123, "--log-level", "warning")
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: fake_run(app() if kw.get("factory") else app))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:  # the factory chains serve's exit deadline to this process's signal handlers: put them back after
+        out = _cli("serve", "--demo", "--data-dir", tmp_path / "data", "--port", 8123, "--log-level", "warning")
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     assert f"demo round: http://127.0.0.1:8123/api/v1/rounds/{served['round']}/local-search" in out.stdout
     assert "local-search page: http://127.0.0.1:8123/\n" in out.stdout
     assert f"round page: http://127.0.0.1:8123/rounds/{served['round']}\n" in out.stdout

@@ -7,7 +7,11 @@ import json
 import math
 import os
 import secrets
+import signal
 import stat
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,6 +87,16 @@ def save_token(path: Path, token: str) -> None:
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=16 * 1024 * 1024, show_default=True,
               help="Largest request body, in bytes (16 MiB); a larger one is refused with 413. Device batches "
                    "must fit (about 100 bytes per one-report message).")
+@click.option("--body-deadline", type=click.FloatRange(1, 86400), default=30.0, show_default=True, metavar="SECONDS",
+              help="Slack of a request body, in seconds: a body gets this long to begin with, every byte received "
+                   "adds 1/--min-body-rate s, but never to more than this from now. So a body of N bytes must arrive "
+                   "within SECONDS + N / --min-body-rate (a 16 MiB one within 30 s + 256 s), and a client that "
+                   "trickles is refused (408) at most SECONDS after it last kept the rate; a part that takes over "
+                   "20 s is refused too.")
+@click.option("--min-body-rate", type=click.IntRange(1), default=64 * 1024, show_default=True, metavar="BYTES/S",
+              help="Average rate, in bytes a second, a request body must keep once its --body-deadline slack is "
+                   "spent (64 KiB/s = 512 kbit/s, a slow mobile link); slower bodies are refused (408) and their "
+                   "bytes leave the in-flight budget at once.")
 @click.option("--check-workers", type=click.IntRange(0, 64), default=None,
               help="Worker processes that parse and check large report bodies (over 64 KiB), so batches use "
                    "more than one core; 0 checks them in a thread of the server process. Default: one per CPU, "
@@ -132,14 +146,21 @@ def save_token(path: Path, token: str) -> None:
 @click.option("--limit-concurrency", type=click.IntRange(16), default=1024, show_default=True,
               help="Open connections and tasks per server process beyond which new requests get 503 at once "
                    "(uvicorn's limit): slow or unfinished requests cannot pile up without bound.")
+@click.option("--shutdown-grace", type=click.FloatRange(0, 600), default=5.0, show_default=True, metavar="SECONDS",
+              help="Seconds the requests in flight get to finish after SIGTERM or Ctrl-C (no new connection is taken "
+                   "meanwhile); then they are cancelled, the queued reports stored, and the process has ended at most "
+                   "3 s later whatever still runs (a transaction waiting for a lock is rolled back; nothing "
+                   "acknowledged is lost). Keep it under the supervisor's stop timeout (systemd TimeoutStopSec, "
+                   "Kubernetes terminationGracePeriodSeconds) minus 3 s.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="Uvicorn's log level. Access logs (with client addresses) are never written.")
 def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_token_file: str | None,
               lifetime_epsilon: float | None, lifetime_delta: float | None, max_body_bytes: int,
-              check_workers: int | None, workers: int, demo: bool, optin_max_records: int, optin_max_bytes: int,
+              body_deadline: float, min_body_rate: int, check_workers: int | None, workers: int, demo: bool,
+              optin_max_records: int, optin_max_bytes: int,
               allow_seeds: bool, cors_origins: tuple[str, ...], public_metrics: bool, private_round_details: bool,
               open_admission: bool, self_enrolment: bool, series_tick: float, limit_concurrency: int,
-              log_level: str) -> None:
+              shutdown_grace: float, log_level: str) -> None:
     """Run the collection service: BLENDER and hybrid-mean rounds over HTTP.
 
     Opt-in users upload raw records with their own tokens; an administrator publishes the head list
@@ -151,7 +172,9 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     import uvicorn
 
     from hybriddp.service import create_app
+    from hybriddp.service.bodies import set_body_pace
 
+    set_body_pace(body_deadline, min_body_rate)
     if lifetime_epsilon is not None and not math.isfinite(lifetime_epsilon):
         raise parameter_error("lifetime_epsilon (--lifetime-epsilon)", lifetime_epsilon, "a finite number > 0")
     data = Path(data_dir)
@@ -198,20 +221,66 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     # client addresses are never used: not even X-Forwarded-For is read (proxy_headers=False)
     # http: uvicorn's httptools protocol sending each response in one write (hybriddp.service.http)
     # limit_concurrency: 503 beyond it; timeout_keep_alive: idle connections closed after 5 s; a request body
-    # that stalls is refused after service.bodies.BODY_TIMEOUT_S
+    # that stalls or comes too slowly is refused (service.bodies.BodyPace); SIGTERM/SIGINT: in-flight requests get
+    # --shutdown-grace, the process ends EXIT_MARGIN_S later at the latest (bounded_exit)
     options = {"host": host, "port": port, "log_level": log_level, "access_log": False, "server_header": False,
                "proxy_headers": False, "http": "hybriddp.service.http:Protocol",
-               "limit_concurrency": limit_concurrency, "timeout_keep_alive": 5}
+               "limit_concurrency": limit_concurrency, "timeout_keep_alive": 5,
+               "timeout_graceful_shutdown": shutdown_grace}
     if workers > 1:  # the database is set up (migrated, recovered); each worker builds its own app on it
         store.close()
         os.environ[WORKER_CONFIG] = json.dumps({
             "db_url": db_url, "token_file": str(token_path), "max_body_bytes": max_body_bytes,
-            "check_workers": check_workers, "parent": os.getpid(), "limits": limits})
+            "check_workers": check_workers, "parent": os.getpid(), "limits": limits,
+            "body_pace": [body_deadline, min_body_rate], "shutdown_grace": shutdown_grace})
         uvicorn.run("hybriddp.cli.serve:worker_app", factory=True, workers=workers, **options)
         return
     from hybriddp.service.checkpool import tune_interpreter
     tune_interpreter()  # once the app is built: what exists now is frozen out of the collector's way
-    uvicorn.run(app, **options)
+
+    def factory() -> object:  # called by uvicorn once its signal handlers are in place
+        bounded_exit(shutdown_grace + EXIT_MARGIN_S)
+        return app
+    uvicorn.run(factory, factory=True, **options)
+
+
+EXIT_MARGIN_S = 3.0
+"""Seconds a server process has, after the ``--shutdown-grace`` that follows SIGTERM or Ctrl-C, to shut its app
+down (the report writer stores what is queued; check workers and database connections are closed) before it ends
+whatever still runs (:func:`bounded_exit`). With the default grace of 5 s a process has ended 8 s after SIGTERM."""
+
+
+def bounded_exit(seconds: float) -> None:
+    """Make the first SIGTERM or SIGINT of this server process also start a timer that ends the process
+    ``seconds`` later if it still runs. Call it once uvicorn's own handlers are in place (from the app factory):
+    they are chained, not replaced.
+
+    uvicorn stops accepting at once and cancels what is in flight after its ``timeout_graceful_shutdown``, but a
+    transaction running in a worker thread cannot be cancelled, and Python waits for such threads before it exits.
+    The timer ends the process then; the database rolls back what was not committed (SQLite's journal,
+    PostgreSQL's closed connection). Nothing acknowledged is lost: a report is acknowledged only after its
+    commit (:mod:`hybriddp.service.writer`), an opt-in upload only after its transaction."""
+    if threading.current_thread() is not threading.main_thread():  # signals are the main thread's
+        return
+    armed = threading.Event()
+
+    def arm() -> None:
+        if not armed.is_set():
+            armed.set()
+            threading.Thread(target=_exit_after, args=(seconds,), name="hybriddp-exit-deadline", daemon=True).start()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if callable(previous):
+            signal.signal(sig, lambda num, frame, previous=previous: (arm(), previous(num, frame)))
+
+
+def _exit_after(seconds: float) -> None:
+    time.sleep(seconds)
+    sys.stderr.write(f"hybriddp serve: still running {seconds:g} s after the stop signal (a transaction in flight); "
+                     "exiting now: what was not committed is rolled back, nothing acknowledged is lost\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 WORKER_CONFIG = "HYBRIDDP_SERVE_WORKER"
@@ -222,15 +291,19 @@ def worker_app() -> object:
     """The app of one ``serve --workers N`` process (uvicorn calls this factory in each worker).
 
     The admin token is read from its file (never passed in the environment). The worker exits when
-    the ``serve`` process is gone, even after SIGKILL, so no orphan keeps serving the port.
+    the ``serve`` process is gone, even after SIGKILL, so no orphan keeps serving the port, and within
+    ``--shutdown-grace`` + :data:`EXIT_MARGIN_S` of SIGTERM (:func:`bounded_exit`).
     """
     from hybriddp.service import create_app
+    from hybriddp.service.bodies import set_body_pace
     from hybriddp.service.checkpool import tune_interpreter, watch_parent
 
     cfg = json.loads(os.environ[WORKER_CONFIG])
     token = Path(cfg["token_file"]).read_text(encoding="utf-8").strip()
+    set_body_pace(*cfg["body_pace"])
     app = create_app(cfg["db_url"], token, max_body_bytes=cfg["max_body_bytes"],
                      check_workers=cfg["check_workers"], recover=False, warm_check_workers=True, **cfg["limits"])
     watch_parent(cfg["parent"])
     tune_interpreter()
+    bounded_exit(cfg["shutdown_grace"] + EXIT_MARGIN_S)
     return app

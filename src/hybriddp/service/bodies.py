@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import orjson
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from hybriddp.core.errors import parameter_error
 from hybriddp.service.errors import (
     BadBodyError,
     BodyTimeoutError,
@@ -64,7 +66,8 @@ def check_content_length(headers: Any, limit: int) -> None:
 
 
 class BodyLimit:
-    """Pure ASGI middleware: 413 for a body over the limit, announced (Content-Length) or streamed."""
+    """Pure ASGI middleware: 413 for a body over the limit, announced (Content-Length) or streamed; 408 for a body
+    that comes too slowly (:class:`BodyPace`), whichever route reads it (FastAPI's own body parsing included)."""
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app = app
@@ -81,10 +84,22 @@ class BodyLimit:
             await JSONResponse(body, status_code=status, headers=headers)(scope, receive, send)
             return
         seen = 0
+        pace: BodyPace | None = BodyPace()
 
         async def limited() -> Any:
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, pace
+            if pace is None:  # the body is complete: e.g. waiting for http.disconnect, not paced
+                return await receive()
+            try:
+                msg = await _within(receive(), pace.wait(seen))
+            except (TimeoutError, asyncio.TimeoutError):
+                raise StarletteHTTPException(408, str(pace.late(seen))) from None
+            except BodyTimeoutError as exc:
+                raise StarletteHTTPException(408, str(exc)) from None
+            if msg.get("type") != "http.request" or not msg.get("more_body", False):
+                pace = None
+            else:
+                pace.got(len(msg.get("body", b"")))
             if msg.get("type") == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
@@ -128,8 +143,58 @@ def parse_messages(body: bytes, content_type: str | None) -> list[Any]:
     return [doc]
 
 
+FIRST_MESSAGE_BYTES = 64 * 1024
+"""How far into a reports body :func:`first_message` looks for the first message."""
+
+
+def first_message(body: bytes, content_type: str | None) -> Any:
+    """The first message of a reports body of several (a JSON array, or NDJSON), parsed alone from the first
+    :data:`FIRST_MESSAGE_BYTES` of the body without parsing the rest; None when it cannot be read so (one message,
+    another content type, a first message that is longer or not valid JSON): the parse of the whole body then says
+    what is wrong. A batch whose first message is refused is refused without the rest being read
+    (:mod:`hybriddp.service.checkpool`)."""
+    try:
+        media = media_type(content_type)
+    except ServiceError:
+        return None
+    head = body[:FIRST_MESSAGE_BYTES]
+    try:
+        if media in NDJSON_TYPES:
+            start = 0
+            while (end := head.find(b"\n", start)) >= 0 or len(head) == len(body):
+                line = head[start:] if end < 0 else head[start:end]
+                if line.strip():
+                    return orjson.loads(line)
+                if end < 0:
+                    return None
+                start = end + 1
+            return None
+        if not is_json(media) or not head.lstrip().startswith(b"["):
+            return None
+        text = head.decode("utf-8", errors="strict") if len(head) == len(body) else _prefix_text(head)
+        at = text.index("[") + 1
+        while at < len(text) and text[at] in " \t\r\n":
+            at += 1
+        return None if text.startswith("]", at) else _FIRST.raw_decode(text, at)[0]
+    except (ValueError, RecursionError, UnicodeDecodeError):  # orjson's and json's errors are ValueErrors
+        return None
+
+
+def _prefix_text(head: bytes) -> str:
+    """The text of the first bytes of a body, whose last character may be cut (UnicodeDecodeError elsewhere)."""
+    try:
+        return head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:
+            raise
+        return head[:exc.start].decode("utf-8")
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+_FIRST = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def loads(text: str, where: str) -> Any:
@@ -142,11 +207,76 @@ def loads(text: str, where: str) -> Any:
 
 BODY_TIMEOUT_S = 20.0
 """Seconds a request may take between two parts of its body before it is refused (408): a client that opens a
-body and sends it slowly, or never finishes it, does not hold the server's memory and a connection for long."""
+body and then stops sending does not hold the server's memory and a connection for long."""
+
+BODY_DEADLINE_S = 30.0
+"""Seconds of slack of a request body (``hybriddp serve --body-deadline``): a body starts with this much time, each
+byte received adds ``1 / MIN_BODY_RATE`` s, but never to more than this many seconds from now; a body whose time
+runs out is refused (408, :class:`BodyPace`)."""
+
+MIN_BODY_RATE = 64 * 1024
+"""Bytes a second a request body must keep up on average after its first :data:`BODY_DEADLINE_S` seconds
+(``hybriddp serve --min-body-rate``; 64 KiB/s, i.e. 512 kbit/s: a 16 MiB body may take 30 s + 256 s)."""
 
 INFLIGHT_BODY_BYTES = 256 * 1024 * 1024
 """Bytes of unfinished request bodies the whole process holds at most (256 MiB); past it a body is refused with
 503 and Retry-After, so many large unfinished bodies cannot exhaust memory (docs/DEPLOYMENT.md)."""
+
+
+def set_body_pace(deadline: float, min_rate: int) -> None:
+    """Set :data:`BODY_DEADLINE_S` and :data:`MIN_BODY_RATE` of this process (``hybriddp serve``, once per server
+    process, like the in-flight budget :data:`INFLIGHT_BODY_BYTES`); a bad value is refused by name."""
+    global BODY_DEADLINE_S, MIN_BODY_RATE
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 1 <= deadline <= 86400:
+        raise parameter_error("body deadline (--body-deadline)", deadline, "a number of seconds from 1 to 86400")
+    if isinstance(min_rate, bool) or not isinstance(min_rate, int) or min_rate < 1:
+        raise parameter_error("minimum body rate (--min-body-rate)", min_rate, "an integer number of bytes a "
+                              "second >= 1 (1 turns the rate off: only the per-part timeout is left)")
+    BODY_DEADLINE_S, MIN_BODY_RATE = float(deadline), min_rate
+
+
+class BodyPace:
+    """The time the request body being read has left: a token bucket of time, after Apache's ``mod_reqtimeout``
+    (``body=…,MinRate=…``), but with the credit capped.
+
+    The body starts with :data:`BODY_DEADLINE_S` seconds; every byte received adds ``1 / MIN_BODY_RATE`` s, but the
+    credit never reaches past :data:`BODY_DEADLINE_S` seconds from now; a part that does not come within
+    :data:`BODY_TIMEOUT_S` fails too. Guarantees: a body of N bytes is refused after at most
+    ``BODY_DEADLINE_S + N / MIN_BODY_RATE`` seconds (the total deadline; with the limit of 16 MiB, 286 s by
+    default); a client that keeps at least ``MIN_BODY_RATE`` is never refused for its pace; and a client that sent
+    a large part fast and then trickles (the slow-body attack, "Slowloris" for bodies) is refused at most
+    :data:`BODY_DEADLINE_S` seconds after its last burst, however much it sent: what it sent buys no time beyond
+    that cap."""
+
+    __slots__ = ("due", "rate", "slack", "start")
+
+    def __init__(self) -> None:
+        self.slack, self.rate = BODY_DEADLINE_S, MIN_BODY_RATE
+        self.start = time.monotonic()
+        self.due = self.start + self.slack
+
+    def wait(self, size: int) -> float:
+        """Seconds the next part may take (:class:`BodyTimeoutError` when none are left; ``size``: bytes so far)."""
+        left = self.due - time.monotonic()
+        if left <= 0:
+            raise self.late(size)
+        return min(BODY_TIMEOUT_S, left)
+
+    def got(self, n: int) -> None:
+        """``n`` more bytes arrived."""
+        if n:
+            self.due = min(self.due + n / self.rate, time.monotonic() + self.slack)
+
+    def late(self, size: int) -> BodyTimeoutError:
+        """The 408 of a body that ran out of time (after ``size`` bytes)."""
+        now = time.monotonic()
+        if self.due - now > 0.01:  # time was left: one part stalled
+            return BodyTimeoutError(f"the request body stalled: no part of it arrived for {BODY_TIMEOUT_S:g} s "
+                                    f"(after {size:,} bytes); send the whole body at once")
+        return BodyTimeoutError(f"the request body arrived too slowly: {size:,} bytes in {now - self.start:.0f} s; "
+                                f"after its first {self.slack:g} s a body must keep {self.rate:,} bytes/s on average "
+                                "(hybriddp serve --body-deadline, --min-body-rate); send smaller batches, or over a "
+                                "faster link")
 
 
 class _Inflight:
@@ -155,22 +285,23 @@ class _Inflight:
     held = 0
 
 
-async def read_body(receive: Any, limit: int, timeout: float | None = None) -> bytes:
+async def read_body(receive: Any, limit: int) -> bytes:
     """The whole body, read from the ASGI ``receive`` channel (a route's ``request.receive``), refused
-    with 413 as soon as it passes ``limit`` bytes, with 408 when a part takes more than ``timeout`` seconds
-    (:data:`BODY_TIMEOUT_S`), with 503 when the process already holds :data:`INFLIGHT_BODY_BYTES` of unfinished
-    bodies; Starlette's ``ClientDisconnect`` when the client goes away first. Reading the channel itself, not a
-    ``Request``'s stream, keeps the per-request cost of the report endpoint low (:mod:`hybriddp.service.reports`)."""
+    with 413 as soon as it passes ``limit`` bytes, with 408 when it comes too slowly (:class:`BodyPace`: a part
+    later than :data:`BODY_TIMEOUT_S`, or the body below :data:`MIN_BODY_RATE` past its slack), with 503 when the
+    process already holds :data:`INFLIGHT_BODY_BYTES` of unfinished bodies; Starlette's ``ClientDisconnect`` when
+    the client goes away first. A refused body's bytes leave the in-flight count at once. Reading the channel
+    itself, not a ``Request``'s stream, keeps the per-request cost of the report endpoint low
+    (:mod:`hybriddp.service.reports`)."""
     chunks: list[bytes] = []
     size = 0
-    wait = BODY_TIMEOUT_S if timeout is None else timeout
+    pace = BodyPace()
     try:
         while True:
             try:
-                msg = await _within(receive(), wait)
+                msg = await _within(receive(), pace.wait(size))
             except (TimeoutError, asyncio.TimeoutError):
-                raise BodyTimeoutError(f"the request body did not arrive within {wait:g} s of its last part; "
-                                       "send the whole body at once") from None
+                raise pace.late(size) from None
             if msg["type"] != "http.request":  # http.disconnect
                 raise ClientDisconnect
             chunk = msg.get("body", b"")
@@ -183,6 +314,7 @@ async def read_body(receive: Any, limit: int, timeout: float | None = None) -> b
             chunks.append(chunk)
             if not msg.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            pace.got(len(chunk))
     finally:
         _Inflight.held -= sum(map(len, chunks))
 

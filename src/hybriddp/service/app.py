@@ -11,7 +11,6 @@ the sender (address, user agent, time) is stored with a report.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -50,6 +49,14 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 MIN_ADMIN_TOKEN = 16
 PURGE_INTERVAL_S = 60.0
 """Seconds between two passes that purge raw opt-in data past their round's retention deadline."""
+SHUTDOWN_TASK_WAIT_S = 1.0
+"""Seconds the app's shutdown waits for a purge or scheduler pass running in a thread before it closes the report
+writer (which stores what is queued) anyway: a pass stuck behind a lock must not hold the shutdown."""
+PURGE_BACKOFF_S = 0.1
+"""Pause before a purge pass that found a due round locked by another transaction is run again; it doubles at each
+retry up to :data:`PURGE_BACKOFF_MAX_S`, and the retries go on until the round is purged (PRIVACY.md)."""
+PURGE_BACKOFF_MAX_S = 1.0
+"""Longest pause between two retries of a purge pass that found a due round locked."""
 
 
 # ----- errors -----------------------------------------------------------------------------------
@@ -162,7 +169,8 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
     left mid-step (:func:`hybriddp.service.closing.recover`) first. ``allow_seeds``: take seeded
     (experiment) rounds, which give no privacy (``hybriddp serve --insecure-testing-seeds``); refused
     otherwise. ``optin_max_records``/``optin_max_bytes``: each opt-in token's upload quota per round.
-    Raw opt-in data past a round's retention deadline are purged every :data:`PURGE_INTERVAL_S`.
+    Raw opt-in data past a round's retention deadline are purged at start-up and every :data:`PURGE_INTERVAL_S`;
+    a round locked by another transaction is retried every :data:`PURGE_BACKOFF_MAX_S` at most until it is.
     ``cors_origins``: other origins whose pages may call the API (:mod:`hybriddp.service.guard`; none by default).
     ``public_metrics``: serve ``/metrics`` without the admin token (off by default).
     ``private_round_details``: ``GET /api/v1/rounds/{id}`` only with the admin token (off by default: the round page
@@ -233,18 +241,18 @@ def _lifespan(service: ServiceContext, warm_check_workers: bool, series_tick: fl
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         purger = asyncio.create_task(_periodically(PURGE_INTERVAL_S, service.store.purge_expired, "purging raw "
-                                                   "opt-in data past their retention deadline", wait_first=True))
+                                                   "opt-in data past their retention deadline", wait_first=False,
+                                                   pending=lambda: service.store.purge_pending))
         scheduler = (asyncio.create_task(_periodically(series_tick, lambda: _advance_and_log(service.store),
                                                        "advancing the round series", wait_first=False))
                      if series_tick > 0 else None)
         if warm_check_workers and service.pool is not None:  # now, not under the first large body
             asyncio.get_running_loop().run_in_executor(None, service.pool.warm).add_done_callback(_warmed)
         yield
-        for task in (purger, scheduler):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        tasks = [t for t in (purger, scheduler) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=SHUTDOWN_TASK_WAIT_S)  # a pass running in a thread cannot be interrupted
         service.writer.close()
         if service.pool is not None:
             service.pool.close()
@@ -273,11 +281,16 @@ def _advance_and_log(store: Store) -> None:
         logger.info("series: %s", line)
 
 
-async def _periodically(seconds: float, job: Callable[[], object], what: str, *, wait_first: bool) -> None:
+async def _periodically(seconds: float, job: Callable[[], object], what: str, *, wait_first: bool,
+                        pending: Callable[[], Sequence[str]] | None = None) -> None:
     """Run ``job`` in a worker thread every ``seconds`` (the first time at once unless ``wait_first``); a failure is
-    logged and the job tried again next time: a bug in one pass must not stop the purge or the scheduler for good."""
+    logged and the job tried again next time: a bug in one pass must not stop the purge or the scheduler for good.
+    While ``pending()`` names what a run left undone because another transaction held it (the purge's locked rounds,
+    :attr:`~hybriddp.service.store.rounds.RoundStore.purge_pending`), the next run comes after a backoff of
+    :data:`PURGE_BACKOFF_S` doubling up to :data:`PURGE_BACKOFF_MAX_S` instead, until nothing is left."""
     if wait_first:
         await asyncio.sleep(seconds)
+    retries = 0
     while True:
         try:
             await run_in_threadpool(job)
@@ -285,4 +298,15 @@ async def _periodically(seconds: float, job: Callable[[], object], what: str, *,
             logger.error("%s failed: %s", what, exc)
         except Exception:  # anything else is a bug: its traceback in the log, and the loop goes on
             logger.exception("%s failed", what)
+        left = pending() if pending is not None else ()
+        if left:
+            if retries == 0:
+                logger.warning("%s: round(s) %s held by another transaction; retrying every %g s at most until "
+                               "done", what, ", ".join(left), PURGE_BACKOFF_MAX_S)
+            await asyncio.sleep(min(PURGE_BACKOFF_S * 2.0 ** min(retries, 30), PURGE_BACKOFF_MAX_S))
+            retries += 1
+            continue
+        if retries:
+            logger.warning("%s: done after %d retries", what, retries)
+            retries = 0
         await asyncio.sleep(seconds)

@@ -13,25 +13,28 @@ import base64
 import json
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from hybriddp.core.errors import parameter_error
 from hybriddp.core.protocol import ID_REGEX
 from hybriddp.core.rng import SEED_WARNING
 from hybriddp.service import schema as s
-from hybriddp.service.errors import ConflictError, NotFoundError
-from hybriddp.service.store.engine import SQLITE_BUSY_TIMEOUT_MS, StoreBase
+from hybriddp.service.errors import ConflictError, NotFoundError, StoreError
+from hybriddp.service.store.engine import SQLITE_BUSY_TIMEOUT_MS, StoreBase, describe_url
 
 DEFAULT_RETENTION_HOURS = 168.0
 """Hours after its creation at which a round's raw opt-in data are purged whatever its state (one week)."""
 MAX_RETENTION_HOURS = 24.0 * 366
+PURGE_LOCK_WAIT_MS = 2_000
+"""How long one purge transaction waits for the round it purges (SQLite: the write lock; PostgreSQL: the round's
+row and tables) before it leaves the round in :attr:`RoundStore.purge_pending` for a retry after a short backoff."""
 SCRUB_WAIT_MS = 5_000
 """How long a scrub waits for readers that hold a snapshot older than the deletion (then it is left pending):
 SQLite's WAL checkpoint, PostgreSQL's wait before ``VACUUM FULL``."""
@@ -52,6 +55,8 @@ REPORT_STATES = ("headlist-published", "collecting-reports")
 """States in which a round takes device reports."""
 ROUND_ID = ID_REGEX
 """A round id: 16 random bytes in URL-safe base64 without padding (:func:`new_round_id`)."""
+
+T = TypeVar("T")
 
 
 def now() -> str:
@@ -156,6 +161,10 @@ def _json(doc: Any) -> str:
 
 class RoundStore(StoreBase):
     """Rounds: create and read them, move them between states, end them, purge their raw opt-in data."""
+
+    purge_pending: tuple[str, ...] = ()
+    """Ids of the rounds due for the purge whose last :meth:`purge_expired` pass found them locked by another
+    transaction; the service retries them after a short backoff (:func:`hybriddp.service.app._periodically`)."""
 
     def create_round(self, kind: str, name: str | None, params: dict[str, Any], *,
                      retention_hours: float = DEFAULT_RETENTION_HOURS) -> RoundInfo:
@@ -325,23 +334,72 @@ class RoundStore(StoreBase):
 
     def purge_expired(self, at: str | None = None) -> list[str]:
         """Purge the raw opt-in data of every round whose retention deadline is at or before ``at`` (default:
-        now): a round still collecting-optin is aborted. The ids of the rounds purged."""
-        when = at or now()
+        now): a round still collecting-optin is aborted. The ids of the rounds purged.
 
-        def run(conn: Connection) -> list[str]:
-            r = s.rounds.c
-            due = conn.execute(select(r.num, r.id, r.state).where(
-                r.purged.is_(None), r.retention_deadline.is_not(None), r.retention_deadline <= when,
-                r.state != "building-headlist")).all()
-            for num, rid, state in due:
-                if state == "collecting-optin":
-                    self._transition(conn, rid, ["collecting-optin"], "aborted", "abort at the retention deadline")
-                self._purge_raw(conn, int(num))
-            return [rid for _, rid, _ in due]
-        purged = self._write(run)
-        if purged or self.scrub_pending:
+        Each round is purged in a transaction of its own that waits at most :data:`PURGE_LOCK_WAIT_MS` for the
+        round (SQLite: the database's write lock; PostgreSQL: the round's row, ``lock_timeout``), so a long
+        transaction holding one round neither delays the others nor makes the pass wait for it: a round not
+        purged for that is named in :attr:`purge_pending`, and the service retries it after a short backoff until
+        it is gone (:func:`hybriddp.service.app._periodically`; PRIVACY.md, "The raw opt-in data's lifecycle").
+        Then the files are scrubbed (:meth:`scrub`) if a round was purged, or if a scrub is pending and no round
+        is (a scrub retried at the backoff's pace would hold up every writer while a long transaction runs).
+        """
+        when = at or now()
+        due = self._read(lambda conn: conn.execute(select(s.rounds.c.num, s.rounds.c.id).where(*_due(when))
+                                                   .order_by(s.rounds.c.num)).all())
+        purged: list[str] = []
+        pending: list[str] = []
+        for num, rid in due:
+            try:
+                if self._bounded_write(lambda conn, n=int(num), i=str(rid): self._purge_if_due(conn, n, i, when)):
+                    purged.append(str(rid))
+            except _LockBusy:
+                pending.append(str(rid))
+        self.purge_pending = tuple(pending)
+        if purged or (self.scrub_pending and not pending):
             self.scrub()
         return purged
+
+    def _purge_if_due(self, conn: Connection, round_num: int, round_id: str, when: str) -> bool:
+        """Inside :meth:`_bounded_write`: lock the round's row and, if it is still due (not purged meanwhile, nor
+        moved to building-headlist, whose end purges it), purge it. Whether it did."""
+        state = conn.execute(select(s.rounds.c.state).where(s.rounds.c.num == round_num, *_due(when))
+                             .with_for_update()).scalar()
+        if state is None:
+            return False
+        if state == "collecting-optin":
+            self._transition(conn, round_id, ["collecting-optin"], "aborted", "abort at the retention deadline")
+        self._purge_raw(conn, round_num)
+        return True
+
+    def _bounded_write(self, fn: Callable[[Connection], T]) -> T:
+        """``fn`` in one write transaction whose lock waits last at most :data:`PURGE_LOCK_WAIT_MS`: SQLite's busy
+        timeout on this connection for its ``BEGIN IMMEDIATE`` (the usual one is put back after), PostgreSQL's
+        ``SET LOCAL lock_timeout`` (every table and row lock the transaction takes). A wait that runs out is
+        :class:`_LockBusy`, other database failures :class:`StoreError`. No ``statement_timeout``: it would also
+        cut short the deletion of a large round, which waits on no other transaction."""
+        wait = int(PURGE_LOCK_WAIT_MS)
+        try:
+            with self.engine.connect() as conn:
+                raw = conn.connection.driver_connection if self.dialect == "sqlite" else None
+                usual = raw.execute("PRAGMA busy_timeout").fetchone()[0] if raw is not None else 0
+                if raw is not None:
+                    raw.execute(f"PRAGMA busy_timeout = {wait}")
+                try:
+                    conn = conn.execution_options(hybriddp_write=True)
+                    with conn.begin():  # SQLite: BEGIN IMMEDIATE, which waits for the write lock
+                        if raw is None:
+                            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {wait}")
+                        return fn(conn)
+                finally:
+                    if raw is not None:
+                        raw.execute(f"PRAGMA busy_timeout = {int(usual)}")
+        except DBAPIError as exc:
+            if _lock_busy(exc):
+                raise _LockBusy() from None
+            why = " ".join(str(exc.orig).split())[:300]
+            raise StoreError(f"database {describe_url(self.url)}: purge: {type(exc.orig).__name__}: {why}; check "
+                             "that the database is reachable and writable") from None
 
     def _purge_raw(self, conn: Connection, round_num: int) -> None:
         """Delete a round's raw opt-in data: records, values, upload keys and tokens (inside the caller's
@@ -392,3 +450,40 @@ class RoundStore(StoreBase):
                 conn.exec_driver_sql("RESET lock_timeout")
         self.scrub_pending = older > 0 or locked
         return not self.scrub_pending
+
+
+class _LockBusy(Exception):
+    """A purge transaction's lock wait ran out (:meth:`RoundStore._bounded_write`)."""
+
+
+def _lock_busy(exc: DBAPIError) -> bool:
+    """SQLite's "database is locked", PostgreSQL's lock timeout (55P03), deadlock or serialization failure."""
+    return (getattr(exc.orig, "sqlstate", None) in ("55P03", "40P01", "40001")
+            or "database is locked" in str(exc.orig))
+
+
+def _due(when: str) -> tuple[Any, ...]:
+    """WHERE terms of a round whose raw opt-in data are due for the purge at ``when``: past its retention deadline,
+    not purged, and not building its head list (the build's end purges them)."""
+    r = s.rounds.c
+    return (r.purged.is_(None), r.retention_deadline.is_not(None), r.retention_deadline <= when,
+            r.state != "building-headlist")
+
+
+def takes_optin(at: str | None = None) -> Any:
+    """WHERE term of a round that takes opt-in data (enrolments, uploads, the build's start) at ``at`` (default:
+    now): collecting-optin and before its retention deadline, whether or not the purge has run yet."""
+    r = s.rounds.c
+    return and_(r.state == "collecting-optin",
+                or_(r.retention_deadline.is_(None), r.retention_deadline > (at or now())))
+
+
+def refuse_past_deadline(info: RoundInfo, action: str, at: str | None = None) -> None:
+    """:class:`ConflictError` if ``info`` is collecting-optin but past its retention deadline (its purge is due):
+    ``action`` (e.g. "upload opt-in data") is refused, naming the deadline."""
+    if (info.state == "collecting-optin" and info.retention_deadline is not None
+            and info.retention_deadline <= (at or now())):
+        raise ConflictError(f"cannot {action}: round {info.id} passed its retention deadline "
+                            f"({info.retention_deadline} UTC), so it takes no more opt-in data and its raw opt-in "
+                            "data are being purged; create a new round (a longer retention_hours keeps the next one "
+                            "open longer)")

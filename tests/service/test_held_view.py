@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from test_anchor_service import N_DEVICES, N_OPTIN, POPULATION, TARGET  # the anchor tests' population
 
 from clihelpers import invoke
 from hybriddp.core.protocol import new_message_id
@@ -32,11 +33,6 @@ from uvicornhelpers import served
 ADMIN = "admin-token-of-the-held-view-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 API = "/api/v1"
-POPULATION = [("weather", "https://w.example/a", 0.30), ("weather", "https://w.example/b", 0.15),
-              ("news", "https://n.example/a", 0.25), ("maps", "https://m.example/a", 0.15),
-              ("cats", "https://c.example/1", 0.10), ("dogs", "https://d.example/1", 0.05)]
-TARGET = ("dogs", "https://d.example/1")
-N_OPTIN, N_DEVICES = 600, 6_000
 PARAMS = {"epsilon": 8.0, "delta": 1e-5, "head_list_size": 10, "seed": 5}
 SPREAD = 3.0  # the estimate must lie within this many of the test's standard deviations of the number injected
 

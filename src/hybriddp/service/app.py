@@ -38,6 +38,7 @@ from hybriddp.service.reports import ReportsEndpoint
 from hybriddp.service.routers import ROUTERS
 from hybriddp.service.routers.common import ServiceContext
 from hybriddp.service.routers.ohttp import GatewayEndpoint
+from hybriddp.service.routers.optin import OptinUploadEndpoint
 from hybriddp.service.series import DEFAULT_TICK_SECONDS, advance_all
 from hybriddp.service.store import DEFAULT_OPTIN_MAX_BYTES, DEFAULT_OPTIN_MAX_RECORDS, Store
 from hybriddp.service.writer import ReportWriter
@@ -125,19 +126,23 @@ class ServiceApp(FastAPI):
 
     ``POST /api/v1/rounds/{id}/reports`` goes to :class:`~hybriddp.service.reports.ReportsEndpoint` while
     :attr:`divert_reports` is True, and ``POST /ohttp`` (the OHTTP gateway, a relay's every request) to
-    :class:`~hybriddp.service.routers.ohttp.GatewayEndpoint` while :attr:`divert_ohttp` is True (both always, in a
-    running service); turned off, the request reaches the declared route of
-    :mod:`hybriddp.service.routers.devices` or :mod:`hybriddp.service.routers.ohttp`, which answers through the
-    same code.
+    :class:`~hybriddp.service.routers.ohttp.GatewayEndpoint` while :attr:`divert_ohttp` is True, and
+    ``POST /api/v1/rounds/{id}/optin/records`` to :class:`~hybriddp.service.routers.optin.OptinUploadEndpoint` while
+    :attr:`divert_optin` is True (all always, in a running service); turned off, the request reaches the declared
+    route of :mod:`hybriddp.service.routers.devices`, :mod:`hybriddp.service.routers.ohttp` or
+    :mod:`hybriddp.service.routers.optin`, which answers through the same code.
     """
 
-    def __init__(self, reports: ReportsEndpoint, gateway: GatewayEndpoint, guard: Guard, **kwargs: Any) -> None:
+    def __init__(self, reports: ReportsEndpoint, gateway: GatewayEndpoint, guard: Guard,
+                 optin: OptinUploadEndpoint | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.reports = reports
         self.gateway = gateway
+        self.optin = optin
         self.guard = guard
         self.divert_reports = True
         self.divert_ohttp = True
+        self.divert_optin = optin is not None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await self.guard(self._serve, scope, receive, send)  # cross-site refusals, CORS, security headers
@@ -148,6 +153,8 @@ class ServiceApp(FastAPI):
             await self.reports(round_id, scope, receive, send)
         elif self.divert_ohttp and self.gateway.matches(scope):
             await self.gateway(self, scope, receive, send)  # its inner request comes back in through __call__
+        elif self.divert_optin and self.optin is not None and (optin_round := self.optin.round_of(scope)):
+            await self.optin(optin_round, scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
 
@@ -213,7 +220,7 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                              self_enrolment)
     app = ServiceApp(ReportsEndpoint(store, service.writer, service.pool, metrics, max_body_bytes,
                                      service.admission is not None), GatewayEndpoint(store, metrics, max_body_bytes),
-                     guard,
+                     guard, optin=OptinUploadEndpoint(store, metrics, max_body_bytes),
                      title="hybriddp collection service", version=__version__,
                      lifespan=_lifespan(service, warm_check_workers, series_tick),
                      docs_url=None, redoc_url=None,  # /docs is served from local files (pages.mount_api_docs)

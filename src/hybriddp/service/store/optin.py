@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from hybriddp.core.errors import DataError, HybridDPError
@@ -49,6 +49,7 @@ from hybriddp.service import schema as s
 from hybriddp.service.errors import ConflictError, QuotaError, StoreError
 from hybriddp.service.store.engine import IN_CHUNK
 from hybriddp.service.store.ledger import LedgerStore
+from hybriddp.service.store.pgstats import GrowthStatistics
 from hybriddp.service.store.rounds import RoundInfo, RoundStore, refuse_past_deadline, takes_optin
 
 OPTIN_CHUNK = 2_000
@@ -94,7 +95,13 @@ class OptinStore(RoundStore, LedgerStore):
         self._pending: list[_Pending] = []
         self._pending_lock = threading.Lock()
         self._committing = False
+        self._growth = GrowthStatistics()
         super().__init__(*args, **kw)
+
+    def _grew(self, rows: int) -> None:
+        """PostgreSQL: ``ANALYZE`` the opt-in tables when this process's additions doubled them (:mod:`pgstats`)."""
+        if self.dialect == "postgresql" and self._growth.due(rows):
+            self._write(lambda conn: conn.execute(text(GrowthStatistics.statement())))
 
     # ----- enrolment ----------------------------------------------------------------------------
     def enrol(self, round_id: str, user: str) -> str:
@@ -128,6 +135,7 @@ class OptinStore(RoundStore, LedgerStore):
             if done:
                 self._unenrol(round_id, tokens[:done])
             raise
+        self._grew(n)
         return tokens
 
     def _enrol_chunk(self, round_id: str, users: Sequence[str], pseuds: Sequence[str], tokens: Sequence[str]) -> None:
@@ -251,6 +259,12 @@ class OptinStore(RoundStore, LedgerStore):
         its error says how many uploads were stored and that sending the whole request again stores exactly the
         rest (module docstring).
         """
+        ack = self._store_batch(info, uploads)
+        self._grew(ack.accepted)
+        return ack
+
+    def _store_batch(self, info: RoundInfo, uploads: Sequence[OptinUpload]) -> UploadAck:
+        """:meth:`add_optin_batch`'s storing: a group commit of a small request, chunks of a large one."""
         step = self.optin_chunk
         if len(uploads) <= min(GROUP_UPLOADS, step):
             return self._grouped(_Pending(info, uploads))

@@ -102,9 +102,7 @@ class ReportsEndpoint:
     @staticmethod
     def round_of(scope: Any) -> str | None:
         """The round id when ``scope`` is a reports request, else None."""
-        if scope["type"] != "http" or scope["method"] != "POST" or (m := _PATH.fullmatch(scope["path"])) is None:
-            return None
-        return m.group(1)
+        return post_round_id(_PATH, scope)
 
     async def __call__(self, round_id: str, scope: Any, receive: Any, send: Any) -> None:
         start = time.perf_counter()
@@ -116,14 +114,10 @@ class ReportsEndpoint:
         except HybridDPError as exc:
             status, out, headers = error_payload(exc)
         except Exception as exc:  # a bug: logged, and the API's 500 shape
-            status, out, headers = _internal(exc)
+            status, out, headers = internal_error(exc)
         else:
             status, out, headers = await self.answer(round_id, body, content_type, checked=True)
-        payload = orjson.dumps(out)
-        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": payload})
+        await send_json(send, status, out, headers)
         self.metrics.observe("POST", ROUTE, time.perf_counter() - start)
 
     async def answer(self, round_id: str, body: bytes, content_type: str | None,
@@ -141,7 +135,7 @@ class ReportsEndpoint:
         except HybridDPError as exc:
             return error_payload(exc)
         except Exception as exc:  # a bug: logged, and the API's 500 shape
-            return _internal(exc)
+            return internal_error(exc)
 
     async def _known(self, round_id: str) -> None:
         """404/409 (:class:`HybridDPError`) unless ``round_id`` is a round that takes reports now."""
@@ -160,7 +154,24 @@ class ReportsEndpoint:
         return body, content_type
 
 
-def _internal(exc: Exception) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """Log a bug; the API's 500 answer."""
+def post_round_id(path: re.Pattern[str], scope: Any) -> str | None:
+    """The round id (``path``'s group 1) when ``scope`` is a POST to ``path``, else None: how the plain ASGI
+    endpoints ahead of FastAPI recognise their requests."""
+    if scope["type"] != "http" or scope["method"] != "POST" or (m := path.fullmatch(scope["path"])) is None:
+        return None
+    return m.group(1)
+
+
+async def send_json(send: Any, status: int, out: Any, headers: dict[str, str]) -> None:
+    """Answer on the ASGI channel ``send``: ``out`` as JSON with ``status`` and the extra ``headers``."""
+    payload = orjson.dumps(out)
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def internal_error(exc: Exception) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Log a bug; the API's 500 answer (status, JSON body, headers)."""
     logger.exception("unexpected error", exc_info=exc)
     return 500, {"error": {"code": "internal_error", "message": "an unexpected server error; it was logged"}}, {}

@@ -50,6 +50,7 @@ from hybriddp.service.errors import (
     error_payload,
 )
 from hybriddp.service.metrics import Metrics
+from hybriddp.service.reports import internal_error, post_round_id, send_json
 from hybriddp.service.routers.common import ADMIN, OptinCredentials, RoundId, Service, StoreDep, errors
 from hybriddp.service.store import OptinUpload, RoundInfo, Store, UploadAck
 
@@ -155,9 +156,7 @@ class OptinUploadEndpoint:
     @staticmethod
     def round_of(scope: Any) -> str | None:
         """The round id when ``scope`` is an opt-in upload request, else None."""
-        if scope["type"] != "http" or scope["method"] != "POST" or (m := _PATH.fullmatch(scope["path"])) is None:
-            return None
-        return m.group(1)
+        return post_round_id(_PATH, scope)
 
     async def __call__(self, round_id: str, scope: Any, receive: Any, send: Any) -> None:
         start = time.perf_counter()
@@ -174,14 +173,8 @@ class OptinUploadEndpoint:
         except HybridDPError as exc:
             status, out, extra = error_payload(exc)
         except Exception as exc:  # a bug: logged, and the API's 500 shape
-            logger.exception("unexpected error", exc_info=exc)
-            status, out, extra = 500, {"error": {"code": "internal_error",
-                                                 "message": "an unexpected server error; it was logged"}}, {}
-        payload = orjson.dumps(out)
-        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        raw += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": payload})
+            status, out, extra = internal_error(exc)
+        await send_json(send, status, out, extra)
         self.metrics.observe("POST", ROUTE, time.perf_counter() - start)
 
 

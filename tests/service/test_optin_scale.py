@@ -3,7 +3,7 @@
 An upload or enrolment request of more than :attr:`Store.optin_chunk` users is checked whole, then stored in
 transactions of that many users, so other writers get in between; quotas and idempotency hold across the chunks,
 and a failure mid-way leaves the earlier chunks of an upload stored (a retry stores exactly the rest) and no
-token of an enrolment (store/optin.py, PRIVACY.md "The raw opt-in data's lifecycle").
+token of an enrolment (store/optin.py, store/enrolment.py, PRIVACY.md "The raw opt-in data's lifecycle").
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ transition cannot both win. It is composed of one class per concern:
 
 * :mod:`.engine`: the engine, SQLite pragmas, migrations (Alembic ``upgrade head``) and transactions;
 * :mod:`.rounds`: the round state machine, documents, abort, delete, purge and scrub of raw opt-in data;
-* :mod:`.optin`: enrolment and tokens, idempotent uploads within quotas, the build's charge;
+* :mod:`.enrolment`: opt-in users' enrolment and tokens; :mod:`.optin`: idempotent uploads within quotas, the
+  build's charge;
 * :mod:`.ledger`: the privacy ledger's charges (the budget rule itself is :mod:`hybriddp.privacy.budget`);
 * :mod:`.reports`: the deduplicating report path, SQLite's settling, and the counts per entry;
 * :mod:`.tokens`: report tokens' round keys, device credentials and issuance counts (docs/TOKENS.md);
@@ -38,8 +39,9 @@ from hybriddp.service.store.engine import (
     make_engine,
     migrate,
 )
+from hybriddp.service.store.enrolment import token_hash
 from hybriddp.service.store.gateway import GatewayStore
-from hybriddp.service.store.optin import OptinStore, OptinUpload, UploadAck, token_hash
+from hybriddp.service.store.optin import OptinStore, OptinUpload, UploadAck
 from hybriddp.service.store.reports import SETTLE_CACHE_KIB, SQLITE_CACHE_KIB, ReportAck, ReportStore
 from hybriddp.service.store.rounds import (
     DEFAULT_RETENTION_HOURS,

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -194,15 +195,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
               "self_enrolment": self_enrolment or demo, "series_tick": series_tick}
     app = create_app(db_url, token, max_body_bytes=max_body_bytes, lifetime_epsilon=lifetime_epsilon,
                      lifetime_delta=lifetime_delta, check_workers=check_workers, warm_check_workers=True, **limits)
-    if allow_seeds:
-        click.echo("WARNING: --insecure-testing-seeds: this server accepts seeded rounds, which give NO privacy; "
-                   "never use it with real users' data", err=True)
-    if open_admission:
-        click.echo("WARNING: --open-admission: device reports need no token; anything that can reach this server "
-                   "may report as often as it likes (demos only)", err=True)
-    if limits["self_enrolment"]:
-        click.echo("note: self-enrolment is on: any caller of this server's pages gets a device credential "
-                   "(demos only; --self-enrolment, or --demo)", err=True)
+    _warn_unsafe(limits)
     store = app.state.store
     if generated:
         save_token(token_path, token)
@@ -242,6 +235,19 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         bounded_exit(shutdown_grace + EXIT_MARGIN_S)
         return app
     uvicorn.run(factory, factory=True, **options)
+
+
+def _warn_unsafe(limits: dict[str, Any]) -> None:
+    """Say on stderr which of the settings in ``limits`` make the server unfit for real users' data."""
+    if limits["allow_seeds"]:
+        click.echo("WARNING: --insecure-testing-seeds: this server accepts seeded rounds, which give NO privacy; "
+                   "never use it with real users' data", err=True)
+    if limits["open_admission"]:
+        click.echo("WARNING: --open-admission: device reports need no token; anything that can reach this server "
+                   "may report as often as it likes (demos only)", err=True)
+    if limits["self_enrolment"]:
+        click.echo("note: self-enrolment is on: any caller of this server's pages gets a device credential "
+                   "(demos only; --self-enrolment, or --demo)", err=True)
 
 
 EXIT_MARGIN_S = 3.0

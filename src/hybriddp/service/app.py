@@ -41,7 +41,7 @@ from hybriddp.service.routers.ohttp import GatewayEndpoint
 from hybriddp.service.routers.optin import OptinUploadEndpoint
 from hybriddp.service.series import DEFAULT_TICK_SECONDS, advance_all
 from hybriddp.service.store import DEFAULT_OPTIN_MAX_BYTES, DEFAULT_OPTIN_MAX_RECORDS, Store
-from hybriddp.service.writer import ReportWriter
+from hybriddp.service.writer import OptinWriter, ReportWriter
 
 logger = logging.getLogger(__name__)
 
@@ -217,10 +217,10 @@ def create_app(db_url: str, admin_token: str, *, max_body_bytes: int = DEFAULT_M
                              CheckPool(check_workers) if check_workers > 0 else None, metrics,
                              admin_token.strip().encode("utf-8"), max_body_bytes, allow_seeds, public_metrics,
                              private_round_details, None if open_admission else admission or CredentialAdmission(),
-                             self_enrolment)
+                             self_enrolment, OptinWriter(store))
     app = ServiceApp(ReportsEndpoint(store, service.writer, service.pool, metrics, max_body_bytes,
                                      service.admission is not None), GatewayEndpoint(store, metrics, max_body_bytes),
-                     guard, optin=OptinUploadEndpoint(store, metrics, max_body_bytes),
+                     guard, optin=OptinUploadEndpoint(store, metrics, max_body_bytes, service.optin_writer),
                      title="hybriddp collection service", version=__version__,
                      lifespan=_lifespan(service, warm_check_workers, series_tick),
                      docs_url=None, redoc_url=None,  # /docs is served from local files (pages.mount_api_docs)
@@ -261,6 +261,8 @@ def _lifespan(service: ServiceContext, warm_check_workers: bool, series_tick: fl
             task.cancel()
         await asyncio.wait(tasks, timeout=SHUTDOWN_TASK_WAIT_S)  # a pass running in a thread cannot be interrupted
         service.writer.close()
+        if service.optin_writer is not None:
+            service.optin_writer.close()
         if service.pool is not None:
             service.pool.close()
         service.store.close()

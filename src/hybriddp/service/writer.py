@@ -1,4 +1,5 @@
-"""Group commit of device reports: one writer thread, one transaction for many requests.
+"""Group commit of device reports and of opt-in users' own uploads: one writer thread each, one transaction
+for many requests.
 
 With SQLite's ``synchronous=FULL`` every commit waits for an fsync (about 10 ms on a common
 disk), so committing each single-message request on its own would cap the service near 100
@@ -16,6 +17,10 @@ dry while the group is still small (fewer than :data:`LINGER_GROUP_REQUESTS` req
 waits up to :data:`LINGER_SECONDS` for more before committing. An isolated request (the previous
 group held one) never waits; :meth:`ReportWriter.close` still stores what is queued and stops
 promptly (the stop marker ends a wait at once).
+
+Opt-in users' own uploads (one small JSON request each, issue 39) go the same way through
+:class:`OptinWriter`: the request is parsed on the event loop, and the group's transaction looks up every
+token of the group at once and stores the uploads (:meth:`~hybriddp.service.store.optin.OptinStore.add_token_uploads`).
 
 Requests wait on plain asyncio futures of their event loop. The thread answers a whole group with
 one ``call_soon_threadsafe`` per loop (one wake-up of the loop, not one per request, and no
@@ -35,12 +40,16 @@ from typing import Any
 
 from hybriddp.service.errors import ServiceError
 from hybriddp.service.metrics import Metrics
-from hybriddp.service.store import ReportAck, RoundInfo, Store
+from hybriddp.service.store import RoundInfo, Store
 
 logger = logging.getLogger(__name__)
 
 MAX_GROUP_MESSAGES = 250_000
 """Most messages stored by one transaction (bounds the latency a big group adds)."""
+
+OPTIN_GROUP_USERS = 2_000
+"""Most opt-in users' own uploads stored by one transaction of :class:`OptinWriter` (as
+:data:`~hybriddp.service.store.enrolment.OPTIN_CHUNK` bounds a large upload's)."""
 
 LINGER_SECONDS = 0.002
 """Longest wait for more requests when the group is small but requests arrive concurrently.
@@ -57,29 +66,32 @@ LINGER_GROUP_REQUESTS = 32
 _STOP = object()
 
 
-class ReportWriter:
-    """Queues report requests and stores them in groups, one transaction per group."""
+class GroupWriter:
+    """Queues requests (a round and its items each) and stores them in groups, one transaction per group: the
+    thread, the lingering and the answers of the module docstring; :meth:`_persist` is what a group's transaction
+    stores (:class:`ReportWriter`: device reports; :class:`OptinWriter`: opt-in users' own uploads)."""
 
-    def __init__(self, store: Store, max_group_messages: int = MAX_GROUP_MESSAGES,
-                 metrics: Metrics | None = None, linger_seconds: float = LINGER_SECONDS) -> None:
+    thread_name = "hybriddp-writer"
+
+    def __init__(self, store: Store, max_group: int, metrics: Metrics | None, linger_seconds: float) -> None:
         self.store = store
         self.metrics = metrics  # group commits observed (requests per group, seconds), if given
-        self.max_group = max_group_messages
+        self.max_group = max_group
         self.linger = linger_seconds
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, info: RoundInfo, items: Sequence[tuple[str, Any]]) -> asyncio.Future[ReportAck]:
-        """Queue one request's messages (called on the event loop); the future, of the running loop,
+    def submit(self, info: RoundInfo, items: Sequence[Any]) -> asyncio.Future[Any]:
+        """Queue one request's items (called on the event loop); the future, of the running loop,
         resolves after the commit (or with its error). A future cancelled meanwhile is left alone."""
-        fut: asyncio.Future[ReportAck] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         with self._lock:
             if self._closed:
                 raise ServiceError("the server is shutting down; retry the request")
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hybriddp-report-writer", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
                 self._thread.start()
             self._queue.put((info, items, fut))
         return fut
@@ -128,15 +140,22 @@ class ReportWriter:
             last_group = len(group)
             self._store(group)
 
-    def _store(self, group: list[tuple[RoundInfo, Sequence[tuple[str, Any]], asyncio.Future[Any]]]) -> None:
+    def _persist(self, batch: list[tuple[RoundInfo, Sequence[Any]]]) -> list[Any]:
+        """Store a group's requests in one transaction: each one's answer, or the exception refusing it alone."""
+        raise NotImplementedError
+
+    def _after(self) -> None:
+        """Called after each group's answers went out (new requests queue meanwhile)."""
+
+    def _store(self, group: list[tuple[RoundInfo, Sequence[Any], asyncio.Future[Any]]]) -> None:
         try:
             t0 = time.perf_counter()
-            results: list[Any] = self.store.add_reports_many([(info, items) for info, items, _ in group])
+            results: list[Any] = self._persist([(info, items) for info, items, _ in group])
             if self.metrics is not None:
                 self.metrics.observe_group(len(group), time.perf_counter() - t0)
         except BaseException as exc:  # the whole group failed (database unavailable, or a bug): tell every request
             if not isinstance(exc, ServiceError):
-                logger.exception("storing %d report requests failed", len(group))
+                logger.exception("storing a group of %d requests failed", len(group))
             results = [exc] * len(group)
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
         for (_, _, fut), result in zip(group, results, strict=True):
@@ -145,7 +164,24 @@ class ReportWriter:
             try:
                 loop.call_soon_threadsafe(_answer, answers)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
-                logger.warning("%d report requests were stored after their event loop closed", len(answers))
+                logger.warning("%d requests were stored after their event loop closed", len(answers))
+        self._after()
+
+
+class ReportWriter(GroupWriter):
+    """Device report requests: each request's validated messages, stored by
+    :meth:`~hybriddp.service.store.Store.add_reports_many`; SQLite's recent messages settled when due."""
+
+    thread_name = "hybriddp-report-writer"
+
+    def __init__(self, store: Store, max_group_messages: int = MAX_GROUP_MESSAGES,
+                 metrics: Metrics | None = None, linger_seconds: float = LINGER_SECONDS) -> None:
+        super().__init__(store, max_group_messages, metrics, linger_seconds)
+
+    def _persist(self, batch: list[tuple[RoundInfo, Sequence[Any]]]) -> list[Any]:
+        return self.store.add_reports_many(batch)  # type: ignore[no-any-return]
+
+    def _after(self) -> None:
         self._settle()
 
     def _settle(self) -> None:
@@ -169,3 +205,20 @@ def _answer(answers: list[tuple[asyncio.Future[Any], Any]]) -> None:
             fut.set_exception(result)
         else:
             fut.set_result(result)
+
+
+class OptinWriter(GroupWriter):
+    """Opt-in users' own uploads (a token and its records each, :class:`~hybriddp.service.store.TokenUpload`),
+    tokens resolved and uploads stored in one transaction for the group
+    (:meth:`~hybriddp.service.store.optin.OptinStore.add_token_uploads`): a request answers with its
+    :class:`~hybriddp.service.store.UploadAck`, its refusal, or None when its token is not one of the round's (the
+    caller then gives the exact refusal the slow path gives)."""
+
+    thread_name = "hybriddp-optin-writer"
+
+    def __init__(self, store: Store, max_group_users: int = OPTIN_GROUP_USERS,
+                 linger_seconds: float = LINGER_SECONDS) -> None:
+        super().__init__(store, max_group_users, None, linger_seconds)
+
+    def _persist(self, batch: list[tuple[RoundInfo, Sequence[Any]]]) -> list[Any]:
+        return self.store.add_token_uploads(batch)  # type: ignore[no-any-return]

@@ -21,7 +21,7 @@ from hybriddp.service.checkpool import CheckPool
 from hybriddp.service.errors import UnauthorizedError
 from hybriddp.service.metrics import Metrics
 from hybriddp.service.store import Store
-from hybriddp.service.writer import ReportWriter
+from hybriddp.service.writer import OptinWriter, ReportWriter
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class ServiceContext:
     private_round_details: bool = False
     admission: Admission | None = None
     self_enrolment: bool = False
+    optin_writer: OptinWriter | None = None
 
 
 async def service_context(request: Request) -> ServiceContext:

@@ -52,7 +52,8 @@ from hybriddp.service.errors import (
 from hybriddp.service.metrics import Metrics
 from hybriddp.service.reports import internal_error, post_round_id, send_json
 from hybriddp.service.routers.common import ADMIN, OptinCredentials, RoundId, Service, StoreDep, errors
-from hybriddp.service.store import OptinUpload, RoundInfo, Store, UploadAck
+from hybriddp.service.store import OptinUpload, RoundInfo, Store, TokenUpload, UploadAck, token_hash
+from hybriddp.service.writer import OptinWriter
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["opt-in"])
@@ -79,19 +80,36 @@ def enrol(round_id: RoundId, body: m.EnrolIn, store: StoreDep) -> dict[str, Any]
 async def upload(round_id: RoundId, request: Request, creds: OptinCredentials, service: Service) -> dict[str, int]:
     return await answer_upload(service.store, service.max_body_bytes, round_id, request.headers.get("content-type"),
                                None if creds is None else creds.credentials, request.receive,
-                               "expect" not in request.headers)
+                               "expect" not in request.headers, service.optin_writer,
+                               _length(request.headers.get("content-length")))
 
 
 async def answer_upload(store: Store, limit: int, round_id: str, content_type: str | None, token: str | None,
-                        receive: Any, peek: bool = True) -> dict[str, int]:
+                        receive: Any, peek: bool = True, writer: OptinWriter | None = None,
+                        length: int | None = None) -> dict[str, int]:
     """An upload request: the content type, the round and a one-user upload's token checked before the body is read
     (:func:`_admit`), then the body read (``limit`` bytes at most) and stored; its acknowledgement. A body that came
     with the headers is taken at once, and checked and stored in the same thread hop (``peek``; False for a request
-    with ``Expect: 100-continue``, whose client waits to be asked for the body)."""
+    with ``Expect: 100-continue``, whose client waits to be asked for the body).
+
+    A user's own small upload (JSON with a token, at most :data:`OWN_UPLOAD_BYTES` arrived or announced as
+    ``length``) to a round whose tokens were checked before takes the short way: its body read (under the same pace
+    and limits) and parsed on the event loop, then stored by the group commit of ``writer``, which checks its token
+    (:func:`_own_upload`)."""
     loop = asyncio.get_running_loop()
     media = media_type(content_type)
     first = _arrived(receive) if peek else None
-    if first is not None and not first.get("more_body") and len(first.get("body", b"")) <= limit:
+    whole = first is not None and not first.get("more_body") and len(first.get("body", b"")) <= limit
+    own_size = len(first["body"]) if whole and first is not None else length if first is None else None
+    info = store.checked_round(round_id) if writer is not None and token is not None and peek else None
+    if info is not None and own_size is not None and own_size <= OWN_UPLOAD_BYTES and is_json(media):
+        assert writer is not None and token is not None
+        body = first["body"] if whole and first is not None else await read_body(receive, limit)
+        own = await _own_upload(store, writer, info, token, body)
+        if own is not None:
+            return {"accepted": own.accepted, "duplicates": own.duplicates}
+        first, whole = {"type": "http.request", "body": body}, True  # read: the long way takes it as arrived
+    if whole and first is not None:
         ack = await loop.run_in_executor(_THREADS, _admit_and_upload, store, round_id, media, token, first["body"])
         return {"accepted": ack.accepted, "duplicates": ack.duplicates}
     user = await loop.run_in_executor(_THREADS, _admit, store, round_id, media, token)  # before the body is read
@@ -101,6 +119,31 @@ async def answer_upload(store: Store, limit: int, round_id: str, content_type: s
     else:
         ack = await loop.run_in_executor(_THREADS, _upload_one, store, *user, body)
     return {"accepted": ack.accepted, "duplicates": ack.duplicates}
+
+
+OWN_UPLOAD_BYTES = 16 << 10
+"""A one-user JSON upload of at most this many bytes to a round whose tokens were checked before is read and parsed
+on the event loop and stored by the opt-in writer's group commit, which checks its token (:func:`_own_upload`).
+Such a body is read before its token is checked: up to 16 KiB, under the pace and in-flight limits of every body
+(:func:`~hybriddp.service.bodies.read_body`); any other request's token is checked before its body is waited for."""
+
+
+async def _own_upload(store: Store, writer: OptinWriter, info: RoundInfo, token: str, body: bytes
+                      ) -> UploadAck | None:
+    """A user's own small JSON upload to the round ``info`` (as remembered by its last token check) through the
+    opt-in writer's group commit (issue 39's single uploads): parsed and checked here, on the event loop (at most
+    :data:`OWN_UPLOAD_BYTES`: tens of microseconds, less than a thread hop), its token looked up with the other
+    tokens of its group in the group's transaction, which also checks the round's state. None, with nothing
+    stored, when the body is not a valid upload or the token is not one of the round's: the caller then takes the
+    request the long way, which checks the token first and gives the exact answer."""
+    try:
+        doc = m.OptinUploadIn.model_validate(orjson.loads(body))
+        items = _upload_items(info, doc, "")
+    except (orjson.JSONDecodeError, ValidationError, HybridDPError):
+        return None
+    upload = TokenUpload(token_hash(token), items, store.upload_key(doc.upload_id, items), len(body))
+    ack: UploadAck | None = await writer.submit(info, [upload])
+    return ack
 
 
 def _arrived(receive: Any) -> dict[str, Any] | None:
@@ -150,8 +193,8 @@ class OptinUploadEndpoint:
     """Serves ``POST /api/v1/rounds/{22-character id}/optin/records`` as a plain ASGI handler (module docstring):
     the same checks, statuses and messages as the FastAPI route, at a fraction of its per-request cost."""
 
-    def __init__(self, store: Store, metrics: Metrics, limit: int) -> None:
-        self.store, self.metrics, self.limit = store, metrics, limit
+    def __init__(self, store: Store, metrics: Metrics, limit: int, writer: OptinWriter | None = None) -> None:
+        self.store, self.metrics, self.limit, self.writer = store, metrics, limit, writer
 
     @staticmethod
     def round_of(scope: Any) -> str | None:
@@ -166,7 +209,8 @@ class OptinUploadEndpoint:
             ctype = headers.get(b"content-type")
             out: Any = await answer_upload(self.store, self.limit, round_id,
                                            None if ctype is None else ctype.decode("latin-1"),
-                                           _bearer(headers.get(b"authorization")), receive, b"expect" not in headers)
+                                           _bearer(headers.get(b"authorization")), receive, b"expect" not in headers,
+                                           self.writer, _length(headers.get(b"content-length")))
             status, extra = 200, {}
         except ClientDisconnect:  # gone before its body arrived: nothing stored, nothing to answer
             return
@@ -176,6 +220,11 @@ class OptinUploadEndpoint:
             status, out, extra = internal_error(exc)
         await send_json(send, status, out, extra)
         self.metrics.observe("POST", ROUTE, time.perf_counter() - start)
+
+
+def _length(value: bytes | str | None) -> int | None:
+    """An announced Content-Length (checked by :func:`~hybriddp.service.bodies.check_content_length`), or None."""
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _bearer(value: bytes | None) -> str | None:

@@ -41,7 +41,7 @@ from hybriddp.service.store.engine import (
 )
 from hybriddp.service.store.enrolment import token_hash
 from hybriddp.service.store.gateway import GatewayStore
-from hybriddp.service.store.optin import OptinStore, OptinUpload, UploadAck
+from hybriddp.service.store.optin import OptinStore, OptinUpload, TokenUpload, UploadAck
 from hybriddp.service.store.reports import SETTLE_CACHE_KIB, SQLITE_CACHE_KIB, ReportAck, ReportStore
 from hybriddp.service.store.rounds import (
     DEFAULT_RETENTION_HOURS,
@@ -78,6 +78,7 @@ __all__ = ["ADVISORY_LEDGER", "ADVISORY_MIGRATE", "DATABASE_URLS", "DEFAULT_LIFE
            "DEFAULT_RETENTION_HOURS", "ENDED_STATES", "IN_CHUNK", "MAX_RETENTION_HOURS", "PSYCOPG_NEEDED",
            "REPORT_STATES", "RETRIES", "ROUND_ID", "SERIES_STATES", "SETTLE_CACHE_KIB", "SETTLE_ROWS",
            "SQLITE_BUSY_TIMEOUT_MS", "SQLITE_CACHE_KIB", "Credential", "IssuanceLimitError",
-           "OptinUpload", "ReportAck", "RoundDocuments", "RoundInfo", "SeriesInfo", "Store", "UploadAck",
+           "OptinUpload", "ReportAck", "RoundDocuments", "RoundInfo", "SeriesInfo", "Store", "TokenUpload",
+           "UploadAck",
            "database_url", "describe_url", "make_engine", "migrate", "new_round_id", "now", "open_store",
            "token_hash"]

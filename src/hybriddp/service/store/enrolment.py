@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,10 @@ on SQLite with 1-5 records a user such a transaction holds the write lock for we
 bench_optin.py), so purges, reports and other uploads get in between the chunks of a large request."""
 
 
+CHECKED_ROUNDS = 256
+"""Rounds :meth:`EnrolmentStore.checked_round` remembers (the oldest forgotten first)."""
+
+
 def token_hash(token: str) -> str:
     """SHA-256 (hex) of an opt-in token: what the database keeps instead of the token."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
@@ -43,7 +48,15 @@ class EnrolmentStore(RoundStore, LedgerStore):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         self._growth = GrowthStatistics()
+        self._checked_rounds: dict[str, RoundInfo] = {}
+        self._checked_lock = threading.Lock()
         super().__init__(*args, **kw)
+
+    def checked_round(self, round_id: str) -> RoundInfo | None:
+        """The round as read by the last :meth:`optin_users` that found one of its tokens, or None: its id, number,
+        kind and parameters, which never change (its state may have: whoever stores checks it again). Lets a user's
+        own upload skip a read (:class:`~hybriddp.service.writer.OptinWriter`)."""
+        return self._checked_rounds.get(round_id)
 
     def _grew(self, rows: int) -> None:
         """PostgreSQL: ``ANALYZE`` the opt-in tables when this process's additions doubled them (:mod:`pgstats`)."""
@@ -184,4 +197,10 @@ class EnrolmentStore(RoundStore, LedgerStore):
                     select(ot.token_hash, ot.seq, ot.round_num).where(  # round too, SQLite reads the round's tokens
                         ot.token_hash.in_(unique[i:i + IN_CHUNK]))).all() if num == info.num})
             return info, [found.get(h) for h in hashes]
-        return self._read(run)
+        info, users = self._read(run)
+        if any(u is not None for u in users) and round_id not in self._checked_rounds:
+            with self._checked_lock:
+                if len(self._checked_rounds) >= CHECKED_ROUNDS:
+                    self._checked_rounds.pop(next(iter(self._checked_rounds)))
+                self._checked_rounds[round_id] = info
+        return info, users

@@ -66,6 +66,18 @@ class OptinUpload:
 
 
 @dataclass(frozen=True)
+class TokenUpload:
+    """One opt-in user's own upload before its token is resolved: the token's hash
+    (:func:`~hybriddp.service.store.enrolment.token_hash`) in place of the user code
+    (:meth:`OptinStore.add_token_uploads`)."""
+
+    token_hash: str
+    items: Sequence[Any]
+    key: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class UploadAck:
     """What an opt-in request did: records (or values) stored, and those of uploads stored before (repeats)."""
 
@@ -127,6 +139,32 @@ class OptinStore(EnrolmentStore):
             accepted += ack.accepted
             duplicates += ack.duplicates
         return UploadAck(accepted, duplicates)
+
+    def add_token_uploads(self, batch: Sequence[tuple[RoundInfo, Sequence[TokenUpload]]]
+                          ) -> list[UploadAck | BaseException | None]:
+        """Opt-in users' own uploads, several requests in one transaction (the group commit of
+        :class:`~hybriddp.service.writer.OptinWriter`): every token of the group looked up at once (by hash), each
+        request stored in the group's transaction as :meth:`add_optin_batch` stores a small one (refused alone if
+        refused, in a savepoint). A request answers with its acknowledgement, its refusal, or None when one of its
+        tokens is not an opt-in token of its round (nothing of it stored; the caller says why)."""
+        def run(conn: Connection) -> list[UploadAck | BaseException | None]:
+            ot = s.optin_tokens.c
+            wanted = sorted({u.token_hash for _, ups in batch for u in ups})
+            found: dict[str, tuple[int, int]] = {}
+            for i in range(0, len(wanted), IN_CHUNK):
+                found.update({h: (int(num), int(q)) for h, q, num in conn.execute(
+                    select(ot.token_hash, ot.seq, ot.round_num).where(ot.token_hash.in_(wanted[i:i + IN_CHUNK])))})
+            pending: list[_Pending | None] = []
+            for info, ups in batch:
+                users = [found.get(u.token_hash, (None, None)) for u in ups]
+                pending.append(None if any(num != info.num for num, _ in users) else _Pending(
+                    info, [OptinUpload(q, u.items, u.key, u.nbytes) for (_, q), u in zip(users, ups, strict=True)]))
+            todo = [p for p in pending if p is not None]
+            answers = iter(self._store_group(conn, todo) if todo else [])
+            return [None if p is None else next(answers) for p in pending]
+        out = self._write(run)
+        self._grew(sum(a.accepted for a in out if isinstance(a, UploadAck)))
+        return out
 
     def _grouped(self, mine: _Pending) -> UploadAck:
         """Group commit of small upload requests: a thread that finds no commit under way stores the requests

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from test_api import ADMIN, API
 
+from asyncrun import run_async
 from hybriddp.service import create_app
 from hybriddp.service.errors import ConflictError, QuotaError
 from hybriddp.service.store import Store, TokenUpload, UploadAck, open_store, token_hash
@@ -113,7 +114,7 @@ def test_own_uploads_through_a_server_open_no_transaction_of_their_own(tmp_path:
                 return await asyncio.gather(*(ah.post(f"/rounds/{rid}/optin/records", content=docs[i], headers={
                     "Authorization": f"Bearer {tokens[i]}", "Content-Type": "application/json"})
                     for i in [*range(1, 200), 5]))
-        answers = asyncio.run(send_all())
+        answers = run_async(send_all())  # its own thread: Playwright may hold this thread's loop
         assert [r.status_code for r in answers] == [200] * 200
         assert sum(r.json()["accepted"] for r in answers) == 199
         assert sum(r.json()["duplicates"] for r in answers) == 1

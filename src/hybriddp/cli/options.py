@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -209,26 +210,44 @@ def estimator_option(f):
 
 
 def defense_options(f):
-    """``--defense``, ``--anchor-alpha``, ``--anchor-kappa``, ``--anchor-kappa-query``: the server's check against
-    the opt-in group (docs/ALGORITHM.md §7.2)."""
-    from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, DEFAULT_KAPPA_QUERY, DEFENSES
+    """``--defense``, ``--anchor-alpha``, ``--anchor-kappa``, ``--anchor-honest-cost``, ``--anchor-kappa-query``: the
+    server's check against the opt-in group (docs/ALGORITHM.md §7.2)."""
+    from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_HONEST_COST, DEFAULT_KAPPA_QUERY, DEFENSES
 
     f = click.option("--anchor-kappa-query", type=float, default=DEFAULT_KAPPA_QUERY, show_default=True,
-                     help="The same bound for queries, which rank the suggestions: tighter than the records' "
-                          "so that fake devices cannot lift a query into the top 10 (0: publish the opt-in "
-                          "query estimates).")(f)
-    f = click.option("--anchor-kappa", type=float, default=DEFAULT_KAPPA, show_default=True,
-                     help="The bound of --defense anchor on records, in standard deviations: no published record "
-                          "estimate lies further than this many from its opt-in estimate, whatever the device "
-                          "reports say (0: publish the opt-in estimates).")(f)
+                     help="The suggestions' ranking guard, in standard deviations: queries are ranked by their "
+                          "estimate clamped this close to the opt-in group's, so that fake devices cannot lift a "
+                          "query into the top 10 (the estimates themselves keep --anchor-kappa's bound; 0: rank by "
+                          "the opt-in query estimates).")(f)
+    f = click.option("--anchor-honest-cost", type=float, default=DEFAULT_HONEST_COST, show_default=True,
+                     help="With --anchor-kappa auto: the largest share of an honest estimate's variance the bound "
+                          "may add (0.05: its error at most 2.5% larger); smaller is looser against fakes.")(f)
+    f = click.option("--anchor-kappa", type=str, default="auto", show_default=True, callback=_kappa,
+                     help="The bound of --defense anchor, in standard deviations: no published estimate lies "
+                          "further than this many from its opt-in estimate, whatever the device reports say. "
+                          "auto: chosen per round and entry, as tight as --anchor-honest-cost allows (tight where "
+                          "the opt-in group is large); a number fixes it (0: publish the opt-in estimates).")(f)
     f = click.option("--anchor-alpha", type=float, default=DEFAULT_ALPHA, show_default=True,
                      help="False-alarm rate of --defense anchor per round: an honest round has a flagged entry at "
                           "most this often (Holm's procedure over all entries and queries).")(f)
     return click.option("--defense", type=click.Choice(DEFENSES), default=DEFENSES[0], show_default=True,
-                        help="anchor: test every estimate from the devices against the opt-in group's, publish a "
-                             "flagged one from the opt-in group and bound the devices' influence on the rest "
-                             "(fake devices cannot push a query up); none: the plain blend of the paper, which "
-                             "1% fake reports can steer.")(f)
+                        help="anchor: test every estimate from the devices against the opt-in group's (a flag "
+                             "marks the round as attacked), bound the devices' influence on every estimate and "
+                             "guard the suggestions' ranking (fake devices cannot push a query up); none: the "
+                             "plain blend of the paper, which 1% fake reports can steer.")(f)
+
+
+def _kappa(_ctx: click.Context, _param: click.Parameter, value: str) -> float | None:
+    """``--anchor-kappa``: ``auto`` (None) or a number of standard deviations >= 0."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        kappa = float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not 'auto' or a number of standard deviations (e.g. 0.5)") from None
+    if not (math.isfinite(kappa) and kappa >= 0):
+        raise click.BadParameter(f"{value!r}: give 'auto' or a finite number >= 0")
+    return kappa
 
 
 def defense_from(knobs: dict[str, object]) -> object:
@@ -236,7 +255,8 @@ def defense_from(knobs: dict[str, object]) -> object:
     from hybriddp.server.anchor import policy_named
 
     return policy_named(str(knobs.pop("defense", "anchor")), knobs.pop("anchor_alpha"),  # type: ignore[arg-type]
-                        knobs.pop("anchor_kappa"), knobs.pop("anchor_kappa_query"))  # type: ignore[arg-type]
+                        knobs.pop("anchor_kappa"), knobs.pop("anchor_kappa_query"),  # type: ignore[arg-type]
+                        knobs.pop("anchor_honest_cost"))  # type: ignore[arg-type]
 
 
 def check_output(output: str | None) -> None:

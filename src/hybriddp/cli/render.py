@@ -127,13 +127,15 @@ def print_check(res: Result) -> None:
         return
     c = check.summary()
     flagged = c["flagged_records"] + c["flagged_queries"]
-    line = (f"defense: anchor (α = {c['alpha']:g}, κ = {c['kappa']:g}, queries {c['kappa_query']:g}): "
+    kappa = c["kappa"] if isinstance(c["kappa"], str) else f"{c['kappa']:g}"
+    line = (f"defense: anchor (α = {c['alpha']:g}, κ = {kappa}, ranking {c['kappa_query']:g}): "
             f"{c['flagged_records']} records and "
             f"{c['flagged_queries']} queries flagged, {c['clamped_records'] + c['clamped_queries']} bounded, "
             f"largest |z| {c['max_abs_z']:.2f} (critical {c['critical_z']:.2f})")
     if flagged:
         line = (f"[red]{line}; at least {c['excess_reports']:,.0f} fake reports "
-                f"({c['fake_fraction_lower']:.2%}): flagged entries show their opt-in estimates[/red]")
+                f"({c['fake_fraction_lower']:.2%}): no estimate moved further than its bound, and the other "
+                "entries were cleaned of them[/red]")
     out.print(line)
 
 

@@ -97,7 +97,8 @@ def _honest_rows(run: BlenderRun, trial: int, truth: Any, held: np.ndarray,
                  config: PoisoningConfig) -> Iterator[dict[str, Any]]:
     for defended in (False, True):
         out = _estimate(run, run.report_counts, config.policy if defended else None)
-        m = score(run.head_list, out.blended.records_final, out.blended.queries_final, truth, run.log, held)
+        m = score(run.head_list, out.blended.records_final, out.blended.queries_final, truth, run.log, held,
+                  out.blended.queries_rank)
         yield {"trial": trial, "attack": "honest", "fraction": 0.0, "defended": defended,
                "flagged_any": bool(out.check.flagged_any) if out.check else False,
                "ndcg": m["ndcg"], "ndcg_queries_at_10": m["ndcg_queries_at_10"], "l1": m["l1"],
@@ -112,7 +113,7 @@ def _attack_rows(run: BlenderRun, trial: int, attack: str, phi: float, rank: int
     counts = run.report_counts + extra
     for defended in (False, True):
         out = _estimate(run, counts, config.policy if defended else None)
-        r = _published_rank(out.blended.queries_final, target.query)
+        r = _published_rank(out.blended.queries_ranking, target.query)
         check = out.check
         row = {"trial": trial, "attack": attack, "fraction": phi, "defended": defended, "fakes": int(extra.sum()),
                "target_true_rank": rank, "target_rank": r, "success": r <= TOP,

@@ -7,11 +7,18 @@ against its opt-in estimate, and the client side's influence is bounded whatever
 * **Test.** z_i = (p̂_C,i − p̂_O,i)/σ_D,i with σ²_D = σ²_O + σ²_C, both variances evaluated at the *anchor*
   a_i = p̂_O,i clamped into [0, 1], which no device can move. Two-sided p-values, Holm's step-down procedure
   over all entries and queries at family-wise level α: an honest round raises any flag with probability ≤ α.
-  A flagged entry publishes its opt-in estimate alone.
-* **Bound.** Every other entry's published estimate is clamped into p̂_O,i ± κ·s_i (κ for records, κ_q for
-  queries), s_i = σ²_O,i/σ_D,i, the standard deviation of (blend − opt-in estimate) in an honest round with
-  fixed weights (s_i ≤ σ_O,i). No fraction of fake reports moves an entry further from its opt-in estimate than
-  κ·s_i (ALGORITHM.md §7.2 proves it and what it means for ranks).
+  A flag is the operator's alarm and starts the cleaning below; it does not change what the bound publishes.
+* **Bound, chosen per round.** Every entry's published estimate is the blend clamped into p̂_O,i ± κ_i·s_i,
+  s_i = σ²_O,i/σ_D,i the standard deviation of (blend − opt-in estimate) in an honest round (s_i ≤ σ_O,i). κ_i
+  is the smallest whose clamp costs an honest estimate at most a share c of its variance, s_i²·g(κ_i) ≤ c·σ²_B,i
+  (:mod:`hybriddp.server.clamp`), or a fixed κ. No fraction of fake reports
+  moves an entry further from its opt-in estimate than κ_i·s_i (ALGORITHM.md §7.2 derives it as a function of the
+  fake fraction, the opt-in group's size and ε).
+* **Honest error bars.** The published variance is the mean squared error of the published estimate on honest
+  data, the blend's variance with the clamp's cost (:func:`~hybriddp.server.clamp.clamped_variance`).
+* **The suggestions' ranking.** Queries are also ranked by a guarded score, the published estimate clamped into
+  p̂_O ± κ_q·s (``kappa_query``, tight): a fake device can move a query's rank by at most that, whatever κ_i lets
+  its estimate move (:attr:`Side.rank`, ``p_rank``).
 * **Evidence.** The reports on flagged entries beyond what the population the opt-in estimates describe would
   send, n·r̂_i − n·r_i(a), summed: a lower estimate of the number of fake reports. Per entry, the fake reports
   that would explain its gap, F̂_i = n(r̂_i − r_i(a))/(1 − r_i(a)) (:attr:`Side.fakes`), and the z, p-value and
@@ -32,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hybriddp.core.errors import parameter_error
+from hybriddp.server.clamp import clamped_variance, round_kappa
 from hybriddp.server.client_estimates import _Geometry, client_variances
 from hybriddp.server.weights import Blended
 
@@ -44,15 +52,18 @@ if TYPE_CHECKING:
 DEFAULT_ALPHA = 0.005
 """Family-wise false-alarm rate of the anchor test per round (Holm): an honest round is flagged at most this often."""
 
-DEFAULT_KAPPA = 0.5
-"""The records' bound, in honest standard deviations s_i of (blend − opt-in estimate), chosen with ``hybriddp
-experiment poisoning`` on the aol preset (docs/RESULTS.md): tighter costs the records' L1 more than 5%. An honest
-entry is moved when |Z| > κ (62% of entries), by (|Z| − κ)·s_i; with a small opt-in group that costs more
-(ALGORITHM.md §7.2, "Honest cost")."""
+DEFAULT_KAPPA: float | None = None
+"""The estimates' bound, in honest standard deviations s_i of (blend − opt-in estimate): None chooses it per entry
+and round from :data:`DEFAULT_HONEST_COST` (:func:`round_kappa`; ALGORITHM.md §7.2), a number fixes it."""
+
+DEFAULT_HONEST_COST = 0.05
+"""c: the largest share of an honest estimate's variance the bound may add (σ²_B → at most (1 + c)·σ²_B, its RMSE at
+most 2.5% larger): the per-round bound is as tight as that allows (ALGORITHM.md §7.2, "Honest cost")."""
 
 DEFAULT_KAPPA_QUERY = 0.25
-"""The queries' bound (the suggestions are ranked by query): on the aol preset it keeps a target of rank ≥ 20 out
-of the top 10 in ≤ 3.8% of the attacked rounds (0.5 let 7.7% through) for 0.0034 NDCG (docs/RESULTS.md)."""
+"""The suggestions' ranking guard (queries are ranked by their estimate clamped into p̂_O ± κ_q·s): on the aol preset
+it keeps a target of rank ≥ 20 out of the top 10 in ≤ 3.8% of the attacked rounds (0.5 let 7.7% through)
+(docs/RESULTS.md)."""
 
 MEAN_DEFAULT_KAPPA = 3.0
 """The bound of a mean round (§7.2, §11): one estimate, whose clients' side usually carries most of the weight, so
@@ -68,30 +79,42 @@ class AnchorPolicy:
     standard deviations)."""
 
     alpha: float = DEFAULT_ALPHA
-    kappa: float = DEFAULT_KAPPA
+    kappa: float | None = DEFAULT_KAPPA
     kappa_query: float = DEFAULT_KAPPA_QUERY
+    honest_cost: float = DEFAULT_HONEST_COST
 
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, (int, float)) and 0.0 < self.alpha < 1.0):
             raise parameter_error("anchor alpha (--anchor-alpha)", self.alpha, "strictly between 0 and 1",
                                   f"The default {DEFAULT_ALPHA} flags an honest round at most 0.5% of the time.")
-        for name, value, default in (("--anchor-kappa", self.kappa, DEFAULT_KAPPA),
-                                     ("--anchor-kappa-query", self.kappa_query, DEFAULT_KAPPA_QUERY)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0):
-                raise parameter_error(f"anchor bound ({name})", value, "a finite number >= 0",
-                                      f"The default is {default} standard deviations; 0 publishes the opt-in "
-                                      "estimates alone.")
+        for name, value, hint in (("--anchor-kappa", self.kappa, "the default, auto, chooses it per round; 0 "
+                                   "publishes the opt-in estimates alone"),
+                                  ("--anchor-kappa-query", self.kappa_query, f"the default is {DEFAULT_KAPPA_QUERY}; "
+                                   "0 ranks the suggestions by the opt-in estimates alone")):
+            if value is None and name == "--anchor-kappa":
+                continue
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)
+                                               and value >= 0.0):
+                raise parameter_error(f"anchor bound ({name})", value, "a finite number >= 0", f"{hint[0].upper()}"
+                                      f"{hint[1:]}.")
+        if isinstance(self.honest_cost, bool) or not (isinstance(self.honest_cost, (int, float))
+                                                      and 0.0 < self.honest_cost < 1.0):
+            raise parameter_error("anchor honest cost (--anchor-honest-cost)", self.honest_cost,
+                                  "strictly between 0 and 1", f"The default {DEFAULT_HONEST_COST} lets the bound add "
+                                  "at most 5% to an honest estimate's variance.")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"defense": "anchor", "alpha": self.alpha, "kappa": self.kappa, "kappa_query": self.kappa_query}
+        return {"defense": "anchor", "alpha": self.alpha, "kappa": "auto" if self.kappa is None else self.kappa,
+                "kappa_query": self.kappa_query, "honest_cost": self.honest_cost}
 
 
-def policy_named(defense: str, alpha: float = DEFAULT_ALPHA, kappa: float = DEFAULT_KAPPA,
-                 kappa_query: float = DEFAULT_KAPPA_QUERY) -> AnchorPolicy | None:
+def policy_named(defense: str, alpha: float = DEFAULT_ALPHA, kappa: float | None = DEFAULT_KAPPA,
+                 kappa_query: float = DEFAULT_KAPPA_QUERY,
+                 honest_cost: float = DEFAULT_HONEST_COST) -> AnchorPolicy | None:
     """The policy ``--defense`` names: an :class:`AnchorPolicy` for ``anchor``, None for ``none``."""
     if defense not in DEFENSES:
         raise parameter_error("defense (--defense)", defense, " or ".join(repr(d) for d in DEFENSES))
-    return AnchorPolicy(alpha, kappa, kappa_query) if defense == "anchor" else None
+    return AnchorPolicy(alpha, kappa, kappa_query, honest_cost) if defense == "anchor" else None
 
 
 @dataclass
@@ -100,14 +123,26 @@ class Side:
 
     z: np.ndarray  # a flagged entry's z is the one that flagged it (reports as received, or the pass it was flagged)
     flagged: np.ndarray
-    bound: np.ndarray  # κ·s_i: the largest distance allowed from the opt-in estimate
-    clamped: np.ndarray  # unflagged entries the bound moved
+    bound: np.ndarray  # κ_i·s_i: the largest distance allowed from the opt-in estimate
+    clamped: np.ndarray  # entries the bound moved
     undefended: np.ndarray  # the blend of §7 before the defense
     defended: Blended
     p_value: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the test's p-value (of z above)
     level: np.ndarray = field(default_factory=lambda: np.zeros(0))  # Holm's level a flagged p-value met (NaN: not)
     reports: np.ndarray = field(default_factory=lambda: np.zeros(0))  # reports received on the entry (query)
     fakes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # F̂ = n(r̂ − r(a))/(1 − r(a)), ALGORITHM.md §7.2
+    kappa: np.ndarray = field(default_factory=lambda: np.zeros(0))  # κ_i (per round, or the fixed κ)
+    anchor: np.ndarray = field(default_factory=lambda: np.zeros(0))  # p̂_O,i, the centre of the bound
+    s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # s_i, the bound's unit
+
+    def rank(self, published: np.ndarray, kappa_query: float) -> np.ndarray:
+        """The guarded ranking score of ``published`` (this level's final estimates): clamped into
+        p̂_O ± κ_q·s, then into [0, 1]; NaN stays NaN (ALGORITHM.md §7.2, "The suggestions' ranking")."""
+        b = kappa_query * self.s
+        lo, hi = self.anchor - b, self.anchor + b
+        known = np.isfinite(lo) & np.isfinite(hi)
+        return np.clip(np.where(known, np.clip(published, np.where(known, lo, 0.0), np.where(known, hi, 0.0)),
+                                published), 0.0, 1.0)
 
 
 @dataclass
@@ -145,8 +180,8 @@ class AnchorCheck:
             "max_abs_z": float(max(_max_abs(r.z), _max_abs(q.z))),
             "excess_reports": self.excess_reports, "fake_fraction_lower": self.fake_fraction_lower,
             "largest_change_record": moved(r), "largest_change_query": moved(q),
-            "verdict": ("flagged: client reports disagree with the opt-in group beyond chance; flagged entries "
-                        "publish their opt-in estimates" if self.flagged_any else
+            "verdict": ("flagged: client reports disagree with the opt-in group beyond chance; every estimate "
+                        "stays within its bound of the opt-in group's" if self.flagged_any else
                         "no entry's client estimate disagrees with the opt-in group beyond chance"),
         }
 
@@ -280,22 +315,23 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     m = flags.size
     critical = NormalDist().inv_cdf(1.0 - policy.alpha / (2.0 * m)) if m else math.inf
     assert first is not None
-    vc_r, vc_q = client_variances(a_r, a_q, hl, lp, client.n)  # the bound's: at the anchor alone
+    # The bound's variances: the test's, at x (one opt-in standard deviation above the anchor, which no report
+    # moves), so that an opt-in estimate that came out low does not shrink the bound to nothing.
     z = np.where(flags, z_at, np.concatenate(raw))
     p_final = np.where(flags, p_at, p_values)
-    rec = _side(optin.p_record, optin.var_record, blended.records, z[:n_r], flags[:n_r], vo_r, vc_r, policy.kappa,
-                first.records.p)
-    qry = _side(optin.p_query, optin.var_query, blended.queries, z[n_r:], flags[n_r:], vo_q, vc_q,
-                policy.kappa_query, first.queries.p)
+    f = np.nan_to_num(share)
+    rec = _side(optin.p_record, _flagged_as_received(blended.records, first.records, flags[:n_r]), z[:n_r],
+                flags[:n_r], to_r, tc_r, f[:n_r], policy, critical, first.records.p)
+    qry = _side(optin.p_query, _flagged_as_received(blended.queries, first.queries, flags[n_r:]), z[n_r:],
+                flags[n_r:], to_q, tc_q, f[n_r:], policy, critical, first.queries.p)
     c_q = np.bincount(hl.entry_query, weights=received, minlength=hl.k)
     f_r, f_q = fake_reports(hl, lp, a_r, a_q, received, c_q)
     rec = replace(rec, p_value=p_final[:n_r], level=level_at[:n_r], reports=received, fakes=f_r)
     qry = replace(qry, p_value=p_final[n_r:], level=level_at[n_r:], reports=c_q, fakes=f_q)
     excess = float((received - cleaned).sum())
-    p_rec = np.clip(rec.defended.p, 0.0, 1.0)
     projected = project_to_simplex(rec.defended.p) if project else None
-    out = BlendOutput(Blended(p_rec, rec.defended.var, rec.defended.weight_optin), qry.defended, projected,
-                      np.clip(qry.defended.p, 0.0, 1.0))
+    q_final = np.clip(qry.defended.p, 0.0, 1.0)
+    out = BlendOutput(rec.defended, qry.defended, projected, q_final, qry.rank(q_final, policy.kappa_query))
     assert received_client is not None
     return received_client, out, AnchorCheck(policy, rec, qry, excess, int(received.sum()), critical)
 
@@ -308,18 +344,37 @@ def _zs(p_o: np.ndarray, p_c: np.ndarray, var_o: np.ndarray, var_c: np.ndarray) 
     return np.where(np.isfinite(sd) & (sd > 0), z, np.nan)
 
 
-def _side(p_o: np.ndarray, var_o_own: np.ndarray, blend: Blended, z: np.ndarray, flagged: np.ndarray,
-          vo: np.ndarray, vc: np.ndarray, kappa: float, undefended: np.ndarray) -> Side:
-    """One level's defense: flagged → the opt-in estimate; otherwise the blend clamped into p̂_O ± κ·s."""
+def _flagged_as_received(cleaned: Blended, received: Blended, flagged: np.ndarray) -> Blended:
+    """The blend the bound clamps: of the cleaned reports (fakes on flagged entries no longer dilute the others),
+    but a flagged entry's own of the reports as received. Cleaning sets a flagged entry's count to what its opt-in
+    estimate implies, so its cleaned blend would be the opt-in estimate: under a false alarm that would publish
+    the opt-in group's (far noisier) estimate, under an attack it gains nothing the bound does not give."""
+    return Blended(np.where(flagged, received.p, cleaned.p), np.where(flagged, received.var, cleaned.var),
+                   np.where(flagged, received.weight_optin, cleaned.weight_optin))
+
+
+def _side(p_o: np.ndarray, blend: Blended, z: np.ndarray, flagged: np.ndarray, vo: np.ndarray, vc: np.ndarray,
+          share: np.ndarray, policy: AnchorPolicy, cap: float, undefended: np.ndarray) -> Side:
+    """One level's defense: every entry (flagged or not) publishes its blend clamped into p̂_O ± κ_i·s_i, κ_i per
+    entry (:func:`~hybriddp.server.clamp.round_kappa` with the noise share ``share``, at most ``cap``, the test's
+    critical z) or the policy's fixed κ, with variance σ²_B + s_i²·G(κ_i)
+    (:func:`~hybriddp.server.clamp.clamp_cost`), the estimate's mean squared error on honest data (ALGORITHM.md
+    §7.2)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         s = np.where(np.isfinite(vo) & np.isfinite(vc), vo / np.sqrt(vo + vc), np.inf)
-    bound = kappa * np.where(np.isnan(s), 0.0, s)
+    s = np.where(np.isnan(s), 0.0, s)
+    kappa = (round_kappa(s, blend.var, policy.honest_cost, cap, share) if policy.kappa is None
+             else np.full(s.shape, float(policy.kappa)))
+    with np.errstate(invalid="ignore"):
+        bound = np.where(np.isfinite(s), kappa * s, np.inf)
+        var = np.where(np.isfinite(s), clamped_variance(blend.var, np.where(np.isfinite(s), s, 0.0), kappa, share),
+                       blend.var)
     lo, hi = p_o - bound, p_o + bound
-    clamped = ~flagged & np.isfinite(bound) & ((blend.p < lo) | (blend.p > hi))
-    p = np.where(flagged, p_o, np.where(clamped, np.clip(blend.p, lo, hi), blend.p))
-    var = np.where(flagged, var_o_own, blend.var)
-    w = np.where(flagged, 1.0, blend.weight_optin)
-    return Side(z, flagged, bound, clamped, np.asarray(undefended, dtype=np.float64).copy(), Blended(p, var, w))
+    clamped = np.isfinite(bound) & ((blend.p < lo) | (blend.p > hi))
+    p = np.where(clamped, np.clip(blend.p, lo, hi), blend.p)
+    return Side(z, flagged, bound, clamped, np.asarray(undefended, dtype=np.float64).copy(),
+                Blended(p, var, blend.weight_optin), kappa=kappa,
+                anchor=np.asarray(p_o, dtype=np.float64).copy(), s=s)
 
 
 def fake_reports(hl: Any, lp: LocalAlgParams, a_r: np.ndarray, a_q: np.ndarray, counts: np.ndarray,

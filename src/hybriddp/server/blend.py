@@ -56,6 +56,14 @@ class BlendOutput:
     queries: Blended
     records_projected: np.ndarray | None
     queries_final: np.ndarray
+    queries_rank: np.ndarray | None = None
+    """The defended round's guarded ranking score of each query (ALGORITHM.md §7.2, "The suggestions' ranking");
+    None: rank by :attr:`queries_final`."""
+
+    @property
+    def queries_ranking(self) -> np.ndarray:
+        """What the suggestions rank queries by: the guarded score when the round was defended, else the estimate."""
+        return self.queries_final if self.queries_rank is None else self.queries_rank
 
     @property
     def records_final(self) -> np.ndarray:

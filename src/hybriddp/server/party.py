@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -180,6 +180,7 @@ def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, esti
     client, blended, check = anchor_blend(release.optin, lp, counts, defense, estimate, project)
     if estimator_named(estimator).blend is Blend.CONSISTENT:  # queries stay the sums of their (defended) entries
         blended = consistent_queries(blended, hl)
+        blended = replace(blended, queries_rank=check.queries.rank(blended.queries_final, defense.kappa_query))
     return ServerOutput(lp, client, blended, check)
 
 

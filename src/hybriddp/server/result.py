@@ -162,6 +162,8 @@ class Result:
             })
             cols.update(interval95(b.queries_final, b.queries.var))
             cols.update(self._check_columns(self.parts.check, "queries"))
+            if self.parts.check is not None:
+                cols["p_rank"] = b.queries_ranking
         if self.truth_query is not None:
             cols["p_true"] = np.append(self.truth_query, np.nan)
         return pa.table(cols)
@@ -173,8 +175,8 @@ class Result:
         if check is None:
             return {}
         side = check.records if level == "records" else check.queries
-        return {"anchor_z": side.z, "flagged": side.flagged, "anchor_bound": side.bound, "clamped": side.clamped,
-                "p_undefended": side.undefended}
+        return {"anchor_z": side.z, "flagged": side.flagged, "anchor_bound": side.bound,
+                "anchor_kappa": side.kappa, "clamped": side.clamped, "p_undefended": side.undefended}
 
     def _columns(self) -> dict[str, np.ndarray]:
         if self.parts is None:

@@ -209,11 +209,14 @@ def results_table(results: dict[str, Any], result: Result | None) -> pa.Table:
 
 def local_search(info: RoundInfo, result: Result, results: dict[str, Any] | None = None) -> dict[str, Any]:
     """The browser's document: listed queries and their URLs with the published probabilities (defended, in
-    [0, 1]), largest first; without the flagged entries when the results withheld them (:func:`withheld`)."""
+    [0, 1]), queries in the suggestions' order (a defended round's guarded ranking, ALGORITHM.md §7.2, which the
+    browser keeps), URLs largest first; without the flagged entries when the results withheld them
+    (:func:`withheld`)."""
     hl = result.head_list
     names = result.query_names()
     _, urls = result.entry_names()
     p_q = np.asarray(result.blended.queries_final, dtype=np.float64)
+    rank = np.asarray(result.blended.queries_ranking, dtype=np.float64)
     p_r = np.asarray(result.p_record, dtype=np.float64)
     check = result.parts.check if result.parts is not None else None
     drop = results is not None and withheld(results) and check is not None
@@ -226,8 +229,8 @@ def local_search(info: RoundInfo, result: Result, results: dict[str, Any] | None
     for i, entries in per_query.items():
         if math.isfinite(p_q[i]) and not (drop and check.queries.flagged[i]):
             entries.sort(key=lambda u: -u["p"])
-            queries.append({"query": names[i], "p": float(p_q[i]), "urls": entries})
-    queries.sort(key=lambda q: -q["p"])
+            queries.append({"query": names[i], "p": float(p_q[i]), "urls": entries, "_rank": float(rank[i])})
+    queries.sort(key=lambda q: (-q.pop("_rank"), -q["p"]))
     return {"round": info.id, "headlist": info.headlist_hash, "queries": queries}
 
 

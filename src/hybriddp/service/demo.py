@@ -231,7 +231,8 @@ def scored_result(log: RecordLog, params: BlenderParams, release: dict[str, Any]
                          seed, server.url_level)
     truth, held = ground_truth(log, parts)
     res.truth_query, res.truth_record = truth_vectors(hl, truth)
-    res.metrics = score(hl, res.blended.records_final, res.blended.queries_final, truth, log, held)
+    res.metrics = score(hl, res.blended.records_final, res.blended.queries_final, truth, log, held,
+                        res.blended.queries_rank)
     return res
 
 

@@ -16,7 +16,14 @@ from hybriddp.core.estimators import ESTIMATORS, describe_estimators
 from hybriddp.core.params import LN2, MAX_EPSILON_HEAD_LIST, MAX_RECORDS_PER_USER, MAX_SEED, MIN_DELTA, BlenderParams
 from hybriddp.core.protocol import ID_PATTERN
 from hybriddp.mean import VARIANCE_SHARE
-from hybriddp.server.anchor import DEFAULT_ALPHA, DEFAULT_KAPPA, DEFAULT_KAPPA_QUERY, DEFENSES, MEAN_DEFAULT_KAPPA
+from hybriddp.server.anchor import (
+    DEFAULT_ALPHA,
+    DEFAULT_HONEST_COST,
+    DEFAULT_KAPPA,
+    DEFAULT_KAPPA_QUERY,
+    DEFENSES,
+    MEAN_DEFAULT_KAPPA,
+)
 from hybriddp.service.store import DEFAULT_RETENTION_HOURS, MAX_RETENTION_HOURS
 
 _D = BlenderParams()
@@ -40,10 +47,11 @@ ANCHOR_ALPHA = Field(DEFAULT_ALPHA, gt=0, lt=1, description="False-alarm rate of
                      "over all entries and queries).")
 
 
-def anchor_kappa(default: float) -> Any:
-    """The ``anchor_kappa`` field with a round kind's default (BLENDER 0.5, mean 3: ALGORITHM.md §7.2)."""
-    return Field(default, ge=0, le=1e6, description="The bound: no published estimate (of a BLENDER round: record "
-                 "estimate) lies more than this many standard deviations from its opt-in estimate.")
+def anchor_kappa(default: float | None) -> Any:
+    """The ``anchor_kappa`` field with a round kind's default (BLENDER null: per round; mean 3: ALGORITHM.md §7.2)."""
+    return Field(default, ge=0, le=1e6, description="The bound: no published estimate lies more than this many "
+                 "standard deviations from its opt-in estimate. null (a BLENDER round's default): chosen per round "
+                 "and entry, as tight as anchor_honest_cost allows.")
 
 
 class _Schedule(_Strict):
@@ -79,9 +87,12 @@ class BlenderParamsIn(_Schedule):
     url_level: bool = Field(True, description="Records are (query, clicked URL); false: queries alone.")
     defense: Literal[DEFENSES] = DEFENSE  # type: ignore[valid-type]  # the server's choices
     anchor_alpha: float = ANCHOR_ALPHA
-    anchor_kappa: float = anchor_kappa(DEFAULT_KAPPA)
-    anchor_kappa_query: float = Field(DEFAULT_KAPPA_QUERY, ge=0, le=1e6, description="The bound for queries, which "
-                                      "rank the suggestions (ALGORITHM.md §7.2).")
+    anchor_kappa: float | None = anchor_kappa(DEFAULT_KAPPA)
+    anchor_honest_cost: float = Field(DEFAULT_HONEST_COST, gt=0, lt=1, description="With anchor_kappa null: the "
+                                      "largest share of an honest estimate's variance the bound may add.")
+    anchor_kappa_query: float = Field(DEFAULT_KAPPA_QUERY, ge=0, le=1e6, description="The suggestions' ranking guard: "
+                                      "queries are ranked by their estimate clamped this many standard deviations "
+                                      "from the opt-in group's (ALGORITHM.md §7.2).")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 

@@ -46,6 +46,7 @@ from hybriddp.mean import VARIANCE_SHARE, Hybrid, HybridUnknownVariance
 from hybriddp.mean.inputs import MAX_USERS, check_noise_scales
 from hybriddp.server.anchor import (
     DEFAULT_ALPHA,
+    DEFAULT_HONEST_COST,
     DEFAULT_KAPPA,
     DEFAULT_KAPPA_QUERY,
     MEAN_DEFAULT_KAPPA,
@@ -63,7 +64,8 @@ KINDS = ("blender", "mean")
 _BLENDER_FIELDS = [f.name for f in fields(BlenderParams)]
 DEFENSE_KEYS = ("defense", "anchor_alpha", "anchor_kappa")
 SCHEDULE_KEYS = ("issuance_seconds", "report_seconds", "min_tokens")
-BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", *DEFENSE_KEYS, "anchor_kappa_query", "seed", *SCHEDULE_KEYS)
+BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", *DEFENSE_KEYS, "anchor_kappa_query", "anchor_honest_cost",
+                "seed", *SCHEDULE_KEYS)
 MEAN_KEYS = ("epsilon", "lower", "upper", "sigma2", "variance_share", *DEFENSE_KEYS, "seed", *SCHEDULE_KEYS)
 SCHEDULE_DEFAULTS = {"issuance_seconds": 3600.0, "report_seconds": 3600.0, "min_tokens": 0}
 """When devices report (docs/TOKENS.md "When a device reports"): the issuance window after the head list's
@@ -92,7 +94,8 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     if kind == "blender":
         _check_keys(kind, params, BLENDER_KEYS)
         out = {**BlenderParams().to_dict(), "noise": next(iter(NOISE_CLASSES)), "url_level": True, "seed": None,
-               **DEFENSE_DEFAULTS, "anchor_kappa_query": DEFAULT_KAPPA_QUERY, **params}
+               **DEFENSE_DEFAULTS, "anchor_kappa_query": DEFAULT_KAPPA_QUERY,
+               "anchor_honest_cost": DEFAULT_HONEST_COST, **params}
         defense(out)
         _flag("project", out["project"])
         _flag("url_level", out["url_level"])
@@ -147,12 +150,14 @@ def schedule(params: dict[str, Any]) -> dict[str, Any]:
 def defense(params: dict[str, Any]) -> AnchorPolicy | None:
     """The round's defense against fake reports (ALGORITHM.md §7.2): None for ``"none"`` and for a round stored
     before the field existed (its published results were computed without one). A round stored before
-    ``anchor_kappa_query`` existed bounded its queries by ``anchor_kappa``; a mean round has no queries."""
+    ``anchor_kappa_query`` existed bounded its queries by ``anchor_kappa``; a mean round has no queries. A round
+    stored before ``anchor_kappa`` could be null (per round) has a fixed one."""
     if "defense" not in params:
         return None
     kappa = params.get("anchor_kappa", DEFAULT_KAPPA)
     return policy_named(params["defense"], params.get("anchor_alpha", DEFAULT_ALPHA), kappa,
-                        params.get("anchor_kappa_query", kappa))
+                        params.get("anchor_kappa_query", DEFAULT_KAPPA_QUERY if kappa is None else kappa),
+                        params.get("anchor_honest_cost", DEFAULT_HONEST_COST))
 
 
 def blender_params(params: dict[str, Any]) -> BlenderParams:

@@ -41,12 +41,13 @@ HASHED_ITEM_BITS = 32
 """Code length of ``local-only-hashed``: the shortest that keeps collisions rare (~n²/2^33)."""
 
 
-def _finish(res: Result, log: RecordLog, parts: tuple, project: bool) -> Result:
+def _finish(res: Result, log: RecordLog, parts: tuple, project: bool, p_rank: np.ndarray | None = None) -> Result:
+    """Truth and metrics of a derived result (queries ranked by ``p_rank`` when given, ALGORITHM.md §7.2)."""
     truth, held = ground_truth(log, parts)
     res.truth_query, res.truth_record = truth_vectors(res.head_list, truth)
     if project:
         res.p_record = project_to_simplex(res.p_record)
-    res.metrics = score(res.head_list, res.p_record, res.p_query, truth, log, held)
+    res.metrics = score(res.head_list, res.p_record, res.p_query, truth, log, held, p_rank)
     return res
 
 
@@ -68,14 +69,15 @@ def blender_family(
     cur = run.curator
     parts = (cur.sampled_s, cur.sampled_t, run.sampled_c)
 
-    def derived(name: str, p_record: np.ndarray, p_query: np.ndarray, guarantees: tuple[Guarantee, ...]) -> Result:
+    def derived(name: str, p_record: np.ndarray, p_query: np.ndarray, guarantees: tuple[Guarantee, ...],
+                p_rank: np.ndarray | None = None) -> Result:
         res = Result(name, params, run.head_list, log.queries, log.urls, p_record.copy(), p_query.copy(), log.has_urls,
                      full.sizes, guarantees, seed)
-        return _finish(res, log, parts, params.project)
+        return _finish(res, log, parts, params.project, p_rank)
 
     def pooled() -> Result:  # the same reports, blended with pooled weights and checked as the run was (§7.2)
         b = server_side(run.release, run.report_counts, False, "pooled", run.check and run.check.policy).blended
-        return derived("blender-pooled", b.records.p, b.queries_final, full.guarantees)
+        return derived("blender-pooled", b.records.p, b.queries_final, full.guarantees, b.queries_rank)
 
     build: dict[str, Callable[[], Result]] = {
         "blender": lambda: full,

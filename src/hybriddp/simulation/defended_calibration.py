@@ -57,7 +57,9 @@ def defense_name(defense: Defense) -> str:
     if defense == "anchor":
         return "anchor"
     if isinstance(defense, AnchorPolicy):
-        return f"anchor(alpha={defense.alpha:g},kappa={defense.kappa:g},kappa_query={defense.kappa_query:g})"
+        kappa = "auto" if defense.kappa is None else f"{defense.kappa:g}"
+        return (f"anchor(alpha={defense.alpha:g},kappa={kappa},kappa_query={defense.kappa_query:g},"
+                f"cost={defense.honest_cost:g})")
     raise parameter_error("defense", defense, "'anchor', None (or 'none') or an AnchorPolicy",
                           "'anchor' applies the shipped default policy (ALGORITHM.md §7.2).")
 
@@ -250,7 +252,7 @@ def calibrate_defended(n_optin: int, *, n_users: int | None = None, records: int
                 r.values[(lvl, "p_blended")][i, idx] = final
                 r.values[(lvl, "p_blended_raw")][i, idx] = blended.p
                 r.variances[lvl][i, idx] = blended.var
-            r.ndcg10[i] = query_ndcg(hl, b.queries_final, scored, 10)
+            r.ndcg10[i] = query_ndcg(hl, b.queries_ranking, scored, 10)
             if res.check is not None:
                 r.flagged[i] = res.check.flagged_any
                 moved = res.check.records.clamped.sum() + res.check.queries.clamped.sum()

@@ -40,16 +40,18 @@ def truth_vectors(hl: HeadList, truth: M.Truth) -> tuple[np.ndarray, np.ndarray]
 
 
 def score(hl: HeadList, p_record: np.ndarray, p_query: np.ndarray, truth: M.Truth, log: RecordLog,
-          held: np.ndarray) -> dict[str, float | None]:
+          held: np.ndarray, p_rank: np.ndarray | None = None) -> dict[str, float | None]:
     """L1 (over the list, and over the list ∪ the true top-k: ``l1_union``), NDCG (generalized, queries,
-    queries@10), hit rates and the mass outside HL (ALGORITHM.md §9)."""
+    queries@10), hit rates and the mass outside HL (ALGORITHM.md §9). The NDCGs rank queries by ``p_rank`` when
+    given (a defended round's guarded ranking score, ALGORITHM.md §7.2), else by ``p_query``."""
     url_level = log.has_urls
     _, tr = truth_vectors(hl, truth)
     hit, top = M.hit_rates(hl, p_record, log.query, log.url, held)
+    ranked = p_query if p_rank is None else p_rank
     return {
-        "ndcg": M.generalized_ndcg(hl, p_query, p_record, truth, url_level),
-        "ndcg_queries": M.query_ndcg(hl, p_query, truth),
-        "ndcg_queries_at_10": M.query_ndcg(hl, p_query, truth, 10),
+        "ndcg": M.generalized_ndcg(hl, ranked, p_record, truth, url_level),
+        "ndcg_queries": M.query_ndcg(hl, ranked, truth),
+        "ndcg_queries_at_10": M.query_ndcg(hl, ranked, truth, 10),
         "l1": M.l1_records(hl, p_record, truth) if url_level else M.l1_queries(hl, p_query, truth),
         "l1_queries": M.l1_queries(hl, p_query, truth),
         "l1_union": (M.l1_union_records(hl, p_record, truth) if url_level

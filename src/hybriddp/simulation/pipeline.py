@@ -135,7 +135,8 @@ def result_from_run(run: BlenderRun, *, with_metrics: bool = True) -> Result:
     if with_metrics and run.sampled_c is not None:
         truth, held = ground_truth(run.log, (cur.sampled_s, cur.sampled_t, run.sampled_c))
         res.truth_query, res.truth_record = truth_vectors(hl, truth)
-        res.metrics = score(hl, run.blended.records_final, run.blended.queries_final, truth, run.log, held)
+        res.metrics = score(hl, run.blended.records_final, run.blended.queries_final, truth, run.log, held,
+                            run.blended.queries_rank)
     return res
 
 

@@ -21,9 +21,10 @@ export function buildIndex(doc) {
 }
 
 /**
- * The queries matching ``text`` (a prefix of the query or of one of its words), ranked by blended
- * probability, largest first (ties in the document's order), at most ``limit``. Each match carries
- * ``at``, the index in the normalized query where the typed text matched.
+ * The queries matching ``text`` (a prefix of the query or of one of its words), in the document's order
+ * (the server's ranking of the suggestions: the blended probability, largest first, which a defended round
+ * guards against fake devices, docs/ALGORITHM.md §7.2), at most ``limit``. Each match carries ``at``, the
+ * index in the normalized query where the typed text matched.
  */
 export function suggest(index, text, limit = 8) {
   const t = normalize(text);
@@ -36,6 +37,6 @@ export function suggest(index, text, limit = 8) {
     }
     if (at >= 0) out.push({ ...entry, at, length: t.length });
   }
-  out.sort((a, b) => (b.p - a.p) || (a.rank - b.rank));
+  out.sort((a, b) => a.rank - b.rank);
   return out.slice(0, limit);
 }

@@ -20,8 +20,9 @@ const PARAM_NAMES = {
   lower: "lower bound", upper: "upper bound", sigma2: "σ² (given variance of the values)",
   variance_share: "share of ε spent estimating σ²", seed: "seed",
   defense: "defense against fake reports", anchor_alpha: "false-alarm rate α of the check",
-  anchor_kappa: "bound κ of records (standard deviations from the opt-in estimate)",
-  anchor_kappa_query: "bound κ of queries (standard deviations from the opt-in estimate)",
+  anchor_kappa: "bound κ of the estimates (standard deviations from the opt-in estimate; none: per round)",
+  anchor_honest_cost: "largest share of an honest estimate's variance the per-round bound adds",
+  anchor_kappa_query: "ranking guard κ_q of the suggestions (standard deviations above the opt-in estimate)",
 };
 const TOP = 10;
 

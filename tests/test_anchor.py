@@ -11,8 +11,9 @@ import pytest
 
 from anchorhelpers import N_C, honest_round
 from hybriddp.core.errors import ParameterError
-from hybriddp.server.anchor import AnchorPolicy, holm, normal_laplace_p, policy_named, two_sided_p
+from hybriddp.server.anchor import AnchorPolicy, holm, policy_named
 from hybriddp.server.client_estimates import client_variances
+from hybriddp.server.tails import normal_laplace_p, two_sided_p
 
 ROUNDS = 1_500
 

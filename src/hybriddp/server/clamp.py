@@ -26,6 +26,8 @@ import math
 
 import numpy as np
 
+from hybriddp.server.tails import normal_laplace_p
+
 KAPPA_STEP = 0.01
 """The κ grid's step (0 to :data:`KAPPA_MAX`)."""
 KAPPA_MAX = 12.0
@@ -48,8 +50,6 @@ def _row(r: int) -> tuple[np.ndarray, np.ndarray]:
     """(G_f, H_f) on the κ grid for the noise share f = r·:data:`SHARE_STEP` (module docstring), by the trapezoid
     rule: G from the tail, ∫_κ^∞ 2(x − κ)·P(|X| > x) dx on [0, 40]; E[ℓ·ψ_κ(X)] over the Laplace ℓ on [0, 45 scales]
     with the normal part integrated in closed form."""
-    from hybriddp.server.anchor import normal_laplace_p
-
     f = min(r * SHARE_STEP, 1.0)
     x = np.arange(0.0, 40.0 + 0.0025, 0.005)
     tail = normal_laplace_p(x, np.full(x.shape, f))

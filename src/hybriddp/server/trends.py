@@ -5,12 +5,13 @@ consecutive periods t − 1 and t gets the test statistic
 
     z = (p_t − r·p_{t−1}) / sqrt(v_t + r²·v_{t−1})
 
-with p and v the blended estimate and its published variance (plus the square of what the opt-in anchor moved
-it by, if it did: a bound on its squared error), and r = 1 + c for "rising" (r = 1/(1 + c) for
-"falling"), ``c`` the smallest relative change that counts (``min_change``; 0: any change). Under the null
-hypothesis "the query changed by less than c" the estimates of the two rounds are independent (fresh noise
-each round; the same users in both only make the difference's variance smaller, so the test is conservative),
-unbiased and near normal, so z is at most standard normal at the boundary. One-sided p-values of all (query,
+with p and v the published estimate (``p_blended``) and its published variance (``var_blended``: under the opt-in
+anchor, its mean squared error including the bound's cost, ALGORITHM.md §7.2), and r = 1 + c for "rising"
+(r = 1/(1 + c) for "falling"), ``c`` the smallest relative change that counts (``min_change``; 0: any change).
+Under the null hypothesis "the query changed by less than c" the estimates of the two rounds are independent
+(fresh noise each round; the same users in both only make the difference's variance smaller, so the test is
+conservative), unbiased (up to the bound's bias, which v counts) and near normal, so z is at most standard normal
+at the boundary. One-sided p-values of all (query,
 period, direction) tests are corrected together by Benjamini–Hochberg at level ``fdr``: in expectation at most a
 fraction ``fdr`` of the trends reported are false (the tests are independent across periods and nearly so
 across queries). This is post-processing of published DP outputs and costs no privacy.
@@ -51,13 +52,10 @@ class PeriodEstimates:
                             "need BLENDER's estimates with their variances")
         rows = [r for r in rows if r.get("query") is not None and r.get("query") != "*"]
         p = np.array([_number(r.get("p_blended"), label, "p_blended") for r in rows])
+        # var_blended is the published estimate's mean squared error, the anchor's bound included (ALGORITHM.md
+        # §7.2): the test reads it as it is, nothing else (not the undefended blend, nor the opt-in variance)
         var = np.array([_number(r.get("var_blended"), label, "var_blended") for r in rows])
-        # an estimate the opt-in anchor moved (ALGORITHM.md §7.2) may be off by what it moved: that shift, squared,
-        # joins its variance (a bound on its mean squared error), so the test stays conservative
-        undefended = np.array([_number(r.get("p_undefended", r.get("p_blended")), label, "p_undefended")
-                               for r in rows])
-        shift = np.nan_to_num(p - undefended)
-        return cls(label, [str(r["query"]) for r in rows], p, var + shift * shift)
+        return cls(label, [str(r["query"]) for r in rows], p, var)
 
 
 def _number(x: Any, label: str, field: str) -> float:

@@ -17,10 +17,12 @@ from hybriddp.audit.exact import headlist_delta, optin_delta
 from hybriddp.audit.pld import (
     DISCRETIZATION,
     Mechanism,
+    admitted_rounds,
     compose,
     grid,
     localalg_delta,
     localalg_law,
+    round_mechanism,
     round_pld,
     totals,
 )
@@ -164,3 +166,17 @@ def test_privacy_compose_with_a_device_head_list(tmp_path) -> None:
     bad.write_text("{}")
     r = CliRunner().invoke(cli, ["privacy", "compose", "--head-list", str(bad)])
     assert r.exit_code != 0 and "Traceback" not in r.output + r.stderr
+
+
+def test_a_round_whose_e_to_the_epsilon_overflows_is_counted_not_a_crash() -> None:
+    """A service round may have ε up to ~835 (LocalAlg's own limit); e^ε overflows a float beyond ~709.8. Creating a
+    series of such rounds answered 500 ("math range error", found by schemathesis): the accountant composed it. Now
+    such a round is counted by basic composition (no lifetime budget a service takes admits one), and the advanced
+    composition of the ledger is infinite, not an error."""
+    from hybriddp.privacy.ledger import advanced_composition
+    from hybriddp.service.rounds import validate_params
+
+    for kind, params in (("blender", {"epsilon": 800.0, "delta": 1e-5, "head_list_size": 10}),
+                         ("mean", {"epsilon": 800.0, "lower": 0.0, "upper": 1.0})):
+        assert admitted_rounds(round_mechanism(kind, validate_params(kind, params)), 16.0, 1e-4, 12) == (0, 0)
+    assert advanced_composition([800.0, 1.0], [0.0, 0.0], 1e-6)[0] == math.inf

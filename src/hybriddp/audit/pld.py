@@ -252,6 +252,11 @@ def within_lifetime(mechanisms: Sequence[Mechanism], lifetime_epsilon: float, li
     return history_epsilon(mechanisms, lifetime_delta) <= lifetime_epsilon * (1 + TOLERANCE)
 
 
+PLD_MAX_EPSILON = 700.0
+"""Rounds of at least this ε are not composed by the PLD accountant (its e^ε overflows a float beyond ~709.8); such a
+round exceeds any lifetime budget a service accepts many times over, and basic composition counts it."""
+
+
 def admitted_rounds(mech: Mechanism, lifetime_epsilon: float, lifetime_delta: float, most: int) -> tuple[int, int]:
     """(by basic composition, by the enforced rule): how many rounds of ``mech`` one user can take part in within
     the lifetime budget. The first is ⌊ε_L/ε⌋ (and ⌊δ_L/δ⌋), uncapped; the second extends it, one round at a time up
@@ -259,6 +264,8 @@ def admitted_rounds(mech: Mechanism, lifetime_epsilon: float, lifetime_delta: fl
     by_eps = math.floor(lifetime_epsilon / mech.epsilon + 1e-9)
     by_delta = math.floor(lifetime_delta / mech.delta + 1e-9) if mech.delta > 0 else by_eps
     basic = max(0, min(by_eps, by_delta))
+    if mech.epsilon >= PLD_MAX_EPSILON:  # the accountant's e^ε overflows: basic composition's count stands
+        return basic, basic
     k = basic
     while k < most and within_lifetime([mech] * (k + 1), lifetime_epsilon, lifetime_delta):
         k += 1

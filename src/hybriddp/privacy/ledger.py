@@ -73,7 +73,8 @@ def basic_composition(eps: Sequence[float], deltas: Sequence[float]) -> tuple[fl
 
 def advanced_composition(eps: Sequence[float], deltas: Sequence[float], delta_prime: float) -> tuple[float, float]:
     """(sqrt(2 ln(1/δ') Σε_i²) + Σε_i(e^{ε_i} − 1), Σδ_i + δ')."""
-    e = math.sqrt(2.0 * math.log(1.0 / delta_prime) * sum(x * x for x in eps)) + sum(x * math.expm1(x) for x in eps)
+    e = math.sqrt(2.0 * math.log(1.0 / delta_prime) * sum(x * x for x in eps)) + sum(
+        x * math.expm1(x) if x < 700.0 else math.inf for x in eps)  # e^ε overflows a float beyond ~709.8
     return e, float(sum(deltas)) + delta_prime
 
 

@@ -216,9 +216,9 @@ def defense_options(f):
 
     f = click.option("--anchor-kappa-query", type=float, default=DEFAULT_KAPPA_QUERY, show_default=True,
                      help="The suggestions' ranking guard, in standard deviations: queries are ranked by their "
-                          "estimate clamped this close to the opt-in group's, so that fake devices cannot lift a "
-                          "query into the top 10 (the estimates themselves keep --anchor-kappa's bound; 0: rank by "
-                          "the opt-in query estimates).")(f)
+                          "estimate capped this far above the opt-in group's, so that fake devices cannot lift a "
+                          "query into the top 10 (the estimates themselves keep --anchor-kappa's bound; 0: no query "
+                          "ranks above its opt-in estimate).")(f)
     f = click.option("--anchor-honest-cost", type=float, default=DEFAULT_HONEST_COST, show_default=True,
                      help="With --anchor-kappa auto: the largest share of an honest estimate's variance the bound "
                           "may add (0.05: its error at most 2.5% larger); smaller is looser against fakes.")(f)

@@ -14,7 +14,7 @@ from scipy import stats
 
 from hybriddp.cli import cli
 from hybriddp.core.errors import DataError, ParameterError
-from hybriddp.server.trends import PeriodEstimates, benjamini_hochberg, trends
+from hybriddp.server.trends import PeriodEstimates, benjamini_hochberg, trend_document, trends
 
 TAIL = 1e-6  # p-value threshold of the Monte Carlo checks: a correct implementation fails once in a million runs
 
@@ -153,7 +153,7 @@ def test_trends_of_real_results(results: list[Path]) -> None:
     found = trends(periods, min_change=0.5)
     verdicts = {(r["query"], r["to"]): r["trend"] for r in found.rows()}
     assert verdicts[("weather", "w2")] == "rising"
-    # nothing changed by 50% from w0 to w1 (the estimates the opt-in anchor moved count their shift as error)
+    # nothing changed by 50% from w0 to w1 (the estimates the opt-in anchor moved carry the bound's cost in var)
     assert [k for k, v in verdicts.items() if v != "steady" and k[1] == "w1"] == []
 
 
@@ -180,13 +180,35 @@ def test_trends_command(results: list[Path], tmp_path: Path) -> None:
             bad, r.output, r.stderr)
 
 
-def test_an_estimate_the_anchor_moved_counts_its_shift_as_error() -> None:
-    doc = {"queries": [{"query": "a", "p_blended": 0.05, "var_blended": 1e-6, "p_undefended": 0.09},
+def test_the_test_reads_the_published_variance_as_it_is() -> None:
+    """var_blended is already the published estimate's mean squared error, the anchor's bound included (ALGORITHM.md
+    §7.2): what the anchor moved an estimate by (p_blended − p_undefended) is not added to it again."""
+    doc = {"queries": [{"query": "a", "p_blended": 0.05, "var_blended": 1e-6, "p_undefended": 0.09,
+                        "var_optin_sum": 9e-6, "clamped": True},
                        {"query": "b", "p_blended": 0.2, "var_blended": 4e-6, "p_undefended": 0.2},
                        {"query": "*", "p_blended": 0.01, "var_blended": 1e-6}]}
     pe = PeriodEstimates.from_result(doc, "w")
     assert pe.queries == ["a", "b"]
-    assert pe.var == pytest.approx([1e-6 + 0.04**2, 4e-6])
+    assert pe.var.tolist() == [1e-6, 4e-6]
+
+
+def test_trends_of_real_results_use_their_calibrated_variances(results: list[Path]) -> None:
+    """Real `hybriddp run` documents under the default defense, one with a query the anchor's bound moved: the
+    trend test's variances, and the charts' standard deviations, are the published var_blended, nothing else."""
+    docs = [json.loads(p.read_text()) for p in results]
+    moved = [(d["queries"][i]["query"], p.stem) for d, p in zip(docs, results, strict=True)
+             for i in range(len(d["queries"])) if d["queries"][i]["query"] != "*"
+             and d["queries"][i]["p_blended"] != d["queries"][i]["p_undefended"]]
+    assert moved, "no query moved by the anchor: the check below would not tell"
+    periods = [PeriodEstimates.from_result(d, p.stem) for d, p in zip(docs, results, strict=True)]
+    for d, pe in zip(docs, periods, strict=True):
+        published = {r["query"]: r["var_blended"] for r in d["queries"] if r["query"] != "*"}
+        assert dict(zip(pe.queries, pe.var.tolist(), strict=True)) == published
+    doc = trend_document(periods, trends(periods, min_change=0.5))
+    for q, points in doc["series"].items():
+        for pe, point in zip(periods, points, strict=True):
+            if point is not None:
+                assert point[1] == math.sqrt(float(pe.var[pe.queries.index(q)]))
 
 
 def test_experiment_trends_quick(tmp_path: Path) -> None:

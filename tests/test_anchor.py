@@ -109,8 +109,9 @@ def test_no_reports_move_an_entry_past_its_bound() -> None:
             k = side.kappa
             assert np.all(k <= check.critical_z + 1e-12) if kappa is None else np.all(k == kappa)
             assert np.all(np.abs(side.defended.p - p_o) <= k * s * (1 + 1e-12) + 1e-15)
-        rank = out.queries_ranking  # one-sided: at most the opt-in estimate + κ_q·s, never above the estimate
-        assert np.all(rank <= np.clip(r.optin.p_query + kappa_q * s_q * (1 + 1e-12), 0, 1) + 1e-15)
+        rank = out.queries_ranking  # one-sided: at most the opt-in estimate + κ_q·s (flagged: + 0), never above
+        k_q = np.where(check.queries.flagged, 0.0, kappa_q)  # the estimate
+        assert np.all(rank <= np.clip(r.optin.p_query + k_q * s_q * (1 + 1e-12), 0, 1) + 1e-15)
         assert np.all(rank <= out.queries_final + 1e-15)
         for published in (out.records_final, out.queries_final, rank):
             assert np.all((published >= 0.0) & (published <= 1.0))

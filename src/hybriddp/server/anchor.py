@@ -17,8 +17,8 @@ against its opt-in estimate, and the client side's influence is bounded whatever
 * **Honest error bars.** The published variance is the mean squared error of the published estimate on honest
   data, the blend's variance with the clamp's cost (:func:`~hybriddp.server.clamp.clamped_variance`).
 * **The suggestions' ranking.** Queries are also ranked by a guarded score, the published estimate capped at
-  p̂_O + κ_q·s (``kappa_query``, tight): fake devices can lift a query's rank by at most that, whatever κ_i lets
-  its estimate move (:meth:`Side.rank`, ``p_rank``).
+  p̂_O + κ_q·s (``kappa_query``, tight; at p̂_O for a flagged query): fake devices can lift a query's rank by at
+  most that, whatever κ_i lets its estimate move (:meth:`Side.rank`, ``p_rank``).
 * **Evidence.** The reports on flagged entries beyond what the population the opt-in estimates describe would
   send, n·r̂_i − n·r_i(a), summed: a lower estimate of the number of fake reports. Per entry, the fake reports
   that would explain its gap, F̂_i = n(r̂_i − r_i(a))/(1 − r_i(a)) (:attr:`Side.fakes`), and the z, p-value and
@@ -137,11 +137,11 @@ class Side:
     s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # s_i, the bound's unit
 
     def rank(self, published: np.ndarray, kappa_query: float) -> np.ndarray:
-        """The guarded ranking score of ``published`` (this level's final estimates): at most p̂_O + κ_q·s, then
-        clipped into [0, 1]; NaN stays NaN (ALGORITHM.md §7.2, "The suggestions' ranking"). One-sided: fakes can
-        only add reports, so what lifts a query is its own; a competitor falls only by dilution, which the
-        estimates' bound and the cleaning answer."""
-        hi = self.anchor + kappa_query * self.s
+        """The guarded ranking score of ``published`` (this level's final estimates): at most p̂_O + κ_q·s (a flagged
+        entry: at most p̂_O, the test found reports beyond chance), then clipped into [0, 1]; NaN stays NaN
+        (ALGORITHM.md §7.2, "The suggestions' ranking"). One-sided: fakes can only add reports, so what lifts a query
+        is its own; a competitor falls only by dilution, which the estimates' bound and the cleaning answer."""
+        hi = self.anchor + np.where(self.flagged, 0.0, kappa_query) * self.s
         known = np.isfinite(hi)
         return np.clip(np.where(known, np.minimum(published, np.where(known, hi, 0.0)), published), 0.0, 1.0)
 

@@ -71,11 +71,11 @@ def watch_posts(page: Any) -> list[Any]:
     return posts
 
 def expected_suggestions(doc: dict[str, Any], prefix: str, limit: int = 8) -> list[str]:
-    """The queries a prefix should suggest: the query or one of its words starts with it (case-insensitive),
-    largest blended probability first."""
+    """The queries a prefix should suggest: the query or one of its words starts with it (case-insensitive), in the
+    document's order (the suggestions' guarded ranking, ALGORITHM.md §7.2)."""
     p = prefix.lower()
     hits = [q for q in doc["queries"] if any(w.startswith(p) for w in SEPARATORS.split(q["query"].lower()) if w)]
-    return [q["query"] for q in sorted(hits, key=lambda q: -q["p"])][:limit]
+    return [q["query"] for q in hits][:limit]
 
 
 def best_prefix(doc: dict[str, Any]) -> str:

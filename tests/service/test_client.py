@@ -329,7 +329,11 @@ def test_a_round_through_the_sdk(service: Service, tmp_path: Any) -> None:
     assert {q["query"] for q in res["queries"]} == {"weather", "news", "maps", "*"}
     ls = admin.local_search(rid)
     assert {q["query"] for q in ls["queries"]} == {"weather", "news", "maps"} and ls["round"] == rid
-    assert [q["p"] for q in ls["queries"]] == sorted((q["p"] for q in ls["queries"]), reverse=True)
+    # in the suggestions' order: the guarded ranking score p_rank of the results, largest first (ALGORITHM.md §7.2,
+    # "The suggestions' ranking"), then the estimate
+    rank = {q["query"]: (-q["p_rank"], -q["p_blended"]) for q in res["queries"]}
+    order = [q["query"] for q in ls["queries"]]
+    assert order == sorted(order, key=rank.__getitem__)
     import io
 
     import pyarrow.parquet as pq

@@ -141,7 +141,8 @@ class Side:
         entry: at most p̂_O, the test found reports beyond chance), then clipped into [0, 1]; NaN stays NaN
         (ALGORITHM.md §7.2, "The suggestions' ranking"). One-sided: fakes can only add reports, so what lifts a query
         is its own; a competitor falls only by dilution, which the estimates' bound and the cleaning answer."""
-        hi = self.anchor + np.where(self.flagged, 0.0, kappa_query) * self.s
+        with np.errstate(invalid="ignore"):  # s infinite (no opt-in data) and κ 0: no cap, NaN, not known below
+            hi = self.anchor + np.where(self.flagged, 0.0, kappa_query) * self.s
         known = np.isfinite(hi)
         return np.clip(np.where(known, np.minimum(published, np.where(known, hi, 0.0)), published), 0.0, 1.0)
 

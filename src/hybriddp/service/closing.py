@@ -229,9 +229,9 @@ def local_search(info: RoundInfo, result: Result, results: dict[str, Any] | None
     for i, entries in per_query.items():
         if math.isfinite(p_q[i]) and not (drop and check.queries.flagged[i]):
             entries.sort(key=lambda u: -u["p"])
-            queries.append({"query": names[i], "p": float(p_q[i]), "urls": entries, "_rank": float(rank[i])})
-    queries.sort(key=lambda q: (-q.pop("_rank"), -q["p"]))
-    return {"round": info.id, "headlist": info.headlist_hash, "queries": queries}
+            queries.append((-float(rank[i]), -float(p_q[i]), {"query": names[i], "p": float(p_q[i]), "urls": entries}))
+    queries.sort(key=lambda row: row[:2])
+    return {"round": info.id, "headlist": info.headlist_hash, "queries": [q for *_, q in queries]}
 
 
 # ----- start-up -------------------------------------------------------------------------------

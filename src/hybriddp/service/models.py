@@ -91,8 +91,8 @@ class BlenderParamsIn(_Schedule):
     anchor_honest_cost: float = Field(DEFAULT_HONEST_COST, gt=0, lt=1, description="With anchor_kappa null: the "
                                       "largest share of an honest estimate's variance the bound may add.")
     anchor_kappa_query: float = Field(DEFAULT_KAPPA_QUERY, ge=0, le=1e6, description="The suggestions' ranking guard: "
-                                      "queries are ranked by their estimate clamped this many standard deviations "
-                                      "from the opt-in group's (ALGORITHM.md §7.2).")
+                                      "queries are ranked by their estimate capped this many standard deviations "
+                                      "above the opt-in group's (ALGORITHM.md §7.2).")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 

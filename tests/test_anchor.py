@@ -82,8 +82,9 @@ def _bound_unit(r: object, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def test_no_reports_move_an_entry_past_its_bound() -> None:
     """Whatever the reports, every entry and query (flagged or not) lies within κ_i·s_i of its opt-in estimate, κ_i
-    the fixed κ or, per round, at most the test's critical z; the suggestions' ranking score at most κ_q·s above it;
-    and everything published as a probability is one (records projected, queries)."""
+    the fixed κ or, per round, at most the test's critical z; the suggestions' ranking score at most κ_q·s above it
+    (κ_q fixed, or per round and query at most κ_i; 0 where flagged); and the queries' estimates and ranking scores
+    are probabilities (the records here are not projected: raw)."""
     rng = np.random.default_rng(7)
     for trial in range(60):
         r = honest_round(rng)
@@ -103,6 +104,7 @@ def test_no_reports_move_an_entry_past_its_bound() -> None:
             counts[rng.integers(n_e)] += int(rng.integers(1, 400))
         kappa = None if trial % 3 == 0 else float(rng.choice([0.0, 0.25, 0.5, 2.0]))
         kappa_q = float(rng.choice([0.0, 0.25, 0.5, 2.0]))
+        kappa_q = None if trial % 2 == 0 else kappa_q  # the default: per round and query
         _, out, check = r.defend(counts, AnchorPolicy(kappa=kappa, kappa_query=kappa_q))
         s_r, s_q = _bound_unit(r, counts)
         for side, p_o, s in ((check.records, r.optin.p_record, s_r), (check.queries, r.optin.p_query, s_q)):
@@ -110,10 +112,15 @@ def test_no_reports_move_an_entry_past_its_bound() -> None:
             assert np.all(k <= check.critical_z + 1e-12) if kappa is None else np.all(k == kappa)
             assert np.all(np.abs(side.defended.p - p_o) <= k * s * (1 + 1e-12) + 1e-15)
         rank = out.queries_ranking  # one-sided: at most the opt-in estimate + κ_q·s (flagged: + 0), never above
-        k_q = np.where(check.queries.flagged, 0.0, kappa_q)  # the estimate
+        k_q = check.queries.kappa_rank  # per query and round (None), else the fixed one; 0 where flagged
+        if kappa_q is None:  # at most the estimate's own κ_i (≤ the test's critical z)
+            assert np.all(k_q <= check.queries.kappa + 1e-12)
+        else:
+            assert np.all(k_q == np.where(check.queries.flagged, 0.0, kappa_q))
+        assert np.all(k_q[check.queries.flagged] == 0.0)
         assert np.all(rank <= np.clip(r.optin.p_query + k_q * s_q * (1 + 1e-12), 0, 1) + 1e-15)
         assert np.all(rank <= out.queries_final + 1e-15)
-        for published in (out.records_final, out.queries_final, rank):
+        for published in (out.queries_final, rank):  # records: unprojected here (project=False), raw
             assert np.all((published >= 0.0) & (published <= 1.0))
 
 
@@ -191,7 +198,10 @@ def test_policy_checks_its_knobs() -> None:
     with pytest.raises(ParameterError, match="--anchor-kappa-query"):
         AnchorPolicy(kappa_query=math.inf)
     with pytest.raises(ParameterError, match="--anchor-kappa-query"):
-        AnchorPolicy(kappa_query=None)  # type: ignore[arg-type]  # the ranking guard has no per-round choice
+        AnchorPolicy(kappa_query=-0.1)
+    with pytest.raises(ParameterError, match="--anchor-rank-cost"):
+        AnchorPolicy(rank_cost=0.0)
+    assert AnchorPolicy(kappa_query=None).to_dict()["kappa_query"] == "auto"
     with pytest.raises(ParameterError, match="--anchor-honest-cost"):
         AnchorPolicy(honest_cost=1.0)
     assert AnchorPolicy().kappa is None and AnchorPolicy().to_dict()["kappa"] == "auto"

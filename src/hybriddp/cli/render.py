@@ -128,7 +128,10 @@ def print_check(res: Result) -> None:
     c = check.summary()
     flagged = c["flagged_records"] + c["flagged_queries"]
     kappa = c["kappa"] if isinstance(c["kappa"], str) else f"{c['kappa']:g}"
-    line = (f"defense: anchor (α = {c['alpha']:g}, κ = {kappa}, ranking {c['kappa_query']:g}): "
+    kq = c["kappa_query"] if isinstance(c["kappa_query"], str) else f"{c['kappa_query']:g}"
+    if "kappa_query_round" in c:
+        kq = f"{kq}: {c['kappa_query_round']:.2f}"
+    line = (f"defense: anchor (α = {c['alpha']:g}, κ = {kappa}, ranking {kq}): "
             f"{c['flagged_records']} records and "
             f"{c['flagged_queries']} queries flagged, {c['clamped_records'] + c['clamped_queries']} bounded, "
             f"largest |z| {c['max_abs_z']:.2f} (critical {c['critical_z']:.2f})")

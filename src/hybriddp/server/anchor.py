@@ -17,8 +17,9 @@ against its opt-in estimate, and the client side's influence is bounded whatever
 * **Honest error bars.** The published variance is the mean squared error of the published estimate on honest
   data, the blend's variance with the clamp's cost (:func:`~hybriddp.server.clamp.clamped_variance`).
 * **The suggestions' ranking.** Queries are also ranked by a guarded score, the published estimate capped at
-  p̂_O + κ_q·s (``kappa_query``, tight; at p̂_O for a flagged query): fake devices can lift a query's rank by at
-  most that, whatever κ_i lets its estimate move (:meth:`Side.rank`, ``p_rank``).
+  p̂_O + κ_q·s (at p̂_O for a flagged query): fake devices can lift a query's rank by at most that, whatever κ_i
+  lets its estimate move (:meth:`Side.rank`, ``p_rank``). κ_q is fixed (0.1), or chosen per round (``auto``) as the
+  smallest whose cap costs the honest top-10 ranking at most ``rank_cost`` of NDCG (:mod:`hybriddp.server.rankguard`).
 * **Evidence.** The reports on flagged entries beyond what the population the opt-in estimates describe would
   send, n·r̂_i − n·r_i(a), summed: a lower estimate of the number of fake reports. Per entry, the fake reports
   that would explain its gap, F̂_i = n(r̂_i − r_i(a))/(1 − r_i(a)) (:attr:`Side.fakes`), and the z, p-value and
@@ -41,6 +42,7 @@ import numpy as np
 from hybriddp.core.errors import parameter_error
 from hybriddp.server.clamp import clamped_variance, round_kappa
 from hybriddp.server.client_estimates import _Geometry, client_variances
+from hybriddp.server.rankguard import rank_kappa
 from hybriddp.server.tails import normal_laplace_p
 from hybriddp.server.weights import Blended
 
@@ -61,10 +63,16 @@ DEFAULT_HONEST_COST = 0.05
 """c: the largest share of an honest estimate's variance the bound may add (σ²_B → at most (1 + c)·σ²_B, its RMSE at
 most 2.5% larger): the per-round bound is as tight as that allows (ALGORITHM.md §7.2, "Honest cost")."""
 
-DEFAULT_KAPPA_QUERY = 0.1
-"""The suggestions' ranking guard (a query ranks by its estimate capped at p̂_O + κ_q·s): on the aol preset's 100
+DEFAULT_KAPPA_QUERY: float | None = 0.1
+"""The suggestions' ranking guard κ_q (a query ranks by its estimate capped at p̂_O + κ_q·s): on the aol preset's 100
 attacked rounds an attacker that saturates it puts a target of rank ≥ 20 in the top 10 in 3 of 78 (0.25: 6 of 78),
-for honest NDCG 0.9915 (0.25: 0.9917) (docs/RESULTS.md "Issue 40: the defense after the per-round bound")."""
+for honest NDCG 0.9915 (0.25: 0.9917) (docs/RESULTS.md "Issue 40: the defense after the per-round bound"). None
+(``auto``) chooses it per round from :data:`DEFAULT_RANK_COST` (:func:`~hybriddp.server.rankguard.rank_kappa`): the
+choice for a small opt-in group, whose honest ranking the fixed guard costs most (docs/RESULTS.md "Issue 40")."""
+
+DEFAULT_RANK_COST = 0.0025
+"""With κ_q ``auto``: the largest expected NDCG@10 the ranking guard may cost an honest round, by the model of
+:mod:`hybriddp.server.rankguard` (which over-counts about 2×: 1,000 opt-in users measure −0.0022)."""
 
 MEAN_DEFAULT_KAPPA = 3.0
 """The bound of a mean round (§7.2, §11): one estimate, whose clients' side usually carries most of the weight, so
@@ -81,8 +89,9 @@ class AnchorPolicy:
 
     alpha: float = DEFAULT_ALPHA
     kappa: float | None = DEFAULT_KAPPA
-    kappa_query: float = DEFAULT_KAPPA_QUERY
+    kappa_query: float | None = DEFAULT_KAPPA_QUERY
     honest_cost: float = DEFAULT_HONEST_COST
+    rank_cost: float = DEFAULT_RANK_COST
 
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, (int, float)) and 0.0 < self.alpha < 1.0):
@@ -90,9 +99,9 @@ class AnchorPolicy:
                                   f"The default {DEFAULT_ALPHA} flags an honest round at most 0.5% of the time.")
         for name, value, hint in (("--anchor-kappa", self.kappa, "the default, auto, chooses it per round; 0 "
                                    "publishes the opt-in estimates alone"),
-                                  ("--anchor-kappa-query", self.kappa_query, f"the default is {DEFAULT_KAPPA_QUERY}; "
-                                   "0 ranks the suggestions by the opt-in estimates alone")):
-            if value is None and name == "--anchor-kappa":
+                                  ("--anchor-kappa-query", self.kappa_query, "the default, auto, chooses it per "
+                                   "round; 0 ranks the suggestions by the opt-in estimates alone")):
+            if value is None:
                 continue
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)
                                                and value >= 0.0):
@@ -103,19 +112,25 @@ class AnchorPolicy:
             raise parameter_error("anchor honest cost (--anchor-honest-cost)", self.honest_cost,
                                   "strictly between 0 and 1", f"The default {DEFAULT_HONEST_COST} lets the bound add "
                                   "at most 5% to an honest estimate's variance.")
+        if isinstance(self.rank_cost, bool) or not (isinstance(self.rank_cost, (int, float))
+                                                    and 0.0 < self.rank_cost < 1.0):
+            raise parameter_error("anchor ranking cost (--anchor-rank-cost)", self.rank_cost,
+                                  "strictly between 0 and 1", f"The default {DEFAULT_RANK_COST} lets the ranking "
+                                  "guard cost an honest round's NDCG@10 at most that per query.")
 
     def to_dict(self) -> dict[str, Any]:
         return {"defense": "anchor", "alpha": self.alpha, "kappa": "auto" if self.kappa is None else self.kappa,
-                "kappa_query": self.kappa_query, "honest_cost": self.honest_cost}
+                "kappa_query": "auto" if self.kappa_query is None else self.kappa_query,
+                "honest_cost": self.honest_cost, "rank_cost": self.rank_cost}
 
 
 def policy_named(defense: str, alpha: float = DEFAULT_ALPHA, kappa: float | None = DEFAULT_KAPPA,
-                 kappa_query: float = DEFAULT_KAPPA_QUERY,
-                 honest_cost: float = DEFAULT_HONEST_COST) -> AnchorPolicy | None:
+                 kappa_query: float | None = DEFAULT_KAPPA_QUERY, honest_cost: float = DEFAULT_HONEST_COST,
+                 rank_cost: float = DEFAULT_RANK_COST) -> AnchorPolicy | None:
     """The policy ``--defense`` names: an :class:`AnchorPolicy` for ``anchor``, None for ``none``."""
     if defense not in DEFENSES:
         raise parameter_error("defense (--defense)", defense, " or ".join(repr(d) for d in DEFENSES))
-    return AnchorPolicy(alpha, kappa, kappa_query, honest_cost) if defense == "anchor" else None
+    return AnchorPolicy(alpha, kappa, kappa_query, honest_cost, rank_cost) if defense == "anchor" else None
 
 
 @dataclass
@@ -135,14 +150,28 @@ class Side:
     kappa: np.ndarray = field(default_factory=lambda: np.zeros(0))  # κ_i (per round, or the fixed κ)
     anchor: np.ndarray = field(default_factory=lambda: np.zeros(0))  # p̂_O,i, the centre of the bound
     s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # s_i, the bound's unit
+    share: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the noise share f of (blend − p̂_O)
+    kappa_rank: np.ndarray = field(default_factory=lambda: np.zeros(0))  # κ_q per query (:meth:`guard`)
 
-    def rank(self, published: np.ndarray, kappa_query: float) -> np.ndarray:
-        """The guarded ranking score of ``published`` (this level's final estimates): at most p̂_O + κ_q·s (a flagged
-        entry: at most p̂_O, the test found reports beyond chance), then clipped into [0, 1]; NaN stays NaN
-        (ALGORITHM.md §7.2, "The suggestions' ranking"). One-sided: fakes can only add reports, so what lifts a query
-        is its own; a competitor falls only by dilution, which the estimates' bound and the cleaning answer."""
+    def guard(self, published: np.ndarray, policy: AnchorPolicy, ranked: np.ndarray) -> Side:
+        """This side with the ranking guard's κ_q per entry for ``published`` (the final estimates; ``ranked`` marks
+        the entries the suggestions rank): the policy's fixed κ_q, or (``auto``) the round's smallest whose expected
+        honest NDCG@10 cost is at most ``rank_cost`` (:func:`~hybriddp.server.rankguard.rank_kappa`), at most κ_i
+        (the estimate is bounded there already); 0 for a flagged entry."""
+        if policy.kappa_query is None:
+            kq = rank_kappa(published, self.s, self.share, ranked, policy.rank_cost, self.kappa)
+        else:
+            kq = np.full(self.s.shape, float(policy.kappa_query))
+        return replace(self, kappa_rank=np.where(self.flagged, 0.0, kq))
+
+    def rank(self, published: np.ndarray) -> np.ndarray:
+        """The guarded ranking score of ``published`` (this level's final estimates): at most p̂_O + κ_q·s with the
+        κ_q of :meth:`guard` (a flagged entry: at most p̂_O, the test found reports beyond chance), then clipped into
+        [0, 1]; NaN stays NaN (ALGORITHM.md §7.2, "The suggestions' ranking"). One-sided: fakes can only add reports,
+        so what lifts a query is its own; a competitor falls only by dilution, which the estimates' bound and the
+        cleaning answer."""
         with np.errstate(invalid="ignore"):  # s infinite (no opt-in data) and κ 0: no cap, NaN, not known below
-            hi = self.anchor + np.where(self.flagged, 0.0, kappa_query) * self.s
+            hi = self.anchor + self.kappa_rank * self.s
         known = np.isfinite(hi)
         return np.clip(np.where(known, np.minimum(published, np.where(known, hi, 0.0)), published), 0.0, 1.0)
 
@@ -182,6 +211,8 @@ class AnchorCheck:
             "max_abs_z": float(max(_max_abs(r.z), _max_abs(q.z))),
             "excess_reports": self.excess_reports, "fake_fraction_lower": self.fake_fraction_lower,
             "largest_change_record": moved(r), "largest_change_query": moved(q),
+            **({"kappa_query_round": float(q.kappa_rank.max(initial=0.0))} if self.policy.kappa_query is None
+               and q.kappa_rank.size else {}),
             "verdict": ("flagged: client reports disagree with the opt-in group beyond chance; every estimate "
                         "stays within its bound of the opt-in group's" if self.flagged_any else
                         "no entry's client estimate disagrees with the opt-in group beyond chance"),
@@ -286,7 +317,8 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     excess = float((received - cleaned).sum())
     projected = project_to_simplex(rec.defended.p) if project else None
     q_final = np.clip(qry.defended.p, 0.0, 1.0)
-    out = BlendOutput(rec.defended, qry.defended, projected, q_final, qry.rank(q_final, policy.kappa_query))
+    qry = qry.guard(q_final, policy, np.arange(hl.k) < hl.n_queries)
+    out = BlendOutput(rec.defended, qry.defended, projected, q_final, qry.rank(q_final))
     assert received_client is not None
     return received_client, out, AnchorCheck(policy, rec, qry, excess, int(received.sum()), critical)
 
@@ -329,7 +361,7 @@ def _side(p_o: np.ndarray, blend: Blended, z: np.ndarray, flagged: np.ndarray, v
     p = np.where(clamped, np.clip(blend.p, lo, hi), blend.p)
     return Side(z, flagged, bound, clamped, np.asarray(undefended, dtype=np.float64).copy(),
                 Blended(p, var, blend.weight_optin), kappa=kappa,
-                anchor=np.asarray(p_o, dtype=np.float64).copy(), s=s)
+                anchor=np.asarray(p_o, dtype=np.float64).copy(), s=s, share=np.asarray(share, dtype=np.float64))
 
 
 def fake_reports(hl: Any, lp: LocalAlgParams, a_r: np.ndarray, a_q: np.ndarray, counts: np.ndarray,

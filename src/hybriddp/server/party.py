@@ -180,7 +180,9 @@ def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, esti
     client, blended, check = anchor_blend(release.optin, lp, counts, defense, estimate, project)
     if estimator_named(estimator).blend is Blend.CONSISTENT:  # queries stay the sums of their (defended) entries
         blended = consistent_queries(blended, hl)
-        blended = replace(blended, queries_rank=check.queries.rank(blended.queries_final, defense.kappa_query))
+        queries = check.queries.guard(blended.queries_final, defense, np.arange(hl.k) < hl.n_queries)
+        check = replace(check, queries=queries)
+        blended = replace(blended, queries_rank=queries.rank(blended.queries_final))
     return ServerOutput(lp, client, blended, check)
 
 

@@ -21,6 +21,7 @@ from hybriddp.server.anchor import (
     DEFAULT_HONEST_COST,
     DEFAULT_KAPPA,
     DEFAULT_KAPPA_QUERY,
+    DEFAULT_RANK_COST,
     DEFENSES,
     MEAN_DEFAULT_KAPPA,
 )
@@ -90,9 +91,14 @@ class BlenderParamsIn(_Schedule):
     anchor_kappa: float | None = anchor_kappa(DEFAULT_KAPPA)
     anchor_honest_cost: float = Field(DEFAULT_HONEST_COST, gt=0, lt=1, description="With anchor_kappa null: the "
                                       "largest share of an honest estimate's variance the bound may add.")
-    anchor_kappa_query: float = Field(DEFAULT_KAPPA_QUERY, ge=0, le=1e6, description="The suggestions' ranking guard: "
-                                      "queries are ranked by their estimate capped this many standard deviations "
-                                      "above the opt-in group's (ALGORITHM.md §7.2).")
+    anchor_kappa_query: float | None = Field(DEFAULT_KAPPA_QUERY, ge=0, le=1e6, description="The suggestions' "
+                                             "ranking guard: queries are ranked by their estimate capped this many "
+                                             "standard deviations above the opt-in group's (ALGORITHM.md §7.2). null: "
+                                             "chosen per round, as tight as anchor_rank_cost allows (for a small "
+                                             "opt-in group).")
+    anchor_rank_cost: float = Field(DEFAULT_RANK_COST, gt=0, lt=1, description="With anchor_kappa_query null: the "
+                                    "largest expected NDCG@10 the ranking guard may cost an honest round (spread "
+                                    "over its top 10 queries).")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 

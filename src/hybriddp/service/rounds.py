@@ -49,6 +49,7 @@ from hybriddp.server.anchor import (
     DEFAULT_HONEST_COST,
     DEFAULT_KAPPA,
     DEFAULT_KAPPA_QUERY,
+    DEFAULT_RANK_COST,
     MEAN_DEFAULT_KAPPA,
     AnchorPolicy,
     policy_named,
@@ -65,7 +66,7 @@ _BLENDER_FIELDS = [f.name for f in fields(BlenderParams)]
 DEFENSE_KEYS = ("defense", "anchor_alpha", "anchor_kappa")
 SCHEDULE_KEYS = ("issuance_seconds", "report_seconds", "min_tokens")
 BLENDER_KEYS = (*_BLENDER_FIELDS, "noise", "url_level", *DEFENSE_KEYS, "anchor_kappa_query", "anchor_honest_cost",
-                "seed", *SCHEDULE_KEYS)
+                "anchor_rank_cost", "seed", *SCHEDULE_KEYS)
 MEAN_KEYS = ("epsilon", "lower", "upper", "sigma2", "variance_share", *DEFENSE_KEYS, "seed", *SCHEDULE_KEYS)
 SCHEDULE_DEFAULTS = {"issuance_seconds": 3600.0, "report_seconds": 3600.0, "min_tokens": 0}
 """When devices report (docs/TOKENS.md "When a device reports"): the issuance window after the head list's
@@ -95,7 +96,7 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         _check_keys(kind, params, BLENDER_KEYS)
         out = {**BlenderParams().to_dict(), "noise": next(iter(NOISE_CLASSES)), "url_level": True, "seed": None,
                **DEFENSE_DEFAULTS, "anchor_kappa_query": DEFAULT_KAPPA_QUERY,
-               "anchor_honest_cost": DEFAULT_HONEST_COST, **params}
+               "anchor_honest_cost": DEFAULT_HONEST_COST, "anchor_rank_cost": DEFAULT_RANK_COST, **params}
         defense(out)
         _flag("project", out["project"])
         _flag("url_level", out["url_level"])
@@ -157,7 +158,8 @@ def defense(params: dict[str, Any]) -> AnchorPolicy | None:
     kappa = params.get("anchor_kappa", DEFAULT_KAPPA)
     return policy_named(params["defense"], params.get("anchor_alpha", DEFAULT_ALPHA), kappa,
                         params.get("anchor_kappa_query", DEFAULT_KAPPA_QUERY if kappa is None else kappa),
-                        params.get("anchor_honest_cost", DEFAULT_HONEST_COST))
+                        params.get("anchor_honest_cost", DEFAULT_HONEST_COST),
+                        params.get("anchor_rank_cost", DEFAULT_RANK_COST))
 
 
 def blender_params(params: dict[str, Any]) -> BlenderParams:

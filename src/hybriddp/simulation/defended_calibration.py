@@ -58,8 +58,9 @@ def defense_name(defense: Defense) -> str:
         return "anchor"
     if isinstance(defense, AnchorPolicy):
         kappa = "auto" if defense.kappa is None else f"{defense.kappa:g}"
-        return (f"anchor(alpha={defense.alpha:g},kappa={kappa},kappa_query={defense.kappa_query:g},"
-                f"cost={defense.honest_cost:g})")
+        kq = (f"auto,rank_cost={defense.rank_cost:g}" if defense.kappa_query is None
+              else f"{defense.kappa_query:g}")
+        return f"anchor(alpha={defense.alpha:g},kappa={kappa},kappa_query={kq},cost={defense.honest_cost:g})"
     raise parameter_error("defense", defense, "'anchor', None (or 'none') or an AnchorPolicy",
                           "'anchor' applies the shipped default policy (ALGORITHM.md §7.2).")
 

@@ -22,7 +22,8 @@ const PARAM_NAMES = {
   defense: "defense against fake reports", anchor_alpha: "false-alarm rate α of the check",
   anchor_kappa: "bound κ of the estimates (standard deviations from the opt-in estimate; none: per round)",
   anchor_honest_cost: "largest share of an honest estimate's variance the per-round bound adds",
-  anchor_kappa_query: "ranking guard κ_q of the suggestions (standard deviations above the opt-in estimate)",
+  anchor_kappa_query: "ranking guard κ_q of the suggestions (standard deviations above the opt-in estimate; null: per round)",
+  anchor_rank_cost: "largest expected NDCG@10 the per-round ranking guard costs an honest round",
 };
 const TOP = 10;
 

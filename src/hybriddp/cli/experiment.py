@@ -58,6 +58,9 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
 @click.option("--honest-trials", type=int, default=None, callback=int_range(1, 10_000),
               help="poisoning only: honest rounds for the false-alarm rate, 1 to 10000 (at least --trials are run). "
                    "Default: 200 (a 1% rate needs them); fewer for a first look at a large preset such as yandex.")
+@click.option("--honest-cost-rounds", type=int, default=None, callback=int_range(0, 10_000),
+              help="poisoning only: fresh honest rounds per opt-in size (1,000 to 50,000 users) of the honest-cost "
+                   "table, 0 to 10000 (0 leaves the table out; 1 is refused). Default: 100 (about a minute).")
 @click.option("--periods", type=int, default=None, callback=int_range(2, 104),
               help="trends only: periods of the drifting log, 2 to 104 (a log file: its first ones). Default: 12.")
 @click.option("--period", "period", default=None, metavar="DURATION",
@@ -83,7 +86,8 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
                    "estimate. Default: 0.3 (a series' lists carry over, so S can be smaller than the paper's 0.95).")
 @click.option("--quick", is_flag=True, hidden=True, help="Tiny grids (tests).")
 def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, seed: int, jobs: int | None,
-                   scale: float, row_per_user: bool, honest_trials: int | None, periods: int | None,
+                   scale: float, row_per_user: bool, honest_trials: int | None, honest_cost_rounds: int | None,
+                   periods: int | None,
                    participation: str | None, window: int | None, min_change: float | None, carry: int | None,
                    f_o: float | None, period: str | None, head_queries: int | None, quick: bool) -> None:
     """Reproduce the paper's evaluation: NAME is fig9, fig11, …, fig16, sizes, estimators, all, poisoning or trends.
@@ -116,7 +120,8 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
     from hybriddp.experiments.figures import select
 
     if name == "poisoning":
-        return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick, honest_trials)
+        return _poisoning(dataset, trials, out_dir, seed, scale, row_per_user, quick, honest_trials,
+                          honest_cost_rounds)
     if name == "trends":
         return _trends(dataset, trials, out_dir, seed, scale, periods, participation, window, min_change, carry, f_o,
                        period, head_queries, quick)
@@ -125,9 +130,9 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
                         ("--head-queries", head_queries)):
         if value is not None:
             raise parameter_error(flag, value, "left out: it applies to `experiment trends` only")
-    if honest_trials is not None:
-        raise parameter_error("honest trials (--honest-trials)", honest_trials, "left out: it applies to "
-                              "`experiment poisoning` only")
+    for flag, value in (("--honest-trials", honest_trials), ("--honest-cost-rounds", honest_cost_rounds)):
+        if value is not None:
+            raise parameter_error(flag, value, "left out: it applies to `experiment poisoning` only")
     select(name)  # unknown NAME: one-line error before any work
     spec = DatasetSpec(dataset, seed=seed, scale=scale, row_per_user=row_per_user)
     spec.validate()
@@ -143,7 +148,7 @@ def experiment_cmd(name: str, dataset: str, trials: int, out_dir: str | None, se
 
 
 def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale: float, row_per_user: bool,
-               quick: bool, honest_trials: int | None) -> None:
+               quick: bool, honest_trials: int | None, honest_cost_rounds: int | None) -> None:
     """``experiment poisoning``: every attack and fraction, undefended vs defended (docs/ALGORITHM.md §7.2)."""
     from hybriddp.experiments import DatasetSpec
     from hybriddp.experiments.poisoning_report import run_poisoning
@@ -154,7 +159,8 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
         check_scale(scale)
     with render.interruptible(), _runs_progress(True) as progress:
         out, checks = run_poisoning(spec, trials=trials, out_dir=Path(out_dir) if out_dir else None, quick=quick,
-                                    progress=progress, honest_trials=honest_trials)
+                                    progress=progress, honest_trials=honest_trials,
+                                    honest_cost_rounds=honest_cost_rounds)
     for c in checks:
         mark = ("reference" if c.get("reference") else "[green]holds[/green]" if c["holds"]
                 else "[red]does not hold[/red]")

@@ -132,34 +132,35 @@ def _attack_rows(run: BlenderRun, trial: int, attack: str, phi: float, rank: int
                                       or check.records.flagged[target.entries].any()) if check else False,
                "fake_fraction_lower": check.fake_fraction_lower if check else None}
         if check is not None:
-            row.update(shifts(check, out.blended.queries_ranking, target.query, config.policy.kappa_query, honest))
+            row.update(shifts(check, out.blended.queries_ranking, target.query, honest))
         yield row
 
 
-def shifts(check: AnchorCheck, ranking: np.ndarray, query: int, kappa_query: float,
-           honest: AnchorCheck | None = None) -> dict[str, float]:
+def shifts(check: AnchorCheck, ranking: np.ndarray, query: int, honest: AnchorCheck | None = None) -> dict[str, float]:
     """The target query's shifts from its opt-in estimate in units of the round's bounds (ALGORITHM.md §7.2): the
     estimate's (before clipping into [0, 1]) over κ_i·s_i (``shift``; ≤ 1 whatever the reports), the undefended
     blend's over the same (``shift_undefended``: what the attack moves without the defense), the guarded ranking
-    score's from a = p̂_O clipped into [0, 1] (the score is clipped too) over κ_q·s (``rank_shift``;
-    ≤ min(κ_i, κ_q)/κ_q) and over its largest, p̂_O + min(κ_i, κ_q)·s clipped into [0, 1] (``rank_reach``; NaN where
+    score's from a = p̂_O clipped into [0, 1] (the score is clipped too) in units of s (``rank_shift``; ≤ κ_q, the
+    round's guard for the query, ``kappa_rank``), its excess over its largest, p̂_O + κ_q·s clipped into [0, 1], in
+    units of s (``rank_excess``; ≤ 0 whatever the reports) and its share of that largest (``rank_reach``; NaN where
     that is a), the largest |p̂ − p̂_O|/(κ_i·s_i) over every entry and query (``max_shift_all``), the target's bound
     over the honest round's (``bound_growth``, B(β)/B(0) of "The bound") and the largest rise of any entry's or
     query's bound, (B(β) − B(0))/s_i(0) (``bound_rise_all``: in units of s, since a ratio of two tiny κ on the 0.01
     grid says little)."""
     q = check.queries
-    bound, anchor, unit = float(q.bound[query]), float(q.anchor[query]), kappa_query * float(q.s[query])
+    bound, anchor, unit = float(q.bound[query]), float(q.anchor[query]), float(q.s[query])
     a = min(max(anchor, 0.0), 1.0)
-    cap = min(max(anchor + min(float(q.kappa[query]), kappa_query) * float(q.s[query]), 0.0), 1.0)
+    cap = min(max(anchor + float(q.kappa_rank[query]) * unit, 0.0), 1.0)
     ratios = [np.abs(side.defended.p - side.anchor)[np.isfinite(side.bound) & (side.bound > 0)]
               / side.bound[np.isfinite(side.bound) & (side.bound > 0)] for side in (check.records, q)]
     with np.errstate(invalid="ignore", divide="ignore"):
         out = {"shift": (float(q.defended.p[query]) - anchor) / bound if bound > 0 else float("nan"),
                "shift_undefended": (float(q.undefended[query]) - anchor) / bound if bound > 0 else float("nan"),
                "rank_shift": (float(ranking[query]) - a) / unit if unit > 0 else float("nan"),
+               "rank_excess": (float(ranking[query]) - cap) / unit if unit > 0 else float("nan"),
                "rank_reach": (float(ranking[query]) - a) / (cap - a) if cap > a else float("nan"),
                "max_shift_all": float(max((r.max(initial=0.0) for r in ratios), default=0.0)),
-               "kappa": float(q.kappa[query])}
+               "kappa": float(q.kappa[query]), "kappa_rank": float(q.kappa_rank[query])}
     if honest is not None and honest.queries.bound[query] > 0:
         out["bound_growth"] = bound / float(honest.queries.bound[query])
     if honest is not None:
@@ -199,7 +200,7 @@ def oracle_attack(run: BlenderRun, target: Target, policy: AnchorPolicy, most: i
     def publish(extra: np.ndarray) -> Seen:
         out = _estimate(run, run.report_counts + extra, policy)
         q = out.check.queries
-        rank_cap = float(np.clip(q.anchor[t] + min(q.kappa[t], policy.kappa_query) * q.s[t], 0.0, 1.0))
+        rank_cap = float(np.clip(q.anchor[t] + q.kappa_rank[t] * q.s[t], 0.0, 1.0))
         return Seen(float(out.blended.queries_ranking[t]), rank_cap, float(q.defended.p[t]),
                     float(q.anchor[t] + q.bound[t]), bool(out.check.flagged_any))
     return OracleAttack(target, direction, publish, most)
@@ -252,7 +253,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                      mean_true_rank=float(np.mean([r["target_true_rank"] for r in rs])),
                      mean_fakes=float(np.mean([r["fakes"] for r in rs])))
             for key, how in (("shift", "mean"), ("shift", "max"), ("shift_undefended", "mean"), ("rank_shift", "mean"),
-                             ("rank_shift", "max"), ("max_shift_all", "max"), ("bound_growth", "max"),
+                             ("rank_shift", "max"), ("rank_excess", "max"), ("kappa_rank", "mean"),
+                             ("max_shift_all", "max"), ("bound_growth", "max"),
                              ("bound_rise_all", "max")):
                 vals = np.array([r[key] for r in rs if r.get(key) is not None], dtype=np.float64)
                 vals = vals[np.isfinite(vals)]
@@ -267,12 +269,15 @@ def honest_cost(rounds: int, seed: int, sizes: Sequence[int] = HONEST_COST_SIZES
     """The defended default against the undefended blend on fresh honest populations (issue 40's instrument,
     :func:`hybriddp.simulation.defended_calibration.calibrate_defended`: 20 × the opt-in group's users, 48 Zipf
     records over 12 queries, ε = 4, M = 100, the published ``p_blended``), per opt-in size: RMSE of each and their
-    ratio (records, queries; entries listed in ≥ 10% of the rounds) and NDCG@10 of each and the difference."""
-    from hybriddp.simulation.defended_calibration import calibrate_defended
+    ratio (records, queries; entries listed in ≥ 10% of the rounds) and NDCG@10 of each and the difference; and the
+    NDCG@10 of the ranking guard chosen per round (``--anchor-kappa-query auto``, ``ndcg10_auto``)."""
+    from hybriddp.simulation.defended_calibration import calibrate_defended, defense_name
 
+    auto = AnchorPolicy(kappa_query=None)
     out = []
     for i, n in enumerate(sizes):
-        cal = calibrate_defended(n, rounds=rounds, seed=seed)
+        cal = calibrate_defended(n, rounds=rounds, seed=seed, defenses=("anchor", None, auto))
+        nd_auto = float(np.nanmean(cal.runs[defense_name(auto)].ndcg10))
         row = cal.row("anchor", column="p_blended")
         out.append({"optin_users": n, "users": int(cal.settings["n_users"]), "rounds": cal.listed_rounds,
                     "rmse_records": row["records"]["rmse"], "rmse_queries": row["queries"]["rmse"],
@@ -281,7 +286,9 @@ def honest_cost(rounds: int, seed: int, sizes: Sequence[int] = HONEST_COST_SIZES
                     "rmse_ratio_records": row["records"]["rmse_over_reference"],
                     "rmse_ratio_queries": row["queries"]["rmse_over_reference"],
                     "ndcg10": row["ndcg10"], "ndcg10_undefended": float(np.nanmean(cal.runs["none"].ndcg10)),
-                    "ndcg10_diff": row["ndcg10_minus_reference"], "flagged_rounds": row["flagged_rounds"],
+                    "ndcg10_diff": row["ndcg10_minus_reference"], "ndcg10_auto": nd_auto,
+                    "ndcg10_diff_auto": nd_auto - float(np.nanmean(cal.runs["none"].ndcg10)),
+                    "flagged_rounds": row["flagged_rounds"],
                     "seconds": round(cal.seconds, 1)})
         if progress is not None:
             progress(i + 1)

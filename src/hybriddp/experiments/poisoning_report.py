@@ -165,17 +165,20 @@ def issue40_verdicts(rows: Sequence[dict[str, Any]], cost: Sequence[dict[str, An
     defended = [r for r in attacked if r["defended"] and r.get("max_shift_all") is not None]
     if defended:
         worst = max(r["max_shift_all"] for r in defended)
-        rank = max((r["rank_shift"] for r in defended if np.isfinite(r.get("rank_shift", np.nan))), default=0.0)
+        rank = max((r["rank_excess"] for r in defended if np.isfinite(r.get("rank_excess", np.nan))),
+                   default=-math.inf)
         growth = [r["bound_growth"] for r in defended if r.get("bound_growth") is not None]
         rise = [r["bound_rise_all"] for r in defended if r.get("bound_rise_all") is not None]
         out.append({"claim": "the attacker's largest shift within the derived bound: |p̂ − p̂_O| ≤ κ_i·s_i on every "
-                             "entry and query, the ranking score within κ_q·s of a = p̂_O in [0, 1], every attack and φ",
-                    "measured": f"largest |p̂ − p̂_O|/(κ_i·s_i) {worst:.6f}, ranking score's shift/(κ_q·s) {rank:.6f} "
+                             "entry and query, the ranking score within the round's κ_q·s of a = p̂_O in [0, 1], "
+                             "every attack and φ",
+                    "measured": f"largest |p̂ − p̂_O|/(κ_i·s_i) {worst:.6f}, ranking score's largest excess over "
+                                f"p̂_O + κ_q·s {max(rank, 0.0):.6f}·s "
                                 f"over {len(defended)} attacked rounds"
                                 + (f"; the target's bound under attack {min(growth):.2f}–{max(growth):.2f}× the "
                                    f"honest round's" if growth else "")
                                 + (f", any entry's bound rose by at most {max(rise):.2f}·s" if rise else ""),
-                    "holds": worst <= 1 + SLACK and rank <= 1 + SLACK})
+                    "holds": worst <= 1 + SLACK and rank <= SLACK})
     oracle = [r for r in defended if r["attack"] == "oracle"]
     if oracle:
         top = max(r["fraction"] for r in oracle)
@@ -186,7 +189,7 @@ def issue40_verdicts(rows: Sequence[dict[str, Any]], cost: Sequence[dict[str, An
                     "measured": f"shift/(κ_i·s_i) ≥ 0.99 in {reach}/{len(at)} rounds (mean "
                                 f"{np.mean([r['shift'] for r in at]):.3f}, with "
                                 f"{np.mean([r['fakes'] for r in at]):,.0f} fakes on average); ranking score at its "
-                                f"maximum p̂_O + min(κ_i, κ_q)·s in {sum(x >= 0.99 for x in rank_reach)}/"
+                                f"maximum p̂_O + κ_q·s in {sum(x >= 0.99 for x in rank_reach)}/"
                                 f"{len(rank_reach)} (where that is above 0)",
                     "holds": True, "reference": True})
     for c in cost:
@@ -195,7 +198,9 @@ def issue40_verdicts(rows: Sequence[dict[str, Any]], cost: Sequence[dict[str, An
         out.append({"claim": f"honest cost at {c['optin_users']:,} opt-in users: RMSE ≤ {ISSUE40_RMSE_RATIO}× the "
                              f"undefended blend's (records, queries), NDCG@10 within {ISSUE40_NDCG}",
                     "measured": f"RMSE {c['rmse_ratio_records']:.3f}× / {c['rmse_ratio_queries']:.3f}×, NDCG@10 "
-                                f"{c['ndcg10_diff']:+.4f} ({c['rounds']} rounds)", "holds": ok})
+                                f"{c['ndcg10_diff']:+.4f} ({c['rounds']} rounds)"
+                                + (f"; with κ_q auto {c['ndcg10_diff_auto']:+.4f}" if c.get("ndcg10_diff_auto")
+                                   is not None else ""), "holds": ok})
     honest = [r for r in rows if r["attack"] == "honest" and r["defended"]]
     if l1_target and honest:
         l1 = float(np.mean([r["l1"] for r in honest]))
@@ -288,19 +293,21 @@ def report(summary: Sequence[dict[str, Any]], checks: Sequence[dict[str, Any]], 
     lines += ["", "## The bound under attack (defended rounds)", "",
               "Shifts of the target query from its opt-in estimate p̂_O in units of the round's bound: the published "
               "estimate's over κ_i·s_i (mean, max; the undefended blend's from the same reports for comparison), "
-              "the guarded ranking score's over κ_q·s (from a = p̂_O in [0, 1]), the largest |p̂ − p̂_O|/(κ_i·s_i) "
-              "over every entry and query (ALGORITHM.md §7.2, \"The bound\": ≤ 1 whatever the reports); the "
-              "target's bound over the honest round's; and the largest rise of any entry's bound over the honest "
-              "round's, in units of its s.", "",
-              "| attack | φ | fakes (mean) | estimate shift / κ_i·s_i | undefended / κ_i·s_i | ranking shift / κ_q·s | "
-              "largest, every entry | bound / honest bound: target (max) | every entry: rise / s (max) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "the guarded ranking score's in units of s (from a = p̂_O in [0, 1]; mean, max) and the round's guard "
+              "κ_q for the target (mean, ALGORITHM.md §7.2, \"The suggestions' ranking\"), the largest "
+              "|p̂ − p̂_O|/(κ_i·s_i) over every entry and query (ALGORITHM.md §7.2, \"The bound\": ≤ 1 whatever the "
+              "reports); the target's bound over the honest round's; and the largest rise of any entry's bound over "
+              "the honest round's, in units of its s.", "",
+              "| attack | φ | fakes (mean) | estimate shift / κ_i·s_i | undefended / κ_i·s_i | ranking shift / s "
+              "| κ_q | largest, every entry | bound / honest bound: target (max) | every entry: rise / s (max) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         if s["attack"] == "honest" or not s["defended"] or s.get("max_shift_all") is None:
             continue
         lines.append(f"| {s['attack']} | {s['fraction']:.1%} | {s['mean_fakes']:,.0f} | {_num(s, 'mean_shift', '.3f')} "
                      f"({_num(s, 'max_shift', '.3f')}) | {_num(s, 'mean_shift_undefended', '.2f')} | "
                      f"{_num(s, 'mean_rank_shift', '.3f')} ({_num(s, 'max_rank_shift', '.3f')}) | "
+                     f"{_num(s, 'mean_kappa_rank', '.2f')} | "
                      f"{_num(s, 'max_shift_all', '.6f')} | {_num(s, 'max_bound_growth', '.3f')} | "
                      f"{_num(s, 'max_bound_rise_all', '.3f')} |")
     lines += ["", "## Honest rounds", "", "| defended | trials | flagged | NDCG | NDCG@10 | L1 | L1 (union) |",
@@ -315,15 +322,19 @@ def report(summary: Sequence[dict[str, Any]], checks: Sequence[dict[str, Any]], 
                   "Fresh honest populations per round (hybriddp.simulation.defended_calibration: 20 × the opt-in "
                   "group's users, 48 Zipf records over 12 queries, ε = 4, M = 100, the default estimator), the "
                   "defended default and the undefended blend from the same reports; RMSE over the entries listed "
-                  "in ≥ 10% of the rounds (published `p_blended`), NDCG@10 of the published ranking.", "",
+                  "in ≥ 10% of the rounds (published `p_blended`), NDCG@10 of the published ranking; the last "
+                  "column the same rounds' with the ranking guard chosen per round (`--anchor-kappa-query auto`).",
+                  "",
                   "| opt-in users | users | rounds | RMSE records (undefended) | RMSE queries (undefended) | "
-                  "RMSE ratio records / queries | NDCG@10 (undefended) | Δ NDCG@10 | flagged rounds |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "RMSE ratio records / queries | NDCG@10 (undefended) | Δ NDCG@10 | flagged rounds | "
+                  "Δ NDCG@10, κ_q auto |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {c['optin_users']:,} | {c['users']:,} | {c['rounds']} | {c['rmse_records']:.3g} "
                   f"({c['rmse_records_undefended']:.3g}) | {c['rmse_queries']:.3g} "
                   f"({c['rmse_queries_undefended']:.3g}) | {c['rmse_ratio_records']:.3f} / "
                   f"{c['rmse_ratio_queries']:.3f} | {c['ndcg10']:.4f} "
-                  f"({c['ndcg10_undefended']:.4f}) | {c['ndcg10_diff']:+.4f} | {c['flagged_rounds']:.1%} |"
+                  f"({c['ndcg10_undefended']:.4f}) | {c['ndcg10_diff']:+.4f} | {c['flagged_rounds']:.1%} | "
+                  f"{_num(c, 'ndcg10_diff_auto', '+.4f')} |"
                   for c in cost]
     return "\n".join(lines) + "\n"
 
@@ -361,9 +372,10 @@ def run_poisoning(spec: Any, *, trials: int, out_dir: Path | None, quick: bool =
     out = out_dir or Path("experiments-out") / f"{spec.name}-poisoning"
     policy = config.policy
     kappa = f"auto (c = {policy.honest_cost})" if policy.kappa is None else policy.kappa
+    kq = f"auto (c_rank = {policy.rank_cost})" if policy.kappa_query is None else policy.kappa_query
     meta = {"dataset": spec.data_id, "trials": trials, "ε": params.epsilon, "δ": params.delta,
             "opt-in fraction": params.optin_fraction, "M": params.head_list_size, "estimator": params.estimator,
-            "defense": f"anchor (α = {policy.alpha}, κ = {kappa}, κ_q = {policy.kappa_query})",
+            "defense": f"anchor (α = {policy.alpha}, κ = {kappa}, κ_q = {kq})",
             "target ranks": config.ranks, "seconds": seconds}
     if cost:
         meta["honest-cost rounds per size"] = rounds

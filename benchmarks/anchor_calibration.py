@@ -22,12 +22,16 @@ Issue 40's targets, at every opt-in size, for the defended default: reported var
 |bias|/SE ≤ 4 for every entry listed in ≥ 10% of the rounds; RMSE ≤ 1.15 × the undefended blend's (records and
 queries); NDCG@10 within 0.003 of it. At 800 rounds a ratio's own standard error is about 5% (√(2/800)), so the
 band [0.8, 1.25] is about ±4 of them; a single |z| > 4 among ~75 entries is noise with probability ~0.5%.
+
+First a calibration of the machine (benchmarks/machine.py); run times are also given in its python units (the
+rounds are many small arrays: interpreter-bound work). With ``--json`` the calibration line goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -80,26 +84,34 @@ def main() -> None:
                     help="score against the users' distribution (law, default) or the round's own frequencies")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = ap.parse_args()
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate, in_units, print_calibration, units
+
+    machine = calibrate()  # the rounds are many small arrays: interpreter-bound, so their times in python units
+    print_calibration(machine, sys.stderr if args.json else None)
     out: dict[str, Any] = {"rounds": args.rounds, "seed": args.seed, "truth": args.truth, "targets": TARGETS,
-                           "sizes": []}
+                           "machine": machine, "sizes": []}
     start = time.perf_counter()
     for n_optin in args.optin:
         devices = 19 * n_optin if args.max_devices is None else min(19 * n_optin, args.max_devices)
         cal = calibrate_defended(n_optin, n_users=n_optin + devices, rounds=args.rounds, seed=args.seed,
                                  truth=args.truth)
         out["sizes"].append({"n_optin": n_optin, "n_users": n_optin + devices, "seconds": cal.seconds,
+                             "in_python_units": in_units(machine, "python", {"seconds": cal.seconds}),
                              "empty_rounds": cal.empty_rounds,
                              **{c: [cal.row(d, column=c) for d in cal.runs] for c in COLUMNS}})
         if not args.json:
-            print(f"opt-in {n_optin:,}: {cal.seconds:.0f} s for {args.rounds} rounds "
+            print(f"opt-in {n_optin:,}: {cal.seconds:.0f} s ({units(cal.seconds, machine, 'python')}) for "
+                  f"{args.rounds} rounds "
                   f"({cal.empty_rounds} with an empty head list)", flush=True)
     out["seconds"] = time.perf_counter() - start
+    out["in_python_units"] = in_units(machine, "python", {"seconds": out["seconds"]})
     if args.json:
         print(json.dumps(out))
         return
     for column in ("p_blended_raw", "p_blended"):
         print(f"\n{column}, {args.rounds} rounds per size, seed {args.seed}, truth {args.truth}, "
-              f"{out['seconds']:.0f} s in all\n{HEADER}")
+              f"{out['seconds']:.0f} s ({units(out['seconds'], machine, 'python')}) in all\n{HEADER}")
         for s in out["sizes"]:
             for row in s[column]:
                 print(fmt_row(s["n_optin"], s["n_users"], row))

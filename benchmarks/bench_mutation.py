@@ -24,6 +24,10 @@ After a test was changed or removed, run ``--fresh`` instead.
 
 mutmut writes ``mutants/`` (git-ignored) in the repository root; ``--fresh`` deletes it first.
 ``mutmut show <name>`` prints the diff of one mutant.
+
+Before running mutmut, a calibration of the machine (benchmarks/machine.py); the run time is also given in its
+python units (mutmut runs pytest: interpreter-bound work). With ``--json``: ``machine`` and ``in_python_units``
+(the calibration line then goes to stderr). ``--report-only`` times nothing and calibrates nothing.
 """
 
 from __future__ import annotations
@@ -106,8 +110,8 @@ def _row(counts: Counter[str]) -> dict[str, Any]:
             "score": caught / mutants if mutants else None}
 
 
-def print_table(table: dict[str, Any], seconds: float | None) -> None:
-    """The score table as plain text."""
+def print_table(table: dict[str, Any], seconds: float | None, run_units: str = "") -> None:
+    """The score table as plain text; ``run_units``: the run time in calibration units, printed after it."""
     head = f"{'module':<22}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'no tests':>9}{'other':>7}"
     print(head + f"{'score':>8}")
     print("-" * (len(head) + 8))
@@ -118,7 +122,7 @@ def print_table(table: dict[str, Any], seconds: float | None) -> None:
         print(f"{module:<22}{row['mutants']:>8}{row['killed']:>8}{row['timeout']:>8}{row['survived']:>9}"
               f"{row['no_tests']:>9}{row['other']:>7}{score:>8}")
     if seconds is not None:
-        print(f"run time: {seconds:.0f} s")
+        print(f"run time: {seconds:.0f} s" + (f" ({run_units})" if run_units else ""))
 
 
 def reset_survivors(modules: list[str], root: Path = ROOT) -> int:
@@ -172,9 +176,16 @@ def main(argv: list[str] | None = None) -> int:
 
     seconds = None
     exit_code = 0
+    machine: dict[str, Any] | None = None
+    relative: dict[str, float | None] = {}
     if not args.report_only:
         if args.fresh and args.rerun_survivors:
             ap.error("--fresh and --rerun-survivors exclude each other")
+        # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+        from machine import calibrate, in_units, print_calibration
+
+        machine = calibrate()
+        print_calibration(machine, sys.stderr if args.json else None)
         if args.fresh and (ROOT / "mutants").exists():
             shutil.rmtree(ROOT / "mutants")
         if args.rerun_survivors:
@@ -183,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         exit_code = run_mutmut(modules, args.max_children, log, all_names=args.rerun_survivors)
         seconds = time.monotonic() - start
+        relative = in_units(machine, "python", {"run_seconds": seconds})
         if exit_code != 0:
             print(f"mutmut run failed with exit code {exit_code}; see {log}", file=sys.stderr)
 
@@ -193,12 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     table = score_table(results)
     survivors = sorted(name for r in results.values() for name, s in r.items() if s not in ("killed", "timeout"))
     if args.json:
-        out: dict[str, Any] = {**table, "run_seconds": seconds, "max_children": args.max_children}
+        out: dict[str, Any] = {**table, "run_seconds": seconds, "max_children": args.max_children,
+                               "machine": machine, "in_python_units": relative}
         if args.survivors:
             out["survivors"] = survivors
         print(json.dumps(out))
     else:
-        print_table(table, seconds)
+        print_table(table, seconds, f"{relative['run_seconds']:.3g} python units" if relative else "")
         if args.survivors:
             print("\n".join(["", "not killed:", *survivors]))
     return exit_code

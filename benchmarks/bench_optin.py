@@ -35,6 +35,11 @@ rates, the rest the same.
 
     python benchmarks/bench_optin.py                    # SQLite, 10,000 then 100,000 users, a table
     python benchmarks/bench_optin.py --json --db postgresql
+
+First a calibration of the machine (benchmarks/machine.py); every time and rate (keys ``..._s``, ``..._seconds``,
+``..._us...``, ``..._per_s``) is also given in its python units (the server is Python: request handling, JSON,
+SQL), in brackets after the figure or, with ``--json``, as ``in_python_units`` next to ``machine`` (the
+calibration line then goes to stderr).
 """
 
 from __future__ import annotations
@@ -351,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if min(args.users, args.baseline, args.batch_lines, args.enrol_chunk) < 1 or args.single < 0:
         ap.error("--users, --baseline, --batch-lines and --enrol-chunk must be at least 1, --single at least 0")
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate, print_calibration, timing_figures, unit_label
+
+    machine = calibrate()
+    print_calibration(machine, sys.stderr if args.json else None)
 
     work = Path(tempfile.mkdtemp(prefix="hybriddp-bench-optin-"))
     cluster = None
@@ -391,11 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     missed = check_targets(result, backend)
     result["targets_met"] = not missed
     result["targets_missed"] = missed
+    relative = timing_figures(result, machine, "python")
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps({**result, "machine": machine, "in_python_units": relative}))
     else:
         for k, v in result.items():
-            print(f"{k:28s} {v}")
+            print(f"{k:28s} {v}" + (f"  ({unit_label(k, relative[k], 'python')})" if k in relative else ""))
     return 0
 
 

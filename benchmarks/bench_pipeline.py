@@ -12,6 +12,11 @@ batch path doing the same work (``map_records`` + ``randomize_batch``); two more
 printed for transparency (Python with a seeded Mersenne Twister; both cores only).
 
     python benchmarks/bench_pipeline.py --preset yandex [--json]
+
+First a calibration of the machine (benchmarks/machine.py). The stages and the batch randomizer are vectorized:
+their times and rates are also given in its numpy units; the per-record pure-Python rates in its python units
+(JSON: ``machine``, ``in_numpy_units``, ``in_python_units``, each stage's ``numpy_units``; the calibration line then
+goes to stderr). The calibration allocates ~50 MB for a moment, before the log is generated.
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="reports run through the pure-Python LocalAlg baseline (default 300000)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate, in_units, print_calibration, rate_relative, relative
+
+    machine = calibrate()
+    print_calibration(machine, sys.stderr if args.json else None)
 
     params = BlenderParams.paper_defaults(args.preset)
     rows: list[tuple[str, float, float]] = []
@@ -119,7 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         "randomizer_speedup_core": batch_rate / py_rates["core"],
         "python_rates": py_rates,
         "ndcg": res.metrics["ndcg"], "l1": res.metrics["l1"],
-        "stages": [{"stage": s, "seconds": sec, "peak_rss_gb": rss} for s, sec, rss in rows],
+        "stages": [{"stage": s, "seconds": sec, "numpy_units": relative(sec, machine, "numpy"), "peak_rss_gb": rss}
+                   for s, sec, rss in rows],
+        "machine": machine,
+        "in_numpy_units": in_units(machine, "numpy", seconds={"pipeline_seconds": pipeline_seconds},
+                                   rates={"randomizer_reports_per_second": batch_rate,
+                                          "mapping_and_randomizer_reports_per_second": batch_e2e_rate}),
+        "in_python_units": {**in_units(machine, "python", rates={"python_reports_per_second": python_rate}),
+                            "python_rates": in_units(machine, "python", rates=py_rates)},
     }
     if args.json:
         print(json.dumps(out))
@@ -128,25 +145,31 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
     table = Table(title=f"BLENDER pipeline, {args.preset} preset ({log.n_users:,} users, {log.n_records:,} records,"
                         f" M = {params.head_list_size})", title_justify="left")
-    for col in ("stage", "seconds", "peak RSS (GB)"):
+    for col in ("stage", "seconds", "numpy units", "peak RSS (GB)"):
         table.add_column(col, justify="left" if col == "stage" else "right")
     for s, sec, rss in rows:
-        table.add_row(s, f"{sec:.2f}", f"{rss:.2f}")
-    table.add_row("[b]pipeline after loading[/b]", f"[b]{pipeline_seconds:.2f}[/b]", f"{out['peak_rss_gb']:.2f}")
+        table.add_row(s, f"{sec:.2f}", f"{relative(sec, machine, 'numpy'):.3g}", f"{rss:.2f}")
+    table.add_row("[b]pipeline after loading[/b]", f"[b]{pipeline_seconds:.2f}[/b]",
+                  f"[b]{relative(pipeline_seconds, machine, 'numpy'):.3g}[/b]", f"{out['peak_rss_gb']:.2f}")
     con = Console()
     con.print(table)
     rt = Table(title=f"LocalAlg throughput ({len(entries):,} client reports; pure Python on the first {n_py:,})",
                title_justify="left")
-    for col in ("randomizer", "M reports/s", "batch speed-up"):
+    for col in ("randomizer", "M reports/s", "reports per unit", "batch speed-up"):
         rt.add_column(col, justify="left" if col == "randomizer" else "right")
-    rt.add_row("batch: randomize_batch (pre-mapped entries)", f"{batch_rate / 1e6:.2f}", "")
-    rt.add_row("batch: map_records + randomize_batch", f"{batch_e2e_rate / 1e6:.2f}", "")
+
+    def per_unit(rate: float, kind: str) -> str:
+        return f"{rate_relative(rate, machine, kind):,.0f} / {kind}"
+    rt.add_row("batch: randomize_batch (pre-mapped entries)", f"{batch_rate / 1e6:.2f}", per_unit(batch_rate, "numpy"),
+               "")
+    rt.add_row("batch: map_records + randomize_batch", f"{batch_e2e_rate / 1e6:.2f}",
+               per_unit(batch_e2e_rate, "numpy"), "")
     rt.add_row("device per record, OS randomness (production)", f"{py_rates['os'] / 1e6:.3f}",
-               f"{out['randomizer_speedup']:.0f}x")
-    rt.add_row("device per record, Mersenne Twister", f"{py_rates['mt'] / 1e6:.3f}",
+               per_unit(py_rates["os"], "python"), f"{out['randomizer_speedup']:.0f}x")
+    rt.add_row("device per record, Mersenne Twister", f"{py_rates['mt'] / 1e6:.3f}", per_unit(py_rates["mt"], "python"),
                f"{out['randomizer_speedup_python_mt']:.0f}x")
     rt.add_row("local_alg core only, pre-mapped, Mersenne Twister", f"{py_rates['core'] / 1e6:.3f}",
-               f"{out['randomizer_speedup_core']:.0f}x")
+               per_unit(py_rates["core"], "python"), f"{out['randomizer_speedup_core']:.0f}x")
     con.print(rt)
     con.print(f"NDCG {out['ndcg']:.4f}, L1 {out['l1']:.4f}, head list {out['head_list_records']} records")
     target = TARGETS.get(args.preset)

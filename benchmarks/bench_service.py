@@ -76,6 +76,11 @@ reports.
     python benchmarks/bench_service.py --json --db postgresql      # throwaway PostgreSQL cluster
     python benchmarks/bench_service.py --json --reports 300000 --single 20000 --tokens   # both, side by side
     python benchmarks/bench_service.py --json --reports 300000 --single 20000 --tokens --relay   # all three
+
+First a calibration of the machine (benchmarks/machine.py); every time, CPU time and rate (keys ``..._seconds``,
+``..._ms``, ``..._us...``, ``..._per_s``) is also given in its python units (the server, the relay and the load
+generator are Python: request handling, JSON, SQL), in brackets after the figure (side by side: a row under it)
+or, with ``--json``, as ``in_python_units`` next to ``machine`` (the calibration line then goes to stderr).
 """
 
 from __future__ import annotations
@@ -878,6 +883,11 @@ def main(argv: list[str] | None = None) -> int:
         ["relay"] if args.relay else [])
     if args.ids == "ordered" and len(modes) > 1:
         ap.error("--ids ordered is for open admission alone: with tokens the ids derive from the tokens' nonces")
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate, print_calibration, timing_figures, timing_of, unit_label
+
+    machine = calibrate()
+    print_calibration(machine, sys.stderr if args.json else None)
 
     work = Path(tempfile.mkdtemp(prefix="hybriddp-bench-"))
     cluster = None
@@ -929,32 +939,40 @@ def main(argv: list[str] | None = None) -> int:
         missed += check_targets(result, RELAY_TARGETS, "relay_", relay_key)
     result["targets_met"] = not missed
     result["targets_missed"] = missed
+    relative = timing_figures(result, machine, "python")
+
+    def units(k: str) -> str:
+        return f"  ({unit_label(k, relative[k], 'python')})" if k in relative else ""
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps({**result, "machine": machine, "in_python_units": relative}))
     elif len(runs) >= 2:
         run_keys = [k for k in dict.fromkeys(k for r in runs.values() for k in r) if k not in COST_KEYS]
         derived = ("verify_", "gateway_", "targets_")
         for k, v in result.items():
             if not any(k.startswith(f"{m}_") for m in ("tokens", "relay")) and k not in run_keys \
                     and k not in COST_KEYS and not k.startswith(derived):
-                print(f"{k:28s} {v}")
+                print(f"{k:28s} {v}{units(k)}")
         names = {"open": "open admission", "tokens": "with tokens", "relay": "through relay"}
         print(f"{'':28s}" + "".join(f" {names[m]:>16s}" for m in runs))
+        run_relative = [timing_figures(r, machine, "python") for r in runs.values()]
         for k in run_keys:
             print(f"{k:28s}" + "".join(f" {r.get(k)!s:>16s}" for r in runs.values()))
+            if any(k in rel for rel in run_relative):
+                label = "  per python unit" if timing_of(k) == ("rate", 1.0) else "  in python units"
+                print(f"{label:28s}" + "".join(f" {rel.get(k, '')!s:>16s}" for rel in run_relative))
         if "tokens" in runs:
             print("token cost:")
             for k in COST_KEYS:
-                print(f"  {k:26s} {result.get(k)}")
+                print(f"  {k:26s} {result.get(k)}{units(k)}")
         for k, v in result.items():
             if k.startswith(("verify_", "gateway_")) and k not in COST_KEYS:
-                print(f"  {k:26s} {v}")
+                print(f"  {k:26s} {v}{units(k)}")
         print(f"{'targets_met':28s} {result['targets_met']}")
         for m in missed:
             print(f"  missed: {m}")
     else:
         for k, v in result.items():
-            print(f"{k:28s} {v}")
+            print(f"{k:28s} {v}{units(k)}")
     return 0
 
 

@@ -21,6 +21,11 @@ start is reported apart. Run the 100 M measurement niced (``nice -n 19``); it ne
 
     nice -n 19 python benchmarks/bench_spark.py --reports 100000000 --json
     python benchmarks/bench_spark.py --reports 2000000
+
+First a calibration of the machine (benchmarks/machine.py, in this process, before the generation); every time and
+rate is also given in its numpy units (columnar, memory-bound work: the JVM's counting and NumPy's generation), in
+the table's last column or, with ``--json``, as ``in_numpy_units`` next to ``machine`` (the calibration line then
+goes to stderr).
 """
 
 from __future__ import annotations
@@ -126,8 +131,12 @@ def main() -> None:
         return worker(args)
     if args.reports < 1:
         ap.error(f"--reports = {args.reports}: must be >= 1")
+    from machine import calibrate, print_calibration, timing_figures, unit_label  # a sibling module, as synth_reports
     from rich.progress import Progress
     from synth_reports import write_synthetic_reports  # a sibling module: this script's folder is on sys.path
+
+    machine = calibrate()
+    print_calibration(machine, sys.stderr if args.json else None)
 
     tmp = tempfile.TemporaryDirectory(dir=args.workdir) if not args.keep else None
     work = Path(tmp.name if tmp else (args.workdir or tempfile.mkdtemp()))
@@ -159,16 +168,19 @@ def main() -> None:
     }
     if tmp:
         tmp.cleanup()
+    relative = timing_figures(result, machine, "numpy")
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps({**result, "machine": machine, "in_numpy_units": relative}))
         return
     from rich.console import Console
     from rich.table import Table
     t = Table(title=f"Spark counting of {args.reports:,} device reports")
     t.add_column("quantity")
     t.add_column("value", justify="right")
+    t.add_column("in numpy units", justify="right")
     for k, v in result.items():
-        t.add_row(k, f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v))
+        t.add_row(k, f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v),
+                  unit_label(k, relative[k], "numpy") if k in relative else "")
     Console().print(t)
 
 

@@ -11,12 +11,16 @@ RMSE: 4.2% at 5,000 rounds, 2.1% at 20,000) and the reported variance over the e
 The list is ``hybriddp.server.calibration.six_queries()``, also the tests' (20 entries; ⟨q,*⟩ and ⟨*,*⟩
 among the smallest, with expected T counts of 1.7–2.7), |D_T| = 500, |D_S| = 9,500, 20,000 reports,
 ε = 4 (ALGORITHM.md §7, §7.1).
+
+First a calibration of the machine (benchmarks/machine.py); the run time is also given in its python units (many
+small blends: interpreter-bound work). With ``--json`` the calibration line goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -31,9 +35,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help="seed of the rounds (default 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = ap.parse_args()
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate as calibrate_machine
+    from machine import in_units, print_calibration, units
+
+    machine = calibrate_machine()
+    print_calibration(machine, sys.stderr if args.json else None)
     hl, p = six_queries()
     lp = LocalAlgParams.build(hl, 4.0, 1e-5, 0.85, 1)
-    out: dict[str, dict] = {"trials": args.trials, "seed": args.seed, "p_record": p.tolist()}
+    out: dict[str, dict] = {"trials": args.trials, "seed": args.seed, "p_record": p.tolist(), "machine": machine}
     start = time.perf_counter()
     runs = {**calibrate(hl, p, lp, ("paper", "pooled"), n_t=500, n_s=0, n_c=20_000, epsilon=4.0,
                         trials=args.trials, seed=args.seed),
@@ -44,10 +54,11 @@ def main() -> None:
                            "variance_ratio": cal.variance_ratio(lvl).tolist(), "mse": cal.mse(lvl)}
                      for lvl in ("records", "queries")}
     out["seconds"] = time.perf_counter() - start
+    out["in_python_units"] = in_units(machine, "python", {"seconds": out["seconds"]})
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{args.trials} rounds per estimator, {out['seconds']:.0f} s")
+    print(f"{args.trials} rounds per estimator, {out['seconds']:.0f} s ({units(out['seconds'], machine, 'python')})")
     for name in runs:
         for lvl in ("records", "queries"):
             d = out[name][lvl]

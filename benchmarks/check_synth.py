@@ -9,6 +9,9 @@ Prints users, records, distinct queries and URLs, records per user, the per-user
 query probabilities of the top queries (exact expectation over the log and one sample of one
 record per user, as in the paper's Figure 9), the probability mass outside the top-M records,
 the expected CreateHeadList size at the paper's opt-in rates, generation time and peak RSS.
+
+First a calibration of the machine (benchmarks/machine.py); the generation time is also given in its numpy units
+(vectorized work).
 """
 
 from __future__ import annotations
@@ -72,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     log_ = logging.getLogger("check_synth")
     pre = PRESETS[args.preset]
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate, print_calibration, units
+
+    machine = calibrate()
+    print_calibration(machine)
 
     t0 = time.perf_counter()
     log = generate(args.preset, seed=args.seed, scale=args.scale)
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         hl = expected_head_list_size(p_record, log.n_users, f, delta)
         out.append(f"expected CreateHeadList size at {f:.1%} opt-in (ε=4, δ={delta:g}): {hl:,.0f} records"
                    f" (M = {m_head})")
-    out += [f"generation: {seconds:.1f} s, peak RSS {peak_mb:,.0f} MB", ""]
+    out += [f"generation: {seconds:.1f} s ({units(seconds, machine, 'numpy')}), peak RSS {peak_mb:,.0f} MB", ""]
     log_.info("\n".join(out))
     return 0
 

@@ -7,12 +7,16 @@ and released counts, the opt-in estimates, the clients' reports from LocalAlg's 
 (:mod:`hybriddp.simulation.selection`; ε = 4, δ = 1e-5, f_C = 0.85, M = 100). Truth: the population's p.
 
     python benchmarks/selection_bias.py --rounds 4000 [--per-record] [--json]
+
+First a calibration of the machine (benchmarks/machine.py); the run time is also given in its python units (many
+small rounds: interpreter-bound work). With ``--json`` the calibration line goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -30,14 +34,21 @@ def main() -> None:
     ap.add_argument("--per-record", action="store_true", help="also print every record's numbers for `reuse`")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = ap.parse_args()
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate, in_units, print_calibration, units
+
+    machine = calibrate()
+    print_calibration(machine, sys.stderr if args.json else None)
     start = time.perf_counter()
     runs = run_selection(Population.zipf(), Setting(), NAMES, rounds=args.rounds, seed=args.seed)
     seconds = time.perf_counter() - start
     if args.json:
-        print(json.dumps({"rounds": args.rounds, "seed": args.seed, "seconds": seconds,
+        print(json.dumps({"rounds": args.rounds, "seed": args.seed, "seconds": seconds, "machine": machine,
+                          "in_python_units": in_units(machine, "python", {"seconds": seconds}),
                           **{n: runs.table_row(n, args.min_listed) for n in NAMES}}))
         return
-    print(f"{args.rounds} rounds, seed {args.seed}, {seconds:.0f} s, {runs.empty_rounds} with an empty head list")
+    print(f"{args.rounds} rounds, seed {args.seed}, {seconds:.0f} s ({units(seconds, machine, 'python')}), "
+          f"{runs.empty_rounds} with an empty head list")
     print(format_table(runs, NAMES, args.min_listed))
     if args.per_record:
         s = runs.summary("reuse", args.min_listed)

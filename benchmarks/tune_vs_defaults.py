@@ -15,6 +15,10 @@ The table shows mean NDCG / L1 over the seeds, tune's own prediction, and the pa
 chosen − defaults with a 95% interval.
 
     python benchmarks/tune_vs_defaults.py [--presets aol yandex] [--seeds 5] [--trials 3] [--json]
+
+First a calibration of the machine (benchmarks/machine.py); tune's run time is also given in its numpy units
+(whole-log pipeline runs: vectorized work). With ``--json`` the calibration line goes to stderr and every preset's
+object carries it (``machine``).
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ from rich.table import Table
 from hybriddp.core.noise import DiscreteLaplaceNoise
 from hybriddp.core.params import BlenderParams
 from hybriddp.core.records import RecordLog
+from hybriddp.curator.party import curate
 from hybriddp.datasets.synth import generate
-from hybriddp.io.exchange import curator_release, write_curator_files
-from hybriddp.simulation.pipeline import curator_side, result_from_run, run_blender, split_optin
+from hybriddp.io.exchange import write_release_files
+from hybriddp.simulation.pipeline import result_from_run, run_blender, split_optin
 from hybriddp.tune import NDCG_TIE, PAPER_F_C, PAPER_F_O, Interval, load_privatized, tune
 
 logger = logging.getLogger("tune_vs_defaults")
@@ -46,13 +51,12 @@ logger = logging.getLogger("tune_vs_defaults")
 def curator_files(log: RecordLog, params: BlenderParams, seed: int, directory: Path) -> tuple[Path, Path]:
     """The two DP files ``hybriddp headlist --optin-fraction c --seed seed`` writes for ``log``."""
     optin, _ = split_optin(log.n_users, params.optin_fraction, seed)
-    cur = curator_side(log, optin, params, seed=seed, noise_factory=DiscreteLaplaceNoise)
-    hl = cur.optin.head_list
-    doc, extra = curator_release(log, params, cur, len(optin), seed)
+    rel, cur = curate(log, params, optin_users=optin, seed=seed, noise_factory=DiscreteLaplaceNoise,
+                      with_charges=False)
     hl_path, est_path = directory / "headlist.json", directory / "optin-estimates.json"
-    write_curator_files(hl_path, est_path, doc, cur.optin, extra)
-    logger.info("curator: head list %d records (|HL_S| = %d), |D_T| = %d", hl.n_records, cur.head_list_s.n_records,
-                cur.optin.n)
+    write_release_files(hl_path, est_path, rel.headlist, rel.estimates)
+    logger.info("curator: head list %d records (|HL_S| = %d), |D_T| = %d", rel.head_list.n_records,
+                cur.head_list_s.n_records, rel.optin.n)
     return hl_path, est_path
 
 
@@ -66,8 +70,11 @@ def evaluate(log: RecordLog, params: BlenderParams, seeds: list[int]) -> dict[st
     return {"ndcg": ndcg, "l1": l1, "records": size}
 
 
-def run_preset(preset: str, seeds: int, trials: int, data_seed: int) -> dict[str, Any]:
-    """Steps 1-4 of the module docstring for one preset."""
+def run_preset(preset: str, seeds: int, trials: int, data_seed: int, machine: dict[str, Any]) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring for one preset; ``machine``: the run's calibration (benchmarks/machine.py),
+    which the result carries with tune's run time in its numpy units."""
+    from machine import in_units  # a sibling module, as in main
+
     t0 = time.perf_counter()
     log = generate(preset, seed=data_seed)
     paper = BlenderParams.paper_defaults(preset)
@@ -93,7 +100,9 @@ def run_preset(preset: str, seeds: int, trials: int, data_seed: int) -> dict[str
     scores = {name: evaluate(log, p, eval_seeds) for name, p in settings.items()}
     d_ndcg = Interval.of(scores["tuned"]["ndcg"] - scores["paper defaults, same M"]["ndcg"])
     d_l1 = Interval.of(scores["tuned"]["l1"] - scores["paper defaults, same M"]["l1"])
-    return {"preset": preset, "users": log.n_users, "tune_seconds": round(tune_seconds, 1), "tune": res.to_json(),
+    return {"preset": preset, "users": log.n_users, "tune_seconds": round(tune_seconds, 1),
+            "machine": machine, "in_numpy_units": in_units(machine, "numpy", {"tune_seconds": tune_seconds}),
+            "tune": res.to_json(),
             "settings": {k: {"f_o": p.f_o, "f_c": p.f_c, "head_list_size": p.head_list_size,
                              "ndcg_mean": float(scores[k]["ndcg"].mean()),
                              "ndcg_sd": float(scores[k]["ndcg"].std(ddof=1)),
@@ -136,7 +145,8 @@ def print_table(results: list[dict[str, Any]], console: Console) -> None:
                       f"NDCG {d['ndcg']['mean']:+.4f} [{d['ndcg']['lo']:+.4f}, {d['ndcg']['hi']:+.4f}] → at least as "
                       f"good: {verdict(d['ndcg'], True)}; L1 {d['l1']['mean']:+.4f} [{d['l1']['lo']:+.4f}, "
                       f"{d['l1']['hi']:+.4f}] → at least as good: {verdict(d['l1'], False)}; tune took "
-                      f"{r['tune_seconds']:.0f} s, met = {r['tune']['met']}, fit: {r['tune']['fit']['source']}")
+                      f"{r['tune_seconds']:.0f} s ({r['in_numpy_units']['tune_seconds']:.3g} numpy units), "
+                      f"met = {r['tune']['met']}, fit: {r['tune']['fit']['source']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     logging.getLogger("hybriddp").setLevel(logging.WARNING)
-    results = [run_preset(p, max(args.seeds, 2), args.trials, args.data_seed) for p in args.presets]
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate, print_calibration
+
+    machine = calibrate()
+    print_calibration(machine, sys.stderr if args.json else None)
+    results = [run_preset(p, max(args.seeds, 2), args.trials, args.data_seed, machine) for p in args.presets]
     if args.json:
         sys.stdout.write(json.dumps(results, indent=1) + "\n")
     else:

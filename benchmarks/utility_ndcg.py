@@ -3,6 +3,9 @@
 ε = 4, δ = 1e-5, 5% opt-in, M = 50, f_O = 0.95, f_C = 0.85, m = 1. Target: mean ≥ 0.95.
 
     python benchmarks/utility_ndcg.py [--seeds 5] [--preset aol] [--json]
+
+First a calibration of the machine (benchmarks/machine.py); the total run time is also given in its numpy units
+(whole-log pipeline runs: vectorized work). With ``--json`` the calibration line goes to stderr.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -25,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate, in_units, print_calibration, units
+
+    machine = calibrate()
+    print_calibration(machine, sys.stderr if args.json else None)
+    start = time.perf_counter()
     params = BlenderParams.paper_defaults(args.preset)
     rows = []
     for seed in range(args.seeds):
@@ -42,11 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     half = 1.96 * nd.std(ddof=1) / np.sqrt(len(nd)) if len(nd) > 1 else float("nan")
     summary = {"preset": args.preset, "params": params.to_dict(), "seeds": args.seeds, "mean_ndcg": float(nd.mean()),
                "ci95_halfwidth": float(half), "target": 0.95, "met": bool(nd.mean() >= 0.95), "runs": rows}
+    seconds = time.perf_counter() - start
+    summary.update(seconds=seconds, machine=machine, in_numpy_units=in_units(machine, "numpy", {"seconds": seconds}))
     if args.json:
         print(json.dumps(summary))
     else:
         print(f"mean generalized NDCG over {args.seeds} seeds: {nd.mean():.4f} ± {half:.4f} (95% CI); "
               f"target >= 0.95: {'met' if summary['met'] else 'NOT met'}")
+        print(f"run time {seconds:.0f} s ({units(seconds, machine, 'numpy')})")
     return 0
 
 

@@ -358,3 +358,33 @@ def test_an_unknown_estimator_is_refused() -> None:
         blend_estimates(opt, cli, estimator="median", lp=lp)
     with pytest.raises(ValueError, match="LocalAlg"):
         blend_estimates(opt, cli, estimator="pooled")
+
+
+def test_the_pooled_blend_is_the_fixed_point_of_its_weights_then_bias_corrected() -> None:
+    """One round by hand (ALGORITHM.md §7, "Pooled weights"): the pooled blend p̄ = w·p̂_O + (1 − w)·p̂_C of records
+    and queries is a fixed point of its weights, w = σ²_C(x)/(σ²_O(x) + σ²_C(x)) with both variances at x = p̄ clamped
+    into [0, 1] (records and queries together); it publishes p̄ − b(p̄) with variance MSE(p̄) − b(p̄)², b and MSE
+    of :func:`blend_error` at p̄ (checked against a Monte Carlo above). The fast check of blend_pooled's loop that
+    mutation testing runs (the seeded calibration tests take minutes)."""
+    from hybriddp.server.blend import blend_pooled
+
+    hl, p = calibration_list()
+    lp = LocalAlgParams.build(hl, 4.0, 1e-5, 0.85, 1)
+    rng = np.random.default_rng(5)
+    opt = optin_estimates(hl, np.clip(p + 0.004 * rng.standard_normal(p.size), 0.0, 1.0), 500, 9_500, 4.0)
+    cli = estimate_client_probabilities(rng.multinomial(20_000, p @ output_distribution(lp)), hl, lp)
+    start = blend_estimates(opt, cli, False, estimator="paper", lp=lp)
+    rec, qry = blend_pooled(opt, cli, lp, start.records, start.queries)
+    bar_r = rec.weight_optin * opt.p_record + (1 - rec.weight_optin) * cli.p_record
+    bar_q = qry.weight_optin * opt.p_query + (1 - qry.weight_optin) * cli.p_query
+    x_r, x_q = np.clip(bar_r, 0.0, 1.0), np.clip(bar_q, 0.0, 1.0)
+    vo_r, vo_q = opt.variances_at(x_r, x_q)
+    vc_r, vc_q = client_variances(x_r, x_q, hl, lp, cli.n)
+    assert np.allclose(rec.weight_optin, vc_r / (vo_r + vc_r), rtol=1e-9, atol=1e-12)
+    assert np.allclose(qry.weight_optin, vc_q / (vo_q + vc_q), rtol=1e-9, atol=1e-12)
+    assert not np.allclose(rec.weight_optin, start.records.weight_optin)  # the paper's weights moved
+    err_r, err_q = blend_error(opt, cli, lp, bar_r, bar_q)
+    assert np.allclose(rec.p, bar_r - err_r.bias, rtol=0, atol=1e-12)
+    assert np.allclose(qry.p, bar_q - err_q.bias, rtol=0, atol=1e-12)
+    assert np.allclose(rec.var, err_r.mse - err_r.bias**2, rtol=1e-12, atol=0)
+    assert np.allclose(qry.var, err_q.mse - err_q.bias**2, rtol=1e-12, atol=0)

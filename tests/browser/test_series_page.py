@@ -26,6 +26,7 @@ def test_the_series_page_shows_the_periods_and_the_rising_query(fresh_server: An
     page.goto(f"{base}/series/{sid}")
     page.wait_for_selector("#trends-panel:not([hidden])")
     page.select_option("#window", "3")
+    page.wait_for_function("() => !document.querySelector('#trends-summary').textContent.startsWith('Testing')")
     rising = page.wait_for_selector('figure.trend.rising[data-query="eclipse"]')
     assert "rising" in rising.inner_text()
     points = rising.query_selector_all("g.trend-point")

@@ -52,16 +52,20 @@ function renderPeriods(doc) {
   $("periods-panel").hidden = false;
 }
 
+let trendsAsked = 0; // the latest trend request: an earlier answer that arrives after it is not shown
+
 async function renderTrends() {
   const window = $("window").value;
+  const asked = ++trendsAsked;
   $("trends-summary").textContent = "Testing…";
   let doc;
   try {
     doc = await fetchJson(`${api}/trends?window=${encodeURIComponent(window)}`);
   } catch (err) {
-    $("trends-summary").textContent = err.message;
+    if (asked === trendsAsked) $("trends-summary").textContent = err.message;
     return;
   }
+  if (asked !== trendsAsked) return;
   $("trends-panel").hidden = false;
   if (doc.note) {
     $("trends-summary").textContent = `${doc.note} (${doc.periods.length} so far).`;

@@ -481,14 +481,14 @@ def test_load_log_dispatch(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("name", "data", "needles"), [
     ("png.csv", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ["is not a text file", "NUL"]),
-    ("log.csv", gzip.compress(b"uid,q\n1,a\n"), ["gzip-compressed", "rename it to log.csv.gz"]),
-    ("log.txt", gzip.compress(AOL_HEADER.encode() + b"\n"), ["gzip-compressed", "log.txt.gz"]),
+    ("log.csv", gzip.compress(b"uid,q\n1,a\n", mtime=0), ["gzip-compressed", "rename it to log.csv.gz"]),
+    ("log.txt", gzip.compress(AOL_HEADER.encode() + b"\n", mtime=0), ["gzip-compressed", "log.txt.gz"]),
     ("t.csv", b"PAR1\x15\x04", ["Parquet file", "--format parquet"]),
     ("t.csv", "uid,q\n1,a\n".encode("utf-16"), ["UTF-16", "UTF-8"]),
     ("t.csv", b"PK\x03\x04\x14\x00", ["ZIP archive", "unpack"]),
     ("k.dat", b"1 2\x00\x01\x02 3\n", ["is not a text file"]),
     ("plain.csv.gz", b"uid,q\n1,a\n", ["not gzip-compressed", "rename it without .gz"]),
-    ("double.csv.gz", gzip.compress(gzip.compress(b"uid,q\n1,a\n")), ["compressed twice"]),
+    ("double.csv.gz", gzip.compress(gzip.compress(b"uid,q\n1,a\n", mtime=0), mtime=0), ["compressed twice"]),
     ("empty.txt", b"", ["is empty"]),
 ])
 def test_binary_or_misnamed_files_are_refused_with_the_fix(tmp_path: Path, name: str, data: bytes,

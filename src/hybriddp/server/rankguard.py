@@ -23,6 +23,8 @@ Whatever κ is, the ranking score is at most p̂_O + min(κ, κ_i)·s_i, κ at m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from hybriddp.server.tails import normal_laplace_p
@@ -39,15 +41,27 @@ def _discounts(n: int, depth: int) -> np.ndarray:
     return np.where(pos <= depth, 1.0 / np.log2(pos + 1.0), 0.0)
 
 
-def rank_cost(kappa: np.ndarray, published: np.ndarray, s: np.ndarray, share: np.ndarray, ranked: np.ndarray,
-              depth: int = RANK_DEPTH) -> np.ndarray:
-    """cost_i(κ_i) of the module docstring for every query (0 for one outside the top ``depth`` of the ranked
-    queries, not ranked, or with s 0 or infinite). ``ranked`` marks the queries the suggestions rank (``*`` is not)."""
+@dataclass(frozen=True)
+class _Pairs:
+    """What cost_i(κ) needs besides κ, for the queries at the top ``depth`` positions (rows) against every ranked
+    query (columns): the swap's NDCG weight (0 where the column is not ranked below the row), the gap in the row's
+    s, and the row's noise share; computed once per round, since only κ changes while :func:`rank_kappa` bisects."""
+
+    top: np.ndarray  # the query at each top position
+    usable: np.ndarray  # per top position: s finite and > 0
+    weight: np.ndarray
+    gap: np.ndarray  # (b_i − b_j)/s_i
+    share: np.ndarray
+    n: int  # queries in all (the output's length)
+
+
+def _pairs(published: np.ndarray, s: np.ndarray, share: np.ndarray, ranked: np.ndarray, depth: int) -> _Pairs | None:
+    """The :class:`_Pairs` of a round, or None where no query's cap can cost anything (fewer than two ranked
+    queries, nothing published, or no top query with a usable s)."""
     b = np.clip(np.nan_to_num(np.asarray(published, dtype=np.float64)), 0.0, 1.0)
-    out = np.zeros(b.shape)
     idx = np.flatnonzero(np.asarray(ranked, dtype=bool))
     if idx.size < 2:
-        return out
+        return None
     order = idx[np.argsort(-b[idx], kind="stable")]
     disc = _discounts(order.size, depth)
     total = float(b[order][:depth].sum())
@@ -57,19 +71,33 @@ def rank_cost(kappa: np.ndarray, published: np.ndarray, s: np.ndarray, share: np
     s_top, f_top = np.asarray(s, dtype=np.float64)[top], np.asarray(share, dtype=np.float64)[top]
     usable = np.isfinite(s_top) & (s_top > 0)
     if idcg <= 0.0 or not usable.any():
-        return out
-    n_top = top.size
+        return None
     gaps = b[top][:, None] - b[order][None, :]  # (top position, any position)
     step = np.concatenate([[0.0], disc[:-1] - disc[1:]])  # D(q − 1) − D(q) at position q (0-based q ≥ 1)
     weight = (gain[top][:, None] - gain[order][None, :]) * step[None, :] / idcg
-    below = np.arange(order.size)[None, :] > np.arange(n_top)[:, None]
+    below = np.arange(order.size)[None, :] > np.arange(top.size)[:, None]
     weight = np.where(below & (gaps >= 0.0), weight, 0.0)
-    k = np.asarray(kappa, dtype=np.float64)[top]
     with np.errstate(invalid="ignore", divide="ignore"):
-        x = k[:, None] + gaps / np.where(usable, s_top, 1.0)[:, None]
-    tail = 0.5 * normal_laplace_p(x, np.broadcast_to(np.nan_to_num(f_top, nan=1.0)[:, None], x.shape))
-    out[top] = np.where(usable, (weight * tail).sum(axis=1), 0.0)
+        gap = gaps / np.where(usable, s_top, 1.0)[:, None]
+    return _Pairs(top, usable, weight, gap, np.broadcast_to(np.nan_to_num(f_top, nan=1.0)[:, None], gap.shape),
+                  b.size)
+
+
+def _cost(pairs: _Pairs, kappa: np.ndarray) -> np.ndarray:
+    """cost_i(κ_i) of every query for the round's :class:`_Pairs` (0 off the top)."""
+    out = np.zeros(pairs.n)
+    k = np.asarray(kappa, dtype=np.float64)[pairs.top]
+    tail = 0.5 * normal_laplace_p(k[:, None] + pairs.gap, pairs.share)
+    out[pairs.top] = np.where(pairs.usable, (pairs.weight * tail).sum(axis=1), 0.0)
     return out
+
+
+def rank_cost(kappa: np.ndarray, published: np.ndarray, s: np.ndarray, share: np.ndarray, ranked: np.ndarray,
+              depth: int = RANK_DEPTH) -> np.ndarray:
+    """cost_i(κ_i) of the module docstring for every query (0 for one outside the top ``depth`` of the ranked
+    queries, not ranked, or with s 0 or infinite). ``ranked`` marks the queries the suggestions rank (``*`` is not)."""
+    pairs = _pairs(published, s, share, ranked, depth)
+    return np.zeros(np.asarray(published).shape[0]) if pairs is None else _cost(pairs, kappa)
 
 
 def rank_kappa(published: np.ndarray, s: np.ndarray, share: np.ndarray, ranked: np.ndarray, cost: float,
@@ -82,8 +110,12 @@ def rank_kappa(published: np.ndarray, s: np.ndarray, share: np.ndarray, ranked: 
     caps = np.broadcast_to(np.asarray(cap, dtype=np.float64), (n,)).astype(np.float64)
     caps = np.where(np.isfinite(caps), np.maximum(caps, 0.0), 0.0)
 
+    pairs = _pairs(published, s, share, ranked, depth)
+    if pairs is None:
+        return np.zeros(n)
+
     def total(k: float) -> float:
-        return float(rank_cost(np.minimum(k, caps), published, s, share, ranked, depth).sum())
+        return float(_cost(pairs, np.minimum(k, caps)).sum())
     if total(0.0) <= cost:
         return np.zeros(n)
     lo, hi = 0.0, float(caps.max(initial=0.0))

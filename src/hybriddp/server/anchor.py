@@ -153,12 +153,14 @@ class Side:
     share: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the noise share f of (blend − p̂_O)
     kappa_rank: np.ndarray = field(default_factory=lambda: np.zeros(0))  # κ_q per query (:meth:`guard`)
 
-    def guard(self, published: np.ndarray, policy: AnchorPolicy, ranked: np.ndarray) -> Side:
-        """This side with the ranking guard's κ_q per entry for ``published`` (the final estimates; ``ranked`` marks
-        the entries the suggestions rank): the policy's fixed κ_q, or (``auto``) the round's smallest whose expected
-        honest NDCG@10 cost is at most ``rank_cost`` (:func:`~hybriddp.server.rankguard.rank_kappa`), at most κ_i
-        (the estimate is bounded there already); 0 for a flagged entry."""
+    def guard(self, published: np.ndarray, policy: AnchorPolicy) -> Side:
+        """The queries' side with the ranking guard's κ_q per query for ``published`` (the final estimates): the
+        policy's fixed κ_q, or (``auto``) the round's smallest whose expected honest NDCG@10 cost over the listed
+        queries (the last, ``*``, is not suggested) is at most ``rank_cost``
+        (:func:`~hybriddp.server.rankguard.rank_kappa`), at most κ_i (the estimate is bounded there already); 0 for
+        a flagged query."""
         if policy.kappa_query is None:
+            ranked = np.arange(self.s.size) < self.s.size - 1
             kq = rank_kappa(published, self.s, self.share, ranked, policy.rank_cost, self.kappa)
         else:
             kq = np.full(self.s.shape, float(policy.kappa_query))
@@ -317,7 +319,7 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     excess = float((received - cleaned).sum())
     projected = project_to_simplex(rec.defended.p) if project else None
     q_final = np.clip(qry.defended.p, 0.0, 1.0)
-    qry = qry.guard(q_final, policy, np.arange(hl.k) < hl.n_queries)
+    qry = qry.guard(q_final, policy)
     out = BlendOutput(rec.defended, qry.defended, projected, q_final, qry.rank(q_final))
     assert received_client is not None
     return received_client, out, AnchorCheck(policy, rec, qry, excess, int(received.sum()), critical)

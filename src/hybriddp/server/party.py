@@ -180,7 +180,7 @@ def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, esti
     client, blended, check = anchor_blend(release.optin, lp, counts, defense, estimate, project)
     if estimator_named(estimator).blend is Blend.CONSISTENT:  # queries stay the sums of their (defended) entries
         blended = consistent_queries(blended, hl)
-        queries = check.queries.guard(blended.queries_final, defense, np.arange(hl.k) < hl.n_queries)
+        queries = check.queries.guard(blended.queries_final, defense)
         check = replace(check, queries=queries)
         blended = replace(blended, queries_rank=queries.rank(blended.queries_final))
     return ServerOutput(lp, client, blended, check)

@@ -141,16 +141,16 @@ def shifts(check: AnchorCheck, ranking: np.ndarray, query: int, honest: AnchorCh
     estimate's (before clipping into [0, 1]) over κ_i·s_i (``shift``; ≤ 1 whatever the reports), the undefended
     blend's over the same (``shift_undefended``: what the attack moves without the defense), the guarded ranking
     score's from a = p̂_O clipped into [0, 1] (the score is clipped too) in units of s (``rank_shift``; ≤ κ_q, the
-    round's guard for the query, ``kappa_rank``), its excess over its largest, p̂_O + κ_q·s clipped into [0, 1], in
-    units of s (``rank_excess``; ≤ 0 whatever the reports) and its share of that largest (``rank_reach``; NaN where
-    that is a), the largest |p̂ − p̂_O|/(κ_i·s_i) over every entry and query (``max_shift_all``), the target's bound
-    over the honest round's (``bound_growth``, B(β)/B(0) of "The bound") and the largest rise of any entry's or
-    query's bound, (B(β) − B(0))/s_i(0) (``bound_rise_all``: in units of s, since a ratio of two tiny κ on the 0.01
-    grid says little)."""
+    round's guard for the query, ``kappa_rank``), its excess over its largest, p̂_O + min(κ_q, κ_i)·s clipped into
+    [0, 1] (:func:`_rank_cap`), in units of s (``rank_excess``; ≤ 0 whatever the reports) and its share of that
+    largest (``rank_reach``; NaN where that is a), the largest |p̂ − p̂_O|/(κ_i·s_i) over every entry and query
+    (``max_shift_all``), the target's bound over the honest round's (``bound_growth``, B(β)/B(0) of "The bound") and
+    the largest rise of any entry's or query's bound, (B(β) − B(0))/s_i(0) (``bound_rise_all``: in units of s, since a
+    ratio of two tiny κ on the 0.01 grid says little)."""
     q = check.queries
     bound, anchor, unit = float(q.bound[query]), float(q.anchor[query]), float(q.s[query])
     a = min(max(anchor, 0.0), 1.0)
-    cap = min(max(anchor + float(q.kappa_rank[query]) * unit, 0.0), 1.0)
+    cap = _rank_cap(check, query)
     ratios = [np.abs(side.defended.p - side.anchor)[np.isfinite(side.bound) & (side.bound > 0)]
               / side.bound[np.isfinite(side.bound) & (side.bound > 0)] for side in (check.records, q)]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -169,6 +169,14 @@ def shifts(check: AnchorCheck, ranking: np.ndarray, query: int, honest: AnchorCh
                 for ok in [np.isfinite(then.bound) & np.isfinite(now.bound) & np.isfinite(then.s) & (then.s > 0)]]
         out["bound_rise_all"] = float(max(r.max(initial=0.0) for r in rise))
     return out
+
+
+def _rank_cap(check: AnchorCheck, query: int) -> float:
+    """The most ``query``'s guarded ranking score can be in this round: p̂_O + min(κ_q, κ_i)·s clipped into [0, 1]
+    (the score is at most the estimate, which is at most p̂_O + κ_i·s; ALGORITHM.md §7.2)."""
+    q = check.queries
+    kappa = min(float(q.kappa_rank[query]), float(q.kappa[query]))
+    return min(max(float(q.anchor[query]) + kappa * float(q.s[query]), 0.0), 1.0)
 
 
 def oracle_attack(run: BlenderRun, target: Target, policy: AnchorPolicy, most: int) -> OracleAttack:
@@ -200,8 +208,7 @@ def oracle_attack(run: BlenderRun, target: Target, policy: AnchorPolicy, most: i
     def publish(extra: np.ndarray) -> Seen:
         out = _estimate(run, run.report_counts + extra, policy)
         q = out.check.queries
-        rank_cap = float(np.clip(q.anchor[t] + q.kappa_rank[t] * q.s[t], 0.0, 1.0))
-        return Seen(float(out.blended.queries_ranking[t]), rank_cap, float(q.defended.p[t]),
+        return Seen(float(out.blended.queries_ranking[t]), _rank_cap(out.check, t), float(q.defended.p[t]),
                     float(q.anchor[t] + q.bound[t]), bool(out.check.flagged_any))
     return OracleAttack(target, direction, publish, most)
 
@@ -278,6 +285,7 @@ def honest_cost(rounds: int, seed: int, sizes: Sequence[int] = HONEST_COST_SIZES
     for i, n in enumerate(sizes):
         cal = calibrate_defended(n, rounds=rounds, seed=seed, defenses=("anchor", None, auto))
         nd_auto = float(np.nanmean(cal.runs[defense_name(auto)].ndcg10))
+        nd_none = float(np.nanmean(cal.runs["none"].ndcg10))
         row = cal.row("anchor", column="p_blended")
         out.append({"optin_users": n, "users": int(cal.settings["n_users"]), "rounds": cal.listed_rounds,
                     "rmse_records": row["records"]["rmse"], "rmse_queries": row["queries"]["rmse"],
@@ -285,9 +293,9 @@ def honest_cost(rounds: int, seed: int, sizes: Sequence[int] = HONEST_COST_SIZES
                     "rmse_queries_undefended": cal.rmse("none", "queries"),
                     "rmse_ratio_records": row["records"]["rmse_over_reference"],
                     "rmse_ratio_queries": row["queries"]["rmse_over_reference"],
-                    "ndcg10": row["ndcg10"], "ndcg10_undefended": float(np.nanmean(cal.runs["none"].ndcg10)),
+                    "ndcg10": row["ndcg10"], "ndcg10_undefended": nd_none,
                     "ndcg10_diff": row["ndcg10_minus_reference"], "ndcg10_auto": nd_auto,
-                    "ndcg10_diff_auto": nd_auto - float(np.nanmean(cal.runs["none"].ndcg10)),
+                    "ndcg10_diff_auto": nd_auto - nd_none,
                     "flagged_rounds": row["flagged_rounds"],
                     "seconds": round(cal.seconds, 1)})
         if progress is not None:

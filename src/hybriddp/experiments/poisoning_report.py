@@ -189,7 +189,7 @@ def issue40_verdicts(rows: Sequence[dict[str, Any]], cost: Sequence[dict[str, An
                     "measured": f"shift/(κ_i·s_i) ≥ 0.99 in {reach}/{len(at)} rounds (mean "
                                 f"{np.mean([r['shift'] for r in at]):.3f}, with "
                                 f"{np.mean([r['fakes'] for r in at]):,.0f} fakes on average); ranking score at its "
-                                f"maximum p̂_O + κ_q·s in {sum(x >= 0.99 for x in rank_reach)}/"
+                                f"maximum p̂_O + min(κ_q, κ_i)·s in {sum(x >= 0.99 for x in rank_reach)}/"
                                 f"{len(rank_reach)} (where that is above 0)",
                     "holds": True, "reference": True})
     for c in cost:

@@ -13,90 +13,136 @@ import math
 import numpy as np
 import pytest
 
-from hybriddp.server.rankguard import rank_cost, rank_kappa
+from hybriddp.server.rankguard import DRAWS, rank_cost, rank_kappa
 from hybriddp.simulation.scoring import ndcg
 
 
-def _draw_x(rng: np.random.Generator, n: int, share: float) -> np.ndarray:
-    """X = u + ℓ with unit variance: u normal with variance 1 − f, ℓ Laplace with variance f (scale √(f/2))."""
-    return rng.normal(0.0, math.sqrt(1.0 - share), n) + rng.laplace(0.0, math.sqrt(share / 2.0), n)
-
-
-def _mc_loss(b: np.ndarray, s: np.ndarray, share: float, kappa: float, capped: int, draws: int,
-             seed: int) -> np.ndarray:
-    """NDCG@10 losses when query ``capped`` alone is capped at b + κ·s − its own blend move, i.e. its score falls by
-    s·(X − κ)₊, the others kept at b: one loss per draw of X."""
+def _mc_loss(b: np.ndarray, s: np.ndarray, share: np.ndarray, kappa: float, draws: int, seed: int,
+             spread: np.ndarray | None = None, bound: np.ndarray | None = None) -> np.ndarray:
+    """NDCG@10 losses when every query's score falls by s·(X − κ)₊ (and, with ``bound``, rises by s·(−X − bound)₊),
+    X = ρ·(u + ℓ) drawn independently per query, u normal with variance 1 − f and ℓ Laplace with variance f (scale
+    √(f/2)): one loss per draw, the ranking recomputed draw by draw."""
     rng = np.random.default_rng(seed)
-    x = _draw_x(rng, draws, share)
-    drop = s[capped] * np.maximum(x - kappa, 0.0)
+    rho = np.ones(b.size) if spread is None else spread
     ideal = np.sort(b)[::-1][:10]
     base = ndcg(b[np.argsort(-b, kind="stable")][:10], ideal)
+    xs = rho * (rng.normal(size=(draws, b.size)) * np.sqrt(1.0 - share)
+                + rng.laplace(size=(draws, b.size)) * np.sqrt(share / 2.0))
     out = np.empty(draws)
-    for i, d in enumerate(drop):  # a test's Monte Carlo: the ranking is recomputed draw by draw
-        score = b.copy()
-        score[capped] -= d
+    for i, x in enumerate(xs):  # a test's Monte Carlo: the ranking is recomputed draw by draw
+        score = b - s * np.maximum(x - kappa, 0.0)
+        if bound is not None:
+            score = score + s * np.maximum(-x - bound, 0.0)
         out[i] = base - ndcg(b[np.argsort(-score, kind="stable")][:10], ideal)
     return out
 
 
+def _tail(t: float, share: float) -> float:
+    """P(X > t) for the unit normal–Laplace law by numerical integration of the normal's density against the
+    Laplace part's tail (scipy's quad; independent of :func:`hybriddp.server.tails.normal_laplace_p`)."""
+    from scipy import integrate, stats
+
+    sd_n, scale = math.sqrt(1.0 - share), math.sqrt(share / 2.0)
+    if share == 0.0:
+        return float(stats.norm.sf(t))
+    val, _ = integrate.quad(lambda u: stats.norm.pdf(u, scale=sd_n) * stats.laplace.sf(t - u, scale=scale),
+                            -12 * sd_n, 12 * sd_n + abs(t), limit=200)
+    return float(val)
+
+
 @pytest.mark.parametrize(("share", "kappa"), [(0.0, 0.0), (0.5, 0.3), (0.9, 1.0)])
 def test_a_pair_costs_its_swap_times_the_chance_of_it(share: float, kappa: float) -> None:
-    """Two ranked queries: capping the first swaps them exactly when s·(X − κ) > b₁ − b₂, so the cost is the swap's
-    NDCG loss times P(X > κ + gap/s), the whole expected loss (no pairwise approximation). Checked against 40,000
-    draws (z < 5: p ≈ 6e-7)."""
-    b, s = np.array([0.30, 0.26]), np.array([0.05, 0.05])
-    f = np.full(2, share)
-    cost = rank_cost(np.full(2, kappa), b, s, f, np.ones(2, dtype=bool))
-    loss = _mc_loss(b, s, share, kappa, 0, 40_000, seed=11)
-    assert cost[1] == 0.0  # nothing ranks below the second: its cap costs nothing
-    assert abs(loss.mean() - cost[0]) <= 5 * loss.std() / math.sqrt(loss.size) + 1e-12, (loss.mean(), cost[0])
-    assert cost[0] > 0.0
+    """Two ranked queries, only the first with a cap (the second's s is 0): they swap exactly when
+    s·(X − κ) > b₁ − b₂, so the expected loss is the swap's NDCG loss (computed by the ranking's own NDCG code)
+    times P(X > κ + gap/s) (by numerical integration). The quadrature's 2,000 fixed draws get within 5 of their
+    standard errors."""
+    b, s = np.array([0.30, 0.26]), np.array([0.05, 0.0])
+    cost = rank_cost(np.full(2, kappa), b, s, np.full(2, share), np.ones(2, dtype=bool))
+    swap = 1.0 - ndcg(b[::-1], b)
+    p = _tail(kappa + (b[0] - b[1]) / s[0], share)
+    se = swap * math.sqrt(p * (1 - p) / DRAWS)
+    assert abs(cost - swap * p) <= 5 * se + 1e-12, (cost, swap * p, se)
+    assert cost > 0.0
 
 
-def test_with_many_queries_the_cost_is_the_expected_loss() -> None:
-    """Twelve queries, the third one capped: however far the cap drops it (past several others, out of the top 10),
-    the cost is the expected NDCG@10 loss (40,000 draws, z < 5)."""
-    b = np.array([0.2, 0.15, 0.12, 0.11, 0.10, 0.09, 0.08, 0.05, 0.04, 0.03, 0.02, 0.01])
-    s = np.full(b.size, 0.03)
-    f = np.full(b.size, 0.3)
-    kappa = np.full(b.size, 0.2)
-    cost = rank_cost(kappa, b, s, f, np.ones(b.size, dtype=bool))
-    loss = _mc_loss(b, s, 0.3, 0.2, 2, 40_000, seed=12)
-    assert abs(loss.mean() - cost[2]) <= 5 * loss.std() / math.sqrt(loss.size), (loss.mean(), cost[2])
+def test_every_query_capped_together_costs_the_expected_loss() -> None:
+    """Twenty-four queries, all capped at once (neighbours capped together keep their order, queries from below the
+    top 10 can enter it), per-query s, noise shares and spreads ρ: the cost is the expected NDCG@10 loss of an
+    independent Monte Carlo (8,000 draws; z < 5 against both errors)."""
+    rng = np.random.default_rng(3)
+    b = np.sort(rng.dirichlet(np.full(24, 2.0)))[::-1]
+    s = rng.uniform(0.005, 0.02, b.size)
+    f = rng.uniform(0.0, 0.9, b.size)
+    rho = rng.uniform(0.6, 1.1, b.size)
+    ranked = np.ones(b.size, dtype=bool)
+    cost = rank_cost(np.full(b.size, 0.2), b, s, f, ranked, spread=rho)
+    loss = _mc_loss(b, s, f, 0.2, 8_000, seed=12, spread=rho)
+    se = loss.std() * math.sqrt(1 / loss.size + 1 / DRAWS)
+    assert abs(loss.mean() - cost) <= 5 * se, (loss.mean(), cost, se)
+    assert cost > 10 * se  # the comparison has teeth: the cost is far from 0
+
+
+def test_the_estimates_own_bound_lifting_a_low_blend_is_counted() -> None:
+    """With κ_i small, a blend far below p̂_O is lifted to p̂_O − κ_i·s, which reorders the ranking too: the cost
+    with ``bound`` is the Monte Carlo's with the lift, and differs from the cost without it."""
+    b = np.array([0.2, 0.15, 0.12, 0.11, 0.10, 0.09, 0.08, 0.07, 0.06, 0.05, 0.045, 0.04])
+    s, f = np.full(b.size, 0.03), np.full(b.size, 0.3)
+    ranked = np.ones(b.size, dtype=bool)
+    bound = np.full(b.size, 0.3)
+    with_lift = rank_cost(np.full(b.size, 1.0), b, s, f, ranked, bound=bound)
+    without = rank_cost(np.full(b.size, 1.0), b, s, f, ranked)
+    loss = _mc_loss(b, s, f, 1.0, 8_000, seed=13, bound=bound)
+    se = loss.std() * math.sqrt(1 / loss.size + 1 / DRAWS)
+    assert abs(loss.mean() - with_lift) <= 5 * se, (loss.mean(), with_lift, se)
+    assert with_lift > without + 5 * se
+
+
+def test_a_spread_is_the_same_as_a_smaller_unit() -> None:
+    """The score falls by s·(ρY − κ)₊ = ρs·(Y − κ/ρ)₊: the cost at (κ, s, ρ) is the cost at (κ/ρ, ρs, 1) (same
+    quadrature nodes, so equal to rounding), and ρ = 0 costs nothing."""
+    rng = np.random.default_rng(4)
+    b = np.sort(rng.dirichlet(np.ones(15)))[::-1]
+    s, f, ranked = rng.uniform(0.005, 0.03, b.size), rng.uniform(0, 1, b.size), np.ones(b.size, dtype=bool)
+    rho = rng.uniform(0.3, 1.2, b.size)
+    a = rank_cost(np.full(b.size, 0.4), b, s, f, ranked, spread=rho)
+    c = rank_cost(0.4 / rho, b, rho * s, f, ranked)
+    assert a > 0 and math.isclose(a, c, rel_tol=1e-9, abs_tol=1e-15)
+    assert rank_cost(np.zeros(b.size), b, s, f, ranked, spread=np.zeros(b.size)) == 0.0
 
 
 def test_rank_kappa_is_the_rounds_smallest_within_the_budget() -> None:
-    """One κ for the round: the total cost at it is within the budget (or it is at the cap), a κ 0.01 smaller would
-    not be, every query gets min(κ, its cap)."""
+    """One κ for the round: the total cost at it (with the estimates' bound, the caps) is within the budget (or it is
+    at the cap), a κ 0.01 smaller would not be, every query gets min(κ, its cap)."""
     rng = np.random.default_rng(5)
     for _ in range(20):
         n = int(rng.integers(3, 40))
         b = np.sort(rng.dirichlet(np.ones(n)))[::-1]
         s = rng.uniform(0.001, 0.05, n)
         f = rng.uniform(0.0, 1.0, n)
+        rho = rng.uniform(0.5, 1.2, n)
         ranked = np.ones(n, dtype=bool)
         ranked[-1] = False  # the ``*`` query
         budget = float(rng.choice([1e-3, 2.5e-3, 1e-2]))
         cap = rng.uniform(0.0, 5.0, n)
-        k = rank_kappa(b, s, f, ranked, budget, cap)
+        k = rank_kappa(b, s, f, ranked, budget, cap, spread=rho)
         assert np.all((k >= 0.0) & (k <= cap + 1e-12))
         kappa = float(k[np.argmax(cap)])  # the round's κ (where the cap does not bind)
         assert np.allclose(k, np.minimum(kappa, cap))
-        at = rank_cost(k, b, s, f, ranked).sum()
-        assert at <= budget * (1 + 1e-9) or kappa >= cap.max() - 1e-3
+        at = rank_cost(k, b, s, f, ranked, spread=rho, bound=cap)
+        assert at <= budget * (1 + 1e-9) or kappa >= cap.max() - 2e-3
         if kappa >= 0.01:
-            below = rank_cost(np.minimum(kappa - 0.01, cap), b, s, f, ranked).sum()
+            below = rank_cost(np.minimum(kappa - 0.01, cap), b, s, f, ranked, spread=rho, bound=cap)
             assert below > budget, "a smaller κ would have been within the budget"
 
 
 def test_the_cost_falls_with_kappa_and_grows_with_the_opt_in_noise() -> None:
-    b = np.array([0.2, 0.15, 0.12, 0.11, 0.10, 0.09])
+    b = np.array([0.2, 0.15, 0.12, 0.11, 0.10, 0.09, 0.08, 0.07, 0.06, 0.05, 0.04, 0.03])
     ranked = np.ones(b.size, dtype=bool)
     f = np.full(b.size, 0.5)
     grid = np.linspace(0.0, 4.0, 41)
-    costs = np.array([rank_cost(np.full(b.size, k), b, np.full(b.size, 0.02), f, ranked)[:5].sum() for k in grid])
+    costs = np.array([rank_cost(np.full(b.size, k), b, np.full(b.size, 0.02), f, ranked) for k in grid])
     assert np.all(np.diff(costs) <= 1e-15) and costs[0] > 10 * costs[-1]
-    noisy = [rank_cost(np.zeros(b.size), b, np.full(b.size, sd), f, ranked)[:5].sum() for sd in (0.001, 0.01, 0.05)]
+    noisy = [rank_cost(np.zeros(b.size), b, np.full(b.size, sd), f, ranked) for sd in (0.001, 0.01, 0.05)]
     assert noisy[0] < noisy[1] < noisy[2]
     # an opt-in group that ranks as well as the blend costs nothing to follow: κ 0
     assert np.all(rank_kappa(b, np.full(b.size, 1e-5), f, ranked, 2.5e-3, 3.0) == 0.0)

@@ -222,8 +222,8 @@ def defense_options(f):
 
     f = click.option("--anchor-rank-cost", type=float, default=DEFAULT_RANK_COST, show_default=True,
                      help="With --anchor-kappa-query auto: the largest expected NDCG@10 the ranking guard may cost "
-                          "an honest round (the model over-counts about 2x: 0.0025 measured 0.0022 at 1,000 opt-in "
-                          "users); larger is tighter against fakes.")(f)
+                          "an honest round's top-10 ranking (expected loss, all queries capped together; 0.0025 "
+                          "measured 0.0027 at 1,000 opt-in users); larger is tighter against fakes.")(f)
     f = click.option("--anchor-kappa-query", type=str, default=f"{DEFAULT_KAPPA_QUERY:g}", show_default=True,
                      callback=_kappa,
                      help="The suggestions' ranking guard, in standard deviations: queries are ranked by their "

@@ -71,8 +71,8 @@ for honest NDCG 0.9915 (0.25: 0.9917) (docs/RESULTS.md "Issue 40: the defense af
 choice for a small opt-in group, whose honest ranking the fixed guard costs most (docs/RESULTS.md "Issue 40")."""
 
 DEFAULT_RANK_COST = 0.0025
-"""With κ_q ``auto``: the largest expected NDCG@10 the ranking guard may cost an honest round, by the model of
-:mod:`hybriddp.server.rankguard` (which over-counts about 2×: 1,000 opt-in users measure −0.0022)."""
+"""With κ_q ``auto``: the largest expected NDCG@10 the defense may cost an honest round's ranking, by the joint model
+of :mod:`hybriddp.server.rankguard` (1,000 opt-in users measure −0.0027 against the truth; docs/RESULTS.md)."""
 
 MEAN_DEFAULT_KAPPA = 3.0
 """The bound of a mean round (§7.2, §11): one estimate, whose clients' side usually carries most of the weight, so
@@ -152,6 +152,7 @@ class Side:
     s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # s_i, the bound's unit
     share: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the noise share f of (blend − p̂_O)
     kappa_rank: np.ndarray = field(default_factory=lambda: np.zeros(0))  # κ_q per query (:meth:`guard`)
+    honest_sd: Callable[[np.ndarray], np.ndarray] | None = None  # σ of (blend − p̂_O) at given estimates, honest data
 
     def guard(self, published: np.ndarray, policy: AnchorPolicy) -> Side:
         """The queries' side with the ranking guard's κ_q per query for ``published`` (the final estimates): the
@@ -161,7 +162,11 @@ class Side:
         a flagged query."""
         if policy.kappa_query is None:
             ranked = np.arange(self.s.size) < self.s.size - 1
-            kq = rank_kappa(published, self.s, self.share, ranked, policy.rank_cost, self.kappa)
+            spread = None
+            if self.honest_sd is not None:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    spread = self.honest_sd(np.clip(np.nan_to_num(published), 0.0, 1.0)) / self.s
+            kq = rank_kappa(published, self.s, self.share, ranked, policy.rank_cost, self.kappa, spread)
         else:
             kq = np.full(self.s.shape, float(policy.kappa_query))
         return replace(self, kappa_rank=np.where(self.flagged, 0.0, kq))
@@ -319,7 +324,15 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     excess = float((received - cleaned).sum())
     projected = project_to_simplex(rec.defended.p) if project else None
     q_final = np.clip(qry.defended.p, 0.0, 1.0)
-    qry = qry.guard(q_final, policy)
+    p_rec = np.clip(np.nan_to_num(rec.defended.p), 0.0, 1.0)
+
+    def honest_sd(p_query: np.ndarray) -> np.ndarray:
+        """σ of (blend − p̂_O) per query on honest data at ``p_query``: σ²_O/√(σ²_O + σ²_C) there."""
+        v_o = optin.query_variances_at(p_query, p_rec)
+        v_c = client_variances(p_rec, p_query, hl, lp, client.n)[1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return v_o / np.sqrt(v_o + v_c)
+    qry = replace(qry, honest_sd=honest_sd).guard(q_final, policy)
     out = BlendOutput(rec.defended, qry.defended, projected, q_final, qry.rank(q_final))
     assert received_client is not None
     return received_client, out, AnchorCheck(policy, rec, qry, excess, int(received.sum()), critical)

@@ -97,8 +97,8 @@ class BlenderParamsIn(_Schedule):
                                              "chosen per round, as tight as anchor_rank_cost allows (for a small "
                                              "opt-in group).")
     anchor_rank_cost: float = Field(DEFAULT_RANK_COST, gt=0, lt=1, description="With anchor_kappa_query null: the "
-                                    "largest expected NDCG@10 the ranking guard may cost an honest round (spread "
-                                    "over its top 10 queries).")
+                                    "largest expected NDCG@10 the defense may cost an honest round's top-10 ranking "
+                                    "(all queries capped together).")
     seed: int | None = Field(None, ge=0, le=MAX_SEED,
                              description="Experiments only: reproducible randomness, no privacy. Leave out.")
 

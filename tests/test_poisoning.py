@@ -22,7 +22,14 @@ from hybriddp.experiments.poisoning import (
     shifts,
     summarize,
 )
-from hybriddp.experiments.poisoning_report import issue40_verdicts, upper_bound, verdicts, write_outputs
+from hybriddp.experiments.poisoning_report import (
+    issue40_verdicts,
+    rate_verdict,
+    upper_bound,
+    verdict_text,
+    verdicts,
+    write_outputs,
+)
 from hybriddp.server.anchor import AnchorPolicy
 from hybriddp.server.party import server_side
 from hybriddp.simulation.attacks import fake_counts, target_of
@@ -121,6 +128,19 @@ def test_upper_bound_is_clopper_pearson() -> None:
     b = upper_bound(3, 40)
     assert sum(math.comb(40, i) * b**i * (1 - b) ** (40 - i) for i in range(4)) == pytest.approx(0.05, rel=1e-6)
     assert upper_bound(5, 5) == 1.0
+
+
+def test_a_rate_holds_only_when_its_upper_bound_meets_the_target() -> None:
+    """0 successes in 4 trials is within a 5% target, but its 95% upper bound is 1 − 0.05^(1/4) = 52.7%: not enough
+    trials, not "holds". 0 of 59 is the fewest that can show ≤ 5% (1 − 0.05^(1/59) = 4.95%, of 58: 5.03%); a
+    measured rate above the target does not hold however few the trials."""
+    assert rate_verdict(0, 4, 0.05) == {"holds": False, "verdict": "not enough trials"}
+    assert rate_verdict(0, 58, 0.05)["verdict"] == "not enough trials"
+    assert rate_verdict(0, 59, 0.05) == {"holds": True, "verdict": "holds"}
+    assert rate_verdict(1, 4, 0.05) == {"holds": False, "verdict": "does not hold"}
+    assert rate_verdict(3, 78, 0.05)["verdict"] == "not enough trials"  # 3.8%, upper bound 9.6%
+    assert verdict_text({"holds": True, "reference": True}) == "reference"
+    assert verdict_text({"holds": False, "verdict": "not enough trials"}) == "not enough trials"
 
 
 def test_the_experiment_measures_the_defense_and_writes_its_verdicts(tmp_path) -> None:

@@ -151,7 +151,7 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
                quick: bool, honest_trials: int | None, honest_cost_rounds: int | None) -> None:
     """``experiment poisoning``: every attack and fraction, undefended vs defended (docs/ALGORITHM.md §7.2)."""
     from hybriddp.experiments import DatasetSpec
-    from hybriddp.experiments.poisoning_report import run_poisoning
+    from hybriddp.experiments.poisoning_report import run_poisoning, verdict_text
 
     spec = DatasetSpec(dataset, seed=seed, scale=scale, row_per_user=row_per_user)
     spec.validate()
@@ -161,9 +161,10 @@ def _poisoning(dataset: str, trials: int, out_dir: str | None, seed: int, scale:
         out, checks = run_poisoning(spec, trials=trials, out_dir=Path(out_dir) if out_dir else None, quick=quick,
                                     progress=progress, honest_trials=honest_trials,
                                     honest_cost_rounds=honest_cost_rounds)
+    colour = {"holds": "green", "does not hold": "red", "not enough trials": "yellow"}
     for c in checks:
-        mark = ("reference" if c.get("reference") else "[green]holds[/green]" if c["holds"]
-                else "[red]does not hold[/red]")
+        text = verdict_text(c)
+        mark = f"[{colour[text]}]{text}[/{colour[text]}]" if text in colour else text
         render.out.print(f"{mark}: {c['claim']} — {c['measured']}")
     render.out.print(f"wrote {out}/: trials.csv, summary.csv, poisoning.png, report.md")
 

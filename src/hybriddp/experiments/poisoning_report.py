@@ -72,6 +72,25 @@ def upper_bound(successes: int, n: int, confidence: float = 0.95) -> float:
     return hi
 
 
+def rate_verdict(successes: int, n: int, limit: float) -> dict[str, Any]:
+    """A claim "the rate is at most ``limit``" judged from ``successes`` of ``n``: ``holds`` only where the 95%
+    upper bound (:func:`upper_bound`) is within the limit; ``does not hold`` where the measured rate is above it;
+    otherwise ``not enough trials`` (the rate is within the limit, but so few trials cannot show it)."""
+    if n and successes / n > limit:
+        return {"holds": False, "verdict": "does not hold"}
+    if upper_bound(successes, n) <= limit:
+        return {"holds": True, "verdict": "holds"}
+    return {"holds": False, "verdict": "not enough trials"}
+
+
+def verdict_text(check: dict[str, Any]) -> str:
+    """What a report prints for a check: ``reference``, or its verdict (``holds`` / ``does not hold`` / ``not
+    enough trials``)."""
+    if check.get("reference"):
+        return "reference"
+    return check.get("verdict") or ("holds" if check["holds"] else "does not hold")
+
+
 def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per claim: the worst (attack, φ) success rate with the defense, its trials and upper bound; plus the honest
     rounds' false alarms and the defense's cost in NDCG and L1."""
@@ -98,7 +117,7 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                              f"trials against {claim.name}",
                     "measured": f"worst {rate:.1%} ({worst['successes']}/{worst['trials']}, {worst['attack']} at "
                                 f"φ = {worst['fraction']:.1%}; 95% upper bound {bound:.1%})",
-                    "holds": rate <= claim.limit})
+                    **rate_verdict(worst["successes"], worst["trials"], claim.limit)})
     honest = {d: [r for r in rows if r["attack"] == "honest" and r["defended"] is d] for d in (False, True)}
     floor = [r for r in honest[True] if r.get("floor_rank") is not None and r["target_true_rank"] >= TARGET_RANK]
     if floor:
@@ -112,7 +131,7 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         n = len(honest[True])
         out.append({"claim": "false alarms on honest rounds ≤ 1%",
                     "measured": f"{flags}/{n} honest rounds flagged ({flags / n:.1%}; 95% upper bound "
-                                f"{upper_bound(flags, n):.1%})", "holds": flags / n <= 0.01})
+                                f"{upper_bound(flags, n):.1%})", **rate_verdict(flags, n, 0.01)})
         nd = {d: float(np.mean([r["ndcg"] for r in honest[d]])) for d in (False, True)}
         l1 = {d: float(np.mean([r["l1"] for r in honest[d]])) for d in (False, True)}
         out.append({"claim": "honest NDCG within 0.005 and L1 within 5% of the undefended default",
@@ -152,7 +171,7 @@ def issue40_verdicts(rows: Sequence[dict[str, Any]], cost: Sequence[dict[str, An
                     "measured": f"worst {k / n:.1%} ({k}/{n} at φ = {phi:.0%}; 95% upper bound "
                                 f"{upper_bound(k, n):.1%}); opt-in group {n_optin:,}"
                                 + ("" if applies else " (< 10,000: the target does not apply)"),
-                    "holds": k / n <= 0.05, "reference": not applies})
+                    **rate_verdict(k, n, 0.05), "reference": not applies})
     worse = []
     for attack, phi in sorted({(r["attack"], r["fraction"]) for r in attacked}):
         (kd, nd), (ku, nu) = _rate(rows, attack, phi, True), _rate(rows, attack, phi, False)
@@ -261,7 +280,7 @@ def _plot(path: Path, summary: Sequence[dict[str, Any]]) -> None:
 def _claims(checks: Sequence[dict[str, Any]]) -> list[str]:
     return ["| claim | measured | verdict |", "|---|---|---|"] + [
         f"| {c['claim']} | {c['measured']} | "
-        f"{'reference' if c.get('reference') else 'holds' if c['holds'] else 'does not hold'} |" for c in checks]
+        f"{verdict_text(c)} |" for c in checks]
 
 
 def _num(s: dict[str, Any], key: str, fmt: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import threading
@@ -548,6 +549,36 @@ def test_round_commands_refuse_cleanly(service: Service, tmp_path: Any) -> None:
     dev = _csv(tmp_path / "d.csv", [POOL[0]])
     _clean_error(_cli("participate", "--server", "http://127.0.0.1:9", "--round", ROUND, "--input", dev,
                       "--retries", 1, ok=False), "cannot connect")
+
+
+def test_enrol_writes_one_private_token_file_per_user_that_upload_reads(service: Service, tmp_path: Any) -> None:
+    """`round enrol --out DIR`: one file per user, mode 0600, named by the percent-encoded identifier (a slash or
+    a leading dot in an identifier cannot escape DIR or hide the file); `round upload --token-file` accepts it. A
+    second enrolment into the same DIR is refused before the server is asked (the earlier files stay as they were),
+    and so is a user named twice."""
+    env = {"HYBRIDDP_ADMIN_TOKEN": ADMIN}
+    rid = json.loads(_cli("round", "create", "--server", service.url, "--json", env=env).stdout)["id"]
+    names = ["alice", "../bob", ".carol", "dörte smith"]
+    out_dir = tmp_path / "tokens"
+    args = [a for u in names for a in ("--user", u)]
+    got = json.loads(_cli("round", "enrol", rid, "--server", service.url, *args, "--out", out_dir, "--json",
+                          env=env).stdout)
+    expected = {"alice": "alice.token", "../bob": "%2E.%2Fbob.token", ".carol": "%2Ecarol.token",
+                "dörte smith": "d%C3%B6rte%20smith.token"}  # percent-encoded by hand, a leading dot too
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(expected.values())  # all inside DIR, none hidden
+    assert {u: os.path.basename(f) for u, f in got["token_files"].items()} == expected
+    for f in out_dir.iterdir():
+        assert f.stat().st_mode & 0o777 == 0o600, f
+    before = {f.name: f.read_text() for f in out_dir.iterdir()}
+    assert len({t.strip() for t in before.values()}) == len(names)  # one token each
+    up = _cli("round", "upload", rid, "--server", service.url, "--token-file", out_dir / expected["../bob"],
+              "--input", _csv(tmp_path / "bob.csv", [POOL[0]]))
+    assert "uploaded 1 new records" in up.stdout
+    _clean_error(_cli("round", "enrol", rid, "--server", service.url, "--user", "alice", "--out", out_dir, env=env,
+                      ok=False), "alice.token exists", "never replaced")
+    _clean_error(_cli("round", "enrol", rid, "--server", service.url, "--user", "x", "--user", "x", "--out",
+                      tmp_path / "other", env=env, ok=False), "each user once")
+    assert {f.name: f.read_text() for f in out_dir.iterdir()} == before
 
 
 # ----- demo --service -------------------------------------------------------------------------------------

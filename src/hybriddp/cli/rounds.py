@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import click
@@ -163,10 +164,16 @@ def list_cmd(server: str, admin_token_file: str | None, as_json: bool) -> None:
               "server keeps only a keyed pseudonym of it, for the privacy ledger.")
 @click.option("--users-file", type=click.Path(dir_okay=False), default=None,
               help="A file with one user identifier per line (in addition to --user).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write each user's token to DIR/<user>.token (mode 0600; the identifier percent-encoded, a "
+                   "leading dot too, so any identifier is a safe, visible file name) for `round upload "
+                   "--token-file`, instead of printing the tokens. DIR is created if missing; refused before "
+                   "enrolling anyone if a file would be replaced.")
 @json_option
 def enrol_cmd(round_id: str, server: str, admin_token_file: str | None, users: tuple[str, ...],
-              users_file: str | None, as_json: bool) -> None:
-    """Enrol opt-in users; prints each user's upload token (shown once: the server stores only its hash)."""
+              users_file: str | None, out_dir: str | None, as_json: bool) -> None:
+    """Enrol opt-in users; prints each user's upload token (shown once: the server stores only its hash), or writes
+    one token file per user with --out (`--json` prints them as one object)."""
     names = list(users)
     if users_file is not None:
         try:
@@ -176,8 +183,18 @@ def enrol_cmd(round_id: str, server: str, admin_token_file: str | None, users: t
             raise DataError(f"--users-file {users_file}: cannot read it ({exc})") from None
     if not names:
         raise parameter_error("--user", None, "given at least once (or --users-file)")
+    paths = token_paths(Path(out_dir), names) if out_dir is not None else None
     with admin_client(server, admin_token_file) as admin:
         tokens = [admin.enrol(round_id, u) for u in names] if len(names) == 1 else admin.enrol_many(round_id, names)
+    if paths is not None:
+        write_token_files(paths, tokens)
+        if as_json:
+            files = {u: str(p) for u, p in zip(names, paths, strict=True)}
+            render.print_json({"round": round_id, "token_files": files})
+        else:
+            render.out.print(f"wrote {len(paths)} token files to {out_dir}/ (one per user, mode 0600; each user "
+                             f"uploads with `hybriddp round upload {round_id} --token-file <file>`)")
+        return
     if as_json:
         render.print_json({"round": round_id, "tokens": dict(zip(names, tokens, strict=True))})
         return
@@ -189,6 +206,39 @@ def enrol_cmd(round_id: str, server: str, admin_token_file: str | None, users: t
         t.add_row(u, tok)
     render.out.print(t)
 
+
+
+def token_paths(directory: Path, names: list[str]) -> list[Path]:
+    """DIR/<percent-encoded user>.token for every user: checked before anything is enrolled (the directory is made
+    if missing; a name given twice, or a file that exists, is refused: a token file is never replaced)."""
+    from urllib.parse import quote
+
+    if len(set(names)) != len(names):
+        dup = next(u for u in names if names.count(u) > 1)
+        raise parameter_error("--user/--users-file", dup, "each user once", "A user enrolled twice gets one token.")
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise DataError(f"--out {directory}: cannot create the directory ({exc.strerror})") from None
+    encoded = [quote(u, safe="") for u in names]  # no "/" survives; a leading "." would hide the file
+    paths = [directory / f"{'%2E' + e[1:] if e.startswith('.') else e}.token" for e in encoded]
+    existing = [p for p in paths if p.exists()]
+    if existing:
+        raise DataError(f"--out {directory}: {existing[0].name} exists ({len(existing)} of the users' token files "
+                        "do). Token files are never replaced: use an empty directory, or remove the old files first.")
+    return paths
+
+
+def write_token_files(paths: list[Path], tokens: list[str]) -> None:
+    """Each token to its file, created with mode 0600 under a temporary name and renamed (never half written)."""
+    for path, token in zip(paths, tokens, strict=True):
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(token + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
 
 round_group.add_command(upload_cmd)

@@ -245,8 +245,9 @@ function renderBlender(info, results) {
       description: "For each record, the blended, opt-in and client estimates of its probability, with 95% " +
         "intervals. The results table below has the same numbers." }),
     h("figcaption", {}, `The ${rows.length} listed ⟨query, URL⟩ records with the largest blended probability. ` +
-      "Blending weights the opt-in and client estimates by their inverse variances, so its interval is the " +
-      "narrowest."));
+      "Each interval is the estimate ± 1.96 standard deviations of its reported error. The " +
+      "blended estimate weights the opt-in and client estimates by their inverse variances; its reported error " +
+      "also counts the defense's bound around the opt-in estimate, so its interval is not always the narrowest."));
   show("chart-panel");
 
   const ci = (p, v) => {

@@ -352,3 +352,72 @@ def test_new_ledger_salt_is_256_random_bits(tmp_path: Path) -> None:
         assert len(salt) == 64 and int(salt, 16) >= 0  # 32 bytes in hex
         salts.append(salt)
     assert salts[0] != salts[1]
+
+
+# ----- the advanced bound of a huge ε, the service's database, the non-private warning ---------------------------
+
+def test_advanced_composition_of_a_huge_epsilon_is_infinite_not_an_error() -> None:
+    """ε = 750: ε(e^ε − 1) > e^750 is beyond the largest float (≈ e^709.8), so the advanced bound is +inf (basic
+    composition, 750, is then the better one), not an OverflowError."""
+    e, d = advanced_composition([750.0, 1.0], [0.0, 1e-6], 1e-6)
+    assert e == math.inf and d == pytest.approx(2e-6, rel=1e-14)
+
+
+def test_is_service_database_needs_both_service_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SQLite file with alembic_version and ledger_charges (alone or among others) is the service's database;
+    with one of them, a hybriddp ledger, another file or no file it is not."""
+    monkeypatch.chdir(tmp_path)
+    both = _sqlite(tmp_path / "svc.db", "CREATE TABLE alembic_version (v TEXT); CREATE TABLE ledger_charges (x);")
+    more = _sqlite(tmp_path / "more.db", "CREATE TABLE alembic_version (v TEXT); CREATE TABLE ledger_charges (x);"
+                                         "CREATE TABLE other (y);")
+    one = _sqlite(tmp_path / "one.db", "CREATE TABLE ledger_charges (x);")
+    PrivacyLedger.open(tmp_path / "ours.db", lifetime_epsilon=1.0, lifetime_delta=1e-6).close()
+    text = tmp_path / "text.db"
+    text.write_bytes(b"alembic_version ledger_charges, not SQLite at all")
+    assert ledger_mod.is_service_database(both) and ledger_mod.is_service_database(str(more))
+    assert not any(ledger_mod.is_service_database(p) for p in (one, tmp_path / "ours.db", text, tmp_path / "none.db",
+                                                               tmp_path))
+
+
+def test_is_service_database_opens_the_file_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection it opens refuses writes (SQLite's mode=ro): looking at a file never changes it."""
+    monkeypatch.chdir(tmp_path)
+    db = _sqlite(tmp_path / "svc.db", "CREATE TABLE alembic_version (v TEXT); CREATE TABLE ledger_charges (x);")
+    before = db.read_bytes()
+    real = sqlite3.connect
+    tried: list[str] = []
+
+    def spy(*args: object, **kwargs: object) -> sqlite3.Connection:
+        conn = real(*args, **kwargs)  # type: ignore[arg-type]
+        try:
+            conn.execute("CREATE TABLE probe (x)")
+            conn.commit()
+            tried.append("written")
+        except sqlite3.OperationalError as exc:
+            tried.append(str(exc))
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", spy)
+    assert ledger_mod.is_service_database(db)
+    assert tried == ["attempt to write a readonly database"] and db.read_bytes() == before
+
+
+def test_non_private_warning_names_the_users_and_what_the_sums_count() -> None:
+    """The warning gives the number of users (with thousands separators), says they have no guarantee at all, and
+    that the (ε, δ) sums count private releases only."""
+    assert ledger_mod.non_private_warning(12345) == (
+        "12,345 user(s) took part in non-private (seeded) releases: anyone who knows the seed can reproduce the "
+        "noise, so these users have NO privacy guarantee at all; the (ε, δ) sums count private releases only")
+
+
+def test_is_service_database_of_a_damaged_sqlite_file_is_false(tmp_path: Path) -> None:
+    """A file that starts like SQLite but is not a readable database is not the service's database (no error)."""
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
+    conn = sqlite3.connect(damaged)
+    try:
+        with pytest.raises(sqlite3.DatabaseError):  # SQLite itself cannot read it
+            conn.execute("SELECT name FROM sqlite_master").fetchall()
+    finally:
+        conn.close()
+    assert ledger_mod.is_service_database(damaged) is False

@@ -153,9 +153,10 @@ class DeviceLedger:
         with _ledger_lock(self.path):
             self._reload()
             self.check(round_id, epsilon, delta, shape)
-            self.state["rounds"][round_id] = {"epsilon": float(epsilon), "delta": float(delta)}
-            if shape is not None:
-                self.state["rounds"][round_id]["shape"] = _checked_shape(shape, self.path)
+            entry: dict[str, Any] = {"epsilon": float(epsilon), "delta": float(delta)}
+            if shape is not None:  # checked before the state changes: a refused shape charges nothing
+                entry["shape"] = _checked_shape(shape, self.path)
+            self.state["rounds"][round_id] = entry
             if memo is not None:
                 self.state.setdefault("memo", {})[round_id] = {"records": memo[0], "reports": memo[1],
                                                                 "sent_in": [memo[2]]}

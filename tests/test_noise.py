@@ -596,3 +596,26 @@ def test_sample_interface_returns_integers_as_floats() -> None:
     x = noise.sample(0.5, 1000)
     assert x.dtype == np.float64 and np.array_equal(x, np.round(x))
     assert noise.variance(0.5) == pytest.approx(discrete_laplace_variance(0.5))
+
+
+@pytest.mark.parametrize("n", [2**60 + 2, 2**64 + 1, 2**70 + 3])
+def test_ceil_fraction_is_exact_for_denominator_bounds_beyond_float_precision(n: int) -> None:
+    """With a bound N far above 2^53 the answer is still exact integer arithmetic, derived by hand: every fraction
+    in (j, j + 1) with denominator ≤ N lies in [j + 1/N, j + 1 − 1/N], so the smallest p/q ≥ j + 1 − 1/M (M > N) is
+    j + 1, and the smallest p/q ≥ j + 1/M is j + 1/N."""
+    for j in (0, 5, -3):
+        for m in (n + 1, 2 * n, n * n):
+            assert ceil_fraction(j + 1 - Fraction(1, m), n) == j + 1, (j, m)
+            assert ceil_fraction(j + Fraction(1, m), n) == j + Fraction(1, n), (j, m)
+
+
+@pytest.mark.parametrize("t", [1 / 700, 1 / 300, 1 / 40, 0.3, 2.0])
+def test_discrete_laplace_variance_at_small_scales_matches_a_50_digit_sum(t: float) -> None:
+    """Var Y = Σ y²·P[y] summed term by term in 50-digit decimals from the pmf (1 − r)/(1 + r)·r^|y|, r = e^{−1/t};
+    down to t = 1/700, where e^{1/t} is within a few powers of ten of the float range and r ≈ 10^−304."""
+    getcontext().prec = 50
+    r = (-1 / Decimal(t)).exp()
+    c = (1 - r) / (1 + r)
+    total = 2 * sum((Decimal(y) ** 2 * c * r**y for y in range(1, 400)), Decimal(0))
+    assert discrete_laplace_variance(t) == pytest.approx(float(total), rel=1e-12)
+    assert discrete_laplace_variance(t) > 0

@@ -4,11 +4,14 @@ gives the pinned known answer of the wire format."""
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from headlisthelpers import KAT_HASH, canonical_hash, kat_doc
+from hybriddp.core.counting import NumpyBackend
 from hybriddp.core.errors import HeadListError
 from hybriddp.core.headlist import (
     WILDCARD,
@@ -19,7 +22,16 @@ from hybriddp.core.headlist import (
     split_keys,
     validate_device_json,
 )
+from hybriddp.core.noise import DiscreteLaplaceNoise
 from hybriddp.core.records import NO_URL, ArrayVocabulary
+from hybriddp.curator.estimates import OptinEstimates
+from hybriddp.curator.kept import KeptCount
+from hybriddp.curator.mechanisms import (
+    create_head_list,
+    create_head_list_with_counts,
+    estimate_optin_probabilities,
+    reuse_s,
+)
 from hybriddp.device.localalg import DeviceHeadList
 
 
@@ -246,3 +258,213 @@ def test_head_list_file_problems(tmp_path, data: bytes, needle: str) -> None:
         read_device_json(path)
     with pytest.raises(HeadListError, match="is a directory"):
         read_device_json(tmp_path)
+
+
+# ----- CreateHeadList's released counts, carried records, and the opt-in estimates with S reused, by hand ---------
+# (ALGORITHM.md §3, §3.3, §4, §4.1, §13.1). The noise is scripted: the discrete noise's τ_d = 7 and variance at
+# ε = 4, m_O = 1 (t = 1/2) are kept, its draws are given, so every number below is worked out from the document.
+
+EPS, DELTA = 4.0, 1e-5
+Q_DISC = math.exp(-2.0)  # q = e^(−1/t), t = 1/2
+VAR_Y = 2 * Q_DISC / (1 - Q_DISC) ** 2  # Var Y of one discrete Laplace draw (ALGORITHM.md §3.2): 0.3620
+
+
+class _ScriptedDiscrete(DiscreteLaplaceNoise):
+    """Discrete Laplace noise whose draws are given by ``draws(size)`` (τ_d and Var Y are the real ones)."""
+
+    def __init__(self, draws: Callable[[int], np.ndarray]) -> None:
+        super().__init__(np.random.default_rng(0))
+        self.draws = draws
+
+    def sample(self, scale: float, size: int) -> np.ndarray:
+        assert scale == 0.5  # b = 2·m_O/ε
+        return np.asarray(self.draws(size), dtype=np.float64)
+
+
+def _log(*groups: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Records ⟨q,u⟩ repeated ``times``, from (q, u, times) groups."""
+    q = np.concatenate([np.full(n, qq, dtype=np.int64) for qq, _, n in groups])
+    u = np.concatenate([np.full(n, uu, dtype=np.int64) for _, uu, n in groups])
+    return q, u
+
+
+def _hand_estimates() -> OptinEstimates:
+    """D_S: ⟨1,10⟩×9, ⟨1,11⟩×12, ⟨2,20⟩×8, ⟨3,30⟩×2 (|D_S| = 31), every S draw +1: noisy 10, 13, 9, 3 against
+    τ_d = 7 lists ⟨1,10⟩, ⟨1,11⟩, ⟨2,20⟩. D_T: ⟨1,10⟩×3, ⟨1,11⟩, ⟨1,12⟩ (→ ⟨1,*⟩), ⟨2,20⟩×2, ⟨5,50⟩×3 (→ ⟨*,*⟩),
+    |D_T| = 10, T draws per HL_S entry 0, +1, 0, −1, 0, 0: p̂ = .3, .2, .1, .1, 0, .3. M = 3 keeps all three."""
+    hl_s, s_counts = create_head_list_with_counts(*_log((1, 10, 9), (1, 11, 12), (2, 20, 8), (3, 30, 2)),
+                                                  epsilon=EPS, delta=DELTA, m_o=1,
+                                                  noise=_ScriptedDiscrete(lambda n: np.ones(n)))
+    t_noise = _ScriptedDiscrete(lambda n: np.array([0.0, 1.0, 0.0, -1.0, 0.0, 0.0]))
+    return estimate_optin_probabilities(*_log((1, 10, 3), (1, 11, 1), (1, 12, 1), (2, 20, 2), (5, 50, 3)), hl_s,
+                                        epsilon=EPS, m_o=1, head_list_size=3, noise=t_noise, s_counts=s_counts,
+                                        n_s=31)
+
+
+def test_create_head_list_with_counts_releases_the_noisy_count_that_passed_tau_by_hand() -> None:
+    """§3/§3.3: a record is listed iff N + Y > τ_d = 7, and its released count is exactly N + Y (wildcards: NaN)."""
+    hl, s_counts = create_head_list_with_counts(*_log((1, 10, 9), (1, 11, 12), (2, 20, 8), (3, 30, 2)),
+                                                epsilon=EPS, delta=DELTA, m_o=1,
+                                                noise=_ScriptedDiscrete(lambda n: np.ones(n)))
+    assert hl.query_ids.tolist() == [1, 2]
+    assert hl.entry_url.tolist() == [10, 11, WILDCARD, 20, WILDCARD, WILDCARD]
+    assert np.array_equal(s_counts, [10.0, 13.0, np.nan, 9.0, np.nan, np.nan], equal_nan=True)
+
+
+def test_create_head_list_with_carry_lists_the_union_and_releases_no_count_for_carried_records() -> None:
+    """§13.1: carried records join the list whatever S says, with no S count (NaN); a carried record S also listed
+    keeps the count that listed it. S: ⟨1,10⟩×9, ⟨1,11⟩×3, ⟨2,20⟩×8, draws +1 → 10, 4, 9 against τ_d = 7."""
+    carry = (np.array([1, 2, 3]), np.array([11, 20, 30]))  # ⟨1,11⟩ failed τ, ⟨2,20⟩ passed, ⟨3,30⟩ not in D_S
+    hl, s_counts = create_head_list_with_counts(*_log((1, 10, 9), (1, 11, 3), (2, 20, 8)), epsilon=EPS,
+                                                delta=DELTA, m_o=1, noise=_ScriptedDiscrete(lambda n: np.ones(n)),
+                                                carry=carry)
+    assert hl.query_ids.tolist() == [1, 2, 3]
+    assert hl.entry_url.tolist() == [10, 11, WILDCARD, 20, WILDCARD, 30, WILDCARD, WILDCARD]
+    assert np.array_equal(s_counts, [10.0, np.nan, np.nan, 9.0, np.nan, np.nan, np.nan, np.nan], equal_nan=True)
+
+
+def test_create_head_list_counts_with_the_backend_it_is_given() -> None:
+    """The ``backend`` argument (e.g. Spark's) is the one that counts D_S; the list is the same as the default's."""
+    calls: list[int] = []
+
+    class Recording(NumpyBackend):
+        def count_distinct(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            calls.append(len(keys))
+            return super().count_distinct(keys)
+
+    q, u = _log((1, 10, 9), (2, 20, 3))
+    hl = create_head_list(q, u, epsilon=EPS, delta=DELTA, m_o=1, noise=_ScriptedDiscrete(lambda n: np.zeros(n)),
+                          backend=Recording())
+    assert calls == [12]
+    assert hl.query_ids.tolist() == [1] and hl.entry_url.tolist() == [10, WILDCARD, WILDCARD]
+
+
+def test_optin_estimates_remember_s_counts_of_kept_records_by_hand() -> None:
+    """§4 then §4.1: the T estimates of the hand log (final order q1: 10, 11, *; q2: 20, *; *), each kept record
+    carrying the S count that listed it and |D_S|; nothing is reused yet."""
+    est = _hand_estimates()
+    assert est.head_list.query_ids.tolist() == [1, 2]
+    assert est.head_list.entry_url.tolist() == [10, 11, WILDCARD, 20, WILDCARD, WILDCARD]
+    assert est.p_record == pytest.approx([0.3, 0.2, 0.1, 0.1, 0.0, 0.3], abs=1e-12)
+    assert np.array_equal(est.s_counts, [10.0, 13.0, np.nan, 9.0, np.nan, np.nan], equal_nan=True)
+    assert est.n == 10 and est.n_s == 31 and est.reused is None
+
+
+def test_reuse_s_pools_s_and_t_by_hand() -> None:
+    """§4.1: a reused record is (N̂_S + N̂_T)/(|D_S| + |D_T|) with J = 2 and variance p(1−p)/(n−1) + 2V/(n(n−1)),
+    n = 41; wildcards stay T's (J = 1, n = 10); queries sum their entries; S's counts stay with the estimates."""
+    est = reuse_s(_hand_estimates())
+    expected = np.array([(3 + 10) / 41, (2 + 13) / 41, 0.1, (1 + 9) / 41, 0.0, 0.3])
+    assert est.p_record == pytest.approx(expected, abs=1e-12)
+    assert est.draws_record.tolist() == [2, 2, 1, 2, 1, 1]
+    assert est.reused is not None and est.reused.tolist() == [True, True, False, True, False, False]
+    assert est.p_query == pytest.approx([expected[:3].sum(), expected[3:5].sum(), 0.3], abs=1e-12)
+    assert est.draws_query.tolist() == [5, 3, 1]
+    assert est.n == 10 and est.n_s == 31 and est.kept is None
+    assert np.array_equal(est.s_counts, [10.0, 13.0, np.nan, 9.0, np.nan, np.nan], equal_nan=True)
+    n_rec = np.array([41, 41, 10, 41, 10, 10], dtype=np.float64)
+    j = np.array([2, 2, 1, 2, 1, 1])
+    pc = np.clip(expected, 0, 1)
+    var = pc * (1 - pc) / (n_rec - 1) + j * VAR_Y / (n_rec * (n_rec - 1))
+    assert est.var_record == pytest.approx(var, rel=1e-12)
+    assert est.noise_variance == pytest.approx(VAR_Y, rel=1e-12)
+
+
+def test_reuse_s_is_idempotent() -> None:
+    """§4.1: estimates that already reuse S come back unchanged (S is not counted twice)."""
+    once = reuse_s(_hand_estimates())
+    assert reuse_s(once) is once
+    assert once.draws_record.tolist() == [2, 2, 1, 2, 1, 1]
+
+
+def test_reuse_s_with_kept_pools_the_count_corrected_for_tau() -> None:
+    """§4.1 "Reusing S given τ": with the correction, the pooled count is X̃(X), whose values ALGORITHM.md gives at
+    ε = 4, m_O = 1: X̃(9) = 8.84, X̃(10) = 9.98, X̃(13) = 13; the correction is kept with the estimates."""
+    kept = KeptCount(threshold=7.0, discrete=True, scale=0.5, n_s=31)
+    est = reuse_s(_hand_estimates(), kept)
+    expected = np.array([(3 + 9.98) / 41, (2 + 13) / 41, 0.1, (1 + 8.84) / 41, 0.0, 0.3])
+    assert est.p_record == pytest.approx(expected, abs=0.006 / 41)
+    assert est.kept is kept
+    assert est.reused is not None and est.reused.tolist() == [True, True, False, True, False, False]
+    assert est.draws_record.tolist() == [2, 2, 1, 2, 1, 1]
+    assert np.array_equal(est.s_counts, [10.0, 13.0, np.nan, 9.0, np.nan, np.nan], equal_nan=True)
+
+
+def test_reuse_s_divides_by_ds_plus_dt_with_one_s_record_and_empty_t() -> None:
+    """§4.1 at the edge |D_S| = 1, |D_T| = 0: the one record of S (1 + 7 = 8 > τ_d) is estimated as 8/(1 + 0)."""
+    hl_s, s_counts = create_head_list_with_counts(np.array([1]), np.array([10]), epsilon=EPS, delta=DELTA, m_o=1,
+                                                  noise=_ScriptedDiscrete(lambda n: np.full(n, 7.0)))
+    empty = np.array([], dtype=np.int64)
+    est = estimate_optin_probabilities(empty, empty, hl_s, epsilon=EPS, m_o=1, head_list_size=1,
+                                       noise=_ScriptedDiscrete(lambda n: np.zeros(n)), s_counts=s_counts, n_s=1)
+    pooled = reuse_s(est)
+    assert pooled.p_record.tolist() == [8.0, 0.0, 0.0]
+
+
+def test_reuse_s_refuses_estimates_made_without_s_counts() -> None:
+    """Estimates made without S's counts remember none (s_counts None, n_s 0 even if n_s is given), and reuse_s
+    refuses them with a message naming the fix."""
+    q, u = _log((1, 10, 3), (2, 20, 2))
+    hl = HeadList.from_lists([1, 2], [[10], [20]])
+    for kw in ({}, {"n_s": 30}):
+        est = estimate_optin_probabilities(q, u, hl, epsilon=EPS, m_o=1, head_list_size=2,
+                                           noise=_ScriptedDiscrete(lambda n: np.zeros(n)), **kw)
+        assert est.s_counts is None and est.n_s == 0
+        with pytest.raises(ValueError) as info:
+            reuse_s(est)
+        assert str(info.value) == ("these opt-in estimates were made without S's counts (pass s_counts to "
+                                   "estimate_optin_probabilities)")
+
+
+def test_optin_estimates_n_s_defaults_to_zero() -> None:
+    """n_s = |D_S| is 0 unless given, even with S's counts: reuse then pools over |D_T| alone."""
+    q, u = _log((1, 10, 3), (2, 20, 2))
+    hl = HeadList.from_lists([1, 2], [[10], [20]])
+    s_counts = np.array([12.0, np.nan, 9.0, np.nan, np.nan])
+    est = estimate_optin_probabilities(q, u, hl, epsilon=EPS, m_o=1, head_list_size=2,
+                                       noise=_ScriptedDiscrete(lambda n: np.zeros(n)), s_counts=s_counts)
+    assert est.n_s == 0
+    assert reuse_s(est).p_record[0] == pytest.approx((3 + 12) / 5, abs=1e-12)
+
+
+# HL_S for trimming: q1: 10, 11, 12 (⟨1,12⟩ carried: no S count); q2: 20. |D_S| = 30; D_T: ⟨1,11⟩×5, ⟨1,12⟩×4,
+# ⟨2,20⟩, |D_T| = 10, no T noise.
+RANK_S_COUNTS = np.array([20.0, 9.0, np.nan, np.nan, 10.0, np.nan, np.nan])
+
+
+def _rank_estimates(rank_with_s: bool) -> OptinEstimates:
+    hl_s = HeadList.from_lists([1, 2], [[10, 11, 12], [20]])
+    return estimate_optin_probabilities(*_log((1, 11, 5), (1, 12, 4), (2, 20, 1)), hl_s, epsilon=EPS, m_o=1,
+                                        head_list_size=3, noise=_ScriptedDiscrete(lambda n: np.zeros(n)),
+                                        s_counts=RANK_S_COUNTS, n_s=30, rank_with_s=rank_with_s)
+
+
+def test_rank_with_s_trims_by_the_pooled_estimate_by_hand() -> None:
+    """§4.1: with rank_with_s, the M = 3 records kept are those with the largest S ∪ T estimate (N_S + N_T)/40:
+    ⟨1,10⟩ .5, ⟨1,11⟩ .35, ⟨2,20⟩ .275, and a carried record's is T's alone: ⟨1,12⟩ .4. So ⟨2,20⟩ is trimmed, q2
+    keeps nothing and folds into ⟨*,*⟩; the final order is still T's (11 .5, 12 .4, 10 0)."""
+    est = _rank_estimates(True)
+    assert est.head_list.query_ids.tolist() == [1]
+    assert est.head_list.entry_url.tolist() == [11, 12, 10, WILDCARD, WILDCARD]
+    assert est.p_record == pytest.approx([0.5, 0.4, 0.0, 0.0, 0.1], abs=1e-12)
+    assert est.draws_record.tolist() == [1, 1, 1, 1, 3]
+    assert np.array_equal(est.s_counts, [9.0, np.nan, 20.0, np.nan, np.nan], equal_nan=True)
+    assert est.n_s == 30
+
+
+def test_without_rank_with_s_trimming_is_by_t_alone() -> None:
+    """§4 step 3: T's estimates .5 (⟨1,11⟩), .4 (⟨1,12⟩), .1 (⟨2,20⟩), 0 (⟨1,10⟩) keep the first three."""
+    est = _rank_estimates(False)
+    assert est.head_list.query_ids.tolist() == [1, 2]
+    assert est.head_list.entry_url.tolist() == [11, 12, WILDCARD, 20, WILDCARD, WILDCARD]
+    assert est.p_record == pytest.approx([0.5, 0.4, 0.0, 0.1, 0.0, 0.0], abs=1e-12)
+    assert est.draws_record.tolist() == [1, 1, 2, 1, 1, 1]
+
+
+def test_rank_with_s_without_s_counts_is_refused() -> None:
+    """rank_with_s needs S's counts; the refusal says so."""
+    hl_s = HeadList.from_lists([1], [[10]])
+    with pytest.raises(ValueError) as info:
+        estimate_optin_probabilities(np.array([1]), np.array([10]), hl_s, epsilon=EPS, m_o=1, head_list_size=1,
+                                     noise=_ScriptedDiscrete(lambda n: np.zeros(n)), rank_with_s=True)
+    assert str(info.value) == "rank_with_s needs S's counts (s_counts)"

@@ -591,3 +591,43 @@ def test_device_module_imports_no_numpy() -> None:
     code = "import sys, hybriddp.device.localalg; assert 'numpy' not in sys.modules, sorted(sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_randomize_records_with_round_id_but_no_ledger_just_randomizes() -> None:
+    """Without a ledger there is nothing to memoize: a round id alone changes nothing (ALGORITHM.md §15)."""
+    doc = identity_doc()
+    for _ in range(2):
+        msg = randomize_records(doc, [("q1", "u2")], source=SeededSource(4), round_id="r1", message_id="C" * 22)
+        assert msg == {"id": "C" * 22, "headlist": doc["content_hash"], "reports": [{"query": "q1", "url": "u2"}]}
+
+
+def test_randomize_records_memo_resends_once_in_each_other_round(tmp_path) -> None:
+    """§15 memoization: the reports made for a head list in round r1 are sent again, under the fresh message id, in
+    every other round with the same head list (r2, r3), with no new charge; a second message in a round that
+    already got them is refused."""
+    doc = signed_headlist(epsilon=2, delta=1e-5, f_c=0.5, m_c=1)
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=3.0, lifetime_delta=1e-4)
+    records = [("a", "u"), ("b", None)]
+    first = randomize_records(doc, records, source=SeededSource(8), ledger=ledger, round_id="r1",
+                              message_id="D" * 22)
+    assert len(first["reports"]) == 1
+    for rid, mid in (("r2", "E" * 22), ("r3", "F" * 22)):
+        again = randomize_records(doc, records, source=UniformReplay([]), ledger=ledger, round_id=rid,
+                                  message_id=mid)
+        assert again == {"id": mid, "headlist": doc["content_hash"], "reports": first["reports"]}
+    assert len(ledger.state["rounds"]) == 1  # charged once
+    for rid in ("r1", "r2", "r3"):
+        with pytest.raises(DeviceError, match="already reported"):
+            randomize_records(doc, records, source=SeededSource(9), ledger=ledger, round_id=rid)
+
+
+def test_randomize_records_without_round_id_keeps_no_memo(tmp_path) -> None:
+    """§15: without the service's round id there is no memoization, so a later round with the same head list is
+    refused (one report per head list), not answered from a memo."""
+    doc = signed_headlist(epsilon=2, delta=1e-5, f_c=0.5, m_c=1)
+    ledger = DeviceLedger(tmp_path / "dev.json", lifetime_epsilon=3.0, lifetime_delta=1e-4)
+    records = [("a", "u")]
+    randomize_records(doc, records, source=SeededSource(8), ledger=ledger)
+    assert "memo" not in ledger.state or not ledger.state["memo"]
+    with pytest.raises(DeviceError, match="already reported"):
+        randomize_records(doc, records, source=SeededSource(9), ledger=ledger, round_id="r2")

@@ -12,7 +12,7 @@ import pytest
 
 from clihelpers import exact_message
 from hybriddp.core.headlist import HeadList
-from hybriddp.core.reportlaw import LocalAlgParams
+from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
 from hybriddp.core.threads import set_default_threads
 from hybriddp.device import batch as randomizer
 from hybriddp.device.batch import chunk_uniforms, randomize_batch
@@ -161,3 +161,31 @@ def test_chunk_count_real_chunk_size() -> None:
     for n in (chunk - 1, chunk, chunk + 1):
         entries = np.random.default_rng(n).integers(1, hl.n_entries, n)
         _check_batch(entries, hl, lp, 7, chunk, 2)
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.int32, np.uint8])
+def test_randomize_batch_returns_integer_entries_whatever_the_entries_integer_type(dtype: type) -> None:
+    """Reports are head-list entry indices (int64, usable by np.bincount), and the same reports for the same
+    records and uniforms whatever integer type the entries come in (unsigned 64-bit arithmetic must not turn
+    ⟨q,u⟩ offsets into floats)."""
+    hl, lp = _batch_setup()
+    entries = np.random.default_rng(5).integers(0, hl.n_entries, 400)
+    uniforms = np.random.default_rng(6).random((3, 400))
+    want = randomize_batch(entries.astype(np.int64), hl, lp, uniforms=uniforms)
+    got = randomize_batch(entries.astype(dtype), hl, lp, uniforms=uniforms)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    assert np.bincount(got, minlength=hl.n_entries).sum() == 400
+    assert {int(x) for x in got} <= set(range(hl.n_entries)) and len(set(got.tolist())) == hl.n_entries
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.int32])
+def test_local_alg_params_of_shape_stores_int64_kq_and_the_same_law(dtype: type) -> None:
+    """LocalAlgParams.kq is int64 (its documented type) whatever integer array the shape comes in, so the report
+    law built from it is a stochastic matrix equal to the one from a list of ints (ALGORITHM.md §5)."""
+    shape = [3, 1, 2, 1]
+    ref = LocalAlgParams.of_shape(shape, 1.0, 0.1, 0.5, 1)
+    lp = LocalAlgParams.of_shape(np.array(shape, dtype=dtype), 1.0, 0.1, 0.5, 1)
+    assert lp.kq.dtype == np.int64 and lp.kq.tolist() == shape and lp.k == 4
+    law = output_distribution(lp)
+    assert law.shape == (7, 7) and np.allclose(law.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    assert np.array_equal(law, output_distribution(ref))

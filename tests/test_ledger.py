@@ -88,7 +88,8 @@ def test_device_ledger_once_per_round_and_budget(tmp_path) -> None:
     with pytest.raises(DeviceError, match="lifetime budget"):  # 4 + 3 > 6
         randomize_records(DeviceHeadList.from_json(doc2), [("bing", "http://bing.com")], ledger=DeviceLedger(path))
     shape = {"kq": [2, 1], "f_c": doc["f_c"], "m_c": 1}  # google's URL and ⟨google,*⟩; ⟨*,*⟩: for PLD accounting
-    assert json.load(open(path))["rounds"] == {doc["content_hash"]: {"epsilon": 4.0, "delta": 1e-5, "shape": shape}}
+    with open(path, encoding="utf-8") as fh:
+        assert json.load(fh)["rounds"] == {doc["content_hash"]: {"epsilon": 4.0, "delta": 1e-5, "shape": shape}}
 
 
 def test_cli_headlist_ledger_refuses_second_round_before_release(tmp_path) -> None:

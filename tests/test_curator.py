@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -23,7 +24,8 @@ from hybriddp.core.headlist import WILDCARD, HeadList
 from hybriddp.core.noise import LaplaceNoise
 from hybriddp.core.params import check_head_list_params, head_list_scale, head_list_threshold
 from hybriddp.core.records import NO_URL
-from hybriddp.curator.estimates import optin_variance
+from hybriddp.curator.estimates import OptinEstimates, optin_variance, reuse_query_variances
+from hybriddp.curator.kept import KeptCount
 from hybriddp.curator.mechanisms import create_head_list, estimate_optin_probabilities, require_nonempty
 from hybriddp.privacy.ledger import Charge
 
@@ -555,3 +557,137 @@ def test_head_list_size_must_be_a_positive_integer() -> None:
             "head_list_size (--head-list-size) = 0 is not allowed: it must be an integer >= 1.") + "$"):
         estimate_optin_probabilities(np.array([1]), np.array([10]), hl, epsilon=1.0, m_o=1, head_list_size=0,
                                      noise=ScriptedNoise())
+
+
+# ----- opt-in variances under reuse of S (ALGORITHM.md §4.1) --------------------------------------------------
+
+
+def test_reuse_query_variances_hand_computed_cases() -> None:
+    """σ̂²_O,q = P₁(1−P₁)/(n−1) + J₁V/(n(n−1)) + P₂(1−P₂)/(|D_T|−1) + J₂V/(|D_T|(|D_T|−1)) − 2P₁P₂/n (§4.1), by hand
+    at |D_T| = 4, |D_S| = 6 (n = 10), V = 1/2, with p̂ clamped into [0, 1] record by record, P₁ clamped, and
+    P₂ = clamp(p̂_q) − P₁ clamped at 0:
+    q0: reused 0.3 (J 2), others 0.1 (J 3) and 0.1 (J 1), p̂_q 0.5: P₁ .3, P₂ .2, J₁ 2, J₂ 4;
+    q1: reused 0.4 (J 2), other 0.9, p̂_q 1.3 → 1: P₁ .4, P₂ .6, J₁ 2, J₂ 1;
+    q2: reused 0.7 and 0.6 (J 2 each), other 0.05, p̂_q 1.35: P₁ = 1 (from 1.3), P₂ = 0, J₁ 4, J₂ 1;
+    q3: reused 0.5 and −0.2 (→ 0), other 0.1, p̂_q 0.4 < P₁: P₁ .5, P₂ = 0, J₁ 4, J₂ 1;
+    q4: no entry at all, p̂_q 0.25: T alone with no draws, 0.25·0.75/3."""
+    p_rec = np.array([0.3, 0.1, 0.1, 0.4, 0.9, 0.7, 0.6, 0.05, 0.5, -0.2, 0.1])
+    draws = np.array([2, 3, 1, 2, 1, 2, 2, 1, 2, 2, 1])
+    reused = np.array([1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 0], dtype=bool)
+    entry_query = np.array([0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 3])
+    p_query = np.array([0.5, 1.3, 1.35, 0.4, 0.25])
+    got = reuse_query_variances(p_rec, p_query, draws, reused, entry_query, 4, 6, 0.5)
+    expected = [0.21 / 9 + 1 / 90 + 0.16 / 3 + 2 / 12 - 0.012,
+                0.24 / 9 + 1 / 90 + 0.24 / 3 + 0.5 / 12 - 0.048,
+                2 / 90 + 0.5 / 12,
+                0.25 / 9 + 2 / 90 + 0.5 / 12,
+                0.0625]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    # without a reused record (P₁ = 0) a query is §4's T estimate: p̂(1−p̂)/(|D_T|−1) + J·V/(|D_T|(|D_T|−1))
+    none = reuse_query_variances(p_rec, p_query, draws, np.zeros(11, dtype=bool), entry_query, 4, 6, 0.5)
+    np.testing.assert_allclose(none[:2], [0.25 / 3 + 6 * 0.5 / 12, 0.0 + 3 * 0.5 / 12], rtol=1e-12)
+
+
+def _enumerated_excess(kept: KeptCount, p: float) -> float:
+    """Var(X̃ | X > τ) − Var X by enumerating N ~ Binomial(|D_S|, p) against the discrete Laplace pmf of Y
+    (q = e^{−1/t}, P[Y = y] = (1 − q)/(1 + q)·q^|y|), X = N + Y, X̃ = ``kept.corrected``."""
+    m = np.arange(kept.n_s + 1)
+    q = math.exp(-1.0 / kept.scale)
+    y = np.arange(-60, 61)
+    x = (m[:, None] + y[None, :]).ravel().astype(np.float64)
+    w = (stats.binom.pmf(m, kept.n_s, p)[:, None] * ((1 - q) / (1 + q) * q ** np.abs(y))[None, :]).ravel()
+    var_x = w @ x**2 - (w @ x) ** 2
+    listed = x > kept.threshold
+    wk = w[listed] / w[listed].sum()
+    xt = kept.corrected(x[listed])
+    return float(wk @ xt**2 - (wk @ xt) ** 2 - var_x)
+
+
+def _reuse_fixture(kept: KeptCount | None, s_counts: np.ndarray | None) -> OptinEstimates:
+    """HL = {⟨1,10⟩, ⟨1,11⟩, ⟨1,*⟩; ⟨2,20⟩, ⟨2,*⟩; ⟨*,*⟩}; the three real records reuse S (J = 2);
+    |D_T| = 100, |D_S| = 200, noise of ε = 4 discrete Laplace (t = 1/2), τ_d = 7, so λ = |D_S|·p is near τ."""
+    hl = HeadList.from_lists([1, 2], [[10, 11], [20]])
+    p_rec = np.array([0.045, 0.05, 0.02, 0.035, 0.03, 0.01])
+    draws = np.array([2, 2, 1, 2, 1, 1])
+    p_q = np.array([0.115, 0.065, 0.01])
+    reused = np.array([True, True, False, True, False, False])
+    var_y = KeptCount(7.0, True, 0.5, 200).noise_variance
+    return OptinEstimates(hl, p_rec, np.zeros(6), draws, p_q, np.zeros(3), np.array([5, 3, 1]), 100, var_y,
+                          reused, 200, s_counts, kept)
+
+
+def test_record_and_query_variances_add_the_enumerated_excess_of_the_corrected_count() -> None:
+    """A reused record's σ̂²_O is §4's formula over n = |D_S| + |D_T| with its J, plus (Var(X̃ | kept) − Var X)/n²
+    (§4.1 "Variance"), the excess checked against an exact enumeration of the law of X (to 0.1%, the table's
+    interpolation); every other entry is T's §4 formula over |D_T| with nothing added. A query's σ̂²_O is the
+    pooled §4.1 formula plus its reused records' excesses; without the correction (kept None) nothing is added."""
+    kept = KeptCount(7.0, True, 0.5, 200)
+    est = _reuse_fixture(kept, None)
+    n, v = 300, est.noise_variance
+    ex = np.array([_enumerated_excess(kept, float(p)) if r else 0.0
+                   for p, r in zip(est.p_record, est.reused, strict=True)]) / n**2
+    assert ex[0] > 1e-4 and ex[3] > 1e-4  # the excess is as large as the sampling variance here
+    base = np.where(est.reused, optin_variance(est.p_record, est.draws_record, n, v),
+                    optin_variance(est.p_record, est.draws_record, 100, v))
+    got = est.record_variances_at(est.p_record)
+    np.testing.assert_allclose(got[~est.reused], base[~est.reused], rtol=1e-12)
+    np.testing.assert_allclose(got[est.reused], (base + ex)[est.reused], rtol=0, atol=1e-3 * ex.max())
+    pooled = reuse_query_variances(est.p_record, est.p_query, est.draws_record, est.reused,
+                                   est.head_list.entry_query, 100, 200, v)
+    qry = est.query_variances_at(est.p_query, est.p_record)
+    np.testing.assert_allclose(qry, pooled + np.array([ex[0] + ex[1], ex[3], 0.0]), rtol=0, atol=2e-3 * ex.max())
+    assert qry[2] == pytest.approx(0.01 * 0.99 / 99 + v / 9900, rel=1e-12, abs=0.0)  # ⟨*,*⟩ alone: T's estimate
+    rec2, qry2 = est.variances_at(est.p_record, est.p_query)
+    np.testing.assert_array_equal(rec2, got)
+    np.testing.assert_array_equal(qry2, qry)
+    plain = _reuse_fixture(None, None)
+    np.testing.assert_allclose(plain.record_variances_at(plain.p_record), base, rtol=1e-12)
+    np.testing.assert_allclose(plain.query_variances_at(plain.p_query, plain.p_record), pooled, rtol=1e-12)
+
+
+def test_reported_variances_use_the_excess_estimated_from_the_released_counts() -> None:
+    """With S's released counts X known, a reused record's reported variance is §4's pooled formula plus
+    r(X)/n² in place of the excess at p (§4.1 "Reported variance"), with ALGORITHM.md's values at ε = 4
+    (discrete noise, τ_d = 7): r(8) = 0.16, r(9) = 71.8, r(10) = 2.4 counts²; a query adds its records' r.
+    Entries without a released count (NaN) add nothing and stay T's §4 formula over |D_T|."""
+    kept = KeptCount(7.0, True, 0.5, 200)
+    est = _reuse_fixture(kept, np.array([9.0, 10.0, np.nan, 8.0, np.nan, np.nan]))
+    n, v = 300, est.noise_variance
+    r = np.array([71.8, 2.4, 0.0, 0.16, 0.0, 0.0]) / n**2
+    base = np.where(est.reused, optin_variance(est.p_record, est.draws_record, n, v),
+                    optin_variance(est.p_record, est.draws_record, 100, v))
+    pooled = reuse_query_variances(est.p_record, est.p_query, est.draws_record, est.reused,
+                                   est.head_list.entry_query, 100, 200, v)
+    rec, qry = est.reported_variances_at(est.p_record, est.p_query)
+    np.testing.assert_allclose(rec, base + r, rtol=1e-12, atol=0.03 / n**2)
+    np.testing.assert_allclose(qry, pooled + np.array([r[0] + r[1], r[3], 0.0]), rtol=1e-12, atol=0.04 / n**2)
+    assert rec[0] > est.record_variances_at(est.p_record)[0]  # r(9) is far above the excess at p = 0.045
+
+
+def test_reported_variances_without_released_counts_are_the_blend_variances() -> None:
+    """Without S's released counts (or without the correction) the reported variances are those of
+    :meth:`variances_at` (ALGORITHM.md §4.1, "What crosses machines")."""
+    kept = KeptCount(7.0, True, 0.5, 200)
+    for est in (_reuse_fixture(kept, None), _reuse_fixture(None, np.array([9.0, 10.0, np.nan, 8.0, np.nan, np.nan]))):
+        rec, qry = est.reported_variances_at(est.p_record, est.p_query)
+        want_rec, want_qry = est.variances_at(est.p_record, est.p_query)
+        np.testing.assert_array_equal(rec, want_rec)
+        np.testing.assert_array_equal(qry, want_qry)
+
+
+def test_optin_variance_is_silently_infinite_below_two_records() -> None:
+    """n = 0 and n = 1 give σ̂² = ∞ without a floating-point warning, whether p̂(1−p̂) and J are 0 or not
+    (0/0 and x/0 are both expected there)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (0, 1):
+            got = optin_variance(np.array([0.5, 0.0, 0.0]), np.array([1, 0, 1]), n, 2.0)
+            assert np.isinf(got).all()
+
+
+def test_optin_variance_does_not_overflow_for_huge_record_counts() -> None:
+    """n(n−1) exceeds 2⁶³ at n = 4·10⁹; the §4 formula must still hold there:
+    0.25/(n − 1) + 1·2/(n(n − 1)) with n = 4,000,000,000 (computed here with exact integers)."""
+    n = 4_000_000_000
+    got = optin_variance(np.array([0.5]), np.array([1]), n, 2.0)
+    assert got[0] == pytest.approx(0.25 / (n - 1) + 2 / (n * (n - 1)), rel=1e-12, abs=0.0)

@@ -18,12 +18,14 @@ from calibrated import six_queries_calibration
 from hybriddp.core.headlist import WILDCARD, HeadList
 from hybriddp.core.noise import LaplaceNoise
 from hybriddp.core.reportlaw import LocalAlgParams, output_distribution
+from hybriddp.curator.estimates import OptinEstimates
 from hybriddp.curator.mechanisms import estimate_optin_probabilities
 from hybriddp.device.batch import randomize_batch
 from hybriddp.server.blend import blend, blend_error, blend_estimates, project_to_simplex
 from hybriddp.server.calibration import optin_estimates
 from hybriddp.server.calibration import six_queries as calibration_list
-from hybriddp.server.client_estimates import client_variances, estimate_client_probabilities
+from hybriddp.server.client_estimates import ClientEstimates, client_variances, estimate_client_probabilities
+from hybriddp.server.weights import Blended
 
 # ----- helpers ---------------------------------------------------------------------------------
 
@@ -388,3 +390,328 @@ def test_the_pooled_blend_is_the_fixed_point_of_its_weights_then_bias_corrected(
     assert np.allclose(qry.p, bar_q - err_q.bias, rtol=0, atol=1e-12)
     assert np.allclose(rec.var, err_r.mse - err_r.bias**2, rtol=1e-12, atol=0)
     assert np.allclose(qry.var, err_q.mse - err_q.bias**2, rtol=1e-12, atol=0)
+
+
+# ----- the quadrature's pseudo-rounds by hand (ALGORITHM.md §7, "Reported variance", "Bias correction") -----------
+
+def gauss_hermite_grid(nodes: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The nodes × nodes product rule for two independent standard normals, from scipy (probabilists' Hermite),
+    laid out as blend_error lays it out: (x_O, x_C, weight), one row per pseudo-round."""
+    from scipy.special import roots_hermitenorm
+
+    x, w = roots_hermitenorm(nodes)
+    w = w / w.sum()
+    xo, xc = np.meshgrid(x, x, indexing="ij")
+    return xo.reshape(-1, 1), xc.reshape(-1, 1), np.outer(w, w).reshape(-1, 1)
+
+
+def one_point_grid(x_o: float, x_c: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A single pseudo-round p̂_O = p + σ_O·x_o, p̂_C = p + σ_C·x_c with weight 1."""
+    return np.array([[x_o]]), np.array([[x_c]]), np.array([[1.0]])
+
+
+def test_quadrature_with_fixed_weights_is_exact_and_stops_after_one_pass() -> None:
+    """Variances that do not depend on p̄ fix the weights: the quadrature is then exact (Gauss–Hermite with 8 nodes
+    integrates quadratics): bias 0 and MSE w²·s_O + (1−w)²·σ²_C, w = σ²_C/(σ²_O + σ²_C), s_O the opt-in spread
+    (default σ²_O; a negative spread counts as 0). A group with infinite variance gets weight 0; no data at all:
+    bias 0, MSE ∞. The pooled iteration is at its fixed point from the start, so by the stopping rule (no
+    squared error moves) one pass suffices: 1 + 2 evaluations of the variances, also where an entry is exact
+    (both variances 0, squared error 0)."""
+    from hybriddp.server.blend import _quadrature
+
+    p = np.array([0.2, 0.05, 0.3, 0.4, 0.1, 0.25, 0.6])
+    vo = np.array([0.01, 0.0, math.inf, 0.02, math.inf, 0.01, 0.03])
+    vc = np.array([0.04, 0.0, 0.04, math.inf, math.inf, 0.01, 0.005])
+    calls = []
+
+    def variances(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(x.copy())
+        return vo, vc
+
+    grid = gauss_hermite_grid()
+    with np.errstate(invalid="ignore"):
+        w = np.where(np.isinf(vc), 1.0, np.where(np.isinf(vo), 0.0, vc / np.maximum(vo + vc, 1e-300)))
+    for spread, s_o in [(None, vo), (np.array([0.02, 0.0, 1.0, 0.005, 0.5, -0.01, 0.03]),
+                                     np.array([0.02, 0.0, 0.0, 0.005, 0.0, 0.0, 0.03]))]:
+        calls.clear()
+        err = _quadrature(p, variances, grid, 50, spread)
+        assert len(calls) == 3, len(calls)
+        with np.errstate(invalid="ignore"):
+            want = np.where(w == 0, vc, np.where(w == 1, s_o, w * w * s_o + (1 - w) ** 2 * vc))
+        want[4] = math.inf
+        np.testing.assert_allclose(err.mse, want, rtol=1e-12, atol=1e-18)
+        np.testing.assert_allclose(err.bias, 0.0, rtol=0, atol=1e-15)
+        assert err.bias[4] == 0.0 and err.mse[4] == math.inf
+
+
+def test_quadrature_solves_a_linear_pooled_iteration_in_one_pass() -> None:
+    """One pseudo-round p̂_O = 0, p̂_C = 1 at p̄ = ½ (spread ¼: σ_O = ½, σ_C = ½) with σ²_O(x) = (1 + x)/(4(1 − x)) and
+    σ²_C = ¼: w(x) = (1 − x)/2, so the pooled iteration is x ↦ (1 + x)/2, whose fixed point is 1. The plain iteration
+    halves the distance per step; one Steffensen (Aitken Δ²) pass is exact for a linear map: after a single pass
+    the pseudo-round sits at 1, bias ½ and squared error ¼ (dyadic values: exact in floating point)."""
+    from hybriddp.server.blend import _quadrature
+
+    def variances(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(divide="ignore"):
+            return 0.25 * (1 + x) / (1 - x), np.full_like(x, 0.25)
+
+    for passes in (1, 50):
+        err = _quadrature(np.array([0.5]), variances, one_point_grid(-1.0, 1.0), passes, np.array([0.25]))
+        assert err.bias.tolist() == [0.5] and err.mse.tolist() == [0.25]
+
+
+def test_quadrature_falls_back_to_the_plain_step_without_warnings() -> None:
+    """p̄ = ¼ with σ²_O(x) = (x + ¼)/(4(¾ − x)) (∞ from ¾ on) and σ²_C = ¼: p̂_O = ¼ − ½·½ = 0, p̂_C = ¼ + ½·1.5 = 1,
+    and the pooled iteration is x ↦ min(x + ¼, 1). Its steps are equal (½, ¾, 1), so Steffensen's denominator is
+    0 (then 0/0 at the fixed point): the pass takes the plain step, with no floating-point warning, and the
+    pseudo-round ends at the fixed point 1: bias ¾, squared error 9/16."""
+    from hybriddp.server.blend import _quadrature
+
+    def variances(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(divide="ignore"):
+            return np.where(x < 0.75, 0.25 * (x + 0.25) / (0.75 - x), math.inf), np.full_like(x, 0.25)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        err = _quadrature(np.array([0.25]), variances, one_point_grid(-0.5, 1.5), 50)
+    assert err.bias.tolist() == [0.75] and err.mse.tolist() == [0.5625]
+
+
+def test_quadrature_stays_between_the_pseudo_estimates_and_converges() -> None:
+    """A pseudo-round's fixed point lies between p̂_O and p̂_C, and so does every pass (ALGORITHM.md §7). At the
+    scale s = 2⁻¹⁰ of real entries: p̄ = s/2, p̂_O = 0 (spread s²/4), p̂_C = s, σ²_C = s²/4 and
+    σ²_O(x) = s²·y(2 − y)/(4(1 − y)²), y = x/s, so the pooled iteration is y ↦ 1 − (1 − y)² (fixed point 1,
+    approached quadratically: ¾, 15/16, 255/256, …). Steffensen's extrapolation from ¾s overshoots to 1.02s, out of
+    [0, s]: after one pass the pseudo-round must still be inside; with enough passes it reaches s itself
+    (bias s/2, squared error s²/4) although the squared error is tiny in absolute terms."""
+    from hybriddp.server.blend import _quadrature
+
+    s = 2.0**-10
+
+    def variances(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        y = x / s
+        with np.errstate(divide="ignore"):
+            return s * s * 0.25 * y * (2 - y) / (1 - y) ** 2, np.full_like(x, 0.25 * s * s)
+
+    one = _quadrature(np.array([s / 2]), variances, one_point_grid(-1.0, 1.0), 1, np.array([0.25 * s * s]))
+    x1 = s / 2 + one.bias[0]
+    assert 0.0 <= x1 <= s and x1 > 0.75 * s
+    full = _quadrature(np.array([s / 2]), variances, one_point_grid(-1.0, 1.0), 50, np.array([0.25 * s * s]))
+    assert full.bias[0] == pytest.approx(s / 2, rel=1e-12) and full.mse[0] == pytest.approx(s * s / 4, rel=1e-12)
+
+
+def test_quadrature_evaluates_the_variances_only_at_probabilities() -> None:
+    """Pseudo-estimates spread past 0 and 1 (p̄ = 0.01 and 0.99 with σ = 0.1 over 8 × 8 Gauss–Hermite nodes); the
+    weights' variance laws are evaluated at the pooled iterate clamped into [0, 1] (ALGORITHM.md §7): no argument
+    ever leaves [0, 1], while the pseudo-rounds themselves may (bias and MSE stay finite)."""
+    from hybriddp.server.blend import _quadrature
+
+    seen: list[np.ndarray] = []
+
+    def variances(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seen.append(np.asarray(x, dtype=float).copy())
+        return 0.01 * (0.5 + x), 0.01 * (1.5 - x)
+
+    err = _quadrature(np.array([0.01, 0.99]), variances, gauss_hermite_grid(), 50)
+    assert len(seen) > 3
+    assert min(float(a.min()) for a in seen) == 0.0 and max(float(a.max()) for a in seen) == 1.0
+    assert np.all(np.isfinite(err.bias)) and np.all(np.isfinite(err.mse))
+
+
+def test_quadrature_places_the_pseudo_estimates_at_p_plus_sigma_times_node() -> None:
+    """p̂_O = p̄ + σ_O·x and p̂_C = p̄ + σ_C·y (ALGORITHM.md §7): with fixed weights and the single node
+    (x, y) = (1, −½), the pseudo-round is p̄ + w·σ_O − (1 − w)·σ_C/2. Dyadic: σ²_O = 1/16, σ²_C = 1/4, w = 4/5."""
+    from hybriddp.server.blend import _quadrature
+
+    def variances(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.full_like(x, 1 / 16), np.full_like(x, 0.25)
+
+    err = _quadrature(np.array([0.5]), variances, one_point_grid(1.0, -0.5), 50)
+    want = 0.8 * 0.25 - 0.2 * 0.5 * 0.5
+    assert err.bias[0] == pytest.approx(want, rel=1e-12) and err.mse[0] == pytest.approx(want**2, rel=1e-12)
+
+
+def test_quadrature_solves_an_oscillating_pooled_iteration() -> None:
+    """p̂_O = 0, p̂_C = 1 at p̄ = ¼ (spread 1/16, σ²_C(¼) = ¼) with σ²_O(x) = 1 − x and σ²_C(x) = x: w(x) = x, so the
+    pooled iteration x ↦ 1 − x jumps between ¾ and ¼ for ever. Its fixed point is ½, which Steffensen's step finds
+    from ¾ (a denominator of exactly 1): bias ¼, squared error 1/16."""
+    from hybriddp.server.blend import _quadrature
+
+    def variances(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return 1 - x, x.copy()
+
+    for passes in (1, 50):
+        err = _quadrature(np.array([0.25]), variances, one_point_grid(-1.0, 1.5), passes, np.array([1 / 16]))
+        assert err.bias.tolist() == [0.25] and err.mse.tolist() == [0.0625]
+
+
+def test_quadrature_reaches_a_fixed_point_at_the_end_of_the_bracket() -> None:
+    """p̂_O = 0, p̂_C = ½ at p̄ = ¾ (spread 9/16, σ²_C(¾) = ¼) with σ²_O(x) = x and σ²_C(x) = 1 − x: w(x) = 1 − x, so
+    the pooled iteration is x ↦ x/2, whose fixed point 0 is p̂_O itself, the end of the bracket [p̂_O, p̂_C]. One
+    Steffensen pass lands on it exactly (linear map): bias −¾, squared error 9/16."""
+    from hybriddp.server.blend import _quadrature
+
+    def variances(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return x.copy(), 1 - x
+
+    for passes in (1, 50):
+        err = _quadrature(np.array([0.75]), variances, one_point_grid(-1.0, -0.5), passes, np.array([9 / 16]))
+        assert err.bias.tolist() == [-0.75] and err.mse.tolist() == [0.5625]
+
+
+# ----- blend_error, blend_pooled and blend_strategy on a round of the calibration list ------------------------------
+
+def calibration_round(seed: int = 5) -> tuple[HeadList, LocalAlgParams, OptinEstimates, ClientEstimates]:
+    """One seeded round on the calibration list: opt-in estimates (500 T records, 9,500 reused S records) near the
+    truth and client estimates from 20,000 reports drawn from LocalAlg's exact report law."""
+    hl, p = calibration_list()
+    lp = LocalAlgParams.build(hl, 4.0, 1e-5, 0.85, 1)
+    rng = np.random.default_rng(seed)
+    opt = optin_estimates(hl, np.clip(p + 0.004 * rng.standard_normal(p.size), 0.0, 1.0), 500, 9_500, 4.0)
+    cli = estimate_client_probabilities(rng.multinomial(20_000, p @ output_distribution(lp)), hl, lp)
+    return hl, lp, opt, cli
+
+
+def test_blend_error_clamps_the_blended_estimates_into_the_unit_interval() -> None:
+    """blend_error evaluates the pseudo-rounds at p̄ clamped into [0, 1] (ALGORITHM.md §7): records and queries
+    given below 0 or above 1 (even above 2) give exactly what their clamped values give."""
+    _, lp, opt, cli = calibration_round()
+    start = blend_estimates(opt, cli, False, estimator="paper", lp=lp)
+    p_r, p_q = start.records.p.copy(), start.queries.p.copy()
+    p_r[[0, 3, 7]], p_q[[1, 4]] = [-0.2, 1.5, 3.0], [-0.5, 2.5]
+    out_r, out_q = blend_error(opt, cli, lp, p_r, p_q)
+    in_r, in_q = blend_error(opt, cli, lp, np.clip(p_r, 0.0, 1.0), np.clip(p_q, 0.0, 1.0))
+    for got, want in ((out_r, in_r), (out_q, in_q)):
+        np.testing.assert_array_equal(got.bias, want.bias)
+        np.testing.assert_array_equal(got.mse, want.mse)
+
+
+def test_blend_error_spreads_the_optin_pseudo_estimates_by_the_reported_variance() -> None:
+    """Without client reports (n = 1: σ²_C = ∞, weight 0) each pseudo-round is the opt-in pseudo-estimate itself, so
+    the bias is 0 and the MSE is the variance its pseudo-estimates are spread by: the reported one
+    (reported_variances_at, from the released counts under reuse), not the one the weights use."""
+    hl = HeadList.from_lists([0, 1], [[3, 4], []])
+    lp = LocalAlgParams.build(hl, 2.0, 1e-5, 0.8, 1)
+    reported_r, reported_q = np.linspace(1e-4, 5e-4, hl.n_entries), np.array([2e-3, 3e-3, 4e-3])
+    optin = SimpleNamespace(head_list=hl,
+                            record_variances_at=lambda p: np.full(np.shape(p), 7e-3),
+                            query_variances_at=lambda p, p_r: np.full(np.shape(p), 9e-3),
+                            reported_variances_at=lambda p_r, p_q: (reported_r, reported_q))
+    p_r = np.full(hl.n_entries, 0.2)
+    err_r, err_q = blend_error(optin, SimpleNamespace(n=1), lp, p_r, np.bincount(hl.entry_query, weights=p_r))
+    np.testing.assert_allclose(err_r.mse, reported_r, rtol=1e-12)
+    np.testing.assert_allclose(err_q.mse, reported_q, rtol=1e-12)
+    np.testing.assert_allclose(err_r.bias, 0.0, atol=1e-15)
+    np.testing.assert_allclose(err_q.bias, 0.0, atol=1e-15)
+
+
+class CountingOptin:
+    """Opt-in estimates that count how often the pooled blend evaluates their variances."""
+
+    def __init__(self, inner: OptinEstimates) -> None:
+        self.inner = inner
+        self.passes = 0
+        self.record_evaluations = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def variances_at(self, p_record: np.ndarray, p_query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.passes += 1
+        return self.inner.variances_at(p_record, p_query)
+
+    def record_variances_at(self, p_record: np.ndarray) -> np.ndarray:
+        self.record_evaluations += 1
+        return self.inner.record_variances_at(p_record)
+
+
+def test_blend_pooled_stops_once_the_weights_are_still() -> None:
+    """The pooled iteration stops at the first pass where no record or query weight moves by 1e-12 (ALGORITHM.md §7,
+    "Pooled weights"): on a real round it converges in a handful of passes, far below the cap of 50, and a second
+    call started from its converged weights stops within two passes."""
+    from hybriddp.server.blend import POOLED_MAX_PASSES, blend_pooled
+
+    _, lp, opt, cli = calibration_round()
+    start = blend_estimates(opt, cli, False, estimator="paper", lp=lp)
+    counted = CountingOptin(opt)
+    rec, qry = blend_pooled(counted, cli, lp, start.records, start.queries)
+    assert 2 <= counted.passes < POOLED_MAX_PASSES // 2, counted.passes
+    again = CountingOptin(opt)
+    bar_r = rec.weight_optin * opt.p_record + (1 - rec.weight_optin) * cli.p_record
+    bar_q = qry.weight_optin * opt.p_query + (1 - qry.weight_optin) * cli.p_query
+    blend_pooled(again, cli, lp, Blended(bar_r, rec.var, rec.weight_optin), Blended(bar_q, qry.var, qry.weight_optin))
+    assert again.passes <= 2, again.passes
+
+
+class NoOptinRecords(CountingOptin):
+    """Opt-in estimates without record estimates (σ²_O = ∞ for every record: weight 0), queries as they are."""
+
+    def variances_at(self, p_record: np.ndarray, p_query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.passes += 1
+        return np.full(np.shape(p_record), np.inf), self.inner.variances_at(p_record, p_query)[1]
+
+    def record_variances_at(self, p_record: np.ndarray) -> np.ndarray:
+        self.record_evaluations += 1
+        return np.full(np.shape(p_record), np.inf)
+
+
+def test_blend_pooled_converges_the_queries_when_the_records_are_still() -> None:
+    """Records and queries iterate until both are still: with no opt-in record estimates the record weights are 0 from
+    the start and never move, yet the queries, started at the paper's blend, end at their fixed point
+    w = σ²_C(p̄_q)/(σ²_O(p̄_q) + σ²_C(p̄_q)), and the records are the clients' estimates with their variance."""
+    from hybriddp.server.blend import blend_pooled
+
+    hl, lp, opt, cli = calibration_round()
+    start = blend_estimates(opt, cli, False, estimator="paper", lp=lp)
+    optin = NoOptinRecords(opt)
+    rec, qry = blend_pooled(optin, cli, lp, Blended(cli.p_record, cli.var_record, np.zeros(hl.n_entries)),
+                            start.queries)
+    assert optin.passes > 2 and rec.weight_optin.tolist() == [0.0] * hl.n_entries
+    bar_q = qry.weight_optin * opt.p_query + (1 - qry.weight_optin) * cli.p_query
+    x_r, x_q = np.clip(cli.p_record, 0.0, 1.0), np.clip(bar_q, 0.0, 1.0)
+    _, vo_q = opt.variances_at(x_r, x_q)
+    _, vc_q = client_variances(x_r, x_q, hl, lp, cli.n)
+    np.testing.assert_allclose(qry.weight_optin, vc_q / (vo_q + vc_q), rtol=1e-9, atol=1e-12)
+
+
+def test_blend_pooled_evaluates_the_weights_at_clamped_estimates_within_its_pass_budget() -> None:
+    """Both variances are evaluated at the previous blend clamped into [0, 1] (ALGORITHM.md §7): one pass from a
+    start with records and queries below 0 and above 1 (even above 2) gives exactly what the clamped start gives.
+    max_passes caps every iteration of the pooled blend, its quadrature's too: with one pass, each record's
+    pseudo-rounds evaluate the opt-in variances 1 + 2 times."""
+    from hybriddp.server.blend import blend_pooled
+
+    _, lp, opt, cli = calibration_round()
+    start = blend_estimates(opt, cli, False, estimator="paper", lp=lp)
+    p_r, p_q = start.records.p.copy(), start.queries.p.copy()
+    p_r[[0, 3, 7]], p_q[[1, 4]] = [-0.2, 1.5, 3.0], [-0.5, 2.5]
+    outside = (Blended(p_r, start.records.var, start.records.weight_optin),
+               Blended(p_q, start.queries.var, start.queries.weight_optin))
+    inside = (Blended(np.clip(p_r, 0.0, 1.0), start.records.var, start.records.weight_optin),
+              Blended(np.clip(p_q, 0.0, 1.0), start.queries.var, start.queries.weight_optin))
+    counted = CountingOptin(opt)
+    got = blend_pooled(counted, cli, lp, *outside, max_passes=1)
+    want = blend_pooled(opt, cli, lp, *inside, max_passes=1)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a.p, b.p)
+        np.testing.assert_array_equal(a.var, b.var)
+        np.testing.assert_array_equal(a.weight_optin, b.weight_optin)
+    assert counted.passes == 1 and counted.record_evaluations == 3
+
+
+def test_blend_strategy_projects_by_default_and_names_the_strategy_it_cannot_run() -> None:
+    """blend_strategy, like blend_estimates, projects the records onto the simplex unless told not to; a pooled or
+    consistent strategy without LocalAlg's parameters is refused with the strategy's estimator name
+    (--estimator pooled / consistent)."""
+    from hybriddp.core.estimators import Blend
+    from hybriddp.server.blend import blend_strategy
+
+    optin = SimpleNamespace(p_record=np.array([0.5, 0.25]), var_record=np.array([1.0, 3.0]),
+                            p_query=np.array([0.75]), var_query=np.array([1.0]))
+    client = SimpleNamespace(p_record=np.array([0.25, 0.75]), var_record=np.array([3.0, 1.0]),
+                             p_query=np.array([0.25]), var_query=np.array([1.0]))
+    out = blend_strategy(Blend.PAPER, optin, client)
+    assert out.records_projected is not None and out.records_final.tolist() == [0.40625, 0.59375]
+    for strategy, name in [(Blend.POOLED, "pooled"), (Blend.CONSISTENT, "consistent")]:
+        with pytest.raises(ValueError, match=f"the {name} blend needs"):
+            blend_strategy(strategy, optin, client)

@@ -341,3 +341,113 @@ def test_client_estimates_flag_exact_variances_on_every_path() -> None:
                     estimate_client_probabilities([0, 1, 0, 0, 0], hl, lp, m_c=m_c),
                     estimate_client_probabilities([2, 1, 0, 3, 1], hl, lp, m_c=m_c)):
             assert est.variance_exact is expected
+
+
+# ----- client_variances at given probabilities (ALGORITHM.md §6, §7 "Pooled weights") ------------------------------
+
+def _section6_variances(p_rec: np.ndarray, p_q: np.ndarray, hl: HeadList, lp: LocalAlgParams,
+                        n: int) -> tuple[np.ndarray, np.ndarray]:
+    """σ²_C of ALGORITHM.md §6 written out entry by entry in plain floats: the report frequencies that p implies,
+    r_q = a·p_q + (1−t)/(k−1) and r_⟨q,u⟩ = D_q·p + t(1−t_q)/(k_q−1)·p_q + (1−t)(1−p_q)/((k−1)k_q), each clamped
+    into [0, 1], then σ²_C,q = r_q(1−r_q)/((n−1)a²) and the Erratum form for records; k_q = 1: the query's."""
+    k, t = lp.k, float(lp.t)
+    a = (k * t - 1) / (k - 1)
+    r_q = [min(max(a * float(p_q[q]) + (1 - t) / (k - 1), 0.0), 1.0) for q in range(k)]
+    var_q = [r * (1 - r) / ((n - 1) * a * a) for r in r_q]
+    var_rec = []
+    for e in range(hl.n_entries):
+        q = int(hl.entry_query[e])
+        kq, tq, pq = int(lp.kq[q]), float(lp.tq[q]), float(p_q[q])
+        if kq == 1:
+            var_rec.append(var_q[q])
+            continue
+        d = t * (tq - (1 - tq) / (kq - 1))
+        c = (1 - t) / ((k - 1) * kq) - t * (1 - tq) / (kq - 1)
+        r = d * float(p_rec[e]) + t * (1 - tq) / (kq - 1) * pq + (1 - t) * (1 - pq) / ((k - 1) * kq)
+        r = min(max(r, 0.0), 1.0)
+        var_rec.append((r * (1 - r) / (n - 1) + c * c * var_q[q] + 2 * c * r * (1 - r_q[q]) / ((n - 1) * a)) / d**2)
+    return np.array(var_rec), np.array(var_q)
+
+
+@pytest.mark.parametrize("n", [2, 3, 1000])
+def test_client_variances_follow_section6_at_given_probabilities(n: int) -> None:
+    """client_variances(p) is §6's σ²_C at the report frequencies p implies, for every n ≥ 2 (n = 2, the first
+    with a variance, has n − 1 = 1), on the mixed head list (k_q = 1 … 6)."""
+    from hybriddp.server.client_estimates import client_variances
+
+    hl = head_list()
+    lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, 1)
+    p = true_distribution(hl)
+    p_q = np.bincount(hl.entry_query, weights=p, minlength=hl.k)
+    v_rec, v_q = client_variances(p, p_q, hl, lp, n)
+    want_rec, want_q = _section6_variances(p, p_q, hl, lp, n)
+    np.testing.assert_allclose(v_rec, want_rec, rtol=1e-12)
+    np.testing.assert_allclose(v_q, want_q, rtol=1e-12)
+    assert np.all(v_rec > 0) and np.all(v_q > 0)
+
+
+def test_client_variances_with_two_queries_follow_section6() -> None:
+    """k = 2 (one query without URLs, and *) is a real report law, not the k = 1 shortcut (variance 0): every
+    entry's σ²_C is §6's, positive and finite."""
+    from hybriddp.server.client_estimates import client_variances
+
+    hl = HeadList.from_lists([0], [[]])
+    lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, 1)
+    assert lp.k == 2
+    p = np.array([0.375, 0.625])[: hl.n_entries]
+    p_q = np.bincount(hl.entry_query, weights=p, minlength=hl.k)
+    v_rec, v_q = client_variances(p, p_q, hl, lp, 50)
+    want_rec, want_q = _section6_variances(p, p_q, hl, lp, 50)
+    np.testing.assert_allclose(v_rec, want_rec, rtol=1e-12)
+    np.testing.assert_allclose(v_q, want_q, rtol=1e-12)
+    assert np.all(v_q > 0) and np.all(np.isfinite(v_rec))
+
+
+def test_client_variances_with_one_query_are_one_zero_each() -> None:
+    """k = 1: the only record is ⟨*,*⟩ and the only query *, both certain: one zero variance each, the shape of
+    estimate_client_probabilities' k = 1 output."""
+    from hybriddp.server.client_estimates import client_variances
+
+    hl = HeadList.from_lists([], [])
+    lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, 1)
+    v_rec, v_q = client_variances(np.ones(1), np.ones(1), hl, lp, 10)
+    est = estimate_client_probabilities(np.array([10]), hl, lp)
+    assert v_rec.shape == est.var_record.shape == (1,) and v_q.shape == est.var_query.shape == (1,)
+    assert v_rec.tolist() == [0.0] and v_q.tolist() == [0.0]
+
+
+def test_client_variances_clamp_the_implied_report_frequencies() -> None:
+    """Probabilities outside [0, 1] (a blend before clamping) imply report frequencies outside [0, 1]; those are
+    clamped, so a query's σ²_C is r(1−r)/… at r ∈ {0, 1}: exactly 0, never negative; records follow §6 at
+    the clamped frequencies."""
+    from hybriddp.server.client_estimates import client_variances
+
+    hl = head_list()
+    lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, 1)
+    p = true_distribution(hl)
+    p_q = np.array([-40.0, -5.0, 5.0, 40.0, 1e3, -1e3, 7.0])[: hl.k]
+    p_rec = np.resize(np.array([-40.0, -0.5, 1.3, 1.8, 2.5, 40.0, 3.0]), hl.n_entries)
+    p_rec[::3] = p[::3]  # some records in range, their queries out of it
+    v_rec, v_q = client_variances(p_rec, p_q, hl, lp, 500)
+    assert v_q.tolist() == [0.0] * hl.k
+    want_rec, _ = _section6_variances(p_rec, p_q, hl, lp, 500)
+    np.testing.assert_allclose(v_rec, want_rec, rtol=1e-12, atol=1e-300)
+
+
+def test_client_variances_are_double_precision_whatever_the_input_type() -> None:
+    """Probabilities given as exact fractions or as float32 give the float64 variances of the same values (no
+    object arrays, no single-precision arithmetic)."""
+    from hybriddp.server.client_estimates import client_variances
+
+    hl = head_list()
+    lp = LocalAlgParams.build(hl, 2.0, 0.1, 0.5, 1)
+    p32 = true_distribution(hl).astype(np.float32)
+    p = p32.astype(np.float64)
+    p_q = np.bincount(hl.entry_query, weights=p, minlength=hl.k).astype(np.float32).astype(np.float64)
+    want_rec, want_q = client_variances(p, p_q, hl, lp, 700)
+    for args in ((p32, p_q.astype(np.float32)), (p32, p_q), (p, p_q.astype(np.float32)),
+                 ([Fraction(x) for x in p], [Fraction(x) for x in p_q])):
+        v_rec, v_q = client_variances(args[0], args[1], hl, lp, 700)
+        assert v_rec.dtype == np.float64 and v_q.dtype == np.float64
+        np.testing.assert_allclose(v_rec, want_rec, rtol=1e-13)
+        np.testing.assert_allclose(v_q, want_q, rtol=1e-13)

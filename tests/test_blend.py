@@ -266,6 +266,7 @@ def test_project_to_simplex_of_exact_fractions_is_float() -> None:
 
 # ----- pooled weights (ALGORITHM.md §7, "Pooled weights") --------------------------------------------
 
+@pytest.mark.xdist_group("six-queries")  # one worker computes tests/calibrated.py's rounds once
 def test_pooled_weights_remove_the_bias_of_the_papers_blend() -> None:
     """4,000 seeded rounds (tests/calibrated.py: 500 opt-in records, sampling-dominated; 20,000 client
     reports). The paper's weights use each group's variance at its own estimate, so a group whose estimate
@@ -283,6 +284,7 @@ def test_pooled_weights_remove_the_bias_of_the_papers_blend() -> None:
     assert pooled.mse() <= paper.mse() * 1.01
 
 
+@pytest.mark.xdist_group("six-queries")  # one worker computes tests/calibrated.py's rounds once
 def test_reuse_blend_is_unbiased_with_a_variance_that_matches_its_error() -> None:
     """--estimator reuse, the default (ALGORITHM.md §4.1, §7), over 5,000 seeded rounds: |D_S| = 9,500 and
     |D_T| = 500 opt-in records (f_O = 0.95), 20,000 client reports. Every entry's and query's |z| < 4

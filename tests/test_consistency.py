@@ -128,6 +128,7 @@ def test_no_data_in_a_group_leaves_the_blend_alone() -> None:
     np.testing.assert_array_equal(q2.p, qry.p)
 
 
+@pytest.mark.xdist_group("six-queries")  # one worker computes tests/calibrated.py's rounds once
 def test_consistent_blend_is_unbiased_and_lowers_the_record_error() -> None:
     """The 5,000 seeded rounds of tests/calibrated.py (|D_S| = 9,500, |D_T| = 500, 20,000 reports), each blended
     with reuse and made consistent: every record's and every query's |z| < 4 (measured: max 2.4 and 3.0; Σ is evaluated

@@ -21,8 +21,11 @@ under ``pytest -n`` (pytest-xdist, ``--dist loadgroup``) each runs on one worker
 the fixture starts once, not once per worker."""
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put every test of a :data:`_GROUPS` directory into its xdist group (a no-op without pytest-xdist)."""
+    """Put every test of a :data:`_GROUPS` directory into its xdist group (a no-op without pytest-xdist). First:
+    xdist's own hook of the same name reads the groups into the test ids, so a marker added after it is ignored
+    (each worker then started its own demo server and Chromium, and its own SparkSession)."""
     for item in items:
         parts = item.path.parts
         for directory, group in _GROUPS.items():
@@ -36,3 +39,4 @@ def _private_data_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     device ledger in the real home directory, and no test sees another's."""
     home = tmp_path_factory.getbasetemp() / f"data-home-{next(_DATA_HOMES)}"
     monkeypatch.setenv("HYBRIDDP_DATA_HOME", str(home))
+

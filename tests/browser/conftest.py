@@ -16,6 +16,8 @@ import httpx
 import pytest
 from browserhelpers import API, CHROMIUM, CHROMIUM_ARGS, DemoServer, PageErrors, ServerProcess
 
+from sessiononce import once_per_run
+
 
 def _start(tmp: Path, db_url: str, *extra: str, timeout: float = 60.0) -> ServerProcess:
     tmp.mkdir(parents=True, exist_ok=True)
@@ -32,6 +34,7 @@ def _check_log(proc: ServerProcess) -> None:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoServer]:
     """``hybriddp serve --demo`` on a fresh SQLite file: the demo round runs into it first and a second round is left
     collecting reports (about 15 s)."""
+    once_per_run(tmp_path_factory, "the browser tests' demo server")
     tmp = tmp_path_factory.mktemp("served-demo")
     db_url = f"sqlite:///{tmp / 'hybriddp.db'}"
     proc = _start(tmp / "main", db_url, "--demo", "--log-level", "warning", timeout=300)

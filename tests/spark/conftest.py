@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 
+from sessiononce import once_per_run
+
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The session's SparkSession, stopped at the end."""
+    once_per_run(tmp_path_factory, "the Spark tests' SparkSession")
     from hybriddp.spark.session import SparkUnavailable, spark_session
 
     try:

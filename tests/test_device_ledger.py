@@ -12,6 +12,7 @@ import re
 import stat
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -349,16 +350,22 @@ def test_device_budget_slack_and_messages(tmp_path: Path) -> None:
                                                                            "delta": 0.0}}}
 
 
-def test_a_ledger_that_cannot_be_saved_charges_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _unwritable(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Make every write of the device ledger fail as on a read-only file system; returns the undo."""
     import hybriddp.device.ledger as device_mod
-
-    p = tmp_path / "dev.json"
-    led = DeviceLedger(p, lifetime_epsilon=2.0, lifetime_delta=1e-5)
 
     def fail(path: str, text: str) -> None:
         raise OSError(30, "Read-only file system")
 
+    real = device_mod.write_text
     monkeypatch.setattr(device_mod, "write_text", fail)
+    return lambda: monkeypatch.setattr(device_mod, "write_text", real)
+
+
+def test_a_ledger_that_cannot_be_saved_charges_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = tmp_path / "dev.json"
+    led = DeviceLedger(p, lifetime_epsilon=2.0, lifetime_delta=1e-5)
+    _unwritable(monkeypatch)
     with pytest.raises(DeviceError, match=exact_message(
             f"cannot write device ledger {p} (Read-only file system); nothing was charged, so nothing may be "
             "reported")):
@@ -678,22 +685,15 @@ def test_a_charge_keeps_its_memo_whole(tmp_path: Path) -> None:
 def test_a_charge_that_cannot_be_saved_keeps_no_memo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing was charged, so nothing was sent: the memo of the refused round is gone from the ledger's state too,
     and the same round can be charged (with its memo) once the file can be written."""
-    import hybriddp.device.ledger as device_mod
-
     p = tmp_path / "d.json"
     led = DeviceLedger(p, lifetime_epsilon=3.0, lifetime_delta=1e-5)
     led.record("r0", 1.0, 0.0, memo=("K0", [0], "S0"))
-
-    def fail(path: str, text: str) -> None:
-        raise OSError(30, "Read-only file system")
-
-    real = device_mod.write_text
-    monkeypatch.setattr(device_mod, "write_text", fail)
+    writable = _unwritable(monkeypatch)
     with pytest.raises(DeviceError, match="nothing was charged"):
         led.record("r1", 1.0, 0.0, memo=("K1", [1], "S1"))
     assert led.state["memo"] == {"r0": {"records": "K0", "reports": [0], "sent_in": ["S0"]}}
     assert led.memoized("r1", "S2") is None
-    monkeypatch.setattr(device_mod, "write_text", real)
+    writable()
     led.record("r1", 1.0, 0.0, memo=("K1", [1], "S1"))
     assert led.memoized("r1", "S2") == [1]
 
@@ -765,22 +765,15 @@ def test_memoized_of_a_memo_field_that_is_not_an_object_is_none(tmp_path: Path) 
 def test_memoized_reports_that_cannot_be_noted_are_not_sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The service round is noted before the reports are sent again; if the note cannot be saved the device does not
     report (the message says so) and the round is not noted, so it may send them once the file can be written."""
-    import hybriddp.device.ledger as device_mod
-
     p = tmp_path / "d.json"
     led = DeviceLedger(p, lifetime_epsilon=3.0, lifetime_delta=1e-5)
     led.record("h", 1.0, 0.0, memo=("K", [7], "S1"))
-
-    def fail(path: str, text: str) -> None:
-        raise OSError(30, "Read-only file system")
-
-    real = device_mod.write_text
-    monkeypatch.setattr(device_mod, "write_text", fail)
+    writable = _unwritable(monkeypatch)
     with pytest.raises(DeviceError, match=exact_message(
             f"cannot write device ledger {p} (Read-only file system); not reporting")):
         led.memoized("h", "S2")
     assert led.state["memo"]["h"]["sent_in"] == ["S1"]
-    monkeypatch.setattr(device_mod, "write_text", real)
+    writable()
     assert led.memoized("h", "S2") == [7] and led.memoized("h", "S2") is None
 
 

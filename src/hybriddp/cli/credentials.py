@@ -6,8 +6,6 @@ A device credential admits a device to report tokens (docs/TOKENS.md): with it, 
 
 from __future__ import annotations
 
-import os
-
 import click
 from rich.table import Table
 
@@ -35,17 +33,13 @@ def credentials_group() -> None:
 def create_cmd(server: str, admin_token_file: str | None, count: int, tokens_per_round: int, label: str | None,
                out_path: str | None, as_json: bool) -> None:
     """Make device credentials. Their secrets are shown once (the server keeps only their SHA-256)."""
-    from hybriddp.core.atomic import check_output_path, write_text
+    from hybriddp.core.atomic import check_output_path, write_private_text
     if out_path is not None:
         check_output_path(out_path, "--out")
     with admin_client(server, admin_token_file) as admin:
         made = admin.create_credentials(count, tokens_per_round=tokens_per_round, label=label)
     if out_path is not None:
-        old = os.umask(0o077)
-        try:
-            write_text(out_path, "".join(c["credential"] + "\n" for c in made))
-        finally:
-            os.umask(old)
+        write_private_text(out_path, "".join(c["credential"] + "\n" for c in made))
         made = [{k: v for k, v in c.items() if k != "credential"} for c in made]
         render.err.print(f"{len(made)} device credential(s) written to {out_path} (mode 0600), one per line")
     if as_json:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from hybriddp.cli.options import estimator_option, make_params, noise_option, pr
 from hybriddp.cli.participate import upload_cmd
 from hybriddp.cli.remote import admin_client, admin_options, json_option, server_option
 from hybriddp.cli.roundviews import print_result_json, print_round, print_rounds, show_round
+from hybriddp.core.atomic import write_private_text
 from hybriddp.core.errors import DataError, parameter_error
 from hybriddp.core.rng import SEED_WARNING
 
@@ -187,7 +189,8 @@ def enrol_cmd(round_id: str, server: str, admin_token_file: str | None, users: t
     with admin_client(server, admin_token_file) as admin:
         tokens = [admin.enrol(round_id, u) for u in names] if len(names) == 1 else admin.enrol_many(round_id, names)
     if paths is not None:
-        write_token_files(paths, tokens)
+        for path, token in zip(paths, tokens, strict=True):
+            write_private_text(path, token + "\n")
         if as_json:
             files = {u: str(p) for u, p in zip(names, paths, strict=True)}
             render.print_json({"round": round_id, "token_files": files})
@@ -213,8 +216,8 @@ def token_paths(directory: Path, names: list[str]) -> list[Path]:
     if missing; a name given twice, or a file that exists, is refused: a token file is never replaced)."""
     from urllib.parse import quote
 
-    if len(set(names)) != len(names):
-        dup = next(u for u in names if names.count(u) > 1)
+    dup = next((u for u, n in Counter(names).items() if n > 1), None)
+    if dup is not None:
         raise parameter_error("--user/--users-file", dup, "each user once", "A user enrolled twice gets one token.")
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -227,18 +230,6 @@ def token_paths(directory: Path, names: list[str]) -> list[Path]:
         raise DataError(f"--out {directory}: {existing[0].name} exists ({len(existing)} of the users' token files "
                         "do). Token files are never replaced: use an empty directory, or remove the old files first.")
     return paths
-
-
-def write_token_files(paths: list[Path], tokens: list[str]) -> None:
-    """Each token to its file, created with mode 0600 under a temporary name and renamed (never half written)."""
-    for path, token in zip(paths, tokens, strict=True):
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(token + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
 
 
 round_group.add_command(upload_cmd)

@@ -145,6 +145,16 @@ def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
         fh.write(text)
 
 
+def write_private_text(path: str | Path, text: str) -> None:
+    """Atomically replace ``path`` with ``text`` (UTF-8) readable by its owner only: a new file gets mode 0600
+    (secrets: device credentials, opt-in tokens). The umask is process-wide, so this is not for threads."""
+    old = os.umask(0o077)
+    try:
+        write_text(path, text)
+    finally:
+        os.umask(old)
+
+
 def write_bytes(path: str | Path, data: bytes) -> None:
     """Atomically replace ``path`` with ``data``."""
     with atomic_open(path, "wb", compress=False) as fh:

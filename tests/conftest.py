@@ -39,4 +39,3 @@ def _private_data_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     device ledger in the real home directory, and no test sees another's."""
     home = tmp_path_factory.getbasetemp() / f"data-home-{next(_DATA_HOMES)}"
     monkeypatch.setenv("HYBRIDDP_DATA_HOME", str(home))
-

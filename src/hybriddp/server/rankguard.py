@@ -47,14 +47,13 @@ NODES_SEED = 0x4A6B
 @dataclass(frozen=True)
 class _Round:
     """What cost(κ) needs besides κ, computed once per round (only κ changes while :func:`rank_kappa` bisects): the
-    queries that can reach the top ``depth`` (``cand``, the published order), their gains, the ideal DCG, each one's
-    s and its drawn honest X (draws × candidates)."""
+    queries that can reach the top ``depth`` (``cand``, the published order), their gains, the ideal DCG (the
+    published order's own), each one's s and its drawn honest X (draws × candidates)."""
 
     cand: np.ndarray
     b: np.ndarray
     gain: np.ndarray
     idcg: float
-    base: float  # NDCG of the published order itself
     s: np.ndarray
     x: np.ndarray
     depth: int
@@ -111,7 +110,7 @@ def _round(published: np.ndarray, s: np.ndarray, share: np.ndarray, ranked: np.n
     idcg = float((gain[:depth] * disc[:min(depth, cand.size)]).sum())
     if idcg <= 0.0:
         return None
-    return _Round(cand, b[cand], gain, idcg, 1.0, np.where(usable[cand], s_all[cand], 0.0), x, depth)
+    return _Round(cand, b[cand], gain, idcg, np.where(usable[cand], s_all[cand], 0.0), x, depth)
 
 
 def _cost(r: _Round, kappa: np.ndarray, bound: np.ndarray) -> float:
@@ -126,7 +125,7 @@ def _cost(r: _Round, kappa: np.ndarray, bound: np.ndarray) -> float:
     else:
         top = np.argsort(-score, axis=1, kind="stable")
     dcg = (r.gain[top] * _discount(r.depth)[:k][None, :]).sum(axis=1)
-    return float(r.base - dcg.mean() / r.idcg)
+    return float(1.0 - dcg.mean() / r.idcg)  # the published order, ranked by itself, has NDCG 1
 
 
 def rank_cost(kappa: np.ndarray, published: np.ndarray, s: np.ndarray, share: np.ndarray, ranked: np.ndarray,

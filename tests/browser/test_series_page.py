@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 from browserhelpers import API, screenshot, with_tokens
 
+from hybriddp.server.trends import DEFAULT_WINDOW
 from serieshelpers import PERIODS, drive_series
 
 
@@ -25,6 +26,8 @@ def test_the_series_page_shows_the_periods_and_the_rising_query(fresh_server: An
             assert http.get(f"{API}/rounds/{rid}", headers=admin).json()["counts"]["messages"] == n
     page.goto(f"{base}/series/{sid}")
     page.wait_for_selector("#trends-panel:not([hidden])")
+    # issue 42: the menu shows the window the server's default analysis used (the CLI's and the SDK's too)
+    assert page.locator("#window").input_value() == str(DEFAULT_WINDOW)
     page.select_option("#window", "3")
     page.wait_for_function("() => !document.querySelector('#trends-summary').textContent.startsWith('Testing')")
     rising = page.wait_for_selector('figure.trend.rising[data-query="eclipse"]')

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hybriddp.cli import render
 from hybriddp.cli.options import MAX_SCALE, check_scale, int_range, seed_option
 from hybriddp.core.errors import parameter_error
+from hybriddp.server.trends import DEFAULT_WINDOW
 
 MAX_TRIALS = 100
 """Largest --trials: `all` on the AOL preset makes 219 runs per trial (657 at --trials 3; docs/RESULTS.md, "Issue
@@ -74,7 +75,7 @@ def _runs_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]
                    "of the population per period). Default: 1,2,6.")
 @click.option("--window", type=int, default=None, callback=int_range(1, 52),
               help="trends only: periods the trend test pools on each side of a boundary (`hybriddp trends "
-                   "--window`). Default: 4.")
+                   f"--window`). Default: {DEFAULT_WINDOW}.")
 @click.option("--min-change", type=float, default=None,
               help="trends only: the trend test's smallest relative change (`hybriddp trends --min-change`); the "
                    "truth counted is every change of 50% or more. Default: 0.1 (a change by 10% or more).")
@@ -199,7 +200,8 @@ def _trends(dataset: str, trials: int, out_dir: str | None, seed: int, scale: fl
         raise parameter_error("--participation", participation, "integers from 1 to 104, comma-separated, e.g. 1,2,6")
     cfg = TrendsConfig(preset=dataset if preset else "aol", scale=scale * (0.05 if quick else 1.0),
                        periods=periods or (3 if quick else 12), participation=policies, trials=trials, seed=seed,
-                       window=window or 4, min_change=TRENDS_MIN_CHANGE if min_change is None else min_change,
+                       window=window or DEFAULT_WINDOW,
+                       min_change=TRENDS_MIN_CHANGE if min_change is None else min_change,
                        carry=DEFAULT_CARRY if carry is None else carry, input=None if preset else dataset,
                        period_seconds=int(seconds), head_queries=head_queries or 100)
     params = BlenderParams.paper_defaults(dataset if preset else "aol")

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, JustifyMethod
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from hybriddp.core.headlist import HeadList
 from hybriddp.core.jsonfile import json_safe
@@ -53,6 +56,71 @@ def bytes_progress(label: str, enabled: bool = True) -> Iterator[Any]:
             progress.update(task, completed=done, total=total or None)
 
         yield update
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of :func:`fit_table`.
+
+    ``wrap``: None for a key column, which never wraps (ids, states, times, counts: its width is its longest cell);
+    else the narrowest width, in characters, its cells may wrap (at spaces, folded within a word) down to.
+    ``drop``: 0 for a column always shown; 1, 2, …: left out, highest first, when the table cannot fit otherwise.
+    """
+
+    header: str
+    wrap: int | None = None
+    drop: int = 0
+    justify: JustifyMethod = "left"
+
+
+def _edge(n: int) -> int:
+    """Characters a Rich table with the default box and padding adds to ``n`` columns: a border each side and
+    between columns, and one space of padding each side of every cell."""
+    return 3 * n + 1
+
+
+def fit_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int, **table_args: Any
+              ) -> tuple[Table, list[str]]:
+    """A table of ``rows`` that fits in ``width`` characters, and the headers of the columns it left out.
+
+    Guarantee: every key column's cells are printed whole on one line (never squeezed, folded or cut), the kept
+    wrapping columns are at least their ``wrap`` width, and the table is at most ``width`` wide whenever the kept
+    columns' narrowest widths fit; to get there, droppable columns are left out (highest ``drop`` first) only when
+    the narrowest widths of the others do not fit. Cells are plain text (no Rich markup is read from them). Spare
+    width is given back to the wrapping columns, up to their longest cell."""
+    def natural(i: int) -> int:
+        return max([cell_len(cols[i].header)] + [cell_len(str(r[i])) for r in rows])
+
+    def narrowest(i: int) -> int:
+        header = max(cell_len(w) for w in cols[i].header.split()) if cols[i].header.strip() else 0
+        cells = max([0] + [cell_len(str(r[i])) for r in rows])
+        if cols[i].wrap is None:
+            return max(header, cells)
+        return max(header, min(cols[i].wrap, cells))
+
+    kept = list(range(len(cols)))
+    while sum(narrowest(i) for i in kept) + _edge(len(kept)) > width:
+        droppable = [i for i in kept if cols[i].drop > 0]
+        if not droppable:
+            break
+        kept.remove(max(droppable, key=lambda i: (cols[i].drop, i)))
+    widths = {i: narrowest(i) for i in kept}
+    spare = width - sum(widths.values()) - _edge(len(kept))
+    for i in kept:  # give what is left to the wrapping columns, left to right, up to their longest cell
+        if spare <= 0:
+            break
+        grow = min(spare, natural(i) - widths[i])
+        if grow > 0:
+            widths[i] += grow
+            spare -= grow
+    table = Table(**table_args)
+    for i in kept:
+        c = cols[i]
+        table.add_column(c.header, justify=c.justify, width=widths[i], min_width=widths[i], max_width=widths[i],
+                         no_wrap=c.wrap is None and widths[i] >= natural(i), overflow="fold")
+    for r in rows:
+        table.add_row(*(Text(str(r[i])) for i in kept))
+    return table, [cols[i].header for i in range(len(cols)) if i not in kept]
 
 
 def _fmt(x: float) -> str:

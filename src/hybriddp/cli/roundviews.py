@@ -44,17 +44,26 @@ def show_round(rnd: dict[str, Any], as_json: bool) -> None:
         print_round(rnd)
 
 
+ROUND_COLUMNS = (render.Col("id"), render.Col("name", wrap=10, drop=1), render.Col("kind", drop=3),
+                 render.Col("state"), render.Col("created (UTC)", wrap=10, drop=2),
+                 render.Col("opt-in users", justify="right"), render.Col("reports", justify="right"))
+"""The rounds table's columns: the id (copied into other commands), state and counts are always shown whole; at a
+narrow width the kind goes first, then the creation time, then the name."""
+
+
 def print_rounds(rounds: list[dict[str, Any]]) -> None:
-    """Every round, one row each."""
-    t = Table(title=f"{len(rounds)} round{'s' * (len(rounds) != 1)}", title_justify="left")
-    t.add_column("id", no_wrap=True)  # copied into other commands: never folded
-    for col in ("name", "kind", "state", "created (UTC)", "opt-in users", "reports"):
-        t.add_column(col, justify="right" if col in ("opt-in users", "reports") else "left", overflow="fold")
+    """Every round, one row each, fitted to the console's width (:data:`ROUND_COLUMNS`, :func:`render.fit_table`):
+    ids, states and counts are printed whole at 80 columns and more, and a column left out is named under it."""
+    rows = []
     for r in rounds:
         c = r.get("counts") or {}
         created = str(r.get("created") or "")[:16].replace("T", " ")
-        t.add_row(str(r.get("id")), str(r.get("name") or ""), str(r.get("kind")), str(r.get("state")),
-                  created, f"{c.get('optin_users', 0):,}", f"{c.get('reports', 0):,}")
+        rows.append([str(r.get("id")), str(r.get("name") or ""), str(r.get("kind")), str(r.get("state")), created,
+                     f"{c.get('optin_users') or 0:,}", f"{c.get('reports') or 0:,}"])
+    t, left_out = render.fit_table(ROUND_COLUMNS, rows, render.out.width,
+                                   title=f"{len(rounds)} round{'s' * (len(rounds) != 1)}", title_justify="left")
+    if left_out:
+        t.caption = f"left out at this width: {', '.join(left_out)} (`round status ID` or --json shows them)"
     render.out.print(t)
 
 

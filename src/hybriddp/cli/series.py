@@ -11,11 +11,12 @@ import os
 from typing import Any
 
 import click
-from rich.table import Table
 
 from hybriddp.cli import render
 from hybriddp.cli.remote import admin_client, admin_options, json_option, server_option
 from hybriddp.cli.rounds import round_param_options, round_params
+from hybriddp.cli.sizing import forecast, print_forecast, sizing_options
+from hybriddp.server.trends import DEFAULT_WINDOW
 
 
 @click.group("series")
@@ -33,7 +34,11 @@ def series_group() -> None:
 @admin_options
 @click.option("--name", default=None, help="A label for people (each period's round is named after it).")
 @click.option("--period", "period", required=True, metavar="DURATION",
-              help="Length of a period: a number with a unit s, m, h, d or w (7d: weekly; 90: 90 seconds).")
+              help="Length of a period: a number with a unit s, m, h, d or w (7d: weekly). It must leave at least "
+                   "600 s after the opt-in window (--period 20m or more with the default opt-in window) for the head "
+                   "list, report tokens and reports, or the series is refused; it should also hold the rounds' "
+                   "issuance and report windows (3600 s each) and a tenth more, or they are shrunk to fit (a "
+                   "warning).")
 @click.option("--periods", type=click.IntRange(1, 1000), required=True, help="Number of periods, 1 to 1000.")
 @click.option("--optin-window", default=None, metavar="DURATION",
               help="Each period's opt-in window from its start; its head list is built when it ends and devices "
@@ -52,12 +57,15 @@ def series_group() -> None:
                    "(docs/ALGORITHM.md §13.1): a query that falls keeps an estimate, so its fall shows in the trends. "
                    "Default: 4 for BLENDER with the reuse or consistent estimator, else 0.")
 @round_param_options
+@sizing_options
 @json_option
 def create_cmd(server: str, admin_token_file: str | None, name: str | None, period: str, periods: int,
                optin_window: str | None, start: str | None, flagged: str, retention_hours: float | None,
-               first_round: str | None, carry: int | None, as_json: bool, **knobs: Any) -> None:
+               first_round: str | None, carry: int | None, expect_optin: int | None, expect_devices: int | None,
+               dry_run: bool, as_json: bool, **knobs: Any) -> None:
     """Create a series of PERIODS rounds, one per period, with the round parameters given (as `round create`).
-    Prints the series, its schedule and how many periods the lifetime budget lets each opt-in user join."""
+    Prints the series, its schedule, how many periods the lifetime budget lets each opt-in user join and a
+    BLENDER period's forecast (--expect-optin/--expect-devices: per period; --dry-run: the forecast only)."""
     from datetime import datetime
 
     from hybriddp.core.errors import parameter_error
@@ -72,12 +80,20 @@ def create_cmd(server: str, admin_token_file: str | None, name: str | None, peri
             raise parameter_error("start (--start)", start, "an ISO 8601 time",
                                   "E.g. 2026-12-07T00:00:00+00:00.") from None
     params = round_params(**knobs)
+    fc = forecast(knobs["kind"], params, expect_optin, expect_devices)
+    if dry_run:
+        if as_json:
+            render.print_json({"forecast": None if fc is None else fc.to_json(), "params": params})
+        else:
+            print_forecast(fc)
+        return
     with admin_client(server, admin_token_file) as admin:
         doc = admin.create_series(knobs["kind"], params, period_seconds=seconds, periods=periods,
                                   optin_seconds=optin, start=start, name=name, flagged=flagged,
                                   retention_hours=retention_hours, first_round=first_round, carry=carry)
-    show_series(doc, as_json)
+    show_series({**doc, "forecast": None if fc is None else fc.to_json()} if as_json else doc, as_json)
     if not as_json:
+        print_forecast(fc)
         render.out.print(f"series id: {doc['id']}")
 
 
@@ -91,12 +107,13 @@ def list_cmd(server: str, admin_token_file: str | None, as_json: bool) -> None:
     if as_json:
         render.print_json({"series": items})
         return
-    t = Table(title=f"{len(items)} series")
-    for col in ("id", "name", "kind", "state", "start", "period", "periods"):
-        t.add_column(col, no_wrap=col in ("id", "start"), min_width=22 if col == "id" else None)
-    for s in items:
-        t.add_row(s["id"], s.get("name") or "", s["kind"], s["state"], _utc(s["start"]), _duration(s["period_seconds"]),
-                  str(s["periods"]))
+    cols = (render.Col("id"), render.Col("name", wrap=10, drop=1), render.Col("kind"), render.Col("state"),
+            render.Col("start (UTC)", wrap=10), render.Col("period"), render.Col("periods", justify="right"))
+    rows = [[s["id"], s.get("name") or "", s["kind"], s["state"], _utc(s["start"]), _duration(s["period_seconds"]),
+             str(s["periods"])] for s in items]
+    t, left_out = render.fit_table(cols, rows, render.out.width, title=f"{len(items)} series")
+    if left_out:
+        t.caption = f"left out at this width: {', '.join(left_out)} (--json has every column)"
     render.out.print(t)
 
 
@@ -142,7 +159,7 @@ def cancel_cmd(series_id: str, server: str, admin_token_file: str | None, as_jso
 @series_group.command("trends")
 @click.argument("series_id")
 @server_option
-@click.option("--window", type=click.IntRange(1, 52), default=1, show_default=True,
+@click.option("--window", type=click.IntRange(1, 52), default=DEFAULT_WINDOW, show_default=True,
               help="Periods pooled on each side of a boundary (as `hybriddp trends --window`).")
 @click.option("--fdr", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05, show_default=True,
               help="Expected share of false trends among those reported (Benjamini–Hochberg).")
@@ -162,9 +179,13 @@ def trends_cmd(series_id: str, server: str, window: int, fdr: float, min_change:
     from hybriddp.cli.trends import print_trend_table
     print_trend_table(doc, show_all, f"series {series_id}: {doc['rising']} rising, {doc['falling']} falling of "
                                      f"{doc['tested']} changes tested over {len(doc['periods'])} published periods "
-                                     f"(FDR {fdr:g}, window {window})")
+                                     f"(FDR {fdr:g}, window {doc.get('window', window)})")
     if doc.get("note"):
         render.out.print(doc["note"])
+    from hybriddp.cli.trends import nothing_found_hint
+    hint = nothing_found_hint(doc)
+    if hint:
+        render.out.print(hint)
 
 
 def _reader(server: str, call: Any) -> Any:
@@ -208,12 +229,39 @@ def show_series(doc: dict[str, Any], as_json: bool) -> None:
                          f"{b['lifetime_delta']:g}) lets a user join {b['periods_per_user']} period(s) (basic "
                          f"composition alone: {b['periods_per_user_basic']}; the ledger enforces the tighter of it "
                          "and PLD accounting)")
-    t = Table(caption="times in UTC")
-    for col in ("period", "starts", "opt-in until", "ends", "round", "state", "reports", "note"):
-        t.add_column(col, no_wrap=col in ("starts", "opt-in until", "ends", "round"),
-                     min_width=22 if col == "round" else None)
-    for row in doc.get("periods_table") or []:
+    print_periods(doc)
+    for w in doc.get("warnings") or []:  # the schedule's risks (the server refused none of it)
+        render.err.print(f"[yellow]warning: {w}[/yellow]")
+
+
+PERIOD_COLUMNS = (render.Col("period"), render.Col("starts", wrap=10), render.Col("opt-in until", wrap=10, drop=3),
+                  render.Col("ends", wrap=10, drop=2), render.Col("round"), render.Col("state"),
+                  render.Col("reports", justify="right"), render.Col("note", wrap=20, drop=1))
+"""The periods table's columns: the period, its start, round id, state and reports are always shown whole; at a
+narrow width the opt-in end and the period's end (both follow from the start) go first, then the notes, which
+are printed under the table instead."""
+
+
+def print_periods(doc: dict[str, Any]) -> None:
+    """A series' periods table (:data:`PERIOD_COLUMNS`) fitted to the console's width (:func:`render.fit_table`):
+    every period's number, start, round id, state and report count are printed whole at 80 columns and more; a
+    column left out is named under the table, and the notes it would have held follow it one line each."""
+    periods = doc.get("periods_table") or []
+    rows = []
+    for row in periods:
         r = row.get("round") or {}
-        t.add_row(str(row["period"]), _utc(row["starts"]), _utc(row["optin_until"]), _utc(row["ends"]),
-                  r.get("id", ""), r.get("state", ""), f"{r['reports']:,}" if r else "", row.get("note") or "")
+        rows.append([str(row["period"]), _utc(row["starts"]), _utc(row["optin_until"]), _utc(row["ends"]),
+                     r.get("id", ""), r.get("state", ""), f"{r['reports']:,}" if r else "", row.get("note") or ""])
+    t, left_out = render.fit_table(PERIOD_COLUMNS, rows, render.out.width)
+    caption = "times in UTC"
+    if {"opt-in until", "ends"} & set(left_out):
+        caption += (f"; a period ends when the next starts and takes opt-in data for its first "
+                    f"{_duration(doc['optin_seconds'])}")
+    if left_out:
+        caption += f"; left out at this width: {', '.join(left_out)} (--json has every column)"
+    t.caption = caption
     render.out.print(t)
+    if "note" in left_out:
+        for row in periods:
+            if row.get("note"):
+                render.out.print(f"period {row['period']}: {row['note']}")

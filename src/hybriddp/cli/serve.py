@@ -58,6 +58,31 @@ def admin_token(token_file: str | None, data_dir: Path) -> tuple[str, Path, bool
     return token, path, False
 
 
+def check_port(host: str, port: int) -> None:
+    """Bind ``host``:``port`` as uvicorn will (the same address family, SO_REUSEADDR) and let it go at once, so a
+    busy port is refused before anything is created: a ClickException (``error: port P on HOST is in use (…);
+    choose another with --port``, exit status 2) when the port is taken or the address cannot be listened on.
+    Port 0 (any free port) is not checked. A port taken between this check and the server's own bind still makes
+    the server fail then."""
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(f"port {port} on {host} is in use ({why}); choose another with --port"
+                                       ) from None
+        raise click.ClickException(f"cannot listen on port {port} of {host} ({why}); check --host, or choose "
+                                   "another port with --port") from None
+
+
 def save_token(path: Path, token: str) -> None:
     """Write a generated token, readable by its owner only (0600 from the first byte on)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,6 +203,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     set_body_pace(body_deadline, min_body_rate)
     if lifetime_epsilon is not None and not math.isfinite(lifetime_epsilon):
         raise parameter_error("lifetime_epsilon (--lifetime-epsilon)", lifetime_epsilon, "a finite number > 0")
+    check_port(host, port)  # before the data directory, the database or a token exists
     data = Path(data_dir)
     token, token_path, generated = admin_token(admin_token_file, data)
     if db_url is None:
@@ -205,7 +231,7 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     click.echo(f"database: {store.engine.url.render_as_string(hide_password=True)} (opt-in lifetime budget "
                f"epsilon {store.lifetime_epsilon:g}, delta {store.lifetime_delta:g})")
     click.echo(f"serving on http://{host}:{port} (API docs at /docs); Ctrl-C stops")
-    if demo:
+    if demo and demo_round is not None:
         click.echo(f"demo round: http://{host}:{port}/api/v1/rounds/{demo_round}/local-search")
         click.echo(f"local-search page: http://{host}:{port}/")
         click.echo(f"round page: http://{host}:{port}/rounds/{demo_round}")

@@ -55,20 +55,41 @@ DEMO_SCALE = 0.1
 
 
 def populate_demo_round(db_url: str, lifetime_epsilon: float | None,
-                        lifetime_delta: float | None) -> tuple[str, str | None]:
+                        lifetime_delta: float | None) -> tuple[str | None, str | None]:
     """``hybriddp serve --demo``: run a demo round into the database before serving and leave a second one
-    collecting reports; returns their ids (finished, collecting)."""
+    collecting reports; returns their ids (finished, collecting).
+
+    The demo's clients wait long and retry (:data:`hybriddp.service.demo.DEMO_RETRY`), so a busy machine delays
+    the demo. If it fails all the same (the server keeps refusing or not answering), a warning says so on stderr
+    and (None, None) is returned: ``serve`` then serves the database as it is rather than exiting."""
+    import httpx
+
+    from hybriddp.sdk.http import ServiceRequestError
     from hybriddp.service.demo import populate_demo
     from hybriddp.simulation.pipeline import Stages
 
     render.err.print(f"running a demo round (the aol preset at --scale {DEMO_SCALE:g}, paper defaults) through the "
                      "service into the database, then opening a second one for reports …")
-    with render.interruptible(), render.stage_progress(True) as on_stage:
-        done = populate_demo(db_url, scale=DEMO_SCALE, lifetime_epsilon=lifetime_epsilon,
-                             lifetime_delta=lifetime_delta, stages=Stages(on_stage))
+    try:
+        with render.interruptible(), render.stage_progress(True) as on_stage:
+            done = populate_demo(db_url, scale=DEMO_SCALE, lifetime_epsilon=lifetime_epsilon,
+                                 lifetime_delta=lifetime_delta, stages=Stages(on_stage))
+    except (ServiceRequestError, httpx.HTTPError, TimeoutError) as exc:
+        if not _transient(exc):
+            raise  # a refusal (e.g. a --lifetime-epsilon too small for the demo's round): exit 2 as bad input
+        click.echo(f"warning: the demo round could not be run ({' '.join(str(exc).split()) or type(exc).__name__}); "
+                   "serving without it. The database may hold an unfinished demo round (`hybriddp round list`; "
+                   "abort it with `hybriddp round abort ID`); restart with --demo to try again.", err=True)
+        return None, None
     res = done.result
     click.echo(f"demo round {done.round['id']}: {render.head_list_size(res.head_list, res.url_level)}, "
                f"{done.reports.counted:,} device reports, results published")
     if done.collecting is not None:
         click.echo(f"demo round {done.collecting['id']}: head list published, collecting reports")
     return str(done.round["id"]), None if done.collecting is None else str(done.collecting["id"])
+
+
+def _transient(exc: Exception) -> bool:
+    """A failure a busy machine causes (no answer in time, a dropped connection, 408/429/5xx), not a refusal."""
+    status = getattr(exc, "status", None)
+    return status is None or status in (408, 429) or status >= 500

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from hybriddp.cli import render
 from hybriddp.core.errors import DataError
+from hybriddp.server.trends import DEFAULT_WINDOW
 
 
 @click.command("trends")
@@ -20,9 +21,10 @@ from hybriddp.core.errors import DataError
 @click.option("--min-change", type=float, default=0.0, show_default=True,
               help="Smallest relative change that counts: 0.5 reports a query only if it rose to at least 1.5× "
                    "(or fell to at most 1/1.5) of its previous estimate with confidence. 0: any change.")
-@click.option("--window", type=int, default=1, show_default=True,
+@click.option("--window", type=int, default=DEFAULT_WINDOW, show_default=True,
               help="Periods pooled on each side of a boundary (inverse-variance weighted): a lasting change is "
-                   "√window times clearer, located to within window − 1 periods. 1: consecutive periods only.")
+                   "√window times clearer, located to within window − 1 periods. 1: consecutive periods only. The "
+                   "default is the window docs/RESULTS.md's trend figures were measured with.")
 @click.option("--output", "output", type=click.Path(dir_okay=False), default=None,
               help="Write every tested change (.csv, .parquet) or the whole analysis (.json), atomically.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
@@ -59,6 +61,40 @@ def trends_cmd(results: tuple[str, ...], fdr: float, min_change: float, window: 
         return
     print_trend_table(doc, show_all, f"trends over {len(periods)} periods: {doc['rising']} rising, {doc['falling']} "
                                      f"falling of {len(rows)} changes tested (FDR {fdr:g}, min change {min_change:g})")
+    hint = nothing_found_hint(doc, "result files")
+    if hint:
+        render.out.print(hint)
+
+
+def nothing_found_hint(doc: dict[str, Any], periods_word: str = "periods with published results") -> str | None:
+    """One line saying why a trend analysis (:func:`hybriddp.server.trends.trend_document`, or the API's answer)
+    found no rising or falling query, and which option to change; None when it found some.
+
+    The reasons, first match: no period has results yet; only one has (the test compares two); fewer periods than
+    2 × window, so no boundary has a whole window on both sides (suggests the --window that fits); no query was
+    listed on both sides of any boundary; else the changes tested were within what the test's --min-change and
+    --fdr let pass (suggests loosening them, or a longer window)."""
+    if doc.get("rising") or doc.get("falling"):
+        return None
+    n = len(doc.get("periods") or [])
+    window = int(doc.get("window") or 1)
+    tested = int(doc.get("tested") or 0)
+    fdr, min_change = float(doc.get("fdr") or 0.05), float(doc.get("min_change") or 0.0)
+    if n == 0:
+        return ("why none: no period has published results yet; trends start once two periods' rounds have closed "
+                "(see `hybriddp series status`).")
+    if n == 1:
+        return "why none: only 1 period has published results; the test compares two, so wait for the next close."
+    if n < 2 * window:
+        fits = max(1, n // 2)
+        return (f"why none: only {n} {periods_word}, fewer than 2 × window = {2 * window}: no boundary has "
+                f"{window} periods on each side; try --window {fits}, or wait for more periods.")
+    if tested == 0:
+        return (f"why none: no query was listed on both sides of any boundary of the {n} periods (empty or disjoint "
+                "head lists), so nothing could be tested.")
+    loosen = f"a smaller --min-change (now {min_change:g}), " if min_change > 0 else ""
+    return (f"why none: none of the {tested} changes tested was clear enough at --fdr {fdr:g} with --min-change "
+            f"{min_change:g}; try {loosen}a larger --fdr, or a larger --window (now {window}) if the changes last.")
 
 
 def print_trend_table(doc: dict[str, Any], show_all: bool, title: str) -> None:

@@ -34,7 +34,7 @@ from hybriddp.datasets.presets import get_preset
 from hybriddp.experiments.aggregate import csv_text
 from hybriddp.experiments.plots import save_figure
 from hybriddp.experiments.trends_real import NO_TRUTH, RealLog, RealTruth
-from hybriddp.server.trends import PeriodEstimates, trends
+from hybriddp.server.trends import DEFAULT_WINDOW, PeriodEstimates, trends
 from hybriddp.simulation.pipeline import run_blender
 
 NDCG_TARGET = 0.95
@@ -66,7 +66,7 @@ class TrendsConfig:
     trials: int = 1
     fdr: float = 0.05
     min_change: float = 0.5  # the test's boundary (0: any change)
-    window: int = 1
+    window: int = DEFAULT_WINDOW  # periods the trend test pools on each side (the measured default)
     seed: int = 0
     truth_change: float = 0.5  # the changes that count as true: by at least this much (issue 30: 50%)
     carry: int = DEFAULT_CARRY  # periods a selected record stays listed (ALGORITHM.md §13.1; 0: none)

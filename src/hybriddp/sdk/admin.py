@@ -8,7 +8,6 @@ from typing import Any
 from hybriddp.core.errors import parameter_error
 from hybriddp.sdk.http import (
     API,
-    SERIES_DEFAULT_WINDOW,
     ServiceHttp,
     ServiceRequestError,
     fetch_local_search,
@@ -193,7 +192,8 @@ class AdminClient(ServiceHttp):
         return self.request_json("POST", series_path(series_id, "/cancel"), what=f"cancel series {series_id}",
                                  idempotent=False)
 
-    def series_trends(self, series_id: str, *, window: int = SERIES_DEFAULT_WINDOW, fdr: float = 0.05,
+    def series_trends(self, series_id: str, *, window: int | None = None, fdr: float = 0.05,
                       min_change: float = 0.0) -> dict[str, Any]:
-        """Rising and falling queries across the series' published periods (ALGORITHM.md §13)."""
+        """Rising and falling queries across the series' published periods (ALGORITHM.md §13); ``window`` None: the
+        server's default (the answer's ``window``)."""
         return fetch_series_trends(self, series_id, window=window, fdr=fdr, min_change=min_change)

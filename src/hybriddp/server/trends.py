@@ -29,6 +29,14 @@ import numpy as np
 from hybriddp.core.errors import DataError, parameter_error
 
 DEFAULT_FDR = 0.05
+DEFAULT_WINDOW = 4
+"""Periods the trend test pools on each side of a boundary unless told otherwise: the one default of ``hybriddp
+trends --window``, ``hybriddp series trends --window``, ``hybriddp experiment trends --window`` and the API's
+``GET /api/v1/series/{id}/trends?window=`` (so of the SDK and the series page too, which ask the API for its
+default). The trend table's precision and recall in docs/RESULTS.md ("Issue 30", "Trends with issue 40's default")
+were measured with it, and it equals the series' default carry (:data:`hybriddp.curator.carry.DEFAULT_CARRY`): a
+fall is seen on a whole window after it. The library function :func:`trends` keeps 1 (consecutive periods,
+unpooled) for callers that name no window."""
 
 
 @dataclass(frozen=True)

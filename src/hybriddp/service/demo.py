@@ -53,6 +53,7 @@ from hybriddp.curator.party import curator_side
 from hybriddp.curator.release import release_from_documents
 from hybriddp.device.party import log_messages, sample_clients
 from hybriddp.sdk.client import Acknowledgement, AdminClient, DeviceClient, OptinRelay
+from hybriddp.sdk.http import RetryPolicy
 from hybriddp.server.party import serve_estimates
 from hybriddp.server.result import Result
 from hybriddp.simulation.evaluate import ground_truth, score, truth_vectors
@@ -64,6 +65,36 @@ RUN_SIZES = ("users", "records", "optin_users", "optin_users_s", "optin_users_t"
 
 MESSAGES_PER_REQUEST = 20_000
 """Device messages per batched submission (NDJSON)."""
+
+DEMO_TIMEOUT_S = 900.0
+"""Seconds each of the demo's clients waits for an answer (its connection: :data:`DEMO_CONNECT_S`): on a busy
+machine an upload, a build or a close takes longer, and the demo is delayed, not stopped."""
+DEMO_CONNECT_S = 30.0
+DEMO_RETRY = RetryPolicy(attempts=8, base_delay=1.0, max_delay=30.0)
+"""Retries of the demo's requests after a timeout, a dropped connection, 429 or 5xx (idempotent requests and the
+opt-in relay's uploads, :class:`DemoOptinRelay`): up to seven, backing off to 30 s, a few minutes in all."""
+
+
+def demo_http() -> httpx.Client:
+    """The connection pool of the demo's opt-in relay and devices, with the demo's long timeouts."""
+    return httpx.Client(timeout=httpx.Timeout(DEMO_TIMEOUT_S, connect=DEMO_CONNECT_S))
+
+
+def demo_admin(base_url: str, admin_token: str) -> AdminClient:
+    """The demo operator's client, with the demo's long timeouts and retries."""
+    return AdminClient(base_url, admin_token, timeout=DEMO_TIMEOUT_S, retry=DEMO_RETRY)
+
+
+class DemoOptinRelay(OptinRelay):
+    """The demo's opt-in relay: every NDJSON body is retried as an idempotent request (:data:`DEMO_RETRY`).
+
+    Safe: the server keys each user's upload by its content and stores a body whole or not at all
+    (:mod:`hybriddp.service.routers.optin`), so a body stored before its answer was lost comes back as duplicates,
+    stored once, and a body refused whole (503 from a loaded server) is stored by the retry."""
+
+    def request_json(self, method: str, path: str, *, what: str, idempotent: bool, **kw: Any) -> Any:
+        """:meth:`ServiceHttp.request_json`, always with retries (``idempotent`` is overridden: class docstring)."""
+        return super().request_json(method, path, what=what, idempotent=True, **kw)
 
 
 # ----- a server on 127.0.0.1 ----------------------------------------------------------------
@@ -158,7 +189,8 @@ def publish_headlist_round(admin: AdminClient, http: httpx.Client, log: RecordLo
         records = _records(log, rows)
         uploads = ((token, records[bounds[i]:bounds[i + 1]]) for i, token in enumerate(tokens)
                    if bounds[i + 1] > bounds[i])
-        OptinRelay(admin.base_url, rid, client=http).upload_many(uploads)  # each user's line carries their token
+        # each user's line carries their token; retried on a busy machine (DemoOptinRelay)
+        DemoOptinRelay(admin.base_url, rid, client=http, retry=DEMO_RETRY).upload_many(uploads)
         del records
     with stages.stage("the server builds and publishes the head list" + which):
         admin.publish_headlist(rid, vocabulary=_optin_vocabulary(log, rows) if seed is not None else None)
@@ -172,14 +204,14 @@ def service_round(log: RecordLog, params: BlenderParams, *, base_url: str, admin
     with stages.stage("assign opt-in users"):
         optin_users, client_users = split_optin(log.n_users, params.optin_fraction, seed)
     with contextlib.ExitStack() as stack:
-        admin = stack.enter_context(AdminClient(base_url, admin_token))
-        http = stack.enter_context(httpx.Client(timeout=120.0))
+        admin = stack.enter_context(demo_admin(base_url, admin_token))
+        http = stack.enter_context(demo_http())
         rid = publish_headlist_round(admin, http, log, params, optin_users, seed=seed, noise=noise, name=name,
                                      stages=stages)
         with stages.stage("devices randomize and submit their reports"):
             # a simulation of every client device from one process: the messages are prepared by log_messages and
             # sent as they are, so no device ledger of this machine's user may be charged for them
-            device = DeviceClient(base_url, rid, DeviceClient.NO_LEDGER, client=http)
+            device = DeviceClient(base_url, rid, DeviceClient.NO_LEDGER, client=http, retry=DEMO_RETRY)
             headlist = device.fetch_headlist()
             ack = device.submit_batch(log_messages(log, client_users, headlist, seed=seed),
                                       chunk=MESSAGES_PER_REQUEST)
@@ -208,7 +240,7 @@ def collecting_round(log: RecordLog, params: BlenderParams, exclude: np.ndarray,
         others = np.setdiff1d(np.arange(log.n_users, dtype=np.int64), exclude)
         n = min(round(params.optin_fraction * log.n_users), len(others))
         optin_users = np.sort(stage_rng(seed, "demo_collecting").choice(others, size=n, replace=False))
-    with AdminClient(base_url, admin_token) as admin, httpx.Client(timeout=120.0) as http:
+    with demo_admin(base_url, admin_token) as admin, demo_http() as http:
         rid = publish_headlist_round(admin, http, log, params, optin_users, seed=seed, noise=noise, name=name,
                                      stages=stages, which=" (second round)")
         return admin.round(rid)

@@ -392,7 +392,10 @@ REPORTS_BODY = {
 # ----- round series (docs/SERIES.md) ------------------------------------------------------------------------------
 class _SeriesIn(_Strict):
     name: Text | None = Field(None, max_length=200)
-    period_seconds: float = Field(gt=0, le=366 * 86400, description="Length of a period in seconds (604800: weekly).")
+    period_seconds: float = Field(gt=0, le=366 * 86400, description="Length of a period in seconds (604800: weekly). "
+                                  "It must leave at least 600 s after the opt-in window for token issuance and "
+                                  "reports (else 422); when the round's issuance and report windows need more than "
+                                  "nine tenths of that time they are shrunk to fit, and the answer's warnings say so.")
     optin_seconds: float | None = Field(None, gt=0, description="Each period's opt-in window from its start, in "
                                         "seconds; the head list is built when it ends. Default: half the period.")
     periods: int = Field(ge=1, le=1000, description="Number of periods.")
@@ -469,6 +472,9 @@ class SeriesOut(BaseModel):
     periods_table: list[SeriesPeriodOut] = Field(default_factory=list)
     budget: SeriesBudgetOut | None = None
     actions: list[str] | None = Field(None, description="What this request did (advance).")
+    warnings: list[str] = Field(default_factory=list, description="What is at risk in the schedule (nothing was "
+                                "refused): e.g. the round's issuance and report windows do not fit after the opt-in "
+                                "window and are shrunk every period.")
 
 
 class SeriesListOut(BaseModel):

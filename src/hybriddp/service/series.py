@@ -37,6 +37,13 @@ MAX_PERIODS = 1000
 ON_FLAG = closing.ON_FLAG
 DEFAULT_TICK_SECONDS = 30.0
 """How often ``hybriddp serve`` runs :func:`advance_all` (``--series-tick``)."""
+MIN_REPORT_PHASE_SECONDS = 600.0
+"""Shortest time a period may leave after its opt-in window (period − opt-in window): the round's issuance and
+report windows must fit in it, and the close keeps a tenth of it (:data:`rounds.REPORT_SLACK`, here at least 60 s:
+two runs of the scheduler at its default tick) for a device whose report is still in flight. With less, the round
+closes while devices are still reporting, and they get 409. The rule (docs/SERIES.md):
+``period − opt-in window ≥ max(600 s, (issuance window + report window) / 0.9)``; below 600 s is refused, and
+between the two the windows are shrunk in proportion to fit, which :func:`schedule_warnings` says."""
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -76,12 +83,13 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
 
     ``optin_seconds`` defaults to half the period; ``retention_hours`` (how long a period's raw opt-in data may be
     kept at most) to the period's length in hours, at least one; ``start`` to now. Refused: a period shorter than
-    :data:`MIN_PERIOD_SECONDS`, an opt-in window that leaves no time for reports, a start more than one period in
-    the past, a retention shorter than the opt-in window (the purge would abort every round before its head list),
-    a carry (``carry``, default :data:`~hybriddp.curator.carry.DEFAULT_CARRY` for BLENDER, 0 for means) that a mean
-    series or an estimator without S's released counts cannot use, and a round whose (ε, δ) alone exceeds the
-    lifetime budget (the budget admits no round). The periods each user can take part in are computed here, once
-    (the PLD accountant can take seconds), and stored with the series."""
+    :data:`MIN_PERIOD_SECONDS`, an opt-in window that leaves no time for reports, a period that leaves less than
+    :data:`MIN_REPORT_PHASE_SECONDS` after its opt-in window (its round would close while devices report), a start
+    more than one period in the past, a retention shorter than the opt-in window (the purge would abort every round
+    before its head list), a carry (``carry``, default :data:`~hybriddp.curator.carry.DEFAULT_CARRY` for BLENDER, 0
+    for means) that a mean series or an estimator without S's released counts cannot use, and a round whose (ε, δ)
+    alone exceeds the lifetime budget (the budget admits no round). The periods each user can take part in are
+    computed here, once (the PLD accountant can take seconds), and stored with the series."""
     if params.get("seed") is not None:
         raise parameter_error("params.seed", params["seed"], "left out: every period of a seeded series would draw the "
                               "same noise (and a seed gives no privacy)")
@@ -94,6 +102,7 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
     if not (isinstance(optin, (int, float)) and math.isfinite(optin) and 0 < optin < period_seconds):
         raise parameter_error("opt-in window (--optin-window)", optin, f"between 0 and the period "
                               f"({period_seconds:g} s), exclusive", "Devices report in the rest of the period.")
+    _check_report_phase(float(period_seconds), float(optin), optin_seconds is None, params)
     if isinstance(periods, bool) or not isinstance(periods, int) or not 1 <= periods <= MAX_PERIODS:
         raise parameter_error("periods (--periods)", periods, f"an integer from 1 to {MAX_PERIODS}")
     first = now if start is None else start.astimezone(timezone.utc)
@@ -117,6 +126,52 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
                               "round of the series", "Give each period a smaller epsilon (and delta).")
     return SeriesPlan(kind, name, params, first, float(period_seconds), float(optin), periods, flagged,
                       float(retention), carry, admitted)
+
+
+def _span(seconds: float) -> str:
+    """``1200`` → ``20m``, ``90`` → ``90s``: a duration as ``--period`` takes it (whole units only)."""
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _check_report_phase(period: float, optin: float, default_optin: bool, params: dict[str, Any]) -> None:
+    """Refuse a period that leaves less than :data:`MIN_REPORT_PHASE_SECONDS` after its opt-in window: the error
+    names the period, the opt-in window, the round's issuance and report windows, and the shortest period (or the
+    longest opt-in window) that works."""
+    left = period - optin
+    if left >= MIN_REPORT_PHASE_SECONDS:
+        return
+    need = MIN_REPORT_PHASE_SECONDS
+    shortest = 2.0 * need if default_optin else optin + need
+    shortest = math.ceil(shortest / 60.0) * 60.0
+    optin_fix = "" if period <= need else f", or a shorter --optin-window (at most {_span(period - need)})"
+    raise parameter_error(
+        "period (--period)", period,
+        f"long enough to leave at least {need:g} s after the opt-in window for the head list, report tokens and "
+        f"reports: a period of {period:g} s with an opt-in window (--optin-window) of {optin:g} s leaves "
+        f"{left:g} s, into which the round's issuance window (params.issuance_seconds, "
+        f"{params['issuance_seconds']:g} s) and report window (params.report_seconds, {params['report_seconds']:g} s) "
+        "would be squeezed, and the round would close while devices still report",
+        f"Use --period {_span(shortest)} or longer{' (the opt-in window is half of it)' if default_optin else ''}"
+        f"{optin_fix}.")
+
+
+def schedule_warnings(period: float, optin: float, params: dict[str, Any]) -> list[str]:
+    """What is at risk in a series' schedule (shown with the series; nothing is refused): the round's issuance and
+    report windows do not fit in the time a period leaves after its opt-in window, less the close's slack, so
+    every period shrinks both in proportion (:func:`rounds.commit_keys`). Devices then have less time to get a
+    token and to report, and a smaller anonymity set per report time. Empty when they fit."""
+    issuance, report = float(params.get("issuance_seconds", 0.0)), float(params.get("report_seconds", 0.0))
+    room = (1.0 - rounds.REPORT_SLACK) * max(0.0, period - optin)
+    if issuance + report <= room:
+        return []
+    scale = room / (issuance + report) if issuance + report > 0 else 0.0
+    return [f"the round's issuance and report windows ({issuance:g} s + {report:g} s: params.issuance_seconds and "
+            f"params.report_seconds) do not fit in the {room:g} s each period leaves after its opt-in window (less a "
+            f"tenth kept before the close): every period shrinks them to {issuance * scale:.0f} s + "
+            f"{report * scale:.0f} s. Give shorter windows, a longer --period or a shorter --optin-window."]
 
 
 def _check_carry(kind: str, params: dict[str, Any], carry: int | None) -> int:
@@ -333,6 +388,8 @@ def status(store: Store, series_id: str, *, admin: bool = False, at: datetime | 
     running = series.state == "active" and 0 <= k_now < series.periods
     return {**series.to_json(admin=admin), "current_period": k_now + 1 if running else None,
             "periods_table": rows,
+            "warnings": schedule_warnings(series.period_seconds, series.optin_seconds,
+                                          {**rounds.SCHEDULE_DEFAULTS, **series.params}),
             "budget": {"lifetime_epsilon": store.lifetime_epsilon, "lifetime_delta": store.lifetime_delta,
                        "round_epsilon": eps, "round_delta": delta, "periods_per_user": max(basic, tight),
                        "periods_per_user_basic": basic, "composition": "pld" if tight > basic else "basic"}}

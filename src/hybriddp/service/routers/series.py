@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
+from hybriddp.server.trends import DEFAULT_WINDOW
 from hybriddp.service import models as m
 from hybriddp.service import series as ser
 from hybriddp.service.errors import SeedRefusedError
@@ -73,7 +74,8 @@ def cancel(series_id: RoundId, store: StoreDep) -> dict[str, Any]:
 def series_trends(series_id: RoundId, service: Service, admin: IsAdmin,
                   fdr: float = Query(0.05, gt=0, lt=1, description="Expected share of false trends."),
                   min_change: float = Query(0.0, ge=0, description="Smallest relative change that counts."),
-                  window: int = Query(1, ge=1, le=52, description="Periods pooled on each side of a boundary.")
+                  window: int = Query(DEFAULT_WINDOW, ge=1, le=52,
+                                      description="Periods pooled on each side of a boundary.")
                   ) -> dict[str, Any]:
     """Rising and falling queries across the series' published periods (ALGORITHM.md §13): post-processing of
     published results, no privacy spent."""

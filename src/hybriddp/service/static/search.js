@@ -161,10 +161,28 @@ function use(newDoc, how) {
   if (input.value) update();
 }
 
+let netAsked = 0; // the latest network check: an earlier answer that arrives after it is not shown
+
 function online(ok, why = "") {
   netStatus.replaceChildren(ok ? h("span", { class: "badge ok" }, "online")
     : h("span", { class: "badge warn", title: why }, "offline: searching the kept list"));
 }
+
+// the badge follows the browser's network events, not only the page's load: `offline` shows at once (requests
+// would fail); `online` asks the server first, since a network that came back may still not reach it
+window.addEventListener("offline", () => {
+  netAsked++;
+  online(false, "this browser reports no network");
+});
+window.addEventListener("online", async () => {
+  const asked = ++netAsked;
+  try {
+    await fetchJson("/api/v1/local-search/rounds");
+    if (asked === netAsked) online(true);
+  } catch (err) {
+    if (asked === netAsked) online(false, err.message);
+  }
+});
 
 async function start() {
   const wanted = new URLSearchParams(location.search).get("round");
@@ -173,11 +191,12 @@ async function start() {
     use(kept.doc, `kept in this browser since ${new Date(kept.saved).toLocaleString()}`);
   }
   let rounds = null;
+  const asked = ++netAsked;
   try {
     rounds = await fetchJson("/api/v1/local-search/rounds");
-    online(true);
+    if (asked === netAsked) online(true);
   } catch (err) {
-    online(false, err.message);
+    if (asked === netAsked) online(false, err.message);
   }
   const target = wanted ?? (rounds && rounds.search ? rounds.search.id : null);
   if (target && (!doc || doc.round !== target)) {

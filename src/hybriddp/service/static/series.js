@@ -53,19 +53,32 @@ function renderPeriods(doc) {
 }
 
 let trendsAsked = 0; // the latest trend request: an earlier answer that arrives after it is not shown
+let windowChosen = false; // until the reader picks a window, the page asks for the server's default and shows it
+
+/** Select `value` in the window menu (adding it when the menu lacks it): the window the shown trends used. */
+function showWindow(value) {
+  const select = $("window");
+  const text = String(value);
+  if (![...select.options].some((o) => o.value === text)) {
+    select.append(h("option", {}, text));
+  }
+  select.value = text;
+}
 
 async function renderTrends() {
-  const window = $("window").value;
+  // no window asked: the API's default (the one the CLI and the SDK use), shown in the menu once answered
+  const query = windowChosen ? `?window=${encodeURIComponent($("window").value)}` : "";
   const asked = ++trendsAsked;
   $("trends-summary").textContent = "Testing…";
   let doc;
   try {
-    doc = await fetchJson(`${api}/trends?window=${encodeURIComponent(window)}`);
+    doc = await fetchJson(`${api}/trends${query}`);
   } catch (err) {
     if (asked === trendsAsked) $("trends-summary").textContent = err.message;
     return;
   }
   if (asked !== trendsAsked) return;
+  if (!windowChosen && doc.window != null) showWindow(doc.window);
   $("trends-panel").hidden = false;
   if (doc.note) {
     $("trends-summary").textContent = `${doc.note} (${doc.periods.length} so far).`;
@@ -106,7 +119,10 @@ async function main() {
   renderSummary(doc);
   renderPeriods(doc);
   if (doc.kind === "blender") {
-    $("window").addEventListener("change", renderTrends);
+    $("window").addEventListener("change", () => {
+      windowChosen = true;
+      renderTrends();
+    });
     await renderTrends();
   }
 }

@@ -214,6 +214,17 @@ def test_suggests_after_the_server_is_stopped(second_server: DemoServer, page: A
     screenshot(page, "local-search-offline")
 
 
+def test_the_network_badge_follows_the_browsers_offline_and_online_events(demo: DemoServer, page: Any) -> None:
+    """Issue 42: the badge changed only on reload; it must follow the window's ``offline`` and ``online`` events."""
+    open_page(page, demo.base_url + "/")
+    badge = page.locator("#net-status")
+    assert badge.inner_text() == "online"
+    page.evaluate("() => window.dispatchEvent(new Event('offline'))")
+    assert badge.inner_text().startswith("offline")
+    page.evaluate("() => window.dispatchEvent(new Event('online'))")  # the server answers: online again
+    page.wait_for_function("() => document.querySelector('#net-status').textContent === 'online'")
+
+
 # ----- contribute -------------------------------------------------------------------------------
 def message_ids(db_url: str, rid: str) -> list[str]:
     engine = sa.create_engine(db_url)
@@ -586,6 +597,52 @@ def test_round_page_draws_the_chart_and_the_table_of_a_closed_round(demo: DemoSe
     screenshot(page, "round")
     assert_values_readable(page, 400)  # a phone
     screenshot(page, "round-narrow")
+
+
+def test_round_page_results_table_is_not_clipped_at_1280_px(demo: DemoServer, page: Any) -> None:
+    """Issue 42: at a 1280 × 800 viewport the demo round's results table fits its panel: nothing is clipped, and the
+    table's container is the one that would scroll (overflow-x auto) on a narrower screen."""
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{demo.base_url}/rounds/{demo.demo_round}")
+    page.wait_for_selector("#results-table")
+    fit = page.evaluate("""() => {
+      const wrap = document.getElementById('table'), table = document.getElementById('results-table');
+      const panel = document.getElementById('table-panel').getBoundingClientRect();
+      return {table: table.scrollWidth, wrap: wrap.clientWidth, right: table.getBoundingClientRect().right,
+              panel: panel.right, overflow: getComputedStyle(wrap).overflowX};
+    }""")
+    assert fit["overflow"] == "auto", fit
+    assert fit["table"] <= fit["wrap"] and fit["right"] <= fit["panel"], f"the results table is clipped: {fit}"
+
+
+def test_round_page_forecasts_a_round_collecting_opt_in_data(demo: DemoServer, page: Any) -> None:
+    """Issue 42: before its head list is built, the page forecasts what a BLENDER round can list (with the
+    administrator token): for the opt-in users uploaded so far (none: it will likely list nothing, said as a
+    warning) and for a number typed in; the same document as the API's."""
+    admin = demo.proc.admin
+    with httpx.Client(base_url=demo.base_url + API, timeout=60) as http:
+        r = http.post("/rounds", headers=admin, json={"kind": "blender", "name": "to size", "params": {
+            "epsilon": 4.0, "delta": 1e-5, "head_list_size": 20}})
+        assert r.status_code == 201, r.text
+        rid = r.json()["id"]
+        expected = http.get(f"/rounds/{rid}/forecast", params={"optin_users": 30000}, headers=admin).json()
+    try:
+        page.goto(f"{demo.base_url}/rounds/{rid}")
+        page.wait_for_selector("body[data-ready='true']")
+        assert page.locator("#forecast-panel").is_visible()
+        page.fill("#forecast-token", admin["Authorization"].removeprefix("Bearer "))
+        page.click("#forecast-form button")
+        page.wait_for_selector("body[data-forecast='uploaded']")
+        text = page.locator("#forecast").inner_text()
+        assert "With 0 opt-in users" in text and "Warning: this round will likely list nothing" in text
+        page.fill("#forecast-optin", "30000")
+        page.click("#forecast-form button")
+        page.wait_for_selector("body[data-forecast='30000']")
+        assert page.locator("#forecast li").all_inner_texts() == expected["lines"]
+        assert "Warning" not in page.locator("#forecast").inner_text()
+    finally:  # leave no round collecting opt-in data for the other tests of the demo server
+        with httpx.Client(base_url=demo.base_url + API, timeout=60) as http:
+            http.post(f"/rounds/{rid}/abort", headers=admin)
 
 
 def test_round_page_of_a_closed_mean_round(demo: DemoServer, page: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,6 +102,10 @@ def test_retry_attack_an_empty_head_list_is_a_charged_release_that_ends_the_roun
     assert len(charged) == 20 and {(e, d, p) for _, _, e, d, p in charged} == {(4.0, 1e-7, True)}
     results = client.get(f"{API}/rounds/{rid}/results")
     assert results.status_code == 409 and "kept no record" in results.text and "charged" in results.text
+    # the advice applies to a service round: enrol more opt-in users (as many as the forecast says), not the
+    # simulation's --optin-fraction or a smaller --m-o (issue 42)
+    assert "--optin-fraction" not in results.text and "--m-o" not in results.text
+    assert re.search(r"enrol about [0-9,]+ opt-in users in the next round", results.text), results.text
     assert client.get(f"{API}/rounds/{rid}/headlist").status_code == 409
     info = store.round(rid)
     assert info.purged is not None and store.table_counts(info.num)["optin_records"] == 0

@@ -23,6 +23,7 @@ from hybriddp.cli.options import estimator_option, make_params, noise_option, pr
 from hybriddp.cli.participate import upload_cmd
 from hybriddp.cli.remote import admin_client, admin_options, json_option, server_option
 from hybriddp.cli.roundviews import print_result_json, print_round, print_rounds, show_round
+from hybriddp.cli.sizing import forecast, print_forecast, sizing_options
 from hybriddp.core.atomic import write_private_text
 from hybriddp.core.errors import DataError, parameter_error
 from hybriddp.core.rng import SEED_WARNING
@@ -106,14 +107,25 @@ def round_params(kind: str, noise: str, no_project: bool, estimator: str | None,
                    "issued in the round: the smallest anonymity set it accepts. Default: 0.")
 @seed_option(help="EXPERIMENTS ONLY: the server's curator uses this seed, so the round has NO privacy; refused unless "
                   "the server runs with --insecure-testing-seeds.")
+@sizing_options
 @json_option
 def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str | None, noise: str, no_project: bool,
                estimator: str | None, lower: float | None, upper: float | None, sigma2: float | None,
                retention_hours: float | None, issuance_window: float | None, report_window: float | None,
-               min_tokens: int | None, seed: int | None, as_json: bool, **knobs: Any) -> None:
+               min_tokens: int | None, seed: int | None, expect_optin: int | None, expect_devices: int | None,
+               dry_run: bool, as_json: bool, **knobs: Any) -> None:
     """Create a round (state collecting-optin) with all BLENDER parameters (ALGORITHM.md §2), or a mean round
-    (--kind mean --epsilon --lower --upper; ALGORITHM.md §11). Prints the round and its id."""
+    (--kind mean --epsilon --lower --upper; ALGORITHM.md §11). Prints the round, its id and a BLENDER round's
+    forecast: τ, the opt-in users it needs and, with --expect-optin/--expect-devices, the head list's likely size
+    and NDCG (--dry-run: the forecast only)."""
     params = round_params(kind, noise, no_project, estimator, lower, upper, sigma2, **knobs)
+    fc = forecast(kind, params, expect_optin, expect_devices)
+    if dry_run:
+        if as_json:
+            render.print_json({"forecast": None if fc is None else fc.to_json(), "params": params})
+        else:
+            print_forecast(fc)
+        return
     for key, v in (("issuance_seconds", issuance_window), ("report_seconds", report_window),
                    ("min_tokens", min_tokens)):
         if v is not None:
@@ -121,9 +133,10 @@ def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str |
     with admin_client(server, admin_token_file) as admin:
         rnd = admin.create_round(kind, params, name=name, seed=seed, retention_hours=retention_hours)
     if as_json:
-        render.print_json(rnd)
+        render.print_json({**rnd, "forecast": None if fc is None else fc.to_json()})
         return
     print_round(rnd)
+    print_forecast(fc)
     render.out.print(f"round id: {rnd['id']}")
     if seed is not None:
         render.err.print(f"[yellow]warning: {SEED_WARNING}[/yellow]")

@@ -56,6 +56,7 @@ from hybriddp.server.anchor import (
 )
 from hybriddp.server.party import MessageCounter
 from hybriddp.service.errors import ConflictError
+from hybriddp.service.sizing import empty_list_message
 from hybriddp.service.store import RoundInfo, Store
 
 logger = logging.getLogger(__name__)
@@ -208,8 +209,7 @@ def publish_headlist(store: Store, round_id: str, vocabulary: dict[str, list[str
             headlist, estimates = _curate_mean(store, info)
     except EmptyHeadListError as exc:
         logger.warning("round %s: CreateHeadList kept no record; the round ends (its run was charged)", info.id)
-        outcome = {"outcome": "headlist-empty", "message": f"{str(exc).rstrip('.')}. The run was charged to the "
-                   "opt-in users and the round has ended: a new round is a new release, charged again"}
+        outcome = {"outcome": "headlist-empty", "message": empty_list_message(exc, info.params)}
         return store.finish_build(info, "headlist-empty", results=outcome)
     except BaseException:
         logger.exception("round %s: the head-list build failed after its charge; the round is aborted", info.id)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from hybriddp.service import closing, rounds
 from hybriddp.service import models as m
-from hybriddp.service.errors import SeedRefusedError
+from hybriddp.service.errors import ConflictError, SeedRefusedError
 from hybriddp.service.routers.common import ADMIN, IsAdmin, RoundId, Service, StoreDep, errors, require_visible
+from hybriddp.service.sizing import ForecastOut, round_forecast
 
 SEEDS_FLAG = "--insecure-testing-seeds"
 """The ``hybriddp serve`` flag without which seeded rounds are refused."""
@@ -46,6 +47,21 @@ def get_round(round_id: RoundId, service: Service, admin: IsAdmin) -> dict[str, 
     ``--private-round-details``, which puts it behind the administrator token (docs/DEPLOYMENT.md)."""
     require_visible(service, admin, "round details")
     return service.store.round(round_id).to_json(admin=admin)
+
+
+@router.get("/api/v1/rounds/{round_id}/forecast", response_model=ForecastOut, dependencies=ADMIN, tags=["rounds"],
+            responses=errors(401, 404, 409, 422, 503))
+def forecast(round_id: RoundId, store: StoreDep,
+             optin_users: int | None = Query(None, ge=1, le=10**9, description="Opt-in users to forecast for. "
+                                             "Default: the round's uploads so far.")) -> dict[str, Any]:
+    """What a BLENDER round can expect before its head list is built (docs/TUNE.md "Sizing a round"): τ, the
+    list's likely size and the chance it is empty for the opt-in users it has (or ``optin_users``) and the opt-in
+    users it needs. Public parameters and the built-in prior only; the expected NDCG, which simulates rounds, is
+    `hybriddp round create --expect-optin N --expect-devices M --dry-run`'s."""
+    info = store.round(round_id)
+    if info.kind != "blender":
+        raise ConflictError(f"round {round_id} is a {info.kind} round: only BLENDER rounds have a head list to size")
+    return round_forecast(info.params, optin_users if optin_users is not None else info.optin_users)
 
 
 @router.post("/api/v1/rounds/{round_id}/abort", response_model=m.RoundOut, dependencies=ADMIN, tags=["rounds"],

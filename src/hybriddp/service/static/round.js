@@ -309,6 +309,26 @@ function downloads(info) {
   $("downloads").replaceChildren(...parts);
 }
 
+/** The forecast of a BLENDER round still collecting opt-in data (GET …/forecast, administrator token; docs/TUNE.md
+ * "Sizing a round"): its sentences, and its warnings (a round that will likely list nothing) as errors. */
+function setupForecast() {
+  show("forecast-panel");
+  $("forecast-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const token = $("forecast-token");
+    const users = $("forecast-optin").value.trim();
+    try {
+      const doc = await fetchAdmin(`${api}/forecast${users ? `?optin_users=${encodeURIComponent(users)}` : ""}`,
+        token.value.trim());
+      $("forecast").replaceChildren(h("ul", { class: "forecast" }, ...doc.lines.map((line) => h("li", {}, line))),
+        ...doc.warnings.map((w) => h("p", { class: "error", role: "alert" }, `Warning: ${w}.`)));
+      document.body.dataset.forecast = users || "uploaded";
+    } catch (err) {
+      $("forecast").replaceChildren(h("p", { class: "error" }, err.message));
+    }
+  });
+}
+
 async function start() {
   const status = $("load-status");
   try {
@@ -350,6 +370,7 @@ async function start() {
       status.textContent = ENDED[info.state];
     } else {
       status.textContent = `Results are published once an administrator closes the round (now: ${info.state}).`;
+      if (info.kind === "blender" && info.state === "collecting-optin") setupForecast();
     }
     renderPrivacy(info, results);
     document.body.dataset.ready = "true";

@@ -25,6 +25,7 @@ from hybriddp.cli.rounds import round_group
 from hybriddp.cli.run import demo_cmd, run_cmd
 from hybriddp.cli.series import series_group
 from hybriddp.cli.serve import serve_cmd
+from hybriddp.cli.simulate import simulate_cmd
 from hybriddp.cli.synth import synth_cmd
 from hybriddp.cli.trends import trends_cmd
 from hybriddp.cli.tune import tune_cmd
@@ -97,7 +98,7 @@ import hybriddp.cli.export  # noqa: E402, F401  (registers `round export`)
 
 for _cmd in (demo_cmd, run_cmd, headlist_cmd, randomize_cmd, estimate_cmd, synth_cmd, privacy_group, experiment_cmd,
              audit_cmd, mean_group, tune_cmd, round_group, series_group, credentials_group, participate_cmd, serve_cmd,
-             relay_cmd, trends_cmd):
+             relay_cmd, trends_cmd, simulate_cmd):
     cli.add_command(_cmd)
 
 

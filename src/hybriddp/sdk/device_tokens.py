@@ -16,7 +16,14 @@ import httpx
 
 from hybriddp.core.errors import HybridDPError
 from hybriddp.core.tokens import RoundKey, TokenRequest, check_committed_key, spend, unb64
-from hybriddp.sdk.http import ServiceHttp, ServiceRequestError, ServiceUnavailableError, chunked, round_path
+from hybriddp.sdk.http import (
+    ServiceHttp,
+    ServiceRequestError,
+    ServiceUnavailableError,
+    chunked,
+    new_client,
+    round_path,
+)
 
 
 class DeviceTokens(ServiceHttp):
@@ -68,7 +75,7 @@ class DeviceTokens(ServiceHttp):
         if self.mirror is None:
             return
         what = f"head list of round {self.round_id} from the mirror {self.mirror}"
-        with httpx.Client(timeout=self.http.timeout) as plain:
+        with new_client(self.http.timeout) as plain:
             try:
                 resp = plain.get(self.mirror + round_path(self.round_id, "/headlist"),
                                  headers={"Accept": "application/json"})
@@ -150,7 +157,7 @@ class DeviceTokens(ServiceHttp):
             yield
             return
         shared = self.http
-        self.http = httpx.Client(timeout=shared.timeout)
+        self.http = new_client(shared.timeout)
         try:
             yield
         finally:

@@ -14,9 +14,11 @@ unreachable becomes :class:`ServiceUnavailableError`. Both are
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -151,6 +153,21 @@ def check_base_url(base_url: Any, field: str = "server URL (--server)",
     return base_url.strip().rstrip("/")
 
 
+@functools.lru_cache(maxsize=1)
+def tls_context() -> ssl.SSLContext:
+    """The one verifying TLS context of the SDK's connections (httpx's default trust: certifi's bundle, or
+    ``SSL_CERT_FILE``/``SSL_CERT_DIR``). Building one costs about 40 ms of CPU, and a device opens a new connection
+    for its token and another for its report. Sharing the context links nothing: CPython's client sockets resume a
+    TLS session only when one is passed to them (``ssl.SSLSocket.session``), which the SDK never does, so each new
+    connection is a full handshake with nothing of the earlier ones (tests/service/test_tls_resumption.py)."""
+    return httpx.create_ssl_context()
+
+
+def new_client(timeout: httpx.Timeout | float) -> httpx.Client:
+    """A new connection pool with the shared :func:`tls_context`."""
+    return httpx.Client(timeout=timeout, verify=tls_context())
+
+
 class ServiceHttp:
     """One httpx connection pool to one server, with error mapping and retries."""
 
@@ -163,7 +180,7 @@ class ServiceHttp:
         # every SDK client sends the same User-Agent: nothing about the device's software reaches the server
         headers = {"User-Agent": USER_AGENT, **({"Authorization": f"Bearer {token}"} if token else {})}
         self._own = client is None
-        self.http = client or httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
+        self.http = client or new_client(httpx.Timeout(timeout, connect=min(10.0, timeout)))
         self._headers = headers
 
     def close_connections(self) -> None:
@@ -238,22 +255,22 @@ def series_path(series_id: Any, tail: str = "") -> str:
     return f"{API}/series/{quote(series_id, safe='')}{tail}"
 
 
-SERIES_DEFAULT_WINDOW = 1
-"""Periods the trend test pools on each side of a boundary by default (``hybriddp trends --window``)."""
-
-
 def fetch_series(http: Any, series_id: str) -> dict[str, Any]:
     """``GET /api/v1/series/{id}``: the schedule and each period's round (public unless the server hides round
     details; the opt-in counts for administrators only)."""
     return http.request_json("GET", series_path(series_id), what=f"series {series_id}", idempotent=True)
 
 
-def fetch_series_trends(http: Any, series_id: str, *, window: int = SERIES_DEFAULT_WINDOW, fdr: float = 0.05,
+def fetch_series_trends(http: Any, series_id: str, *, window: int | None = None, fdr: float = 0.05,
                         min_change: float = 0.0) -> dict[str, Any]:
-    """``GET /api/v1/series/{id}/trends`` (public unless the server hides round details)."""
+    """``GET /api/v1/series/{id}/trends`` (public unless the server hides round details). ``window``: periods pooled
+    on each side of a boundary; None sends none, so the server's default applies
+    (:data:`hybriddp.server.trends.DEFAULT_WINDOW`, the answer's ``window``): the SDK keeps no default of its own."""
+    params = {"fdr": repr(float(fdr)), "min_change": repr(float(min_change))}
+    if window is not None:
+        params["window"] = str(window)
     return http.request_json("GET", series_path(series_id, "/trends"), what=f"trends of series {series_id}",
-                             idempotent=True, params={"window": str(window), "fdr": repr(float(fdr)),
-                                                     "min_change": repr(float(min_change))})
+                             idempotent=True, params=params)
 
 
 def response_json(resp: httpx.Response, what: str) -> Any:

@@ -46,9 +46,10 @@ target.
 
 Ids are stable for a preset: head query / head URL ``i`` is the same population item for
 every seed, and so is pool query ``j`` (for the same ``scale``). Vocabularies are
-:class:`~hybriddp.core.records.SyntheticVocabulary`: named items keep their names, the others are
-``"query 123"`` / ``"http://www.site123"``. ``len(log.queries)`` counts pool ids never drawn
-too, so it can exceed the number of distinct queries in the log.
+:class:`~hybriddp.core.records.SyntheticVocabulary`: named items keep their names, and a named query's
+other URLs are named after its dominant one (``"http://www.google.com/page2"`` …,
+:func:`~hybriddp.datasets.presets.head_urls`); the others are ``"query 123"`` / ``"http://www.site123"``.
+``len(log.queries)`` counts pool ids never drawn too, so it can exceed the number of distinct queries in the log.
 """
 
 from __future__ import annotations

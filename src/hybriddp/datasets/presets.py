@@ -334,6 +334,8 @@ class HeadUrls:
     key: np.ndarray
     n_urls: int
     named: tuple[str, ...]
+    """Names of the URL ids 0 … len(named) − 1: the named queries' dominant URLs (equal names = one URL), then
+    their other URLs, named after the dominant one (``…/page2`` …); every later id is a placeholder."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -367,13 +369,31 @@ def head_urls(preset: SynthPreset) -> HeadUrls:
     is_named_slot = (owner < n_named) & (slot == 0)
     ids[is_named_slot] = [named_names.index(u) for u in preset.named_urls]
     ids[~is_named_slot] = len(named_names) + np.arange(int((~is_named_slot).sum()))
+    named = named_names + _secondary_names(preset.named_urls, n[:n_named])
     cum = np.cumsum(share)
     cum_before = np.repeat(cum[ptr[:-1]] - share[ptr[:-1]], n)
     key = owner + np.minimum(cum - cum_before, 1.0)
     key[ptr[1:] - 1] = owner[ptr[1:] - 1] + 1.0  # last slot closes at h + 1 exactly
     for array in (ptr, ids, share, key):
         array.flags.writeable = False  # cached and shared
-    return HeadUrls(ptr, ids, share, key, len(named_names) + int((~is_named_slot).sum()), named_names)
+    return HeadUrls(ptr, ids, share, key, len(named_names) + int((~is_named_slot).sum()), named)
+
+
+def _secondary_names(dominant: tuple[str, ...], n_urls: np.ndarray) -> tuple[str, ...]:
+    """Names of the named head queries' other URLs (slots 1 …, in slot order, query by query), derived from the
+    query's dominant URL: ``<dominant>/page2``, ``<dominant>/page3`` … numbered per dominant URL across the
+    queries that share it, so every name is distinct. Their ids follow the dominant URLs' (:func:`head_urls`),
+    so they extend :attr:`HeadUrls.named` and only the names change: ids and counts are those of the
+    placeholders ``http://www.site<id>`` they replace."""
+    pages: dict[str, int] = {}
+    out: list[str] = []
+    for url, n in zip(dominant, n_urls.tolist(), strict=True):
+        for _ in range(n - 1):
+            pages[url] = pages.get(url, 1) + 1
+            out.append(f"{url.rstrip('/')}/page{pages[url]}")
+    if len(set(out) | set(dominant)) != len(out) + len(set(dominant)):
+        raise ValueError("a named head query's derived URL name collides with another URL name")
+    return tuple(out)
 
 
 def head_record_probabilities(preset: str | SynthPreset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -50,7 +50,12 @@ def project_to_simplex(v: np.ndarray) -> np.ndarray:
 
 @dataclass
 class BlendOutput:
-    """Record- and query-level blends (Fig. 2 line 5), raw and projected."""
+    """Record- and query-level blends (Fig. 2 line 5), raw and projected.
+
+    ``records``/``queries`` are the raw blends (unbiased; ``p_blended_raw`` and ``var_blended``),
+    ``records_projected`` the records' Euclidean projection onto the simplex (§7), ``queries_final`` the published
+    queries (the server clips them into [0, 1] when defended, §7.2, and agrees them with the records, §7.3), and
+    ``records_agreed`` the published records after that agreement (:attr:`records_final`)."""
 
     records: Blended
     queries: Blended
@@ -59,6 +64,10 @@ class BlendOutput:
     queries_rank: np.ndarray | None = None
     """The defended round's guarded ranking score of each query (ALGORITHM.md §7.2, "The suggestions' ranking");
     None: rank by :attr:`queries_final`."""
+    records_agreed: np.ndarray | None = None
+    """The final records after the agreement step (ALGORITHM.md §7.3, :func:`hybriddp.server.agree.agree_blend`):
+    the projected records (or, unprojected, the blend) with no listed query's URLs above the query; None: not
+    applied."""
 
     @property
     def queries_ranking(self) -> np.ndarray:
@@ -67,7 +76,10 @@ class BlendOutput:
 
     @property
     def records_final(self) -> np.ndarray:
-        """The record estimates a result reports: projected onto the simplex when asked."""
+        """The record estimates a result reports: projected onto the simplex when asked, then agreed with the
+        queries when the agreement step ran (ALGORITHM.md §7.3)."""
+        if self.records_agreed is not None:
+            return self.records_agreed
         return self.records_projected if self.records_projected is not None else self.records.p
 
 

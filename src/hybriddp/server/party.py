@@ -23,6 +23,7 @@ from hybriddp.core.params import OPTION_NAMES
 from hybriddp.core.protocol import ID_REGEX, DeviceError, check_message_id
 from hybriddp.core.reportlaw import LocalAlgParams
 from hybriddp.curator.release import CuratorRelease
+from hybriddp.server.agree import agree_blend
 from hybriddp.server.anchor import AnchorCheck, AnchorPolicy, anchor_blend
 from hybriddp.server.blend import BlendOutput, blend_estimates
 from hybriddp.server.client_estimates import ClientEstimates, estimate_client_probabilities
@@ -167,7 +168,10 @@ def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, esti
                 defense: AnchorPolicy | None = DEFAULT_DEFENSE) -> ServerOutput:
     """EstimateClientProbabilities (ALGORITHM.md §6) and BlendProbabilities (§7) from report counts,
     with the blend strategy of the estimator named ``estimator`` (:data:`hybriddp.core.estimators.REGISTRY`),
-    then the opt-in anchor's test and bound (§7.2) unless ``defense`` is None."""
+    then the opt-in anchor's test and bound (§7.2) unless ``defense`` is None, and last the agreement of the final
+    columns (§7.3, :func:`~hybriddp.server.agree.agree_blend`): every published query at least the sum of its
+    listed URLs. A defended round's ranking score is then the agreed estimate capped at p̂_O + κ_q·s again, with
+    the κ_q the guard chose (§7.2, "The suggestions' ranking")."""
     hl = release.head_list
     doc = release.headlist
     lp = LocalAlgParams.build(hl, float(doc["epsilon"]), float(doc["delta"]), release.f_c, release.m_c)
@@ -176,13 +180,14 @@ def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, esti
         client = estimate_client_probabilities(c, hl, lp, release.m_c)
         return client, blend_estimates(release.optin, client, project, estimator=estimator, lp=lp)
     if defense is None:
-        return ServerOutput(lp, *estimate(counts, project))
+        client, blended = estimate(counts, project)
+        return ServerOutput(lp, client, agree_blend(blended, hl))
     client, blended, check = anchor_blend(release.optin, lp, counts, defense, estimate, project)
     if estimator_named(estimator).blend is Blend.CONSISTENT:  # queries stay the sums of their (defended) entries
         blended = consistent_queries(blended, hl)
-        queries = check.queries.guard(blended.queries_final, defense)
-        check = replace(check, queries=queries)
-        blended = replace(blended, queries_rank=queries.rank(blended.queries_final))
+        check = replace(check, queries=check.queries.guard(blended.queries_final, defense))
+    blended = agree_blend(blended, hl)
+    blended = replace(blended, queries_rank=check.queries.rank(blended.queries_final))
     return ServerOutput(lp, client, blended, check)
 
 

@@ -211,7 +211,8 @@ def local_search(info: RoundInfo, result: Result, results: dict[str, Any] | None
     """The browser's document: listed queries and their URLs with the published probabilities (defended, in
     [0, 1]), queries in the suggestions' order (a defended round's guarded ranking, ALGORITHM.md §7.2, which the
     browser keeps), URLs largest first; without the flagged entries when the results withheld them
-    (:func:`withheld`)."""
+    (:func:`withheld`). The probabilities are the results' agreed finals (§7.3: a query at least the sum of its
+    URLs); a query published at p ≤ 0 is not suggested, nor a URL at p ≤ 0."""
     hl = result.head_list
     names = result.query_names()
     _, urls = result.entry_names()
@@ -223,11 +224,11 @@ def local_search(info: RoundInfo, result: Result, results: dict[str, Any] | None
     per_query: dict[int, list[dict[str, Any]]] = {i: [] for i in range(hl.k - 1)}
     for e in np.flatnonzero(~hl.is_wildcard).tolist():
         q = int(hl.entry_query[e])
-        if q in per_query and math.isfinite(p_r[e]) and not (drop and check.records.flagged[e]):
+        if q in per_query and math.isfinite(p_r[e]) and p_r[e] > 0.0 and not (drop and check.records.flagged[e]):
             per_query[q].append({"url": urls[e], "p": float(p_r[e])})
     queries = []
     for i, entries in per_query.items():
-        if math.isfinite(p_q[i]) and not (drop and check.queries.flagged[i]):
+        if math.isfinite(p_q[i]) and p_q[i] > 0.0 and not (drop and check.queries.flagged[i]):
             entries.sort(key=lambda u: -u["p"])
             queries.append((-float(rank[i]), -float(p_q[i]), {"query": names[i], "p": float(p_q[i]), "urls": entries}))
     queries.sort(key=lambda row: row[:2])

@@ -6,6 +6,21 @@ curator, device and server functions), :mod:`.models` (the OpenAPI shapes), :mod
 router per resource), :mod:`.reports` (the reports hot path) and :mod:`.app` (the app factory).
 """
 
-from hybriddp.service.app import create_app
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybriddp.service.app import create_app
 
 __all__ = ["create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    """``create_app`` on first use (PEP 562): a module of the package (the CLI's ``simulate``, ``round`` views) does
+    not pull in FastAPI and the whole app, about 1.5 s of imports, unless it serves."""
+    if name == "create_app":
+        from hybriddp.service.app import create_app
+
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -218,18 +218,21 @@ def test_human_output_names_the_estimator(files) -> None:
 
 
 def test_consistent_estimator_makes_every_query_the_sum_of_its_entries(files) -> None:
-    """--estimator consistent (ALGORITHM.md §7.1): in the JSON every query's p_blended is the sum of its entries'
-    unprojected blends (URLs and ⟨q,*⟩), which --estimator reuse does not give; the text output names it."""
+    """--estimator consistent (ALGORITHM.md §7.1): in the JSON every query's p_blended_raw is the sum of its
+    entries' unprojected blends (URLs and ⟨q,*⟩) and its published p_blended the sum of its entries' published
+    p_blended, which --estimator reuse does not give; the text output names it."""
     log = files / "log.tsv"
     sums = {}
     for est in ("reuse", "consistent"):
         doc = json.loads(invoke("run", "--input", log, *RUN, "--estimator", est, "--json").stdout)
         assert doc["params"]["estimator"] == est
-        total: dict[str, float] = {}
-        for r in doc["records"]:
-            total[r["query"]] = total.get(r["query"], 0.0) + r["p_blended_raw"]
-        sums[est] = max(abs(total[q["query"]] - q["p_blended"]) for q in doc["queries"] if q["query"] in total)
-    assert sums["consistent"] < 1e-12 < 1e-6 < sums["reuse"], sums
+        for col in ("p_blended_raw", "p_blended"):
+            total: dict[str, float] = {}
+            for r in doc["records"]:
+                total[r["query"]] = total.get(r["query"], 0.0) + r[col]
+            sums[est, col] = max(abs(total[q["query"]] - q[col]) for q in doc["queries"] if q["query"] in total)
+    for col in ("p_blended_raw", "p_blended"):
+        assert sums["consistent", col] < 1e-12 < 1e-6 < sums["reuse", col], sums
     assert "estimator: consistent" in invoke("run", "--input", log, *RUN, "--estimator", "consistent").stdout
 
 

@@ -350,8 +350,10 @@ def test_blender_reuse_is_a_run_of_its_own_paired_by_seed(monkeypatch: pytest.Mo
                                                          seed=9)["blender"].metrics["l1"])
     consistent = run_blender(log, replace(point.params(), estimator="consistent"), seed=9).result()
     assert rows[1]["l1"] == pytest.approx(consistent.metrics["l1"]) and rows[1]["l1"] != rows[0]["l1"]
-    assert consistent.p_query.tolist() == pytest.approx(np.bincount(consistent.head_list.entry_query,
-                                                                    weights=consistent.blended.records.p).tolist())
+    eq = consistent.head_list.entry_query  # published: the sum of the published entries; raw: of the raw ones
+    assert consistent.p_query.tolist() == pytest.approx(np.bincount(eq, weights=consistent.p_record).tolist())
+    assert consistent.blended.queries.p.tolist() == pytest.approx(
+        np.bincount(eq, weights=consistent.blended.records.p).tolist())
 
 
 def test_every_figure_draws_the_default_estimator_next_to_the_papers(quick_all: Path) -> None:

@@ -114,11 +114,13 @@ def _sanitized(var: np.ndarray) -> np.ndarray:
 
 
 def agree_blend(blended: BlendOutput, hl: HeadList) -> BlendOutput:
-    """The blend with its final columns agreed (:func:`agree`, ALGORITHM.md §7.3): the final records
-    (:attr:`~hybriddp.server.blend.BlendOutput.records_final`: projected, or with ``--no-project`` the blend) and
-    the final queries, weighted by the blends' reported variances. The raw blends (``records``, ``queries``: the
+    """The blend with its final columns agreed (:func:`agree`, ALGORITHM.md §7.3): the projected records and the
+    final queries, weighted by the blends' reported variances. The raw blends (``records``, ``queries``: the
     unbiased ``p_blended_raw`` and ``var_blended``) and the Euclidean projection ``records_projected`` are kept as
     they were; the agreed records go to ``records_agreed``. A defended round's ranking score is not recomputed
-    here (:func:`hybriddp.server.party.server_side` caps the agreed estimate again)."""
+    here (:func:`hybriddp.server.party.server_side` caps the agreed estimate again). Without the projection
+    (``--no-project``: the caller asked for the unbiased blends as they are) nothing is changed."""
+    if blended.records_projected is None:  # --no-project: the raw blends are published as they are
+        return blended
     out = agree(hl, blended.records_final, blended.records.var, blended.queries_final, blended.queries.var)
     return replace(blended, records_agreed=out.p_record, queries_final=out.p_query)

@@ -179,11 +179,12 @@ def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, esti
     def estimate(c: np.ndarray, project: bool = False) -> tuple[ClientEstimates, BlendOutput]:
         client = estimate_client_probabilities(c, hl, lp, release.m_c)
         return client, blend_estimates(release.optin, client, project, estimator=estimator, lp=lp)
+    consistent = estimator_named(estimator).blend is Blend.CONSISTENT
     if defense is None:
         client, blended = estimate(counts, project)
-        return ServerOutput(lp, client, agree_blend(blended, hl))
+        return ServerOutput(lp, client, agree_blend(consistent_queries(blended, hl) if consistent else blended, hl))
     client, blended, check = anchor_blend(release.optin, lp, counts, defense, estimate, project)
-    if estimator_named(estimator).blend is Blend.CONSISTENT:  # queries stay the sums of their (defended) entries
+    if consistent:  # queries stay the sums of their (defended) entries
         blended = consistent_queries(blended, hl)
         check = replace(check, queries=check.queries.guard(blended.queries_final, defense))
     blended = agree_blend(blended, hl)
@@ -192,14 +193,18 @@ def server_side(release: CuratorRelease, counts: np.ndarray, project: bool, esti
 
 
 def consistent_queries(blended: BlendOutput, hl: HeadList) -> BlendOutput:
-    """The defended blend with every query the sum of its defended entries (ALGORITHM.md §7.1, §7.2): the
-    ``consistent`` estimator's promise kept after the anchor check; a query's bound is then the sum of its
-    entries' bounds, clipped into [0, 1]."""
+    """The blend with every query the sum of its entries (ALGORITHM.md §7.1, §7.2): the ``consistent`` estimator's
+    promise kept after the anchor check and in what is published. The raw query (``p_blended_raw``) is the sum of
+    its entries' raw (defended) blends; the published one (``p_blended``) the sum of its published entries, which
+    the projection onto the simplex keeps in [0, 1] and at least its URLs' sum (§7.3); unprojected, the raw sum
+    clipped into [0, 1]."""
     from dataclasses import replace
 
     sums = np.bincount(hl.entry_query, weights=blended.records.p, minlength=hl.k)
     queries = replace(blended.queries, p=sums)
-    return replace(blended, queries=queries, queries_final=np.clip(sums, 0.0, 1.0))
+    final = (np.clip(sums, 0.0, 1.0) if blended.records_projected is None
+             else np.bincount(hl.entry_query, weights=blended.records_final, minlength=hl.k))
+    return replace(blended, queries=queries, queries_final=final)
 
 
 def serve_estimates(release: CuratorRelease, counts: ReportCounts | np.ndarray, *,

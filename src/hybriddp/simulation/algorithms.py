@@ -70,14 +70,15 @@ def blender_family(
     parts = (cur.sampled_s, cur.sampled_t, run.sampled_c)
 
     def derived(name: str, p_record: np.ndarray, p_query: np.ndarray, guarantees: tuple[Guarantee, ...],
-                p_rank: np.ndarray | None = None) -> Result:
+                p_rank: np.ndarray | None = None, project: bool = params.project) -> Result:
         res = Result(name, params, run.head_list, log.queries, log.urls, p_record.copy(), p_query.copy(), log.has_urls,
                      full.sizes, guarantees, seed)
-        return _finish(res, log, parts, params.project, p_rank)
+        return _finish(res, log, parts, project, p_rank)
 
     def pooled() -> Result:  # the same reports, blended with pooled weights and checked as the run was (§7.2)
-        b = server_side(run.release, run.report_counts, False, "pooled", run.check and run.check.policy).blended
-        return derived("blender-pooled", b.records.p, b.queries_final, full.guarantees, b.queries_rank)
+        b = server_side(run.release, run.report_counts, params.project, "pooled", run.check and run.check.policy)
+        return derived("blender-pooled", b.blended.records_final, b.blended.queries_final, full.guarantees,
+                       b.blended.queries_rank, project=False)  # final already: projected and agreed (§7.3)
 
     build: dict[str, Callable[[], Result]] = {
         "blender": lambda: full,

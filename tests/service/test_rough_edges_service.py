@@ -140,15 +140,13 @@ def test_an_upload_answered_503_once_is_retried_and_the_demo_completes(monkeypat
     assert done.server_results["sizes"]["optin_users"] == 200  # every opt-in user's upload stored, once
 
 
-def test_serve_demo_keeps_serving_with_a_warning_when_the_demo_fails(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def _serve_demo_failing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: Exception) -> tuple[Any, list[Any]]:
+    """``hybriddp serve --demo`` whose demo raises ``exc``, with uvicorn.run recording the app instead of serving;
+    the CLI's result and the apps it would have served."""
     import uvicorn
 
-    from hybriddp.sdk.http import ServiceUnavailableError
-
     def failing(*args: Any, **kw: Any) -> Any:
-        raise ServiceUnavailableError("upload opt-in records of several users to round X: timed out (gave up after "
-                                      "8 attempts)")
+        raise exc
 
     monkeypatch.setattr(demo_mod, "populate_demo", failing)
     served: list[Any] = []
@@ -160,6 +158,15 @@ def test_serve_demo_keeps_serving_with_a_warning_when_the_demo_fails(tmp_path: P
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+    return result, served
+
+
+def test_serve_demo_keeps_serving_with_a_warning_when_the_demo_fails(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybriddp.sdk.http import ServiceUnavailableError
+
+    result, served = _serve_demo_failing(tmp_path, monkeypatch, ServiceUnavailableError(
+        "upload opt-in records of several users to round X: timed out (gave up after 8 attempts)"))
     assert result.exit_code == 0, result.output + result.stderr
     assert served, "the server was not started"
     assert "warning: the demo round could not be run (upload opt-in records" in result.stderr
@@ -169,23 +176,10 @@ def test_serve_demo_keeps_serving_with_a_warning_when_the_demo_fails(tmp_path: P
 
 def test_serve_demo_still_refuses_what_no_wait_can_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A refusal (here the lifetime budget, HTTP 409) is bad input, not a busy machine: exit 2, nothing served."""
-    import uvicorn
-
     from hybriddp.sdk.http import ConflictError
 
-    def refused(*args: Any, **kw: Any) -> Any:
-        raise ConflictError("enrol users in round X: past the lifetime budget (HTTP 409 budget_exceeded)", status=409,
-                            code="budget_exceeded")
-
-    monkeypatch.setattr(demo_mod, "populate_demo", refused)
-    served: list[Any] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        result = CliRunner().invoke(cli, ["serve", "--demo", "--data-dir", str(tmp_path / "data"), "--port", "0",
-                                          "--log-level", "warning"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    result, served = _serve_demo_failing(tmp_path, monkeypatch, ConflictError(
+        "enrol users in round X: past the lifetime budget (HTTP 409 budget_exceeded)", status=409,
+        code="budget_exceeded"))
     assert result.exit_code == 2 and not served
     assert "error: enrol users in round X: past the lifetime budget" in result.stderr

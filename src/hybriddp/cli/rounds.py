@@ -23,7 +23,7 @@ from hybriddp.cli.options import estimator_option, make_params, noise_option, pr
 from hybriddp.cli.participate import upload_cmd
 from hybriddp.cli.remote import admin_client, admin_options, json_option, server_option
 from hybriddp.cli.roundviews import print_result_json, print_round, print_rounds, show_round
-from hybriddp.cli.sizing import forecast, print_forecast, sizing_options
+from hybriddp.cli.sizing import forecast, print_dry_run, print_forecast, sizing_options
 from hybriddp.core.atomic import write_private_text
 from hybriddp.core.errors import DataError, parameter_error
 from hybriddp.core.rng import SEED_WARNING
@@ -121,10 +121,7 @@ def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str |
     params = round_params(kind, noise, no_project, estimator, lower, upper, sigma2, **knobs)
     fc = forecast(kind, params, expect_optin, expect_devices)
     if dry_run:
-        if as_json:
-            render.print_json({"forecast": None if fc is None else fc.to_json(), "params": params})
-        else:
-            print_forecast(fc)
+        print_dry_run(fc, params, as_json)
         return
     for key, v in (("issuance_seconds", issuance_window), ("report_seconds", report_window),
                    ("min_tokens", min_tokens)):

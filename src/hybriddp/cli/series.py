@@ -15,7 +15,7 @@ import click
 from hybriddp.cli import render
 from hybriddp.cli.remote import admin_client, admin_options, json_option, server_option
 from hybriddp.cli.rounds import round_param_options, round_params
-from hybriddp.cli.sizing import forecast, print_forecast, sizing_options
+from hybriddp.cli.sizing import forecast, print_dry_run, print_forecast, sizing_options
 from hybriddp.server.trends import DEFAULT_WINDOW
 
 
@@ -82,10 +82,7 @@ def create_cmd(server: str, admin_token_file: str | None, name: str | None, peri
     params = round_params(**knobs)
     fc = forecast(knobs["kind"], params, expect_optin, expect_devices)
     if dry_run:
-        if as_json:
-            render.print_json({"forecast": None if fc is None else fc.to_json(), "params": params})
-        else:
-            print_forecast(fc)
+        print_dry_run(fc, params, as_json)
         return
     with admin_client(server, admin_token_file) as admin:
         doc = admin.create_series(knobs["kind"], params, period_seconds=seconds, periods=periods,

@@ -65,3 +65,11 @@ def print_forecast(fc: RoundForecast | None) -> None:
         render.out.print(f"  {line}", highlight=False)
     for w in fc.warnings:
         render.err.print(f"[yellow]warning: {w}[/yellow]", highlight=False)
+
+
+def print_dry_run(fc: RoundForecast | None, params: dict[str, Any], as_json: bool) -> None:
+    """``--dry-run``: the forecast alone (``--json``: with the round's parameters as the API would get them)."""
+    if as_json:
+        render.print_json({"forecast": None if fc is None else fc.to_json(), "params": params})
+    else:
+        print_forecast(fc)

@@ -7,9 +7,10 @@ no data, no privacy cost. The messages never contain a count of the data.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import MISSING, fields
+from typing import Any, get_type_hints
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from hybriddp.core.errors import EmptyHeadListError
 from hybriddp.core.params import BlenderParams
@@ -40,29 +41,25 @@ def empty_list_message(exc: EmptyHeadListError, params: dict[str, Any]) -> str:
             "built-in prior), or create it with a larger --epsilon or --delta")
 
 
-class ForecastOut(BaseModel):
-    """``GET /api/v1/rounds/{id}/forecast``: what a BLENDER round can expect (:class:`RoundForecast`)."""
+def _forecast_model() -> type[BaseModel]:
+    """``ForecastOut`` (``GET /api/v1/rounds/{id}/forecast``): the fields of :class:`RoundForecast`, with their
+    descriptions, and ``lines``, the forecast as sentences."""
+    hints = get_type_hints(RoundForecast)
+    spec: dict[str, Any] = {}
+    for f in fields(RoundForecast):
+        doc = f.metadata.get("doc")
+        if f.default_factory is not MISSING:
+            info = Field(default_factory=f.default_factory, description=doc)
+        else:
+            info = Field(... if f.default is MISSING else f.default, description=doc)
+        spec[f.name] = (hints[f.name], info)
+    spec["lines"] = (list[str], Field(default_factory=list, description="The forecast as sentences, as the CLI "
+                                                                         "prints it."))
+    return create_model("ForecastOut", __doc__="What a BLENDER round can expect (docs/TUNE.md \"Sizing a round\").",
+                        **spec)
 
-    epsilon: float
-    delta: float
-    m_o: int
-    f_o: float
-    head_list_size: int
-    noise: str
-    tau: float = Field(description="The noisy count in S a record needs to be listed (ALGORITHM.md §3).")
-    optin_for_one: int | None = Field(description="Opt-in users for one listed record with 99% probability.")
-    optin_for_full: int | None = Field(description="Opt-in users for all M records (99%); null: out of reach.")
-    model: str = Field(description="The population model the forecast assumes.")
-    optin_users: int | None = Field(None, description="The opt-in users it was made for: the round's uploads so far "
-                                                      "unless the request gave optin_users.")
-    devices: int | None = None
-    head_list_mean: float | None = Field(None, description="Expected |HL_S| (before the cut at M).")
-    head_list_range: list[int] | None = Field(None, description="The list's likely size, 90% range, at most M.")
-    p_empty: float | None = Field(None, description="Probability that the head list is empty.")
-    ndcg: float | None = Field(None, description="Expected generalized NDCG (with devices given).")
-    ndcg_trials: int = 0
-    warnings: list[str] = Field(default_factory=list)
-    lines: list[str] = Field(default_factory=list, description="The forecast as sentences, as the CLI prints it.")
+
+ForecastOut = _forecast_model()
 
 
 def round_forecast(params: dict[str, Any], optin_users: int | None) -> dict[str, Any]:

@@ -70,18 +70,20 @@ class RoundForecast:
     f_o: float
     head_list_size: int
     noise: str
-    tau: float
-    optin_for_one: int | None
-    optin_for_full: int | None
-    model: str
-    optin_users: int | None = None
-    devices: int | None = None
-    head_list_mean: float | None = None
-    head_list_range: tuple[int, int] | None = None
-    p_empty: float | None = None
-    ndcg: float | None = None
-    ndcg_trials: int = 0
-    warnings: list[str] = field(default_factory=list)
+    tau: float = field(metadata={"doc": "The noisy count in S a record needs to be listed (ALGORITHM.md §3)."})
+    optin_for_one: int | None = field(metadata={"doc": "Opt-in users for one listed record with 99% probability."})
+    optin_for_full: int | None = field(metadata={"doc": "Opt-in users for all M records (99%); null: out of reach."})
+    model: str = field(metadata={"doc": "The population model the forecast assumes."})
+    optin_users: int | None = field(default=None, metadata={"doc": "The opt-in users it was made for."})
+    devices: int | None = field(default=None, metadata={"doc": "The devices expected to report (for the NDCG)."})
+    head_list_mean: float | None = field(default=None, metadata={"doc": "Expected |HL_S| (before the cut at M)."})
+    head_list_range: tuple[int, int] | None = field(
+        default=None, metadata={"doc": "The list's likely size, 90% range, at most M."})
+    p_empty: float | None = field(default=None, metadata={"doc": "Probability that the head list is empty."})
+    ndcg: float | None = field(default=None, metadata={"doc": "Expected generalized NDCG (with devices)."})
+    ndcg_trials: int = field(default=0, metadata={"doc": "Simulated rounds the NDCG is the mean of."})
+    warnings: list[str] = field(default_factory=list, metadata={"doc": "A round that will likely list nothing "
+                                                                       "or a short list, with the fix."})
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

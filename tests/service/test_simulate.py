@@ -97,6 +97,33 @@ def test_a_whole_round_driven_by_the_command(server: str) -> None:
     assert "'results-published'" in text and f"hybriddp round results {rid}" in text
 
 
+def test_the_next_round_sized_like_a_past_one(tmp_path: Any) -> None:
+    """``round create --like ROUND`` (docs/TUNE.md "Sizing a round"): the forecast's model is fitted to a past
+    round's release (DP outputs only); at that round's own opt-in group it expects about the list its curator made.
+    The past round is seeded (an experiment: the server allows it here) so that its list, hence the test, is fixed."""
+    from hybriddp.service import create_app
+
+    with local_server(create_app(f"sqlite:///{tmp_path / 'db.sqlite'}", ADMIN, allow_seeds=True)) as url:
+        optin = 1500
+        rid = new_round(url, "--seed", 5)
+        run("simulate", rid, "--server", url, *POP, "--optin-users", optin, "--seed", 5, "--json")
+        run("round", "publish", rid, "--server", url, "--json")
+        run("simulate", rid, "--server", url, *POP, "--devices", 20, "--seed", 5, "--json")
+        run("round", "close", rid, "--server", url, "--flagged", "publish", "--json")
+        made = json.loads(run("round", "results", rid, "--server", url, "--json").stdout)["sizes"]
+        fc = json.loads(run("round", "create", "--server", url, "--epsilon", 8, "--head-list-size", 10, "--like", rid,
+                            "--expect-optin", optin, "--dry-run", "--json").stdout)["forecast"]
+        assert fc["model"].startswith("fitted to the privatized head list")
+        assert f"round {rid}'s head list" in fc["model"]
+        # |HL_S| is a sum of independent Bernoullis (docs/TUNE.md): its variance is at most its mean
+        assert abs(made["head_list_s_records"] - fc["head_list_mean"]) <= 2 * fc["head_list_mean"] ** 0.5
+        prior = json.loads(run("round", "create", "--epsilon", 8, "--head-list-size", 10, "--expect-optin", optin,
+                               "--dry-run", "--json").stdout)["forecast"]
+        assert prior["model"].startswith("the built-in prior") and prior["head_list_mean"] != fc["head_list_mean"]
+        small = new_round(url)  # a round without published results cannot be fitted: one clear line
+        assert "--like" in run("round", "create", "--server", url, "--like", small, "--dry-run", ok=2).stderr
+
+
 def test_refused_reports_are_counted_by_reason_and_fail_the_run(server: str) -> None:
     """A round that takes reports only after a million tokens refuses every device (409 too_few_tokens): the
     table says so, and the command exits 1 with one line."""

@@ -113,13 +113,13 @@ def create_cmd(server: str, admin_token_file: str | None, kind: str, name: str |
                estimator: str | None, lower: float | None, upper: float | None, sigma2: float | None,
                retention_hours: float | None, issuance_window: float | None, report_window: float | None,
                min_tokens: int | None, seed: int | None, expect_optin: int | None, expect_devices: int | None,
-               dry_run: bool, as_json: bool, **knobs: Any) -> None:
+               like: str | None, dry_run: bool, as_json: bool, **knobs: Any) -> None:
     """Create a round (state collecting-optin) with all BLENDER parameters (ALGORITHM.md §2), or a mean round
     (--kind mean --epsilon --lower --upper; ALGORITHM.md §11). Prints the round, its id and a BLENDER round's
     forecast: τ, the opt-in users it needs and, with --expect-optin/--expect-devices, the head list's likely size
     and NDCG (--dry-run: the forecast only)."""
     params = round_params(kind, noise, no_project, estimator, lower, upper, sigma2, **knobs)
-    fc = forecast(kind, params, expect_optin, expect_devices)
+    fc = forecast(kind, params, expect_optin, expect_devices, like, server, admin_token_file)
     if dry_run:
         print_dry_run(fc, params, as_json)
         return

@@ -62,7 +62,7 @@ def series_group() -> None:
 def create_cmd(server: str, admin_token_file: str | None, name: str | None, period: str, periods: int,
                optin_window: str | None, start: str | None, flagged: str, retention_hours: float | None,
                first_round: str | None, carry: int | None, expect_optin: int | None, expect_devices: int | None,
-               dry_run: bool, as_json: bool, **knobs: Any) -> None:
+               like: str | None, dry_run: bool, as_json: bool, **knobs: Any) -> None:
     """Create a series of PERIODS rounds, one per period, with the round parameters given (as `round create`).
     Prints the series, its schedule, how many periods the lifetime budget lets each opt-in user join and a
     BLENDER period's forecast (--expect-optin/--expect-devices: per period; --dry-run: the forecast only)."""
@@ -80,7 +80,7 @@ def create_cmd(server: str, admin_token_file: str | None, name: str | None, peri
             raise parameter_error("start (--start)", start, "an ISO 8601 time",
                                   "E.g. 2026-12-07T00:00:00+00:00.") from None
     params = round_params(**knobs)
-    fc = forecast(knobs["kind"], params, expect_optin, expect_devices)
+    fc = forecast(knobs["kind"], params, expect_optin, expect_devices, like, server, admin_token_file)
     if dry_run:
         print_dry_run(fc, params, as_json)
         return

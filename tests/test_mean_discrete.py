@@ -318,7 +318,8 @@ class _FakeStore:
 @pytest.mark.parametrize("sigma2", [None, 4.0])
 def test_the_service_mean_round_uses_the_os_csprng_unless_seeded(monkeypatch: pytest.MonkeyPatch,
                                                                  sigma2: float | None) -> None:
-    from hybriddp.service.rounds import _curate_mean, mean_mechanism
+    from hybriddp.service.roundparams import mean_mechanism
+    from hybriddp.service.rounds import _curate_mean
 
     params = {"epsilon": 1.0, "lower": 0.0, "upper": 10.0, "sigma2": sigma2, "variance_share": 0.2, "seed": None}
     store = _FakeStore([(1, 2.0), (1, 4.0), (2, 25.0), (3, 5.5), (4, 7.0)])

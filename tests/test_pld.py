@@ -174,7 +174,7 @@ def test_a_round_whose_e_to_the_epsilon_overflows_is_counted_not_a_crash() -> No
     such a round is counted by basic composition (no lifetime budget a service takes admits one), and the advanced
     composition of the ledger is infinite, not an error."""
     from hybriddp.privacy.ledger import advanced_composition
-    from hybriddp.service.rounds import validate_params
+    from hybriddp.service.roundparams import validate_params
 
     for kind, params in (("blender", {"epsilon": 800.0, "delta": 1e-5, "head_list_size": 10}),
                          ("mean", {"epsilon": 800.0, "lower": 0.0, "upper": 1.0})):

@@ -715,7 +715,7 @@ def test_parameters_stored_before_a_field_existed_take_its_default() -> None:
     """A round stored before ``estimator`` existed reads as the paper's weights, and a bad value in such an
     old dict is still refused by name."""
     from hybriddp.core.errors import ParameterError
-    from hybriddp.service.rounds import blender_params
+    from hybriddp.service.roundparams import blender_params
 
     old = {"epsilon": 4.0, "delta": 1e-5, "head_list_size": 50, "m_o": 1, "m_c": 1, "f_o": 0.95, "f_c": 0.85,
            "project": True, "optin_fraction": 0.05}
@@ -729,7 +729,7 @@ def test_the_ranking_guard_is_stored_with_the_round_and_auto_is_null() -> None:
     default is the fixed 0.1; a round stored before ``anchor_rank_cost`` existed takes its default."""
     from hybriddp.server.anchor import DEFAULT_KAPPA_QUERY, DEFAULT_RANK_COST
     from hybriddp.service.models import BlenderParamsIn
-    from hybriddp.service.rounds import defense, validate_params
+    from hybriddp.service.roundparams import defense, validate_params
 
     stored = validate_params("blender", {})
     assert stored["anchor_kappa_query"] == DEFAULT_KAPPA_QUERY == 0.1

@@ -15,7 +15,7 @@ import pytest
 
 from hybriddp.audit.pld import Mechanism, history_epsilon
 from hybriddp.privacy.ledger import BudgetExceededError, Charge
-from hybriddp.service import rounds
+from hybriddp.service import roundparams
 from hybriddp.service.ledger_view import service_ledger
 from hybriddp.service.store import Store
 
@@ -39,7 +39,7 @@ def store(store_url: str) -> Store:
 
 
 def new_round(store: Store, kind: str = "blender", params: dict | None = None) -> object:
-    return store.create_round(kind, None, rounds.validate_params(kind, params or ROUND))
+    return store.create_round(kind, None, roundparams.validate_params(kind, params or ROUND))
 
 
 def test_pld_admits_more_rounds_than_basic_composition_and_no_more_than_it_says(store: Store) -> None:

@@ -29,7 +29,8 @@ from hybriddp.server.party import ReportCounts, serve_estimates
 from hybriddp.server.result import Result
 from hybriddp.service.errors import ConflictError
 from hybriddp.service.heldview import blender_view, mean_view
-from hybriddp.service.rounds import MeanReports, _results, defense, mean_mechanism
+from hybriddp.service.roundparams import defense, mean_mechanism
+from hybriddp.service.rounds import MeanReports, _results
 from hybriddp.service.store import RoundInfo, Store
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 
 from hybriddp.core.errors import HybridDPError
 from hybriddp.core.protocol import ID_PATTERN
-from hybriddp.service import rounds
+from hybriddp.service import roundparams, rounds
 from hybriddp.service.bodies import check_content_length, read_body
 from hybriddp.service.checkpool import CheckPool, check_here
 from hybriddp.service.errors import TooFewTokensError, error_payload
@@ -81,7 +81,7 @@ _ENOUGH: set[tuple[str, int]] = set()
 
 async def _enough_tokens(store: Store, info: Any) -> None:
     """:class:`TooFewTokensError` while fewer than the round's ``min_tokens`` report tokens were issued."""
-    need = rounds.schedule(info.params)["min_tokens"]
+    need = roundparams.schedule(info.params)["min_tokens"]
     if need <= 0 or (store.url, info.num) in _ENOUGH:
         return
     have = await asyncio.to_thread(store.tokens_issued, info.num)

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from hybriddp.core.errors import DataError, HybridDPError, parameter_error
-from hybriddp.service import closing, rounds
+from hybriddp.service import closing, roundparams, rounds
 from hybriddp.service.errors import ConflictError
 from hybriddp.service.store import MAX_RETENTION_HOURS, REPORT_STATES, RoundInfo, SeriesInfo, Store
 
@@ -93,7 +93,7 @@ def plan_series(store: Store, kind: str, params: dict[str, Any], *, name: str | 
     if params.get("seed") is not None:
         raise parameter_error("params.seed", params["seed"], "left out: every period of a seeded series would draw the "
                               "same noise (and a seed gives no privacy)")
-    params = rounds.validate_params(kind, params)
+    params = roundparams.validate_params(kind, params)
     now = at or datetime.now(timezone.utc)
     if not (isinstance(period_seconds, (int, float)) and math.isfinite(period_seconds)
             and period_seconds >= MIN_PERIOD_SECONDS):
@@ -196,7 +196,7 @@ def _check_carry(kind: str, params: dict[str, Any], carry: int | None) -> int:
 def _releases_s(params: dict[str, Any]) -> bool:
     from hybriddp.core.estimators import Release
 
-    return rounds.blender_params(params).estimator_spec.release is Release.REUSE_S
+    return roundparams.blender_params(params).estimator_spec.release is Release.REUSE_S
 
 
 def admitted_document(store: Store, kind: str, params: dict[str, Any], periods: int) -> dict[str, Any]:
@@ -389,7 +389,7 @@ def status(store: Store, series_id: str, *, admin: bool = False, at: datetime | 
     return {**series.to_json(admin=admin), "current_period": k_now + 1 if running else None,
             "periods_table": rows,
             "warnings": schedule_warnings(series.period_seconds, series.optin_seconds,
-                                          {**rounds.SCHEDULE_DEFAULTS, **series.params}),
+                                          {**roundparams.SCHEDULE_DEFAULTS, **series.params}),
             "budget": {"lifetime_epsilon": store.lifetime_epsilon, "lifetime_delta": store.lifetime_delta,
                        "round_epsilon": eps, "round_delta": delta, "periods_per_user": max(basic, tight),
                        "periods_per_user_basic": basic, "composition": "pld" if tight > basic else "basic"}}

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from hybriddp.service import closing, rounds
+from hybriddp.service import closing, roundparams, rounds
 from hybriddp.service import models as m
 from hybriddp.service.errors import ConflictError, SeedRefusedError
 from hybriddp.service.routers.common import ADMIN, IsAdmin, RoundId, Service, StoreDep, errors, require_visible
@@ -26,7 +26,7 @@ router = APIRouter()
 @router.post("/api/v1/rounds", status_code=201, response_model=m.RoundOut, dependencies=ADMIN, tags=["rounds"],
              responses=errors(400, 401, 403, 413, 422, 503))
 def create_round(body: m.CreateRoundIn, service: Service) -> dict[str, Any]:
-    params = rounds.validate_params(body.kind, body.params.model_dump(exclude_unset=True))
+    params = roundparams.validate_params(body.kind, body.params.model_dump(exclude_unset=True))
     if params.get("seed") is not None and not service.allow_seeds:
         raise SeedRefusedError(f"params.seed = {params['seed']}: a seeded round gives no privacy (anyone who knows "
                                "the seed can regenerate its noise), so this server refuses it; leave the seed out "

@@ -77,7 +77,7 @@ class RoundForecast:
     optin_users: int | None = field(default=None, metadata={"doc": "The opt-in users it was made for."})
     devices: int | None = field(default=None, metadata={"doc": "The devices expected to report (for the NDCG)."})
     head_list_mean: float | None = field(default=None, metadata={"doc": "Expected |HL_S| (before the cut at M)."})
-    head_list_range: tuple[int, int] | None = field(
+    head_list_range: list[int] | None = field(
         default=None, metadata={"doc": "The list's likely size, 90% range, at most M."})
     p_empty: float | None = field(default=None, metadata={"doc": "Probability that the head list is empty."})
     ndcg: float | None = field(default=None, metadata={"doc": "Expected generalized NDCG (with devices)."})
@@ -86,9 +86,7 @@ class RoundForecast:
                                                                        "or a short list, with the fix."})
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["head_list_range"] = list(self.head_list_range) if self.head_list_range is not None else None
-        return out
+        return asdict(self)
 
     def lines(self) -> list[str]:
         """The forecast as short sentences, for the CLI and the pages."""
@@ -174,7 +172,7 @@ def forecast_round(params: BlenderParams, *, noise: str = "discrete", optin_user
         return RoundForecast(**base)  # type: ignore[arg-type]
     mean, var, empty = passes.moments(max(0, round(params.f_o * optin_users)))
     half = _z(0.5 + LIKELY / 2) * math.sqrt(var)
-    likely = (min(m, max(0, math.floor(mean - half))), min(m, math.ceil(mean + half)))
+    likely = [min(m, max(0, math.floor(mean - half))), min(m, math.ceil(mean + half))]  # (lo, hi)
     warnings = []
     if empty > EMPTY_WARNING:
         warnings.append(f"this round will likely list nothing: with {optin_users:,} opt-in users P(empty list) = "

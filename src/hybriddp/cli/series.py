@@ -173,13 +173,12 @@ def trends_cmd(series_id: str, server: str, window: int, fdr: float, min_change:
     if as_json:
         render.print_json(doc)
         return
-    from hybriddp.cli.trends import print_trend_table
+    from hybriddp.cli.trends import nothing_found_hint, print_trend_table
     print_trend_table(doc, show_all, f"series {series_id}: {doc['rising']} rising, {doc['falling']} falling of "
                                      f"{doc['tested']} changes tested over {len(doc['periods'])} published periods "
                                      f"(FDR {fdr:g}, window {doc.get('window', window)})")
     if doc.get("note"):
         render.out.print(doc["note"])
-    from hybriddp.cli.trends import nothing_found_hint
     hint = nothing_found_hint(doc)
     if hint:
         render.out.print(hint)

@@ -231,12 +231,8 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
     click.echo(f"database: {store.engine.url.render_as_string(hide_password=True)} (opt-in lifetime budget "
                f"epsilon {store.lifetime_epsilon:g}, delta {store.lifetime_delta:g})")
     click.echo(f"serving on http://{host}:{port} (API docs at /docs); Ctrl-C stops")
-    if demo and demo_round is not None:
-        click.echo(f"demo round: http://{host}:{port}/api/v1/rounds/{demo_round}/local-search")
-        click.echo(f"local-search page: http://{host}:{port}/")
-        click.echo(f"round page: http://{host}:{port}/rounds/{demo_round}")
-        if collecting_round is not None:
-            click.echo(f"collecting round page: http://{host}:{port}/rounds/{collecting_round}")
+    if demo:
+        _print_demo_pages(f"http://{host}:{port}", demo_round, collecting_round)
     # client addresses are never used: not even X-Forwarded-For is read (proxy_headers=False)
     # http: uvicorn's httptools protocol sending each response in one write (hybriddp.service.http)
     # limit_concurrency: 503 beyond it; timeout_keep_alive: idle connections closed after 5 s; a request body
@@ -261,6 +257,17 @@ def serve_cmd(db_url: str | None, data_dir: str, host: str, port: int, admin_tok
         bounded_exit(shutdown_grace + EXIT_MARGIN_S)
         return app
     uvicorn.run(factory, factory=True, **options)
+
+
+def _print_demo_pages(base: str, demo_round: str | None, collecting_round: str | None) -> None:
+    """Where ``serve --demo``'s rounds are (nothing when the demo could not run)."""
+    if demo_round is None:
+        return
+    click.echo(f"demo round: {base}/api/v1/rounds/{demo_round}/local-search")
+    click.echo(f"local-search page: {base}/")
+    click.echo(f"round page: {base}/rounds/{demo_round}")
+    if collecting_round is not None:
+        click.echo(f"collecting round page: {base}/rounds/{collecting_round}")
 
 
 def _warn_unsafe(limits: dict[str, Any]) -> None:

@@ -163,9 +163,9 @@ def tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def new_client(timeout: httpx.Timeout | float) -> httpx.Client:
-    """A new connection pool with the shared :func:`tls_context`."""
-    return httpx.Client(timeout=timeout, verify=tls_context())
+def new_client(timeout: httpx.Timeout | float, **kw: Any) -> httpx.Client:
+    """A new connection pool with the shared :func:`tls_context` (``kw``: httpx.Client's other options)."""
+    return httpx.Client(timeout=timeout, verify=tls_context(), **kw)
 
 
 class ServiceHttp:

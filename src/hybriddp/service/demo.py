@@ -53,7 +53,7 @@ from hybriddp.curator.party import curator_side
 from hybriddp.curator.release import release_from_documents
 from hybriddp.device.party import log_messages, sample_clients
 from hybriddp.sdk.client import Acknowledgement, AdminClient, DeviceClient, OptinRelay
-from hybriddp.sdk.http import RetryPolicy
+from hybriddp.sdk.http import RetryPolicy, new_client
 from hybriddp.server.party import serve_estimates
 from hybriddp.server.result import Result
 from hybriddp.simulation.evaluate import ground_truth, score, truth_vectors
@@ -77,7 +77,7 @@ opt-in relay's uploads, :class:`DemoOptinRelay`): up to seven, backing off to 30
 
 def demo_http() -> httpx.Client:
     """The connection pool of the demo's opt-in relay and devices, with the demo's long timeouts."""
-    return httpx.Client(timeout=httpx.Timeout(DEMO_TIMEOUT_S, connect=DEMO_CONNECT_S))
+    return new_client(httpx.Timeout(DEMO_TIMEOUT_S, connect=DEMO_CONNECT_S))
 
 
 def demo_admin(base_url: str, admin_token: str) -> AdminClient:

@@ -49,7 +49,7 @@ from hybriddp.sdk import (
     ServiceRequestError,
     ServiceUnavailableError,
 )
-from hybriddp.sdk.http import fetch_series
+from hybriddp.sdk.http import fetch_series, new_client
 from hybriddp.service.demo import _records, _user_rows
 
 OPTIN_STATES = ("collecting-optin",)
@@ -474,8 +474,8 @@ def simulate(base_url: str, admin_token: str, population: Population, *, round_i
         raise parameter_error("round/--series", round_id or series, "exactly one of them: a round id, or "
                               "--series SERIES for the round of its current period")
     with AdminClient(base_url, admin_token, retry=RetryPolicy(attempts=s.retries + 1)) as admin, \
-            httpx.Client(timeout=httpx.Timeout(60.0, connect=10.0),
-                         limits=httpx.Limits(max_connections=s.concurrency + 4)) as http:
+            new_client(httpx.Timeout(60.0, connect=10.0),
+                       limits=httpx.Limits(max_connections=s.concurrency + 4)) as http:
         rnd = find_round(admin, round_id, series)
         phase = phase_of(rnd)
         rid = rnd["id"]

@@ -237,12 +237,12 @@ def test_consistent_estimator_makes_every_query_the_sum_of_its_entries(files) ->
 
 
 def test_the_ranking_guard_options_reach_the_result(files) -> None:
-    """``--anchor-kappa-query`` fixes the guard (default 0.1) or, with ``auto``, lets ``--anchor-rank-cost`` choose it
-    per round (ALGORITHM.md §7.2); the result says which; a bad value is one clean line."""
+    """``--anchor-kappa-query`` is chosen per round by default (``auto``, within ``--anchor-rank-cost``) or fixed by a
+    number (ALGORITHM.md §7.2); the result says which and, for ``auto``, what the round chose; a bad value is one
+    clean line."""
     log = files / "log.tsv"
-    fixed = json.loads(invoke("run", "--input", log, *RUN, "--json").stdout)
-    auto = json.loads(invoke("run", "--input", log, *RUN, "--anchor-kappa-query", "auto", "--anchor-rank-cost",
-                             "0.004", "--json").stdout)
+    auto = json.loads(invoke("run", "--input", log, *RUN, "--anchor-rank-cost", "0.004", "--json").stdout)
+    fixed = json.loads(invoke("run", "--input", log, *RUN, "--anchor-kappa-query", "0.1", "--json").stdout)
     assert fixed["anchor_check"]["kappa_query"] == 0.1
     assert auto["anchor_check"]["kappa_query"] == "auto" and auto["anchor_check"]["rank_cost"] == 0.004
     assert auto["anchor_check"]["kappa_query_round"] >= 0.0 and "kappa_query_round" not in fixed["anchor_check"]

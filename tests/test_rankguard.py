@@ -149,16 +149,84 @@ def test_the_cost_falls_with_kappa_and_grows_with_the_opt_in_noise() -> None:
 
 
 def test_auto_keeps_a_small_opt_in_groups_ranking_within_issue_40s_bound() -> None:
-    """At 1,000 opt-in users (the issue-40 populations, fresh each round, truth from the law), the fixed default
-    κ_q = 0.1 costs the honest NDCG@10 about 0.005; ``auto`` keeps it within 0.003 of the undefended blend's
-    (docs/RESULTS.md "Issue 40")."""
-    from hybriddp.server.anchor import AnchorPolicy
+    """At 1,000 opt-in users (the issue-40 populations, fresh each round, truth from the law), the fixed guard
+    κ_q = 0.1 costs the honest NDCG@10 about 0.0055; the default, ``auto``, about 0.003 (−0.0028 ± 0.0004 on these
+    150 rounds, −0.0033 ± 0.0004 on seed 7's: issue 40's 0.003 is met only within noise, docs/RESULTS.md "Issue 40:
+    the ranking guard where deployments are"), so the bound here is 0.003 plus 2.5 standard errors, and the default
+    must save at least 0.002 of the fixed guard's cost."""
+    from hybriddp.server.anchor import DEFAULT_KAPPA_QUERY, FIXED_KAPPA_QUERY, AnchorPolicy
     from hybriddp.simulation.defended_calibration import calibrate_defended, defense_name
 
-    auto = AnchorPolicy(kappa_query=None)
-    cal = calibrate_defended(1_000, rounds=150, seed=41, defenses=("anchor", None, auto))
+    assert DEFAULT_KAPPA_QUERY is None  # the shipped default is what "anchor" runs below
+    fixed_policy = AnchorPolicy(kappa_query=FIXED_KAPPA_QUERY)
+    cal = calibrate_defended(1_000, rounds=150, seed=41, defenses=("anchor", None, fixed_policy))
     undefended = float(np.nanmean(cal.runs["none"].ndcg10))
-    fixed = float(np.nanmean(cal.runs["anchor"].ndcg10)) - undefended
-    chosen = float(np.nanmean(cal.runs[defense_name(auto)].ndcg10)) - undefended
-    assert chosen >= -0.003, chosen
-    assert chosen > fixed + 0.001, (chosen, fixed)
+    fixed = float(np.nanmean(cal.runs[defense_name(fixed_policy)].ndcg10)) - undefended
+    chosen = float(np.nanmean(cal.runs["anchor"].ndcg10)) - undefended
+    assert chosen >= -0.004, chosen
+    assert chosen > fixed + 0.002, (chosen, fixed)
+
+
+def _issue40_round(n_optin: int, i: int) -> tuple[object, np.ndarray]:
+    """Round ``i`` of the issue-40 populations (48 Zipf records over 12 queries, 20 × ``n_optin`` users): release and
+    honest report counts."""
+    from hybriddp.core.params import BlenderParams
+    from hybriddp.core.records import SyntheticVocabulary
+    from hybriddp.simulation.defended_calibration import _honest_round
+    from hybriddp.simulation.selection import Population
+
+    pop = Population.zipf(n_records=48, n_queries=12, exponent=1.1)
+    params = BlenderParams(epsilon=4.0, head_list_size=100, optin_fraction=0.05)
+    drawn = _honest_round(pop, n_optin, 20 * n_optin, params, (SyntheticVocabulary(12, "q"),
+                          SyntheticVocabulary(48, "u")), np.random.default_rng([43, i]), 43_000 + i)
+    assert drawn is not None
+    return drawn[0], drawn[1]
+
+
+def test_auto_keeps_the_fixed_guard_where_it_is_nearly_free_and_fakes_cannot_switch_it_off() -> None:
+    """``auto`` (the default) keeps κ_q = 0.1 where the fixed guard's expected honest cost on the opt-in estimates'
+    positions is within 0.005 (10,000 and 50,000 opt-in users: every round here) and gives it up for a looser one
+    where the opt-in estimates misrank the top 10 (1,000: most rounds). The choice reads the opt-in release and the
+    number of reports only: reports moved between entries (unflagged) leave its cost exactly as it was, and the same
+    number of reports put anywhere (all on the lowest listed query, or at random: flagged and cleaned) moves it only
+    through the cleaning's change of that number — down, as fewer reports are left — so no such reports switch the
+    fixed guard off where it was kept (ALGORITHM.md §7.2, "Chosen per round")."""
+    from hybriddp.server.anchor import FIXED_GUARD_TOLERANCE, FIXED_KAPPA_QUERY, AnchorPolicy
+    from hybriddp.server.party import server_side
+
+    policy = AnchorPolicy()
+    assert policy.kappa_query is None and FIXED_GUARD_TOLERANCE == 0.005
+    rng = np.random.default_rng(4343)
+
+    def check(rel: object, counts: np.ndarray) -> tuple[bool, float, bool]:
+        """(fixed guard kept, its cost, anything flagged)."""
+        c = server_side(rel, counts, True, "reuse", policy).check
+        q = c.queries
+        want = np.where(q.flagged, 0.0, np.minimum(FIXED_KAPPA_QUERY, q.kappa))
+        return bool(np.array_equal(q.kappa_rank[:-1], want[:-1])), q.fixed_guard_cost(), c.flagged_any
+    given_up = 0
+    for i in range(6):
+        for n_optin in (1_000, 10_000, 50_000):
+            rel, counts = _issue40_round(n_optin, i)
+            kept, cost, flagged = check(rel, counts)
+            assert kept == (cost <= FIXED_GUARD_TOLERANCE) and not flagged
+            if n_optin == 1_000:
+                given_up += not kept
+                continue
+            assert kept, (n_optin, i, cost)
+            hl, total = rel.head_list, int(counts.sum())
+            listed = np.where(np.arange(hl.k) < hl.k - 1, rel.optin.p_query, np.nan)
+            low, top = int(np.nanargmin(listed)), int(np.nanargmax(listed))
+            moved = counts.copy()  # 0.3% of the reports from the top query's first entry to the low query's
+            src, dst = np.flatnonzero(hl.entry_query == top)[0], np.flatnonzero(hl.entry_query == low)[0]
+            moved[src] -= total * 3 // 1000
+            moved[dst] += total * 3 // 1000
+            lump = np.zeros_like(counts)
+            lump[dst] = total
+            scattered = np.bincount(rng.integers(0, counts.size, total), minlength=counts.size).astype(counts.dtype)
+            k_moved, c_moved, f_moved = check(rel, moved)
+            assert k_moved and (f_moved or c_moved == cost), (n_optin, i, c_moved, cost)
+            for fake in (lump, scattered):
+                k_fake, c_fake, _ = check(rel, fake)
+                assert k_fake and c_fake <= 1.05 * cost + 1e-12, (n_optin, i, c_fake, cost)
+    assert given_up >= 4, given_up

@@ -725,18 +725,24 @@ def test_parameters_stored_before_a_field_existed_take_its_default() -> None:
 
 
 def test_the_ranking_guard_is_stored_with_the_round_and_auto_is_null() -> None:
-    """``anchor_kappa_query`` null chooses the guard per round from ``anchor_rank_cost`` (ALGORITHM.md §7.2); the
-    default is the fixed 0.1; a round stored before ``anchor_rank_cost`` existed takes its default."""
-    from hybriddp.server.anchor import DEFAULT_KAPPA_QUERY, DEFAULT_RANK_COST
+    """``anchor_kappa_query`` null (the default) chooses the guard per round from ``anchor_rank_cost`` (ALGORITHM.md
+    §7.2), a number fixes it; a round stored before ``anchor_rank_cost`` existed takes its default, and one stored
+    before ``anchor_kappa_query`` existed the fixed guard those versions had."""
+    from hybriddp.server.anchor import DEFAULT_RANK_COST, FIXED_KAPPA_QUERY
     from hybriddp.service.models import BlenderParamsIn
     from hybriddp.service.roundparams import defense, validate_params
 
     stored = validate_params("blender", {})
-    assert stored["anchor_kappa_query"] == DEFAULT_KAPPA_QUERY == 0.1
+    assert "anchor_kappa_query" in stored and stored["anchor_kappa_query"] is None
+    assert defense(stored).kappa_query is None
     assert stored["anchor_rank_cost"] == DEFAULT_RANK_COST
-    auto = validate_params("blender", BlenderParamsIn(anchor_kappa_query=None, anchor_rank_cost=0.004).model_dump())
+    auto = validate_params("blender", BlenderParamsIn(anchor_rank_cost=0.004).model_dump())
     policy = defense(auto)
     assert policy is not None and policy.kappa_query is None and policy.rank_cost == 0.004
+    fixed = validate_params("blender", BlenderParamsIn(anchor_kappa_query=0.25).model_dump())
+    assert defense(fixed).kappa_query == 0.25
+    legacy = {k: v for k, v in stored.items() if k != "anchor_kappa_query"}
+    assert defense(legacy).kappa_query == FIXED_KAPPA_QUERY
     older = {k: v for k, v in stored.items() if k != "anchor_rank_cost"}
     assert defense(older).rank_cost == DEFAULT_RANK_COST
     with pytest.raises(ValueError, match="anchor_rank_cost"):

@@ -221,17 +221,19 @@ def defense_options(f):
     )
 
     f = click.option("--anchor-rank-cost", type=float, default=DEFAULT_RANK_COST, show_default=True,
-                     help="With --anchor-kappa-query auto: the largest expected NDCG@10 the ranking guard may cost "
-                          "an honest round's top-10 ranking (expected loss, all queries capped together; 0.0025 "
-                          "measured 0.0027 at 1,000 opt-in users); larger is tighter against fakes.")(f)
-    f = click.option("--anchor-kappa-query", type=str, default=f"{DEFAULT_KAPPA_QUERY:g}", show_default=True,
-                     callback=_kappa,
+                     help="With --anchor-kappa-query auto (the default), where the fixed guard is not kept: the "
+                          "largest expected NDCG@10 the ranking guard may cost an honest round's top-10 ranking "
+                          "(expected loss, all queries capped together); larger is tighter against fakes.")(f)
+    kq_default = "auto" if DEFAULT_KAPPA_QUERY is None else f"{DEFAULT_KAPPA_QUERY:g}"
+    f = click.option("--anchor-kappa-query", type=str, default=kq_default, show_default=True, callback=_kappa,
                      help="The suggestions' ranking guard, in standard deviations: queries are ranked by their "
                           "estimate capped this far above the opt-in group's, so that fake devices cannot lift a "
                           "query into the top 10 (the estimates themselves keep --anchor-kappa's bound; 0: no query "
-                          "ranks above its opt-in estimate). auto: chosen per round, as tight as --anchor-rank-cost "
-                          "allows: for a small opt-in group (about 1,000 users), whose honest ranking the fixed guard "
-                          "costs most, at the price of a looser guard (docs/RESULTS.md \"Issue 40\").")(f)
+                          "ranks above its opt-in estimate). auto: 0.1 where the opt-in group ranks the queries well "
+                          "enough that it costs an honest ranking at most 0.005 of NDCG@10 (e.g. the aol preset's "
+                          "26,000 opt-in users), elsewhere chosen per round as tight as --anchor-rank-cost allows. A "
+                          "fixed 0.1 costs 0.005-0.013 of honest NDCG@10 at 1,000-10,000 opt-in users "
+                          "(docs/ALGORITHM.md §7.2).")(f)
     f = click.option("--anchor-honest-cost", type=float, default=DEFAULT_HONEST_COST, show_default=True,
                      help="With --anchor-kappa auto: the largest share of an honest estimate's variance the bound "
                           "may add (0.05: its error at most 2.5% larger); smaller is looser against fakes.")(f)

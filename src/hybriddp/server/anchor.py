@@ -18,8 +18,10 @@ against its opt-in estimate, and the client side's influence is bounded whatever
   data, the blend's variance with the clamp's cost (:func:`~hybriddp.server.clamp.clamped_variance`).
 * **The suggestions' ranking.** Queries are also ranked by a guarded score, the published estimate capped at
   p̂_O + κ_q·s (at p̂_O for a flagged query): fake devices can lift a query's rank by at most that, whatever κ_i
-  lets its estimate move (:meth:`Side.rank`, ``p_rank``). κ_q is fixed (0.1), or chosen per round (``auto``) as the
-  smallest whose cap costs the honest top-10 ranking at most ``rank_cost`` of NDCG (:mod:`hybriddp.server.rankguard`).
+  lets its estimate move (:meth:`Side.rank`, ``p_rank``). κ_q is chosen per round (``auto``, the default): the fixed
+  0.1 where the opt-in estimates rank the queries well enough that it costs an honest ranking at most
+  :data:`FIXED_GUARD_TOLERANCE` of NDCG@10, otherwise the smallest whose cap costs at most ``rank_cost``
+  (:mod:`hybriddp.server.rankguard`); or a fixed number.
 * **Evidence.** The reports on flagged entries beyond what the population the opt-in estimates describe would
   send, n·r̂_i − n·r_i(a), summed: a lower estimate of the number of fake reports. Per entry, the fake reports
   that would explain its gap, F̂_i = n(r̂_i − r_i(a))/(1 − r_i(a)) (:attr:`Side.fakes`), and the z, p-value and
@@ -42,7 +44,7 @@ import numpy as np
 from hybriddp.core.errors import parameter_error
 from hybriddp.server.clamp import clamped_variance, round_kappa
 from hybriddp.server.client_estimates import _Geometry, client_variances
-from hybriddp.server.rankguard import rank_kappa
+from hybriddp.server.rankguard import rank_cost, rank_kappa
 from hybriddp.server.tails import normal_laplace_p
 from hybriddp.server.weights import Blended
 
@@ -63,12 +65,26 @@ DEFAULT_HONEST_COST = 0.05
 """c: the largest share of an honest estimate's variance the bound may add (σ²_B → at most (1 + c)·σ²_B, its RMSE at
 most 2.5% larger): the per-round bound is as tight as that allows (ALGORITHM.md §7.2, "Honest cost")."""
 
-DEFAULT_KAPPA_QUERY: float | None = 0.1
-"""The suggestions' ranking guard κ_q (a query ranks by its estimate capped at p̂_O + κ_q·s): on the aol preset's 100
-attacked rounds an attacker that saturates it puts a target of rank ≥ 20 in the top 10 in 3 of 78 (0.25: 6 of 78),
-for honest NDCG 0.9915 (0.25: 0.9917) (docs/RESULTS.md "Issue 40: the defense after the per-round bound"). None
-(``auto``) chooses it per round from :data:`DEFAULT_RANK_COST` (:func:`~hybriddp.server.rankguard.rank_kappa`): the
-choice for a small opt-in group, whose honest ranking the fixed guard costs most (docs/RESULTS.md "Issue 40")."""
+FIXED_KAPPA_QUERY = 0.1
+"""The fixed ranking guard an operator may choose (``--anchor-kappa-query 0.1``), and the guard of a round stored
+before the per-round choice was the default: the tightest at a large opt-in group (aol preset, 26,000 opt-in users:
+an attacker that saturates it puts a target of rank ≥ 20 in the top 10 in 3 of 78 rounds), but where the opt-in
+estimates are noisy against the gaps between ranks it costs the honest ranking more than it protects (docs/RESULTS.md
+"Issue 40: the ranking guard where deployments are")."""
+
+FIXED_GUARD_TOLERANCE = 0.005
+"""``auto`` keeps :data:`FIXED_KAPPA_QUERY` in a round where the opt-in group ranks the queries well enough that the
+fixed guard's expected honest NDCG@10 cost, computed on the opt-in estimates (fakes cannot move them, so an attack
+cannot switch it off), is at most this: issue 28's tolerance for the defense's honest cost. Measured: kept in most
+rounds of the aol preset (26,000 opt-in users: 0.0023–0.0052), given up at 5,000–10,000 opt-in users on the same
+log (0.009–0.029) and mostly at 1,000 (0.0036–0.0083), where the opt-in estimates alone already misrank the top 10
+(docs/RESULTS.md "Issue 40: the ranking guard where deployments are")."""
+
+DEFAULT_KAPPA_QUERY: float | None = None
+"""The suggestions' ranking guard κ_q (a query ranks by its estimate capped at p̂_O + κ_q·s): None (``auto``, the
+default) chooses it per round: the fixed guard where it is nearly free (:data:`FIXED_GUARD_TOLERANCE`), elsewhere the
+tightest whose expected honest NDCG@10 cost is at most :data:`DEFAULT_RANK_COST`
+(:func:`~hybriddp.server.rankguard.rank_kappa`); a number fixes it (:data:`FIXED_KAPPA_QUERY`)."""
 
 DEFAULT_RANK_COST = 0.0025
 """With κ_q ``auto``: the largest expected NDCG@10 the defense may cost an honest round's ranking, by the joint model
@@ -153,23 +169,41 @@ class Side:
     share: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the noise share f of (blend − p̂_O)
     kappa_rank: np.ndarray = field(default_factory=lambda: np.zeros(0))  # κ_q per query (:meth:`guard`)
     honest_sd: Callable[[np.ndarray], np.ndarray] | None = None  # σ of (blend − p̂_O) at given estimates, honest data
+    anchor_spread: np.ndarray | None = None  # ρ at the opt-in estimates (records' too): σ there over s, no report moves
 
     def guard(self, published: np.ndarray, policy: AnchorPolicy) -> Side:
         """The queries' side with the ranking guard's κ_q per query for ``published`` (the final estimates): the
-        policy's fixed κ_q, or (``auto``) the round's smallest whose expected honest NDCG@10 cost over the listed
-        queries (the last, ``*``, is not suggested) is at most ``rank_cost``
-        (:func:`~hybriddp.server.rankguard.rank_kappa`), at most κ_i (the estimate is bounded there already); 0 for
-        a flagged query."""
+        policy's fixed κ_q, or (``auto``) :data:`FIXED_KAPPA_QUERY` where its expected honest NDCG@10 cost, computed
+        on the opt-in estimates' positions (which no report moves), is at most :data:`FIXED_GUARD_TOLERANCE`, and
+        elsewhere the round's smallest κ whose expected cost on the published ranking is at most ``rank_cost``
+        (:func:`~hybriddp.server.rankguard.rank_kappa`); the listed queries only (the last, ``*``, is not
+        suggested), at most κ_i (the estimate is bounded there already); 0 for a flagged query."""
         if policy.kappa_query is None:
             ranked = np.arange(self.s.size) < self.s.size - 1
-            spread = None
-            if self.honest_sd is not None:
+
+            def spread_at(p: np.ndarray) -> np.ndarray | None:
+                if self.honest_sd is None:
+                    return None
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    spread = self.honest_sd(np.clip(np.nan_to_num(published), 0.0, 1.0)) / self.s
-            kq = rank_kappa(published, self.s, self.share, ranked, policy.rank_cost, self.kappa, spread)
+                    return self.honest_sd(p) / self.s
+            if self.fixed_guard_cost() <= FIXED_GUARD_TOLERANCE:
+                kq = np.minimum(FIXED_KAPPA_QUERY, np.nan_to_num(self.kappa))
+            else:
+                b = np.clip(np.nan_to_num(published), 0.0, 1.0)
+                kq = rank_kappa(published, self.s, self.share, ranked, policy.rank_cost, self.kappa, spread_at(b))
         else:
             kq = np.full(self.s.shape, float(policy.kappa_query))
         return replace(self, kappa_rank=np.where(self.flagged, 0.0, kq))
+
+    def fixed_guard_cost(self) -> float:
+        """The fixed guard's expected honest NDCG@10 cost (:func:`~hybriddp.server.rankguard.rank_cost` at
+        :data:`FIXED_KAPPA_QUERY`) with the opt-in estimates standing for the published ones and their spread at the
+        opt-in estimates: a function of the opt-in release and the number of reports only, so no choice of reports
+        moves it (``auto`` keeps the fixed guard where it is at most :data:`FIXED_GUARD_TOLERANCE`)."""
+        ranked = np.arange(self.s.size) < self.s.size - 1
+        a = np.clip(np.nan_to_num(self.anchor), 0.0, 1.0)
+        bound = np.nan_to_num(self.kappa, nan=np.inf)
+        return rank_cost(np.minimum(FIXED_KAPPA_QUERY, bound), a, self.s, self.share, ranked, self.anchor_spread, bound)
 
     def rank(self, published: np.ndarray) -> np.ndarray:
         """The guarded ranking score of ``published`` (this level's final estimates): at most p̂_O + κ_q·s with the
@@ -326,13 +360,15 @@ def anchor_blend(optin: OptinEstimates, lp: LocalAlgParams, counts: np.ndarray, 
     q_final = np.clip(qry.defended.p, 0.0, 1.0)
     p_rec = np.clip(np.nan_to_num(rec.defended.p), 0.0, 1.0)
 
-    def honest_sd(p_query: np.ndarray) -> np.ndarray:
-        """σ of (blend − p̂_O) per query on honest data at ``p_query``: σ²_O/√(σ²_O + σ²_C) there."""
-        v_o = optin.query_variances_at(p_query, p_rec)
-        v_c = client_variances(p_rec, p_query, hl, lp, client.n)[1]
+    def honest_sd(p_query: np.ndarray, p_records: np.ndarray = p_rec) -> np.ndarray:
+        """σ of (blend − p̂_O) per query on honest data at ``p_query`` (and ``p_records``): σ²_O/√(σ²_O + σ²_C)."""
+        v_o = optin.query_variances_at(p_query, p_records)
+        v_c = client_variances(p_records, p_query, hl, lp, client.n)[1]
         with np.errstate(invalid="ignore", divide="ignore"):
             return v_o / np.sqrt(v_o + v_c)
-    qry = replace(qry, honest_sd=honest_sd).guard(q_final, policy)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        at_anchor = honest_sd(a_q, a_r) / qry.s
+    qry = replace(qry, honest_sd=honest_sd, anchor_spread=at_anchor).guard(q_final, policy)
     out = BlendOutput(rec.defended, qry.defended, projected, q_final, qry.rank(q_final))
     assert received_client is not None
     return received_client, out, AnchorCheck(policy, rec, qry, excess, int(received.sum()), critical)

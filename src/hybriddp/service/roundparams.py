@@ -24,6 +24,7 @@ from hybriddp.server.anchor import (
     DEFAULT_KAPPA,
     DEFAULT_KAPPA_QUERY,
     DEFAULT_RANK_COST,
+    FIXED_KAPPA_QUERY,
     MEAN_DEFAULT_KAPPA,
     AnchorPolicy,
     policy_named,
@@ -125,7 +126,7 @@ def defense(params: dict[str, Any]) -> AnchorPolicy | None:
         return None
     kappa = params.get("anchor_kappa", DEFAULT_KAPPA)
     return policy_named(params["defense"], params.get("anchor_alpha", DEFAULT_ALPHA), kappa,
-                        params.get("anchor_kappa_query", DEFAULT_KAPPA_QUERY if kappa is None else kappa),
+                        params.get("anchor_kappa_query", FIXED_KAPPA_QUERY if kappa is None else kappa),
                         params.get("anchor_honest_cost", DEFAULT_HONEST_COST),
                         params.get("anchor_rank_cost", DEFAULT_RANK_COST))
 

@@ -11,6 +11,8 @@ report at large ε in place of 1/ε: an assumption, ALGORITHM.md §16).
 
     python benchmarks/discovery_limit.py [--devices 1000000,4000000] [--records-per-report 1,4] [--reps 3]
 
+First a calibration of the machine (benchmarks/machine.py); each cell's time is also given in its numpy units.
+
 Only the hash is found here; recovering the record's string needs more reports still (ALGORITHM.md §16).
 """
 
@@ -58,12 +60,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="repetitions per cell (3 records per share each)")
     args = ap.parse_args()
     cells = [(int(n), int(r)) for n in args.devices.split(",") for r in args.records_per_report.split(",")]
-    print("| devices | r | " + " | ".join(f"{s:.2%}" for s in SHARES) + " | lower bound (C = 1) | seconds |")
+    # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path
+    from machine import calibrate, print_calibration, units
+
+    machine = calibrate()
+    print_calibration(machine)
+    print("| devices | r | " + " | ".join(f"{s:.2%}" for s in SHARES) + " | lower bound (C = 1) | time |")
     print("|---|---|" + "---|" * len(SHARES) + "---|---|")
     for n, r in cells:
         per, secs = recall(n, r, args.reps)
         print(f"| {n:,} | {r} | " + " | ".join(f"{per[s]:.0%}" for s in SHARES)
-              + f" | {floor_share(n, r):.3%} | {secs:.0f} |")
+              + f" | {floor_share(n, r):.3%} | {secs:.0f} s ({units(secs, machine)}) |")
 
 
 if __name__ == "__main__":

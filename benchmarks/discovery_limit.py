@@ -29,11 +29,13 @@ from hybriddp.simulation.baselines.pem import pem
 SHARES = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01)
 EPSILON = 4.0
 BITS = 32
+PER_SHARE = 3
+"""Planted records per share and repetition."""
 
 
 def recall(n: int, r: int, reps: int) -> tuple[dict[float, float], float]:
-    """Share → fraction of planted records PEM found, over ``reps`` repetitions (3 records per share each)."""
-    shares = np.repeat(np.array(SHARES), 3)
+    """Share → fraction of planted records PEM found, over ``reps`` repetitions (:data:`PER_SHARE` each)."""
+    shares = np.repeat(np.array(SHARES), PER_SHARE)
     found = np.zeros(shares.size)
     start = time.perf_counter()
     for rep in range(reps):
@@ -44,7 +46,7 @@ def recall(n: int, r: int, reps: int) -> tuple[dict[float, float], float]:
         tail = rng.integers(0, 2**BITS, n - int(reporting.sum()))
         values = np.concatenate([np.repeat(items, reporting), tail])
         found += np.isin(items, pem(values, BITS, EPSILON, rng, k=50).items)
-    per = {s: float(found[shares == s].sum() / (3 * reps)) for s in SHARES}
+    per = {s: float(found[shares == s].sum() / (PER_SHARE * reps)) for s in SHARES}
     return per, time.perf_counter() - start
 
 
@@ -57,7 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", default="1000000,4000000", help="devices reporting, comma-separated")
     ap.add_argument("--records-per-report", default="1,4", help="r: records a device chooses among, comma-separated")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per cell (3 records per share each)")
+    ap.add_argument("--reps", type=int, default=3, help=f"repetitions per cell ({PER_SHARE} records per share each)")
     args = ap.parse_args()
     cells = [(int(n), int(r)) for n in args.devices.split(",") for r in args.records_per_report.split(",")]
     # a sibling module: the folder of a script run as `python benchmarks/X.py` is on sys.path

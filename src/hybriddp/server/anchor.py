@@ -172,6 +172,11 @@ class Side:
     honest_sd: Callable[[np.ndarray], np.ndarray] | None = None  # σ of (blend − p̂_O) at given estimates, honest data
     anchor_spread: np.ndarray | None = None  # ρ at the opt-in estimates (records' too): σ there over s, no report moves
 
+    @property
+    def suggested(self) -> np.ndarray:
+        """The queries the suggestions rank: every listed one but the last, ``*``."""
+        return np.arange(self.s.size) < self.s.size - 1
+
     def guard(self, published: np.ndarray, policy: AnchorPolicy) -> Side:
         """The queries' side with the ranking guard's κ_q per query for ``published`` (the final estimates): the
         policy's fixed κ_q, or (``auto``) :data:`FIXED_KAPPA_QUERY` where its expected honest NDCG@10 cost, computed
@@ -179,19 +184,14 @@ class Side:
         elsewhere the round's smallest κ whose expected cost on the published ranking is at most ``rank_cost``
         (:func:`~hybriddp.server.rankguard.rank_kappa`); the listed queries only (the last, ``*``, is not
         suggested), at most κ_i (the estimate is bounded there already); 0 for a flagged query."""
-        if policy.kappa_query is None:
-            ranked = np.arange(self.s.size) < self.s.size - 1
-
-            def spread_at(p: np.ndarray) -> np.ndarray | None:
-                if self.honest_sd is None:
-                    return None
+        if policy.kappa_query is None and self.fixed_guard_cost() <= FIXED_GUARD_TOLERANCE:
+            kq = np.minimum(FIXED_KAPPA_QUERY, np.nan_to_num(self.kappa))
+        elif policy.kappa_query is None:
+            spread = None
+            if self.honest_sd is not None:
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    return self.honest_sd(p) / self.s
-            if self.fixed_guard_cost() <= FIXED_GUARD_TOLERANCE:
-                kq = np.minimum(FIXED_KAPPA_QUERY, np.nan_to_num(self.kappa))
-            else:
-                b = np.clip(np.nan_to_num(published), 0.0, 1.0)
-                kq = rank_kappa(published, self.s, self.share, ranked, policy.rank_cost, self.kappa, spread_at(b))
+                    spread = self.honest_sd(np.clip(np.nan_to_num(published), 0.0, 1.0)) / self.s
+            kq = rank_kappa(published, self.s, self.share, self.suggested, policy.rank_cost, self.kappa, spread)
         else:
             kq = np.full(self.s.shape, float(policy.kappa_query))
         return replace(self, kappa_rank=np.where(self.flagged, 0.0, kq))
@@ -202,10 +202,10 @@ class Side:
         opt-in estimates: a function of the opt-in release and the number of reports (after cleaning) only, so where
         the reports fall does not move it, and their number only slightly (10% more reports: at most +1.5% in
         tests/test_rankguard.py); ``auto`` keeps the fixed guard where it is at most :data:`FIXED_GUARD_TOLERANCE`."""
-        ranked = np.arange(self.s.size) < self.s.size - 1
         a = np.clip(np.nan_to_num(self.anchor), 0.0, 1.0)
         bound = np.nan_to_num(self.kappa, nan=np.inf)
-        return rank_cost(np.minimum(FIXED_KAPPA_QUERY, bound), a, self.s, self.share, ranked, self.anchor_spread, bound)
+        return rank_cost(np.minimum(FIXED_KAPPA_QUERY, bound), a, self.s, self.share, self.suggested,
+                         self.anchor_spread, bound)
 
     def rank(self, published: np.ndarray) -> np.ndarray:
         """The guarded ranking score of ``published`` (this level's final estimates): at most p̂_O + κ_q·s with the
